@@ -1,0 +1,35 @@
+//! Generates the Rust view of the NCCL net-plugin ABI from our own headers in `nccl_headers/`.
+
+use std::env;
+use std::path::PathBuf;
+
+fn main() {
+    let header = "nccl_headers/nccl_net.h";
+    println!("cargo:rerun-if-changed={header}");
+    println!("cargo:rerun-if-changed=nccl_headers");
+
+    let bindings = bindgen::Builder::default()
+        .header(header)
+        .allowlist_type("ncclNet_v.*")
+        .allowlist_type("ncclNetProperties_v.*")
+        .allowlist_type("ncclNetVDeviceProps_v.*")
+        .allowlist_type("ncclNetCommConfig_v.*")
+        .allowlist_type("ncclNetAttr_v.*")
+        .allowlist_type("ncclResult_t")
+        .allowlist_type("ncclDebugLogLevel")
+        .allowlist_var("NCCL_.*")
+        .rustified_enum("ncclResult_t")
+        .rustified_enum("ncclDebugLogLevel")
+        .rustified_enum("ncclNetDeviceType")
+        .derive_default(true)
+        .derive_debug(true)
+        .layout_tests(true)
+        .generate_comments(false)
+        .generate()
+        .unwrap_or_else(|err| panic!("bindgen failed on {header}: {err}"));
+
+    let out = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("nccl_net.rs");
+    bindings
+        .write_to_file(&out)
+        .unwrap_or_else(|err| panic!("cannot write {}: {err}", out.display()));
+}

@@ -1,0 +1,54 @@
+//! The `lossy` command line: one module per subcommand.
+
+pub mod bench;
+pub mod demo;
+pub mod install;
+pub mod simulate;
+pub mod validate;
+pub mod worker;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// Command-line interface of `lossy`.
+#[derive(Parser, Debug)]
+#[command(
+    name = "lossy",
+    version,
+    about = "Simulated packet loss for NCCL: validate profiles, preview models, demo and benchmark the plugin"
+)]
+pub struct Cli {
+    /// The subcommand to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands of `lossy`.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Check a profile and print a one-line summary (exit 2 on error).
+    Validate(validate::Args),
+    /// Run a profile's loss models offline and compare them with their closed forms.
+    Simulate(simulate::Args),
+    /// Run collectives across local ranks through the plugin and print a short table.
+    Demo(demo::Args),
+    /// nccl-tests-style bandwidth table for the plugin next to raw loopback TCP.
+    Bench(bench::Args),
+    /// Install the plugin library under the file name NCCL looks for, and this command.
+    Install(install::Args),
+    /// One rank of the CPU harness (started by `demo`, `bench` and the tests).
+    #[command(hide = true)]
+    Worker(worker::Args),
+}
+
+/// Runs the parsed command line and returns the process exit code.
+pub fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Validate(args) => validate::run(args),
+        Command::Simulate(args) => simulate::run(args),
+        Command::Demo(args) => demo::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::Install(args) => install::run(args),
+        Command::Worker(args) => worker::run(args),
+    }
+}

@@ -1,0 +1,23 @@
+//! nccl-net-lossy: an NCCL network plugin that injects simulated packet loss.
+//!
+//! Layers, in the direction data flows:
+//! - [`abi`]: the C entry points NCCL calls (`ncclNetPlugin_v8`..`v12`), thin adapters over
+//!   [`plugin`], the one safe core that owns contexts and connections;
+//! - [`transport`]: moves bytes (our TCP sockets, or another plugin wrapped) behind one trait;
+//! - [`loss`]: pure loss models and effects that decide and apply what a lost packet does;
+//! - [`stats`]: counters and histograms of what was lost.
+//!
+//! [`harness`] drives the built library the way NCCL's proxy does, for tests, the demo and
+//! the benchmark; [`cli`] is the `lossy` command.
+
+pub mod abi;
+pub mod cli;
+pub mod error;
+pub mod harness;
+pub mod loss;
+pub mod plugin;
+pub mod profile;
+pub mod stats;
+pub mod transport;
+
+pub use error::{Error, ErrorKind, Result};

@@ -1,0 +1,3 @@
+//! Loss models and effects: pure, seeded, and unit-tested; no I/O.
+
+pub mod plan;

@@ -1,0 +1,1 @@
+//! The safe core behind every ABI version: contexts, connections and requests.

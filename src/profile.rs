@@ -1,0 +1,1 @@
+//! Loss profiles: the TOML schema, environment overrides and the embedded default.

@@ -1,0 +1,1 @@
+//! Loss statistics: counters and histograms of what each connection lost.

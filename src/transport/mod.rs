@@ -1,0 +1,123 @@
+//! Moving bytes between ranks. The ABI layer talks to one [`Transport`] and never knows
+//! which: our own TCP sockets ([`socket`]) or, later, another NCCL plugin wrapped.
+//!
+//! Everything here is non-blocking from the caller's point of view: `listen` returns at once,
+//! `connect`/`accept` are polled state machines, and `isend`/`irecv`/`test` only queue work or
+//! read completion flags; the network I/O happens on the transport's own threads.
+
+pub mod buffer;
+pub mod socket;
+
+use crate::loss::plan::LossPlan;
+use crate::Result;
+
+pub use buffer::HostBuf;
+
+/// Size of the opaque connection handle NCCL ships to the peer (`NCCL_NET_HANDLE_MAXSIZE`).
+pub const HANDLE_SIZE: usize = 128;
+
+/// Leading bytes of the handle a transport may fill for its peer. The ABI layer keeps the
+/// rest for its own bookkeeping (the state of a connect in progress).
+pub const HANDLE_WIRE_SIZE: usize = 96;
+
+/// The part of the connection handle a transport writes in `listen` and reads in `connect`.
+pub type WireHandle = [u8; HANDLE_WIRE_SIZE];
+
+/// Most requests one connection may have outstanding (NCCL posts at most 32 per comm).
+pub const MAX_REQUESTS: usize = 32;
+
+/// Most buffers one grouped receive may carry (the `maxRecvs` we advertise).
+pub const MAX_RECVS: usize = 8;
+
+/// Index of an outstanding request within its connection, below [`MAX_REQUESTS`].
+pub type RequestId = u32;
+
+/// What a transport tells NCCL about one of its devices.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeviceProps {
+    /// Interface or device name, for logs.
+    pub name: String,
+    /// Path of the device in /sys, when there is one.
+    pub pci_path: Option<String>,
+    /// Unique id of the device.
+    pub guid: u64,
+    /// Link speed in Mbps.
+    pub speed_mbps: i32,
+    /// Port number on the device.
+    pub port: i32,
+    /// One-way latency in microseconds.
+    pub latency_us: f32,
+    /// How many connections the device supports.
+    pub max_comms: i32,
+    /// Most buffers in one grouped receive.
+    pub max_recvs: i32,
+    /// Largest point-to-point message in bytes.
+    pub max_p2p_bytes: usize,
+    /// Largest collective message in bytes.
+    pub max_coll_bytes: usize,
+}
+
+/// A finished request: how many bytes each of its buffers got (sends: one entry).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Completion {
+    /// Number of meaningful entries in `sizes`.
+    pub count: usize,
+    /// Bytes received (or sent) per buffer.
+    pub sizes: [usize; MAX_RECVS],
+}
+
+impl Completion {
+    /// The sizes that are meaningful.
+    pub fn sizes(&self) -> &[usize] {
+        &self.sizes[..self.count]
+    }
+}
+
+/// A network backend: devices, and the start of every connection.
+pub trait Transport: Send + Sync {
+    /// Number of devices NCCL may use.
+    fn device_count(&self) -> usize;
+
+    /// Properties of device `dev`.
+    fn properties(&self, dev: usize) -> Result<DeviceProps>;
+
+    /// Starts listening on `dev`, filling `handle` with what a peer needs to connect. Never blocks.
+    fn listen(&self, dev: usize, handle: &mut WireHandle) -> Result<Box<dyn Listener>>;
+
+    /// Starts connecting to the listener described by `handle`. Never blocks.
+    fn connect(&self, dev: usize, handle: &WireHandle) -> Result<Box<dyn Connector>>;
+}
+
+/// A connection being established from the sending side.
+pub trait Connector: Send {
+    /// Advances the connection; `Ok(None)` means "not yet, call again".
+    fn poll(&mut self) -> Result<Option<Box<dyn SendConn>>>;
+}
+
+/// A listening endpoint that turns incoming peers into receiving connections.
+pub trait Listener: Send {
+    /// Advances pending handshakes; `Ok(None)` means "no complete peer yet, call again".
+    /// A peer that fails the handshake is dropped (and logged) without failing the listener.
+    fn poll_accept(&mut self) -> Result<Option<Box<dyn RecvConn>>>;
+}
+
+/// The sending half of a connection. Closing is dropping: all threads are joined and all
+/// sockets closed before `drop` returns.
+pub trait SendConn: Send + Sync {
+    /// Queues `buf` for sending with `tag`, losing packets as `plan` says.
+    /// `Ok(None)` means every request slot is busy: the caller retries later.
+    fn isend(&self, buf: HostBuf, tag: i32, plan: &LossPlan) -> Result<Option<RequestId>>;
+
+    /// Reports whether request `id` is done; a finished request's slot is freed.
+    fn test(&self, id: RequestId) -> Result<Option<Completion>>;
+}
+
+/// The receiving half of a connection. Closing is dropping, as for [`SendConn`].
+pub trait RecvConn: Send + Sync {
+    /// Posts a (possibly grouped) receive: message `i` with tag `tags[i]` lands in `bufs[i]`.
+    /// `Ok(None)` means every request slot is busy: the caller retries later.
+    fn irecv(&self, bufs: &[HostBuf], tags: &[i32]) -> Result<Option<RequestId>>;
+
+    /// Reports whether request `id` is done and how many bytes each buffer got.
+    fn test(&self, id: RequestId) -> Result<Option<Completion>>;
+}

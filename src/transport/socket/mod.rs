@@ -1,0 +1,1 @@
+//! Our own TCP transport: several sockets per connection, driven by background threads.
