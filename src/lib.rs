@@ -14,6 +14,7 @@ pub mod abi;
 pub mod cli;
 pub mod error;
 pub mod harness;
+pub mod log;
 pub mod loss;
 pub mod plugin;
 pub mod profile;

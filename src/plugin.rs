@@ -1,1 +1,260 @@
-//! The safe core behind every ABI version: contexts, connections and requests.
+//! The safe core behind every ABI version: the process-wide state, per-communicator
+//! contexts, and the comms NCCL holds. The ABI adapters in [`crate::abi`] only translate
+//! pointers and integer widths into calls on these types.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::loss::plan::LossPlan;
+use crate::transport::socket::SocketTransport;
+use crate::transport::{
+    Completion, Connector, DeviceProps, HostBuf, Listener, RecvConn, RequestId, SendConn,
+    Transport, WireHandle,
+};
+use crate::{log, Error, Result};
+
+/// The name NCCL matches against `NCCL_NET`.
+pub const PLUGIN_NAME: &str = "lossy";
+
+/// Process-wide state: the transport and what it reported about its devices.
+pub struct Core {
+    transport: Box<dyn Transport>,
+    devices: Vec<DeviceProps>,
+}
+
+static CORE: OnceLock<std::result::Result<Core, Error>> = OnceLock::new();
+
+impl Core {
+    /// Builds the core over `transport`, reading every device's properties once.
+    pub fn new(transport: Box<dyn Transport>) -> Result<Core> {
+        let devices = (0..transport.device_count())
+            .map(|dev| transport.properties(dev))
+            .collect::<Result<Vec<_>>>()?;
+        if devices.is_empty() {
+            return Err(Error::system("no usable network interface found"));
+        }
+        Ok(Core { transport, devices })
+    }
+
+    /// Builds the core from the environment (transport choice, interfaces, profile).
+    pub fn from_env() -> Result<Core> {
+        let transport = SocketTransport::from_env()?;
+        Core::new(Box::new(transport))
+    }
+
+    /// The process-wide core, built on first use; a failure is remembered and returned on
+    /// every later call so that each NCCL init attempt reports it.
+    pub fn global() -> Result<&'static Core> {
+        CORE.get_or_init(|| {
+            let core = Core::from_env();
+            match &core {
+                Ok(core) => log::info(&format!(
+                    "initialised with {} device(s): {}",
+                    core.devices.len(),
+                    core.devices
+                        .iter()
+                        .map(|d| d.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )),
+                Err(err) => log::loud(&format!("initialisation failed: {err}")),
+            }
+            core
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+    }
+
+    /// Number of devices NCCL may use.
+    pub fn device_count(&self) -> usize {
+        self.devices.len()
+    }
+
+    /// Properties of device `dev`.
+    pub fn properties(&self, dev: usize) -> Result<&DeviceProps> {
+        self.devices.get(dev).ok_or_else(|| {
+            Error::invalid_argument(format!("no device {dev} (have {})", self.devices.len()))
+        })
+    }
+
+    /// Starts listening on `dev` for `ctx`.
+    pub fn listen(
+        &self,
+        ctx: &Arc<Context>,
+        dev: usize,
+        handle: &mut WireHandle,
+    ) -> Result<ListenComm> {
+        self.properties(dev)?;
+        let listener = self.transport.listen(dev, handle)?;
+        Ok(ListenComm {
+            ctx: Arc::clone(ctx),
+            listener,
+        })
+    }
+
+    /// Starts connecting `ctx` to the listener described by `handle`.
+    pub fn connect(
+        &self,
+        ctx: &Arc<Context>,
+        dev: usize,
+        handle: &WireHandle,
+    ) -> Result<Connecting> {
+        self.properties(dev)?;
+        let connector = self.transport.connect(dev, handle)?;
+        Ok(Connecting {
+            ctx: Arc::clone(ctx),
+            connector,
+        })
+    }
+}
+
+/// Collective operation being posted, as NCCL's `setNetAttr` reports it (0: not reported).
+pub type OpCode = u32;
+
+/// One NCCL communicator's view of the plugin (net v11+), or the single implicit context
+/// older versions share.
+#[derive(Debug)]
+pub struct Context {
+    /// NCCL's id of the communicator (0 for the implicit context).
+    pub comm_id: u64,
+    /// Traffic class from the communicator's config, when NCCL gave one.
+    pub traffic_class: Option<i32>,
+    op: AtomicU32,
+    algo: AtomicU32,
+    proto: AtomicU32,
+    connections: AtomicU32,
+}
+
+static IMPLICIT_CONTEXT: OnceLock<Arc<Context>> = OnceLock::new();
+
+impl Context {
+    /// A context for communicator `comm_id`.
+    pub fn new(comm_id: u64, traffic_class: Option<i32>) -> Arc<Context> {
+        Arc::new(Context {
+            comm_id,
+            traffic_class,
+            op: AtomicU32::new(0),
+            algo: AtomicU32::new(0),
+            proto: AtomicU32::new(0),
+            connections: AtomicU32::new(0),
+        })
+    }
+
+    /// The context shared by every communicator under net v8 to v10.
+    pub fn implicit() -> Arc<Context> {
+        Arc::clone(IMPLICIT_CONTEXT.get_or_init(|| Context::new(0, None)))
+    }
+
+    /// Records the collective, algorithm and protocol NCCL is about to post.
+    pub fn set_attributes(&self, op: OpCode, algo: u32, proto: u32) {
+        self.op.store(op, Ordering::Relaxed);
+        self.algo.store(algo, Ordering::Relaxed);
+        self.proto.store(proto, Ordering::Relaxed);
+    }
+
+    /// The collective NCCL last said it is posting (0 when never told).
+    pub fn op(&self) -> OpCode {
+        self.op.load(Ordering::Relaxed)
+    }
+
+    /// Numbers this context's connections in the order they were opened, which NCCL keeps
+    /// the same from run to run, so each gets its own reproducible loss stream.
+    fn next_connection_index(&self) -> u32 {
+        self.connections.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// A listening endpoint (NCCL's `listenComm`).
+pub struct ListenComm {
+    ctx: Arc<Context>,
+    listener: Box<dyn Listener>,
+}
+
+impl ListenComm {
+    /// Advances pending handshakes; `Ok(None)` until a peer has fully connected.
+    pub fn accept(&mut self) -> Result<Option<RecvComm>> {
+        Ok(self.listener.poll_accept()?.map(|conn| RecvComm {
+            _ctx: Arc::clone(&self.ctx),
+            conn,
+        }))
+    }
+}
+
+/// A connection being established (kept in the ABI handle between `connect` calls).
+pub struct Connecting {
+    ctx: Arc<Context>,
+    connector: Box<dyn Connector>,
+}
+
+impl Connecting {
+    /// Advances the connection; `Ok(None)` until it is ready.
+    pub fn poll(&mut self) -> Result<Option<SendComm>> {
+        let Some(conn) = self.connector.poll()? else {
+            return Ok(None);
+        };
+        let index = self.ctx.next_connection_index();
+        Ok(Some(SendComm {
+            ctx: Arc::clone(&self.ctx),
+            _index: index,
+            conn,
+            sender: Mutex::new(SenderState::default()),
+        }))
+    }
+}
+
+/// Loss decisions of one sending connection. Guarded by a mutex that only NCCL's progress
+/// thread takes, so it is never contended.
+#[derive(Default)]
+struct SenderState {
+    plan: LossPlan,
+}
+
+/// The sending half of a connection (NCCL's `sendComm`).
+pub struct SendComm {
+    ctx: Arc<Context>,
+    _index: u32,
+    conn: Box<dyn SendConn>,
+    sender: Mutex<SenderState>,
+}
+
+impl SendComm {
+    /// Queues `buf` for sending; `Ok(None)` asks NCCL to retry later.
+    pub fn isend(&self, buf: HostBuf, tag: i32) -> Result<Option<RequestId>> {
+        let state = self
+            .sender
+            .lock()
+            .map_err(|_| Error::internal("sender state poisoned by an earlier panic"))?;
+        let _op = self.ctx.op();
+        self.conn.isend(buf, tag, &state.plan)
+    }
+
+    /// Reports whether request `id` is done.
+    pub fn test(&self, id: RequestId) -> Result<Option<Completion>> {
+        self.conn.test(id)
+    }
+}
+
+/// The receiving half of a connection (NCCL's `recvComm`).
+pub struct RecvComm {
+    _ctx: Arc<Context>,
+    conn: Box<dyn RecvConn>,
+}
+
+impl RecvComm {
+    /// Posts a (possibly grouped) receive; `Ok(None)` asks NCCL to retry later.
+    pub fn irecv(&self, bufs: &[HostBuf], tags: &[i32]) -> Result<Option<RequestId>> {
+        if bufs.len() != tags.len() || bufs.is_empty() {
+            return Err(Error::invalid_argument(format!(
+                "irecv with {} buffers and {} tags",
+                bufs.len(),
+                tags.len()
+            )));
+        }
+        self.conn.irecv(bufs, tags)
+    }
+
+    /// Reports whether request `id` is done and the size each buffer got.
+    pub fn test(&self, id: RequestId) -> Result<Option<Completion>> {
+        self.conn.test(id)
+    }
+}

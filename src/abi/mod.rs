@@ -1,3 +1,548 @@
-//! The C ABI NCCL calls: versioned function tables over the safe core in [`crate::plugin`].
+//! The C ABI NCCL calls. Each `ncclNetPlugin_vN` table in [`tables`] is a set of thin
+//! adapters that convert C pointers and integer widths, then call the shared entry points
+//! here, which call the safe core in [`crate::plugin`]. This is the only module where raw
+//! pointers from NCCL are dereferenced, and every such place says why it is sound.
+//!
+//! No panic may unwind into NCCL (it would abort the training job): every entry point runs
+//! inside [`guard`], which turns errors and panics into `ncclResult_t` codes and log lines.
 
 pub mod ffi;
+pub mod tables;
+
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, OnceLock};
+
+use ffi::{ncclDebugLogLevel, ncclDebugLogger_t, ncclResult_t};
+
+use crate::log;
+use crate::plugin::{Connecting, Context, Core, ListenComm, RecvComm, SendComm};
+use crate::transport::{
+    Completion, HostBuf, RequestId, WireHandle, HANDLE_SIZE, HANDLE_WIRE_SIZE, MAX_RECVS,
+    MAX_REQUESTS,
+};
+use crate::{Error, ErrorKind, Result};
+
+/// Maps an error class to the code NCCL understands.
+fn result_code(kind: ErrorKind) -> ncclResult_t {
+    match kind {
+        ErrorKind::System => ncclResult_t::ncclSystemError,
+        ErrorKind::Internal => ncclResult_t::ncclInternalError,
+        ErrorKind::InvalidArgument => ncclResult_t::ncclInvalidArgument,
+        ErrorKind::InvalidUsage => ncclResult_t::ncclInvalidUsage,
+        ErrorKind::Remote => ncclResult_t::ncclRemoteError,
+    }
+}
+
+/// Runs one entry point: errors become codes (and a warning naming `what`), and a panic is
+/// caught here, logged and reported as an internal error instead of unwinding into NCCL.
+pub(crate) fn guard(what: &str, body: impl FnOnce() -> Result<()>) -> ncclResult_t {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => ncclResult_t::ncclSuccess,
+        Ok(Err(err)) => {
+            log::warn(&format!("{what}: {err}"));
+            result_code(err.kind)
+        }
+        Err(panic) => {
+            let detail = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_string());
+            log::loud(&format!("{what}: internal error (panic caught): {detail}"));
+            ncclResult_t::ncclInternalError
+        }
+    }
+}
+
+/// Turns a NULL check into an error that names the argument.
+fn non_null<T>(ptr: *mut T, what: &str) -> Result<*mut T> {
+    if ptr.is_null() {
+        Err(Error::invalid_argument(format!("{what} is NULL")))
+    } else {
+        Ok(ptr)
+    }
+}
+
+/// Checks a device index from NCCL.
+fn device_index(dev: c_int) -> Result<usize> {
+    usize::try_from(dev)
+        .map_err(|_| Error::invalid_argument(format!("negative device index {dev}")))
+}
+
+// ---- logging -------------------------------------------------------------------------------
+
+/// Routes our log lines to NCCL's logger (kept until the next init replaces it).
+fn install_logger(logger: ncclDebugLogger_t) {
+    let Some(logger) = logger else { return };
+    log::set_sink(Box::new(move |level, message| {
+        let level = match level {
+            log::Level::Warn => ncclDebugLogLevel::NCCL_LOG_WARN,
+            log::Level::Info => ncclDebugLogLevel::NCCL_LOG_INFO,
+        };
+        let text = CString::new(message.replace('\0', " ")).unwrap_or_default();
+        // SAFETY: NCCL's logger is a printf-like function that lives as long as NCCL; we pass
+        // a "%s" format with exactly one NUL-terminated string argument that outlives the call.
+        unsafe {
+            logger(
+                level,
+                u64::from(ffi::NCCL_LOSSY_LOG_NET) as std::ffi::c_ulong,
+                c"net_lossy".as_ptr(),
+                0,
+                c"NET/lossy %s".as_ptr(),
+                text.as_ptr(),
+            )
+        }
+    }));
+}
+
+// ---- init, devices, properties ------------------------------------------------------------
+
+/// Process-wide init (all versions): builds the core once, remembering a failure.
+fn init_common(logger: ncclDebugLogger_t) -> Result<()> {
+    install_logger(logger);
+    Core::global().map(|_| ())
+}
+
+/// `init` of v11/v12: one context per communicator.
+fn init_context(
+    ctx_out: *mut *mut c_void,
+    comm_id: u64,
+    traffic_class: Option<i32>,
+    logger: ncclDebugLogger_t,
+) -> Result<()> {
+    let ctx_out = non_null(ctx_out, "ctx")?;
+    init_common(logger)?;
+    let ctx = Box::new(Context::new(comm_id, traffic_class));
+    // SAFETY: NCCL passes a valid pointer to where it keeps the context (checked non-NULL).
+    unsafe { *ctx_out = Box::into_raw(ctx).cast() };
+    Ok(())
+}
+
+/// Borrows the context behind a v11/v12 `ctx` pointer.
+///
+/// # Safety
+/// `ctx` must come from [`init_context`] and not yet be finalized.
+unsafe fn context_ref<'a>(ctx: *mut c_void) -> Result<&'a Arc<Context>> {
+    let ctx = non_null(ctx, "ctx")?;
+    // SAFETY: per this function's contract, `ctx` is a live Box<Arc<Context>> from init.
+    Ok(unsafe { &*(ctx as *const Arc<Context>) })
+}
+
+/// `finalize` of v11/v12: drops the context (its comms hold their own references).
+///
+/// # Safety
+/// `ctx` must come from [`init_context`] and not be used again.
+unsafe fn finalize_context(ctx: *mut c_void) -> Result<()> {
+    let ctx = non_null(ctx, "ctx")?;
+    // SAFETY: per this function's contract, `ctx` is the Box<Arc<Context>> made at init.
+    drop(unsafe { Box::from_raw(ctx as *mut Arc<Context>) });
+    Ok(())
+}
+
+fn devices(ndev: *mut c_int) -> Result<()> {
+    let ndev = non_null(ndev, "ndev")?;
+    let count = Core::global()?.device_count();
+    // SAFETY: NCCL passes a valid int pointer (checked non-NULL).
+    unsafe { *ndev = c_int::try_from(count).unwrap_or(c_int::MAX) };
+    Ok(())
+}
+
+/// NUL-terminated copies of each device's name and PCI path, alive as long as the library,
+/// because NCCL keeps the `char*` we put in the properties.
+struct DeviceStrings {
+    name: CString,
+    pci_path: Option<CString>,
+}
+
+static DEVICE_STRINGS: OnceLock<Vec<DeviceStrings>> = OnceLock::new();
+
+/// The version-independent content of a properties struct.
+pub(crate) struct CommonProps {
+    name: *mut c_char,
+    pci_path: *mut c_char,
+    guid: u64,
+    speed: c_int,
+    port: c_int,
+    latency: f32,
+    max_comms: c_int,
+    max_recvs: c_int,
+    max_p2p_bytes: usize,
+    max_coll_bytes: usize,
+}
+
+/// Properties of `dev`, in the form every version's struct is filled from.
+pub(crate) fn common_props(dev: c_int) -> Result<CommonProps> {
+    let core = Core::global()?;
+    let dev = device_index(dev)?;
+    let props = core.properties(dev)?;
+    let strings = DEVICE_STRINGS.get_or_init(|| {
+        (0..core.device_count())
+            .filter_map(|d| core.properties(d).ok())
+            .map(|p| DeviceStrings {
+                name: CString::new(p.name.replace('\0', "")).unwrap_or_default(),
+                pci_path: p
+                    .pci_path
+                    .as_ref()
+                    .and_then(|path| CString::new(path.replace('\0', "")).ok()),
+            })
+            .collect()
+    });
+    let own = strings
+        .get(dev)
+        .ok_or_else(|| Error::internal(format!("device {dev} has no cached name")))?;
+    Ok(CommonProps {
+        name: own.name.as_ptr().cast_mut(),
+        pci_path: own
+            .pci_path
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |p| p.as_ptr().cast_mut()),
+        guid: props.guid,
+        speed: props.speed_mbps,
+        port: props.port,
+        latency: props.latency_us,
+        max_comms: props.max_comms,
+        max_recvs: props.max_recvs,
+        max_p2p_bytes: props.max_p2p_bytes,
+        max_coll_bytes: props.max_coll_bytes,
+    })
+}
+
+// ---- listen, connect, accept --------------------------------------------------------------
+
+/// Marks the handle's private tail as holding a connect in progress.
+const PENDING_CONNECT_MAGIC: u64 = 0x4c4f_5353_5943_4f4e; // "LOSSYCON"
+
+/// Splits NCCL's 128-byte handle into our wire part and the private tail where a connect in
+/// progress is parked between calls (NCCL passes the same handle memory every time).
+///
+/// # Safety
+/// `handle` must point to `HANDLE_SIZE` writable bytes, unaliased during the call.
+unsafe fn handle_bytes<'a>(handle: *mut c_void) -> Result<&'a mut [u8; HANDLE_SIZE]> {
+    let handle = non_null(handle, "handle")?;
+    // SAFETY: per this function's contract; [u8; N] has alignment 1.
+    Ok(unsafe { &mut *(handle as *mut [u8; HANDLE_SIZE]) })
+}
+
+fn wire_part(bytes: &mut [u8; HANDLE_SIZE]) -> &mut WireHandle {
+    let (wire, _) = bytes.split_at_mut(HANDLE_WIRE_SIZE);
+    wire.try_into().expect("HANDLE_WIRE_SIZE bytes")
+}
+
+fn read_u64(bytes: &[u8; HANDLE_SIZE], at: usize) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_ne_bytes(word)
+}
+
+fn write_u64(bytes: &mut [u8; HANDLE_SIZE], at: usize, value: u64) {
+    bytes[at..at + 8].copy_from_slice(&value.to_ne_bytes());
+}
+
+const MAGIC_AT: usize = HANDLE_WIRE_SIZE;
+const POINTER_AT: usize = HANDLE_WIRE_SIZE + 8;
+
+fn listen(
+    ctx: &Arc<Context>,
+    dev: c_int,
+    handle: *mut c_void,
+    listen_comm: *mut *mut c_void,
+) -> Result<()> {
+    let listen_comm = non_null(listen_comm, "listenComm")?;
+    // SAFETY: NCCL hands us its NCCL_NET_HANDLE_MAXSIZE-byte handle buffer.
+    let bytes = unsafe { handle_bytes(handle)? };
+    bytes.fill(0);
+    let comm = Core::global()?.listen(ctx, device_index(dev)?, wire_part(bytes))?;
+    // SAFETY: valid out-pointer from NCCL (checked non-NULL).
+    unsafe { *listen_comm = Box::into_raw(Box::new(comm)).cast() };
+    Ok(())
+}
+
+fn connect(
+    ctx: &Arc<Context>,
+    dev: c_int,
+    handle: *mut c_void,
+    send_comm: *mut *mut c_void,
+) -> Result<()> {
+    let send_comm = non_null(send_comm, "sendComm")?;
+    // SAFETY: NCCL writes NULL here until we return a comm; the pointer is valid.
+    unsafe { *send_comm = std::ptr::null_mut() };
+    // SAFETY: NCCL hands us the handle it received from the peer, HANDLE_SIZE bytes.
+    let bytes = unsafe { handle_bytes(handle)? };
+    let pending: *mut Connecting = if read_u64(bytes, MAGIC_AT) == PENDING_CONNECT_MAGIC {
+        read_u64(bytes, POINTER_AT) as usize as *mut Connecting
+    } else {
+        let connecting = Core::global()?.connect(ctx, device_index(dev)?, wire_part(bytes))?;
+        let raw = Box::into_raw(Box::new(connecting));
+        write_u64(bytes, POINTER_AT, raw as usize as u64);
+        write_u64(bytes, MAGIC_AT, PENDING_CONNECT_MAGIC);
+        raw
+    };
+    // SAFETY: `pending` was parked in this handle by an earlier call (magic checked) or just
+    // created; it stays alive until the poll below finishes it.
+    let outcome = unsafe { (*pending).poll() };
+    if !matches!(outcome, Ok(None)) {
+        write_u64(bytes, MAGIC_AT, 0);
+        write_u64(bytes, POINTER_AT, 0);
+        // SAFETY: the connect is over (done or failed); nobody else refers to it.
+        drop(unsafe { Box::from_raw(pending) });
+    }
+    if let Some(comm) = outcome? {
+        let comm = AbiSendComm::new(comm);
+        // SAFETY: valid out-pointer (checked non-NULL above).
+        unsafe { *send_comm = Box::into_raw(comm).cast() };
+    }
+    Ok(())
+}
+
+fn accept(listen_comm: *mut c_void, recv_comm: *mut *mut c_void) -> Result<()> {
+    let recv_comm = non_null(recv_comm, "recvComm")?;
+    // SAFETY: valid out-pointer from NCCL.
+    unsafe { *recv_comm = std::ptr::null_mut() };
+    let listen_comm = non_null(listen_comm, "listenComm")? as *mut ListenComm;
+    // SAFETY: NCCL passes back the ListenComm our listen returned, on one thread at a time.
+    let listener = unsafe { &mut *listen_comm };
+    if let Some(comm) = listener.accept()? {
+        // SAFETY: valid out-pointer (checked above).
+        unsafe { *recv_comm = Box::into_raw(AbiRecvComm::new(comm)).cast() };
+    }
+    Ok(())
+}
+
+fn close_listen(listen_comm: *mut c_void) -> Result<()> {
+    let listen_comm = non_null(listen_comm, "listenComm")?;
+    // SAFETY: NCCL gives back the Box our listen made, once, when it no longer uses it.
+    drop(unsafe { Box::from_raw(listen_comm as *mut ListenComm) });
+    Ok(())
+}
+
+// ---- comms and requests -------------------------------------------------------------------
+
+/// What NCCL's `request` pointer points to: one of the fixed slots of a comm, so posting a
+/// message allocates nothing.
+pub(crate) struct RequestSlot {
+    owner: *const dyn TestRequest,
+    id: RequestId,
+}
+
+/// A comm that can report on its requests.
+trait TestRequest {
+    fn test(&self, id: RequestId) -> Result<Option<Completion>>;
+}
+
+/// A sendComm as NCCL holds it: the safe comm plus its request slots.
+pub(crate) struct AbiSendComm {
+    comm: SendComm,
+    slots: Box<[RequestSlot]>,
+}
+
+/// A recvComm as NCCL holds it.
+pub(crate) struct AbiRecvComm {
+    comm: RecvComm,
+    slots: Box<[RequestSlot]>,
+}
+
+impl TestRequest for AbiSendComm {
+    fn test(&self, id: RequestId) -> Result<Option<Completion>> {
+        self.comm.test(id)
+    }
+}
+
+impl TestRequest for AbiRecvComm {
+    fn test(&self, id: RequestId) -> Result<Option<Completion>> {
+        self.comm.test(id)
+    }
+}
+
+/// Boxes a comm and points each of its request slots back at it.
+fn with_slots<T: TestRequest + 'static>(
+    make: impl FnOnce(Box<[RequestSlot]>) -> T,
+    slots_of: fn(&mut T) -> &mut [RequestSlot],
+) -> Box<T> {
+    let empty: Box<[RequestSlot]> = (0..MAX_REQUESTS as RequestId)
+        .map(|id| RequestSlot {
+            owner: std::ptr::null::<AbiSendComm>() as *const dyn TestRequest,
+            id,
+        })
+        .collect();
+    let mut comm = Box::new(make(empty));
+    let owner: *const dyn TestRequest = &*comm as &dyn TestRequest;
+    for slot in slots_of(&mut comm) {
+        slot.owner = owner;
+    }
+    comm
+}
+
+impl AbiSendComm {
+    fn new(comm: SendComm) -> Box<Self> {
+        with_slots(|slots| AbiSendComm { comm, slots }, |c| &mut c.slots)
+    }
+}
+
+impl AbiRecvComm {
+    fn new(comm: RecvComm) -> Box<Self> {
+        with_slots(|slots| AbiRecvComm { comm, slots }, |c| &mut c.slots)
+    }
+}
+
+/// Gives NCCL the slot of request `id`, or NULL ("retry later") when none was posted.
+fn hand_out(slots: &[RequestSlot], id: Option<RequestId>, request: *mut *mut c_void) -> Result<()> {
+    let ptr = match id {
+        Some(id) => {
+            let slot = slots
+                .get(id as usize)
+                .ok_or_else(|| Error::internal(format!("transport returned request id {id}")))?;
+            slot as *const RequestSlot as *mut c_void
+        }
+        None => std::ptr::null_mut(),
+    };
+    // SAFETY: NCCL's out-pointer (checked non-NULL by callers).
+    unsafe { *request = ptr };
+    Ok(())
+}
+
+fn isend(
+    send_comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    tag: c_int,
+    request: *mut *mut c_void,
+) -> Result<()> {
+    let request = non_null(request, "request")?;
+    let send_comm = non_null(send_comm, "sendComm")? as *const AbiSendComm;
+    // SAFETY: NCCL passes back the sendComm our connect returned; it is alive until closeSend.
+    let comm = unsafe { &*send_comm };
+    if size > 0 {
+        non_null(data, "data")?;
+    }
+    // SAFETY: NCCL lends `size` bytes at `data` (registered host memory) until `test`
+    // reports this request done, and does not touch them meanwhile.
+    let buf = unsafe { HostBuf::new(data.cast(), size) };
+    let id = comm.comm.isend(buf, tag)?;
+    hand_out(&comm.slots, id, request)
+}
+
+/// Posts a receive of `n` buffers; `size_of(i)` reads the i-th posted size from NCCL's array
+/// (whose integer width depends on the version).
+fn irecv(
+    recv_comm: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    size_of: impl Fn(usize) -> usize,
+    tags: *mut c_int,
+    request: *mut *mut c_void,
+) -> Result<()> {
+    let request = non_null(request, "request")?;
+    let recv_comm = non_null(recv_comm, "recvComm")? as *const AbiRecvComm;
+    let count = usize::try_from(n)
+        .ok()
+        .filter(|&n| (1..=MAX_RECVS).contains(&n))
+        .ok_or_else(|| {
+            Error::invalid_argument(format!("irecv of {n} buffers (allowed 1..={MAX_RECVS})"))
+        })?;
+    let data = non_null(data, "data")?;
+    let tags = non_null(tags, "tags")?;
+    let mut bufs = [HostBuf::from_slice(&mut []); MAX_RECVS];
+    let mut tag_values = [0i32; MAX_RECVS];
+    for i in 0..count {
+        // SAFETY: NCCL passes arrays of `n` entries for data, sizes and tags.
+        let (ptr, tag) = unsafe { (*data.add(i), *tags.add(i)) };
+        let size = size_of(i);
+        if size > 0 {
+            non_null(ptr, "receive buffer")?;
+        }
+        // SAFETY: NCCL lends `size` bytes at `ptr` until `test` reports the request done.
+        bufs[i] = unsafe { HostBuf::new(ptr.cast(), size) };
+        tag_values[i] = tag;
+    }
+    // SAFETY: NCCL passes back the recvComm our accept returned; alive until closeRecv.
+    let comm = unsafe { &*recv_comm };
+    let id = comm.comm.irecv(&bufs[..count], &tag_values[..count])?;
+    hand_out(&comm.slots, id, request)
+}
+
+/// Reports on a request; `sizes` (may be NULL) gets the size of each of its buffers.
+fn test(request: *mut c_void, done: *mut c_int, sizes: *mut c_int) -> Result<()> {
+    let done = non_null(done, "done")?;
+    let slot = non_null(request, "request")? as *const RequestSlot;
+    // SAFETY: `request` is a slot we handed out from a comm that NCCL has not closed yet.
+    let slot = unsafe { &*slot };
+    // SAFETY: slots point at the comm that owns them, alive as long as the slot is.
+    let owner = unsafe { &*slot.owner };
+    let completion = owner.test(slot.id);
+    // SAFETY: valid out-pointer (checked non-NULL).
+    unsafe { *done = c_int::from(matches!(completion, Ok(Some(_)))) };
+    if let Some(completion) = completion? {
+        if !sizes.is_null() {
+            for (i, &size) in completion.sizes().iter().enumerate() {
+                let size = c_int::try_from(size).unwrap_or(c_int::MAX);
+                // SAFETY: NCCL's sizes array has one entry per buffer of the request.
+                unsafe { *sizes.add(i) = size };
+            }
+        }
+    }
+    Ok(())
+}
+
+fn close_send(send_comm: *mut c_void) -> Result<()> {
+    let send_comm = non_null(send_comm, "sendComm")?;
+    // SAFETY: NCCL gives back the Box our connect made, once, with no request in use.
+    drop(unsafe { Box::from_raw(send_comm as *mut AbiSendComm) });
+    Ok(())
+}
+
+fn close_recv(recv_comm: *mut c_void) -> Result<()> {
+    let recv_comm = non_null(recv_comm, "recvComm")?;
+    // SAFETY: NCCL gives back the Box our accept made, once, with no request in use.
+    drop(unsafe { Box::from_raw(recv_comm as *mut AbiRecvComm) });
+    Ok(())
+}
+
+// ---- memory registration ------------------------------------------------------------------
+
+/// Host memory needs no registration with sockets; NCCL still wants a non-NULL handle.
+static MR_TOKEN: u8 = 0;
+
+fn reg_mr(comm: *mut c_void, kind: c_int, mhandle: *mut *mut c_void) -> Result<()> {
+    non_null(comm, "comm")?;
+    let mhandle = non_null(mhandle, "mhandle")?;
+    if kind != ffi::NCCL_PTR_HOST as c_int {
+        return Err(Error::invalid_argument(format!(
+            "regMr of memory type {kind}: this plugin handles host memory only (NCCL_PTR_HOST)"
+        )));
+    }
+    // SAFETY: valid out-pointer (checked non-NULL).
+    unsafe { *mhandle = (&MR_TOKEN as *const u8).cast_mut().cast() };
+    Ok(())
+}
+
+/// Host plugins are never asked to flush; answer "nothing to wait for".
+fn iflush(request: *mut *mut c_void) -> Result<()> {
+    let request = non_null(request, "request")?;
+    // SAFETY: valid out-pointer (checked non-NULL).
+    unsafe { *request = std::ptr::null_mut() };
+    Ok(())
+}
+
+/// No device-side memory handle: this plugin's data never lives on the GPU.
+fn get_device_mr(dptr_mhandle: *mut *mut c_void) -> Result<()> {
+    if !dptr_mhandle.is_null() {
+        // SAFETY: valid out-pointer (checked non-NULL).
+        unsafe { *dptr_mhandle = std::ptr::null_mut() };
+    }
+    Ok(())
+}
+
+/// Records `setNetAttr` in the context so rules can match the collective being posted.
+///
+/// # Safety
+/// `ctx` must come from init; `attr` is NCCL's attribute struct or NULL.
+unsafe fn set_net_attr(ctx: *mut c_void, attr: *mut ffi::ncclNetAttr_v11_t) -> Result<()> {
+    // SAFETY: per this function's contract.
+    let ctx = unsafe { context_ref(ctx)? };
+    let attr = non_null(attr, "netAttr")?;
+    // SAFETY: NCCL passes a valid attribute struct for the duration of the call.
+    let attr = unsafe { &*attr };
+    ctx.set_attributes(attr.op, attr.algo, attr.proto);
+    Ok(())
+}

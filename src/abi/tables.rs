@@ -1,0 +1,522 @@
+//! The exported `ncclNetPlugin_v8` .. `ncclNetPlugin_v12` tables. Each function here only
+//! converts one version's argument types and calls the shared entry point in [`super`];
+//! functions whose signature did not change are shared by all tables.
+
+use std::ffi::{c_int, c_void};
+
+use super::ffi::{
+    ncclDebugLogger_t, ncclNetAttr_v11_t, ncclNetCommConfig_v10_t, ncclNetDeviceHandle_v8_t,
+    ncclNetDeviceType, ncclNetProperties_v11_t, ncclNetProperties_v12_t, ncclNetProperties_v8_t,
+    ncclNetProperties_v9_t, ncclNetVDeviceProps_v12_t, ncclNetVDeviceProps_v9_t, ncclNet_v10_t,
+    ncclNet_v11_t, ncclNet_v12_t, ncclNet_v8_t, ncclNet_v9_t, ncclProfilerCallback_t, ncclResult_t,
+    NCCL_NET_TRAFFIC_CLASS_UNDEF, NCCL_PTR_HOST,
+};
+use super::{guard, non_null, CommonProps};
+use crate::plugin::Context;
+
+/// Makes a function table exportable as a `static`: the tables hold only a pointer to a
+/// string literal and function pointers, all immutable for the life of the library.
+#[repr(transparent)]
+pub struct Exported<T>(pub T);
+
+// SAFETY: the wrapped tables are never mutated and point only at 'static data and functions.
+unsafe impl<T> Sync for Exported<T> {}
+
+const NAME: *const std::ffi::c_char = c"lossy".as_ptr();
+
+// ---- entry points shared by every version -------------------------------------------------
+
+extern "C" fn devices(ndev: *mut c_int) -> ncclResult_t {
+    guard("devices", || super::devices(ndev))
+}
+
+extern "C" fn accept(
+    listen_comm: *mut c_void,
+    recv_comm: *mut *mut c_void,
+    _dev_comm: *mut *mut ncclNetDeviceHandle_v8_t,
+) -> ncclResult_t {
+    guard("accept", || super::accept(listen_comm, recv_comm))
+}
+
+extern "C" fn reg_mr(
+    comm: *mut c_void,
+    _data: *mut c_void,
+    _size: usize,
+    kind: c_int,
+    mhandle: *mut *mut c_void,
+) -> ncclResult_t {
+    guard("regMr", || super::reg_mr(comm, kind, mhandle))
+}
+
+extern "C" fn dereg_mr(_comm: *mut c_void, _mhandle: *mut c_void) -> ncclResult_t {
+    ncclResult_t::ncclSuccess
+}
+
+extern "C" fn iflush(
+    _recv_comm: *mut c_void,
+    _n: c_int,
+    _data: *mut *mut c_void,
+    _sizes: *mut c_int,
+    _mhandles: *mut *mut c_void,
+    request: *mut *mut c_void,
+) -> ncclResult_t {
+    guard("iflush", || super::iflush(request))
+}
+
+extern "C" fn test(request: *mut c_void, done: *mut c_int, sizes: *mut c_int) -> ncclResult_t {
+    guard("test", || super::test(request, done, sizes))
+}
+
+extern "C" fn close_send(send_comm: *mut c_void) -> ncclResult_t {
+    guard("closeSend", || super::close_send(send_comm))
+}
+
+extern "C" fn close_recv(recv_comm: *mut c_void) -> ncclResult_t {
+    guard("closeRecv", || super::close_recv(recv_comm))
+}
+
+extern "C" fn close_listen(listen_comm: *mut c_void) -> ncclResult_t {
+    guard("closeListen", || super::close_listen(listen_comm))
+}
+
+extern "C" fn get_device_mr(
+    _comm: *mut c_void,
+    _mhandle: *mut c_void,
+    dptr_mhandle: *mut *mut c_void,
+) -> ncclResult_t {
+    guard("getDeviceMr", || super::get_device_mr(dptr_mhandle))
+}
+
+extern "C" fn irecv_consumed(
+    _recv_comm: *mut c_void,
+    _n: c_int,
+    _request: *mut c_void,
+) -> ncclResult_t {
+    ncclResult_t::ncclSuccess
+}
+
+/// Converts NCCL's per-version size arrays into byte counts (negative sizes become 0 and
+/// are then refused by the transport as too small for any message).
+fn int_size(sizes: *mut c_int, i: usize) -> usize {
+    // SAFETY: NCCL's sizes array has `n` entries and callers only ask for i < n.
+    usize::try_from(unsafe { *sizes.add(i) }).unwrap_or(0)
+}
+
+fn size_t_size(sizes: *mut usize, i: usize) -> usize {
+    // SAFETY: NCCL's sizes array has `n` entries and callers only ask for i < n.
+    unsafe { *sizes.add(i) }
+}
+
+// ---- properties ---------------------------------------------------------------------------
+
+/// Fills the fields every properties version shares, then the version's own extras.
+macro_rules! fill_props {
+    ($props:expr, $common:expr) => {{
+        let p = $props;
+        let c: CommonProps = $common;
+        p.name = c.name;
+        p.pciPath = c.pci_path;
+        p.guid = c.guid;
+        p.ptrSupport = NCCL_PTR_HOST as c_int;
+        p.regIsGlobal = 0;
+        p.speed = c.speed;
+        p.port = c.port;
+        p.latency = c.latency;
+        p.maxComms = c.max_comms;
+        p.maxRecvs = c.max_recvs;
+        p.netDeviceType = ncclNetDeviceType::NCCL_NET_DEVICE_HOST;
+        p.netDeviceVersion = 0;
+        (p, c)
+    }};
+}
+
+extern "C" fn get_properties_v8(dev: c_int, props: *mut ncclNetProperties_v8_t) -> ncclResult_t {
+    guard("getProperties", || {
+        let props = non_null(props, "props")?;
+        let common = super::common_props(dev)?;
+        // SAFETY: NCCL passes a valid, writable v8 properties struct.
+        let props = unsafe { &mut *props };
+        *props = Default::default();
+        fill_props!(props, common);
+        Ok(())
+    })
+}
+
+/// Fills a v9/v10 properties struct (and is reused by v11 for its shared prefix).
+fn fill_v9(props: &mut ncclNetProperties_v9_t, dev: c_int) -> crate::Result<()> {
+    *props = Default::default();
+    let (p, c) = fill_props!(props, super::common_props(dev)?);
+    p.forceFlush = 0;
+    p.vProps = ncclNetVDeviceProps_v9_t::default();
+    p.vProps.ndevs = 1;
+    p.vProps.devs[0] = dev;
+    p.maxP2pBytes = c.max_p2p_bytes;
+    p.maxCollBytes = c.max_coll_bytes;
+    Ok(())
+}
+
+extern "C" fn get_properties_v9(dev: c_int, props: *mut ncclNetProperties_v9_t) -> ncclResult_t {
+    guard("getProperties", || {
+        let props = non_null(props, "props")?;
+        // SAFETY: NCCL passes a valid, writable v9 properties struct.
+        fill_v9(unsafe { &mut *props }, dev)
+    })
+}
+
+extern "C" fn get_properties_v11(dev: c_int, props: *mut ncclNetProperties_v11_t) -> ncclResult_t {
+    guard("getProperties", || {
+        let props = non_null(props, "props")?;
+        // SAFETY: NCCL passes a valid, writable v11 properties struct.
+        let props = unsafe { &mut *props };
+        *props = Default::default();
+        let (p, c) = fill_props!(props, super::common_props(dev)?);
+        p.vProps.ndevs = 1;
+        p.vProps.devs[0] = dev;
+        p.maxP2pBytes = c.max_p2p_bytes;
+        p.maxCollBytes = c.max_coll_bytes;
+        p.maxMultiRequestSize = 1;
+        Ok(())
+    })
+}
+
+extern "C" fn get_properties_v12(dev: c_int, props: *mut ncclNetProperties_v12_t) -> ncclResult_t {
+    guard("getProperties", || {
+        let props = non_null(props, "props")?;
+        // SAFETY: NCCL passes a valid, writable v12 properties struct.
+        let props = unsafe { &mut *props };
+        *props = Default::default();
+        let (p, c) = fill_props!(props, super::common_props(dev)?);
+        p.vProps = ncclNetVDeviceProps_v12_t::default();
+        p.vProps.ndevs = 1;
+        p.vProps.devs[0] = dev;
+        p.maxP2pBytes = c.max_p2p_bytes;
+        p.maxCollBytes = c.max_coll_bytes;
+        p.maxMultiRequestSize = 1;
+        p.railId = -1;
+        p.planeId = -1;
+        Ok(())
+    })
+}
+
+// ---- v8 to v10: one implicit context -------------------------------------------------------
+
+extern "C" fn init_v8(logger: ncclDebugLogger_t) -> ncclResult_t {
+    guard("init", || super::init_common(logger))
+}
+
+extern "C" fn init_v10(
+    logger: ncclDebugLogger_t,
+    _profiler: ncclProfilerCallback_t,
+) -> ncclResult_t {
+    guard("init", || super::init_common(logger))
+}
+
+extern "C" fn listen_implicit(
+    dev: c_int,
+    handle: *mut c_void,
+    listen_comm: *mut *mut c_void,
+) -> ncclResult_t {
+    guard("listen", || {
+        super::listen(&Context::implicit(), dev, handle, listen_comm)
+    })
+}
+
+extern "C" fn connect_v8(
+    dev: c_int,
+    handle: *mut c_void,
+    send_comm: *mut *mut c_void,
+    _dev_comm: *mut *mut ncclNetDeviceHandle_v8_t,
+) -> ncclResult_t {
+    guard("connect", || {
+        super::connect(&Context::implicit(), dev, handle, send_comm)
+    })
+}
+
+extern "C" fn connect_v10(
+    dev: c_int,
+    _config: *mut ncclNetCommConfig_v10_t,
+    handle: *mut c_void,
+    send_comm: *mut *mut c_void,
+    _dev_comm: *mut *mut ncclNetDeviceHandle_v8_t,
+) -> ncclResult_t {
+    guard("connect", || {
+        super::connect(&Context::implicit(), dev, handle, send_comm)
+    })
+}
+
+extern "C" fn isend_v8(
+    send_comm: *mut c_void,
+    data: *mut c_void,
+    size: c_int,
+    tag: c_int,
+    _mhandle: *mut c_void,
+    request: *mut *mut c_void,
+) -> ncclResult_t {
+    guard("isend", || {
+        let size = usize::try_from(size).map_err(|_| {
+            crate::Error::invalid_argument(format!("isend of negative size {size}"))
+        })?;
+        super::isend(send_comm, data, size, tag, request)
+    })
+}
+
+extern "C" fn isend_v9(
+    send_comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    tag: c_int,
+    _mhandle: *mut c_void,
+    request: *mut *mut c_void,
+) -> ncclResult_t {
+    guard("isend", || {
+        super::isend(send_comm, data, size, tag, request)
+    })
+}
+
+extern "C" fn isend_v10(
+    send_comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    tag: c_int,
+    _mhandle: *mut c_void,
+    _phandle: *mut c_void,
+    request: *mut *mut c_void,
+) -> ncclResult_t {
+    guard("isend", || {
+        super::isend(send_comm, data, size, tag, request)
+    })
+}
+
+extern "C" fn irecv_v8(
+    recv_comm: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: *mut c_int,
+    tags: *mut c_int,
+    _mhandles: *mut *mut c_void,
+    request: *mut *mut c_void,
+) -> ncclResult_t {
+    guard("irecv", || {
+        let sizes = non_null(sizes, "sizes")?;
+        super::irecv(recv_comm, n, data, |i| int_size(sizes, i), tags, request)
+    })
+}
+
+extern "C" fn irecv_v9(
+    recv_comm: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: *mut usize,
+    tags: *mut c_int,
+    _mhandles: *mut *mut c_void,
+    request: *mut *mut c_void,
+) -> ncclResult_t {
+    guard("irecv", || {
+        let sizes = non_null(sizes, "sizes")?;
+        super::irecv(recv_comm, n, data, |i| size_t_size(sizes, i), tags, request)
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+extern "C" fn irecv_v10(
+    recv_comm: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: *mut usize,
+    tags: *mut c_int,
+    _mhandles: *mut *mut c_void,
+    _phandles: *mut *mut c_void,
+    request: *mut *mut c_void,
+) -> ncclResult_t {
+    guard("irecv", || {
+        let sizes = non_null(sizes, "sizes")?;
+        super::irecv(recv_comm, n, data, |i| size_t_size(sizes, i), tags, request)
+    })
+}
+
+// ---- v11 and v12: one context per communicator ---------------------------------------------
+
+extern "C" fn init_v11(
+    ctx: *mut *mut c_void,
+    comm_id: u64,
+    config: *mut ncclNetCommConfig_v10_t,
+    logger: ncclDebugLogger_t,
+    _profiler: ncclProfilerCallback_t,
+) -> ncclResult_t {
+    guard("init", || {
+        let traffic_class = if config.is_null() {
+            None
+        } else {
+            // SAFETY: NCCL passes a valid config struct or NULL (checked).
+            Some(unsafe { (*config).trafficClass }).filter(|&tc| tc != NCCL_NET_TRAFFIC_CLASS_UNDEF)
+        };
+        super::init_context(ctx, comm_id, traffic_class, logger)
+    })
+}
+
+extern "C" fn listen_v11(
+    ctx: *mut c_void,
+    dev: c_int,
+    handle: *mut c_void,
+    listen_comm: *mut *mut c_void,
+) -> ncclResult_t {
+    guard("listen", || {
+        // SAFETY: NCCL passes the context our init returned.
+        let ctx = unsafe { super::context_ref(ctx)? };
+        super::listen(ctx, dev, handle, listen_comm)
+    })
+}
+
+extern "C" fn connect_v11(
+    ctx: *mut c_void,
+    dev: c_int,
+    handle: *mut c_void,
+    send_comm: *mut *mut c_void,
+    _dev_comm: *mut *mut ncclNetDeviceHandle_v8_t,
+) -> ncclResult_t {
+    guard("connect", || {
+        // SAFETY: NCCL passes the context our init returned.
+        let ctx = unsafe { super::context_ref(ctx)? };
+        super::connect(ctx, dev, handle, send_comm)
+    })
+}
+
+extern "C" fn finalize(ctx: *mut c_void) -> ncclResult_t {
+    // SAFETY: NCCL passes the context our init returned, once, at the communicator's end.
+    guard("finalize", || unsafe { super::finalize_context(ctx) })
+}
+
+extern "C" fn set_net_attr(ctx: *mut c_void, attr: *mut ncclNetAttr_v11_t) -> ncclResult_t {
+    // SAFETY: NCCL passes the context our init returned and a valid attribute struct.
+    guard("setNetAttr", || unsafe { super::set_net_attr(ctx, attr) })
+}
+
+// ---- the exported tables --------------------------------------------------------------------
+
+/// Net plugin API v12 (NCCL 2.30+).
+#[no_mangle]
+pub static ncclNetPlugin_v12: Exported<ncclNet_v12_t> = Exported(ncclNet_v12_t {
+    name: NAME,
+    init: Some(init_v11),
+    devices: Some(devices),
+    getProperties: Some(get_properties_v12),
+    listen: Some(listen_v11),
+    connect: Some(connect_v11),
+    accept: Some(accept),
+    regMr: Some(reg_mr),
+    regMrDmaBuf: None,
+    deregMr: Some(dereg_mr),
+    isend: Some(isend_v10),
+    irecv: Some(irecv_v10),
+    iflush: Some(iflush),
+    test: Some(test),
+    closeSend: Some(close_send),
+    closeRecv: Some(close_recv),
+    closeListen: Some(close_listen),
+    getDeviceMr: Some(get_device_mr),
+    irecvConsumed: Some(irecv_consumed),
+    makeVDevice: None,
+    finalize: Some(finalize),
+    setNetAttr: Some(set_net_attr),
+});
+
+/// Net plugin API v11 (NCCL 2.28-2.29).
+#[no_mangle]
+pub static ncclNetPlugin_v11: Exported<ncclNet_v11_t> = Exported(ncclNet_v11_t {
+    name: NAME,
+    init: Some(init_v11),
+    devices: Some(devices),
+    getProperties: Some(get_properties_v11),
+    listen: Some(listen_v11),
+    connect: Some(connect_v11),
+    accept: Some(accept),
+    regMr: Some(reg_mr),
+    regMrDmaBuf: None,
+    deregMr: Some(dereg_mr),
+    isend: Some(isend_v10),
+    irecv: Some(irecv_v10),
+    iflush: Some(iflush),
+    test: Some(test),
+    closeSend: Some(close_send),
+    closeRecv: Some(close_recv),
+    closeListen: Some(close_listen),
+    getDeviceMr: Some(get_device_mr),
+    irecvConsumed: Some(irecv_consumed),
+    makeVDevice: None,
+    finalize: Some(finalize),
+    setNetAttr: Some(set_net_attr),
+});
+
+/// Net plugin API v10 (NCCL 2.26-2.27).
+#[no_mangle]
+pub static ncclNetPlugin_v10: Exported<ncclNet_v10_t> = Exported(ncclNet_v10_t {
+    name: NAME,
+    init: Some(init_v10),
+    devices: Some(devices),
+    getProperties: Some(get_properties_v9),
+    listen: Some(listen_implicit),
+    connect: Some(connect_v10),
+    accept: Some(accept),
+    regMr: Some(reg_mr),
+    regMrDmaBuf: None,
+    deregMr: Some(dereg_mr),
+    isend: Some(isend_v10),
+    irecv: Some(irecv_v10),
+    iflush: Some(iflush),
+    test: Some(test),
+    closeSend: Some(close_send),
+    closeRecv: Some(close_recv),
+    closeListen: Some(close_listen),
+    getDeviceMr: Some(get_device_mr),
+    irecvConsumed: Some(irecv_consumed),
+    makeVDevice: None,
+});
+
+/// Net plugin API v9 (NCCL 2.24-2.25).
+#[no_mangle]
+pub static ncclNetPlugin_v9: Exported<ncclNet_v9_t> = Exported(ncclNet_v9_t {
+    name: NAME,
+    init: Some(init_v8),
+    devices: Some(devices),
+    getProperties: Some(get_properties_v9),
+    listen: Some(listen_implicit),
+    connect: Some(connect_v8),
+    accept: Some(accept),
+    regMr: Some(reg_mr),
+    regMrDmaBuf: None,
+    deregMr: Some(dereg_mr),
+    isend: Some(isend_v9),
+    irecv: Some(irecv_v9),
+    iflush: Some(iflush),
+    test: Some(test),
+    closeSend: Some(close_send),
+    closeRecv: Some(close_recv),
+    closeListen: Some(close_listen),
+    getDeviceMr: Some(get_device_mr),
+    irecvConsumed: Some(irecv_consumed),
+    makeVDevice: None,
+});
+
+/// Net plugin API v8 (NCCL 2.19-2.23).
+#[no_mangle]
+pub static ncclNetPlugin_v8: Exported<ncclNet_v8_t> = Exported(ncclNet_v8_t {
+    name: NAME,
+    init: Some(init_v8),
+    devices: Some(devices),
+    getProperties: Some(get_properties_v8),
+    listen: Some(listen_implicit),
+    connect: Some(connect_v8),
+    accept: Some(accept),
+    regMr: Some(reg_mr),
+    regMrDmaBuf: None,
+    deregMr: Some(dereg_mr),
+    isend: Some(isend_v8),
+    irecv: Some(irecv_v8),
+    iflush: Some(iflush),
+    test: Some(test),
+    closeSend: Some(close_send),
+    closeRecv: Some(close_recv),
+    closeListen: Some(close_listen),
+    getDeviceMr: Some(get_device_mr),
+    irecvConsumed: Some(irecv_consumed),
+});
