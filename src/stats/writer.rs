@@ -1,0 +1,163 @@
+//! Per-rank statistics files: one JSON document per process, replaced atomically (written to
+//! a temporary name, then renamed) so a reader never sees half a file, even after a crash.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use super::{ConnectionSnapshot, Counts};
+use crate::{Error, Result};
+
+/// Version of the statistics file layout.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Environment variable naming the directory statistics files go to.
+pub const STATS_DIR_ENV: &str = "NCCL_LOSSY_STATS";
+
+/// The content of one rank's statistics file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StatsFile {
+    /// Layout version ([`FORMAT_VERSION`]).
+    pub format_version: u32,
+    /// Rank from `RANK` / `OMPI_COMM_WORLD_RANK`, when the launcher set one.
+    pub rank: Option<u64>,
+    /// Host name.
+    pub host: String,
+    /// Process id.
+    pub pid: u32,
+    /// When the file was written, in milliseconds since the Unix epoch.
+    pub written_at_unix_ms: u64,
+    /// The resolved profile that produced these numbers (seed included).
+    pub profile: serde_json::Value,
+    /// Totals over every connection.
+    pub total: Counts,
+    /// Per-connection statistics.
+    pub connections: Vec<ConnectionSnapshot>,
+}
+
+impl StatsFile {
+    /// Assembles a file from connection snapshots.
+    pub fn new(profile: serde_json::Value, connections: Vec<ConnectionSnapshot>) -> Self {
+        let mut total = Counts::default();
+        for c in &connections {
+            total.add(&c.total);
+        }
+        StatsFile {
+            format_version: FORMAT_VERSION,
+            rank: launcher_rank(),
+            host: host_name(),
+            pid: std::process::id(),
+            written_at_unix_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+            profile,
+            total,
+            connections,
+        }
+    }
+
+    /// The file name for this process: rank, host and pid keep ranks of one run apart.
+    pub fn file_name(&self) -> String {
+        let rank = self.rank.map_or_else(|| "x".to_string(), |r| r.to_string());
+        format!(
+            "lossy-stats-rank{rank}-{}-{}.json",
+            sanitize(&self.host),
+            self.pid
+        )
+    }
+
+    /// Writes the file into `dir` atomically and returns its path.
+    pub fn write_to(&self, dir: &Path) -> Result<PathBuf> {
+        fs::create_dir_all(dir).map_err(|e| {
+            Error::system(format!(
+                "cannot create stats directory {}: {e}",
+                dir.display()
+            ))
+        })?;
+        let path = dir.join(self.file_name());
+        let tmp = dir.join(format!(".{}.tmp", self.file_name()));
+        let json = serde_json::to_vec_pretty(self)
+            .map_err(|e| Error::internal(format!("cannot encode statistics: {e}")))?;
+        let write = || -> std::io::Result<()> {
+            let mut file = fs::File::create(&tmp)?;
+            file.write_all(&json)?;
+            file.sync_all()?;
+            fs::rename(&tmp, &path)
+        };
+        write().map_err(|e| Error::system(format!("cannot write {}: {e}", path.display())))?;
+        Ok(path)
+    }
+
+    /// Reads a statistics file.
+    pub fn read(path: &Path) -> Result<StatsFile> {
+        let text = fs::read(path)
+            .map_err(|e| Error::system(format!("cannot read {}: {e}", path.display())))?;
+        serde_json::from_slice(&text).map_err(|e| {
+            Error::invalid_argument(format!("{} is not a statistics file: {e}", path.display()))
+        })
+    }
+}
+
+/// The rank the launcher gave this process, if any.
+pub fn launcher_rank() -> Option<u64> {
+    ["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"]
+        .iter()
+        .find_map(|var| std::env::var(var).ok()?.trim().parse().ok())
+}
+
+fn host_name() -> String {
+    fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown-host".to_string())
+}
+
+fn sanitize(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::{ConnectionStats, MessageRecord};
+
+    #[test]
+    fn file_round_trips_and_leaves_no_temporary() {
+        let dir = std::env::temp_dir().join(format!("lossy-stats-test-{}", std::process::id()));
+        let stats = ConnectionStats::new(3, 0);
+        stats.record_message(&MessageRecord {
+            op: 5,
+            phase: 0,
+            bytes: 100,
+            packets: 1,
+            lost_packets: 1,
+            loss_events: 1,
+            retransmit_delay_ns: 0,
+        });
+        let file = StatsFile::new(serde_json::json!({"seed": 1}), vec![stats.snapshot()]);
+        let path = file.write_to(&dir).expect("write stats");
+        let back = StatsFile::read(&path).expect("read stats");
+        assert_eq!(back, file);
+        assert_eq!(back.total.lost_packets, 1);
+        let leftovers: Vec<_> = fs::read_dir(&dir)
+            .expect("list dir")
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            .collect();
+        assert!(leftovers.is_empty());
+        fs::remove_dir_all(&dir).ok();
+    }
+}
