@@ -12,6 +12,7 @@
 
 pub mod abi;
 pub mod cli;
+pub mod control;
 pub mod error;
 pub mod harness;
 pub mod log;

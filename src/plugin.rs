@@ -2,14 +2,19 @@
 //! contexts, and the comms NCCL holds. The ABI adapters in [`crate::abi`] only translate
 //! pointers and integer widths into calls on these types.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
+use crate::control;
 use crate::loss::plan::LossPlan;
+use crate::stats::writer::{StatsFile, STATS_DIR_ENV};
+use crate::stats::{self, ConnectionStats, MessageRecord};
 use crate::transport::socket::SocketTransport;
 use crate::transport::{
     Completion, Connector, DeviceProps, HostBuf, Listener, RecvConn, RequestId, SendConn,
-    Transport, WireHandle,
+    Transport, WireHandle, MAX_REQUESTS,
 };
 use crate::{log, Error, Result};
 
@@ -20,6 +25,7 @@ pub const PLUGIN_NAME: &str = "lossy";
 pub struct Core {
     transport: Box<dyn Transport>,
     devices: Vec<DeviceProps>,
+    profile_json: serde_json::Value,
 }
 
 static CORE: OnceLock<std::result::Result<Core, Error>> = OnceLock::new();
@@ -33,7 +39,11 @@ impl Core {
         if devices.is_empty() {
             return Err(Error::system("no usable network interface found"));
         }
-        Ok(Core { transport, devices })
+        Ok(Core {
+            transport,
+            devices,
+            profile_json: serde_json::Value::Null,
+        })
     }
 
     /// Builds the core from the environment (transport choice, interfaces, profile).
@@ -193,10 +203,12 @@ impl Connecting {
             return Ok(None);
         };
         let index = self.ctx.next_connection_index();
+        let stats = Arc::new(ConnectionStats::new(self.ctx.comm_id, index));
+        stats::registry().register(Arc::clone(&stats));
         Ok(Some(SendComm {
             ctx: Arc::clone(&self.ctx),
-            _index: index,
             conn,
+            stats,
             sender: Mutex::new(SenderState::default()),
         }))
     }
@@ -204,33 +216,98 @@ impl Connecting {
 
 /// Loss decisions of one sending connection. Guarded by a mutex that only NCCL's progress
 /// thread takes, so it is never contended.
-#[derive(Default)]
 struct SenderState {
     plan: LossPlan,
+    /// When each request slot was posted, for the latency histogram.
+    posted_at: [Option<Instant>; MAX_REQUESTS],
+}
+
+impl Default for SenderState {
+    fn default() -> Self {
+        SenderState {
+            plan: LossPlan::lossless(),
+            posted_at: [None; MAX_REQUESTS],
+        }
+    }
 }
 
 /// The sending half of a connection (NCCL's `sendComm`).
 pub struct SendComm {
     ctx: Arc<Context>,
-    _index: u32,
     conn: Box<dyn SendConn>,
+    stats: Arc<ConnectionStats>,
     sender: Mutex<SenderState>,
 }
 
 impl SendComm {
+    fn state(&self) -> Result<std::sync::MutexGuard<'_, SenderState>> {
+        self.sender
+            .lock()
+            .map_err(|_| Error::internal("sender state poisoned by an earlier panic"))
+    }
+
     /// Queues `buf` for sending; `Ok(None)` asks NCCL to retry later.
     pub fn isend(&self, buf: HostBuf, tag: i32) -> Result<Option<RequestId>> {
-        let state = self
-            .sender
-            .lock()
-            .map_err(|_| Error::internal("sender state poisoned by an earlier panic"))?;
-        let _op = self.ctx.op();
-        self.conn.isend(buf, tag, &state.plan)
+        let mut state = self.state()?;
+        let op = stats::op_slot(self.ctx.op());
+        let phase = control::phase() as usize;
+        let Some(id) = self.conn.isend(buf, tag, &state.plan)? else {
+            return Ok(None);
+        };
+        let plan = &state.plan;
+        self.stats.record_message(&MessageRecord {
+            op,
+            phase,
+            bytes: buf.len() as u64,
+            packets: plan.packets_in(buf.len()),
+            lost_packets: plan.lost_packets(),
+            loss_events: plan.loss_events(),
+            retransmit_delay_ns: 0,
+        });
+        if let Some(slot) = state.posted_at.get_mut(id as usize) {
+            *slot = Some(Instant::now());
+        }
+        Ok(Some(id))
     }
 
     /// Reports whether request `id` is done.
     pub fn test(&self, id: RequestId) -> Result<Option<Completion>> {
-        self.conn.test(id)
+        let done = self.conn.test(id)?;
+        if done.is_some() {
+            let mut state = self.state()?;
+            if let Some(posted) = state.posted_at.get_mut(id as usize).and_then(Option::take) {
+                self.stats
+                    .record_latency_ns(posted.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64);
+            }
+        }
+        Ok(done)
+    }
+}
+
+impl Drop for SendComm {
+    fn drop(&mut self) {
+        // Each closed connection refreshes the file, so a run that ends without finalize
+        // (NCCL v8-v10 have none) still leaves its statistics behind.
+        if let Err(err) = write_stats() {
+            log::warn(&format!("statistics not written: {err}"));
+        }
+    }
+}
+
+/// This process's statistics, with the profile that produced them.
+pub fn stats_file() -> StatsFile {
+    let profile = CORE
+        .get()
+        .and_then(|core| core.as_ref().ok())
+        .map_or(serde_json::Value::Null, |core| core.profile_json.clone());
+    StatsFile::new(profile, stats::registry().snapshot())
+}
+
+/// Writes the statistics file into `NCCL_LOSSY_STATS`; `Ok(None)` when it is not set.
+pub fn write_stats() -> Result<Option<PathBuf>> {
+    match std::env::var_os(STATS_DIR_ENV) {
+        Some(dir) if !dir.is_empty() => stats_file().write_to(std::path::Path::new(&dir)).map(Some),
+        _ => Ok(None),
     }
 }
 

@@ -6,6 +6,7 @@
 //! No panic may unwind into NCCL (it would abort the training job): every entry point runs
 //! inside [`guard`], which turns errors and panics into `ncclResult_t` codes and log lines.
 
+pub mod control;
 pub mod ffi;
 pub mod tables;
 
@@ -137,7 +138,7 @@ unsafe fn finalize_context(ctx: *mut c_void) -> Result<()> {
     let ctx = non_null(ctx, "ctx")?;
     // SAFETY: per this function's contract, `ctx` is the Box<Arc<Context>> made at init.
     drop(unsafe { Box::from_raw(ctx as *mut Arc<Context>) });
-    Ok(())
+    crate::plugin::write_stats().map(|_| ())
 }
 
 fn devices(ndev: *mut c_int) -> Result<()> {

@@ -1,0 +1,61 @@
+//! Run-time switches a training script flips while NCCL runs: injection on or off, the
+//! training phase and step that profile rules match on. Plain atomics, read once per message.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+
+/// Phase of the training step, as set by the training script.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Not set, or between phases.
+    Any = 0,
+    /// Forward pass.
+    Forward = 1,
+    /// Backward pass (gradient traffic).
+    Backward = 2,
+}
+
+impl Phase {
+    /// The phase for a numeric code from the C API, if valid.
+    pub fn from_code(code: i32) -> Option<Phase> {
+        match code {
+            0 => Some(Phase::Any),
+            1 => Some(Phase::Forward),
+            2 => Some(Phase::Backward),
+            _ => None,
+        }
+    }
+}
+
+static ENABLED: AtomicBool = AtomicBool::new(true);
+static PHASE: AtomicU8 = AtomicU8::new(Phase::Any as u8);
+static STEP: AtomicU64 = AtomicU64::new(0);
+
+/// Turns loss injection on or off for every connection of this process.
+pub fn set_enabled(enabled: bool) {
+    ENABLED.store(enabled, Ordering::Relaxed);
+}
+
+/// True when loss injection is on (the default).
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// Sets the current training phase.
+pub fn set_phase(phase: Phase) {
+    PHASE.store(phase as u8, Ordering::Relaxed);
+}
+
+/// The current training phase.
+pub fn phase() -> Phase {
+    Phase::from_code(i32::from(PHASE.load(Ordering::Relaxed))).unwrap_or(Phase::Any)
+}
+
+/// Sets the current training step.
+pub fn set_step(step: u64) {
+    STEP.store(step, Ordering::Relaxed);
+}
+
+/// The current training step.
+pub fn step() -> u64 {
+    STEP.load(Ordering::Relaxed)
+}
