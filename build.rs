@@ -5,12 +5,14 @@ use std::path::PathBuf;
 
 fn main() {
     let header = "nccl_headers/nccl_net.h";
-    println!("cargo:rerun-if-changed={header}");
+    let tuner_header = "nccl_headers/nccl_tuner.h";
     println!("cargo:rerun-if-changed=nccl_headers");
 
     let bindings = bindgen::Builder::default()
         .header(header)
+        .header(tuner_header)
         .allowlist_type("ncclNet_v.*")
+        .allowlist_type("ncclTuner_v.*")
         .allowlist_type("ncclNetProperties_v.*")
         .allowlist_type("ncclNetVDeviceProps_v.*")
         .allowlist_type("ncclNetCommConfig_v.*")

@@ -26,6 +26,7 @@ pub struct Core {
     transport: Box<dyn Transport>,
     devices: Vec<DeviceProps>,
     profile_json: serde_json::Value,
+    corrupts_data: bool,
 }
 
 static CORE: OnceLock<std::result::Result<Core, Error>> = OnceLock::new();
@@ -43,6 +44,7 @@ impl Core {
             transport,
             devices,
             profile_json: serde_json::Value::Null,
+            corrupts_data: false,
         })
     }
 
@@ -334,4 +336,11 @@ impl RecvComm {
     pub fn test(&self, id: RequestId) -> Result<Option<Completion>> {
         self.conn.test(id)
     }
+}
+
+/// True when the active profile has a data-corrupting effect, so LL/LL128 must be ruled out.
+/// Fails (loudly, at init) when the user also forces LL or LL128 through `NCCL_PROTO`.
+pub fn protocol_guard_needed() -> Result<bool> {
+    let core = Core::global()?;
+    Ok(core.corrupts_data)
 }

@@ -9,6 +9,7 @@
 pub mod control;
 pub mod ffi;
 pub mod tables;
+pub mod tuner;
 
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -74,7 +75,7 @@ fn device_index(dev: c_int) -> Result<usize> {
 // ---- logging -------------------------------------------------------------------------------
 
 /// Routes our log lines to NCCL's logger (kept until the next init replaces it).
-fn install_logger(logger: ncclDebugLogger_t) {
+pub(crate) fn install_logger(logger: ncclDebugLogger_t) {
     let Some(logger) = logger else { return };
     log::set_sink(Box::new(move |level, message| {
         let level = match level {
