@@ -1,0 +1,922 @@
+//! The data path of one connection: a fixed table of request slots, a queue of posted
+//! messages, and one I/O thread per socket that moves its share of every message.
+//!
+//! Every message is cut into `k` contiguous chunks (see [`chunk_count`]); chunk `j` of message
+//! `seq` travels on socket `(seq + j) mod n`, and the header goes first on socket `seq mod n`
+//! (the socket of chunk 0). Both ends walk the message stream in order on every socket, so
+//! each socket's byte stream needs no framing beyond the one header per message.
+//!
+//! The owner's calls (`isend`/`irecv`/`test`) take the connection lock only briefly and never
+//! do I/O; I/O threads take it to pick up work and to report a finished chunk, never while
+//! they move bytes. `test` on a pending request reads one atomic.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::io::{self, Read};
+use std::net::Shutdown;
+use std::ops::Range;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use socket2::Socket;
+
+use super::log_warn;
+use super::wire::{self, Header, HEADER_SIZE, MAX_MESSAGE_BYTES, MAX_RETRANSMIT_TIMEOUT, RUN_SIZE};
+use crate::loss::effect::{self, MIN_MTU};
+use crate::loss::plan::{Effect, LossPlan, PacketRun};
+use crate::transport::{Completion, HostBuf, RecvConn, RequestId, SendConn, MAX_RECVS, MAX_REQUESTS};
+use crate::{Error, Result};
+
+/// Smallest chunk a message is cut into, so small messages use few sockets.
+pub const MIN_CHUNK: usize = 64 << 10;
+
+/// Runs read from the wire per `recv`, so a long list costs a bounded buffer.
+const RUN_BATCH: usize = 4096;
+
+const FREE: u8 = 0;
+const PENDING: u8 = 1;
+const DONE: u8 = 2;
+
+/// Number of chunks a `size`-byte message is cut into over `sockets` sockets (at least 1).
+pub fn chunk_count(size: usize, sockets: usize) -> usize {
+    (size / MIN_CHUNK).clamp(1, sockets.max(1))
+}
+
+/// Byte range of chunk `j` of `chunks` in a `size`-byte message: near-equal contiguous parts.
+pub fn chunk_span(size: usize, chunks: usize, j: usize) -> Range<usize> {
+    let (base, extra) = (size / chunks, size % chunks);
+    let start = j * base + j.min(extra);
+    start..start + base + usize::from(j < extra)
+}
+
+/// The header socket of message `seq` and the chunk index socket `s` carries for it.
+fn roles(seq: u64, s: usize, n: usize) -> (usize, usize) {
+    let h = (seq % n as u64) as usize;
+    (h, (s + n - h) % n)
+}
+
+fn send_all(sock: &Socket, mut bytes: &[u8], more: bool) -> io::Result<()> {
+    // MSG_NOSIGNAL: a dead peer must give EPIPE, not kill a host process that kept SIGPIPE.
+    let flags = libc::MSG_NOSIGNAL | if more { libc::MSG_MORE } else { 0 };
+    while !bytes.is_empty() {
+        match sock.send_with_flags(bytes, flags) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => bytes = &bytes[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn recv_all(mut sock: &Socket, buf: &mut [u8]) -> io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        match sock.read(&mut buf[got..]) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "peer closed the connection",
+                ))
+            }
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Why an I/O thread stopped.
+enum Exit {
+    /// The connection is closing or already failed: nothing more to report.
+    Stopped,
+    /// This thread hit the failure that brings the connection down.
+    Failed(Error),
+}
+
+/// Connection state guarded by the lock.
+struct Locked<S> {
+    side: S,
+    failed: Option<Error>,
+    stopping: bool,
+}
+
+/// What the owner and the I/O threads of one connection share.
+struct Core<S> {
+    sockets: Vec<Socket>,
+    peer: String,
+    locked: Mutex<Locked<S>>,
+    wake: Condvar,
+    slot_state: [AtomicU8; MAX_REQUESTS],
+    failed: AtomicBool,
+}
+
+type Guard<'a, S> = MutexGuard<'a, Locked<S>>;
+
+impl<S> Core<S> {
+    fn new(sockets: Vec<Socket>, peer: String, side: S) -> Self {
+        Core {
+            sockets,
+            peer,
+            locked: Mutex::new(Locked {
+                side,
+                failed: None,
+                stopping: false,
+            }),
+            wake: Condvar::new(),
+            slot_state: std::array::from_fn(|_| AtomicU8::new(FREE)),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    fn lock(&self) -> Guard<'_, S> {
+        // A poisoned lock only means an I/O thread panicked; its panic is reported as a failure.
+        self.locked.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits until `ready` holds; `Err(Stopped)` once the connection closes or fails.
+    fn wait_until<'a>(
+        &self,
+        mut g: Guard<'a, S>,
+        ready: impl Fn(&S) -> bool,
+    ) -> std::result::Result<Guard<'a, S>, Exit> {
+        loop {
+            if g.stopping || g.failed.is_some() {
+                return Err(Exit::Stopped);
+            }
+            if ready(&g.side) {
+                return Ok(g);
+            }
+            g = self.wake.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Sleeps for `dur` unless the connection closes or fails first.
+    fn sleep(&self, dur: Duration) -> std::result::Result<(), Exit> {
+        let deadline = Instant::now() + dur;
+        let mut g = self.lock();
+        loop {
+            if g.stopping || g.failed.is_some() {
+                return Err(Exit::Stopped);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(());
+            }
+            g = self
+                .wake
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    fn shutdown_sockets(&self) {
+        for sock in &self.sockets {
+            // Errors only mean the socket is already down, which is what we want.
+            let _ = sock.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Records the connection's first failure and wakes every thread so they exit.
+    fn fail(&self, err: Error) {
+        let mut g = self.lock();
+        if g.stopping || g.failed.is_some() {
+            return;
+        }
+        log_warn(format_args!("connection with {} failed: {err}", self.peer));
+        g.failed = Some(err);
+        self.failed.store(true, Ordering::Release);
+        self.wake.notify_all();
+        drop(g);
+        self.shutdown_sockets();
+    }
+
+    /// Starts closing: threads blocked on the lock or on a socket return.
+    fn stop(&self) {
+        let mut g = self.lock();
+        g.stopping = true;
+        self.wake.notify_all();
+        drop(g);
+        self.shutdown_sockets();
+    }
+
+    /// Turns an I/O error into a thread exit: quiet while closing, a failure otherwise.
+    fn io_exit(&self, err: io::Error, what: fmt::Arguments<'_>) -> Exit {
+        let g = self.lock();
+        if g.stopping || g.failed.is_some() {
+            return Exit::Stopped;
+        }
+        drop(g);
+        Exit::Failed(Error::from(err).context(format_args!("{what} with {}", self.peer)))
+    }
+
+    /// Fails unless new requests may be posted.
+    fn usable(&self, g: &Guard<'_, S>) -> Result<()> {
+        if let Some(err) = &g.failed {
+            return Err(err.clone());
+        }
+        if g.stopping {
+            return Err(Error::internal("connection is closing"));
+        }
+        Ok(())
+    }
+
+    fn free_slot(&self) -> Option<usize> {
+        (0..MAX_REQUESTS).find(|&i| self.slot_state[i].load(Ordering::Acquire) == FREE)
+    }
+
+    /// Common part of `test`: `Ok(None)` while pending, the slot's completion when done.
+    fn test_with(&self, id: RequestId, done: impl FnOnce(&S, usize) -> Completion) -> Result<Option<Completion>> {
+        let slot = id as usize;
+        if slot >= MAX_REQUESTS {
+            return Err(Error::invalid_argument(format!("request id {id} out of range")));
+        }
+        match self.slot_state[slot].load(Ordering::Acquire) {
+            PENDING if !self.failed.load(Ordering::Acquire) => Ok(None),
+            PENDING => {
+                let g = self.lock();
+                // A request may have finished just before the failure: report its data.
+                if self.slot_state[slot].load(Ordering::Acquire) != DONE {
+                    let err = g.failed.clone().unwrap_or_else(|| Error::internal("connection failed"));
+                    return Err(err);
+                }
+                let c = done(&g.side, slot);
+                self.slot_state[slot].store(FREE, Ordering::Release);
+                Ok(Some(c))
+            }
+            DONE => {
+                let g = self.lock();
+                let c = done(&g.side, slot);
+                self.slot_state[slot].store(FREE, Ordering::Release);
+                Ok(Some(c))
+            }
+            _ => Err(Error::invalid_argument(format!("request {id} is not in flight"))),
+        }
+    }
+}
+
+/// A connection's threads; dropping it stops them, joins them and closes the sockets.
+struct Running<S> {
+    core: Arc<Core<S>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl<S: Send + 'static> Running<S> {
+    fn start(core: Core<S>, prefix: &str, body: fn(&Core<S>, usize) -> Exit) -> Result<Self> {
+        let core = Arc::new(core);
+        let mut running = Running {
+            threads: Vec::with_capacity(core.sockets.len()),
+            core,
+        };
+        for s in 0..running.core.sockets.len() {
+            let core = Arc::clone(&running.core);
+            let spawned = std::thread::Builder::new()
+                .name(format!("{prefix}{s}"))
+                .spawn(move || run_io(&core, s, body));
+            match spawned {
+                Ok(t) => running.threads.push(t),
+                // Dropping `running` stops and joins the threads started so far.
+                Err(e) => return Err(Error::system(format!("cannot start an I/O thread: {e}"))),
+            }
+        }
+        Ok(running)
+    }
+}
+
+impl<S> Drop for Running<S> {
+    fn drop(&mut self) {
+        self.core.stop();
+        for t in self.threads.drain(..) {
+            if t.join().is_err() {
+                log_warn("an I/O thread ended with a panic");
+            }
+        }
+        // The threads' references are gone: dropping ours closes the sockets now.
+    }
+}
+
+fn run_io<S>(core: &Core<S>, s: usize, body: fn(&Core<S>, usize) -> Exit) {
+    match catch_unwind(AssertUnwindSafe(|| body(core, s))) {
+        Ok(Exit::Stopped) => {}
+        Ok(Exit::Failed(err)) => core.fail(err),
+        Err(_) => core.fail(Error::internal(format!("I/O thread of socket {s} panicked"))),
+    }
+}
+
+/// Puts a connected socket in the mode the I/O threads expect.
+pub(crate) fn prepare(sock: &Socket) -> io::Result<()> {
+    sock.set_nonblocking(false)?;
+    sock.set_nodelay(true)
+}
+
+fn check_plan(plan: &LossPlan, size: usize) -> Result<()> {
+    let bad = |why: String| Error::invalid_argument(format!("loss plan: {why}"));
+    if plan.mtu < MIN_MTU {
+        return Err(bad(format!("mtu {} below {MIN_MTU}", plan.mtu)));
+    }
+    if plan.retransmit_timeout > MAX_RETRANSMIT_TIMEOUT {
+        return Err(bad(format!("retransmit timeout {:?} too long", plan.retransmit_timeout)));
+    }
+    effect::check_runs(&plan.lost, effect::packet_count(size, plan.mtu), 0)
+        .map(|_| ())
+        .map_err(|e| bad(e.to_string()))
+}
+
+// ---------------------------------------------------------------------------------------
+// Sending side.
+
+struct SendSlot {
+    buf: HostBuf,
+    tag: i32,
+    effect: Effect,
+    mtu: u32,
+    retransmit: Duration,
+    flip_seed: u64,
+    runs: Vec<PacketRun>,
+    chunks_left: usize,
+}
+
+struct SendSide {
+    slots: Vec<SendSlot>,
+    /// (message seq, slot) of every message whose chunks are not all sent, oldest first.
+    posted: VecDeque<(u64, usize)>,
+    next_seq: u64,
+}
+
+/// One socket's share of one message.
+struct SendJob {
+    slot: usize,
+    seq: u64,
+    buf: HostBuf,
+    tag: i32,
+    effect: Effect,
+    mtu: u32,
+    retransmit: Duration,
+    flip_seed: u64,
+    events: usize,
+    span: Range<usize>,
+    header: bool,
+}
+
+/// The sending half of a socket connection.
+pub struct SocketSendConn {
+    running: Running<SendSide>,
+}
+
+impl SocketSendConn {
+    /// Starts the I/O threads over connected `sockets` (index order = socket order).
+    pub(crate) fn start(sockets: Vec<Socket>, peer: String) -> Result<Self> {
+        let side = SendSide {
+            slots: (0..MAX_REQUESTS)
+                .map(|_| SendSlot {
+                    buf: HostBuf::from_slice(&mut []),
+                    tag: 0,
+                    effect: Effect::Zero,
+                    mtu: 0,
+                    retransmit: Duration::ZERO,
+                    flip_seed: 0,
+                    runs: Vec::new(),
+                    chunks_left: 0,
+                })
+                .collect(),
+            posted: VecDeque::with_capacity(MAX_REQUESTS),
+            next_seq: 0,
+        };
+        let core = Core::new(sockets, peer, side);
+        Ok(SocketSendConn {
+            running: Running::start(core, "lossy-tx", send_loop)?,
+        })
+    }
+}
+
+impl SendConn for SocketSendConn {
+    fn isend(&self, buf: HostBuf, tag: i32, plan: &LossPlan) -> Result<Option<RequestId>> {
+        let size = buf.len();
+        if size as u64 > MAX_MESSAGE_BYTES {
+            return Err(Error::invalid_argument(format!("message of {size} bytes is too large")));
+        }
+        check_plan(plan, size)?;
+        let core = &self.running.core;
+        let mut g = core.lock();
+        core.usable(&g)?;
+        let Some(slot) = core.free_slot() else {
+            return Ok(None);
+        };
+        let n = core.sockets.len();
+        let side = &mut g.side;
+        let seq = side.next_seq;
+        let s = &mut side.slots[slot];
+        s.buf = buf;
+        s.tag = tag;
+        s.effect = plan.effect;
+        s.mtu = plan.mtu;
+        s.retransmit = plan.retransmit_timeout;
+        s.flip_seed = plan.flip_seed;
+        s.runs.clear();
+        s.runs.extend_from_slice(&plan.lost);
+        s.chunks_left = chunk_count(size, n);
+        side.posted.push_back((seq, slot));
+        side.next_seq += 1;
+        core.slot_state[slot].store(PENDING, Ordering::Release);
+        core.wake.notify_all();
+        Ok(Some(slot as RequestId))
+    }
+
+    fn test(&self, id: RequestId) -> Result<Option<Completion>> {
+        self.running.core.test_with(id, |side, slot| {
+            let mut c = Completion {
+                count: 1,
+                ..Completion::default()
+            };
+            c.sizes[0] = side.slots[slot].buf.len();
+            c
+        })
+    }
+}
+
+fn send_loop(core: &Core<SendSide>, s: usize) -> Exit {
+    let n = core.sockets.len();
+    let mut runs: Vec<PacketRun> = Vec::new();
+    let mut wire_buf: Vec<u8> = Vec::new();
+    let mut seq = 0u64;
+    loop {
+        let job = {
+            let g = match core.wait_until(core.lock(), |side| side.next_seq > seq) {
+                Ok(g) => g,
+                Err(exit) => return exit,
+            };
+            let (_, j) = roles(seq, s, n);
+            // Not queued any more: its chunks are all sent, so none of them was ours.
+            let found = g.side.posted.iter().find(|p| p.0 == seq).map(|p| p.1);
+            found.and_then(|slot| {
+                let m = &g.side.slots[slot];
+                let size = m.buf.len();
+                let k = chunk_count(size, n);
+                (j < k).then(|| {
+                    let span = chunk_span(size, k, j);
+                    runs.clear();
+                    // The header socket sends every run; the others need only their own.
+                    runs.extend_from_slice(if j == 0 {
+                        &m.runs
+                    } else {
+                        effect::runs_in_span(&m.runs, m.mtu, span.clone())
+                    });
+                    SendJob {
+                        slot,
+                        seq,
+                        buf: m.buf,
+                        tag: m.tag,
+                        effect: m.effect,
+                        mtu: m.mtu,
+                        retransmit: m.retransmit,
+                        flip_seed: m.flip_seed,
+                        events: m.runs.len(),
+                        span,
+                        header: j == 0,
+                    }
+                })
+            })
+        };
+        if let Some(job) = job {
+            if let Err(exit) = send_chunk(core, s, &job, &runs, &mut wire_buf) {
+                return exit;
+            }
+            let mut g = core.lock();
+            let side = &mut g.side;
+            side.slots[job.slot].chunks_left -= 1;
+            if side.slots[job.slot].chunks_left == 0 {
+                side.posted.retain(|p| p.1 != job.slot);
+                core.slot_state[job.slot].store(DONE, Ordering::Release);
+            }
+        }
+        seq += 1;
+    }
+}
+
+fn send_chunk(
+    core: &Core<SendSide>,
+    s: usize,
+    job: &SendJob,
+    runs: &[PacketRun],
+    wire_buf: &mut Vec<u8>,
+) -> std::result::Result<(), Exit> {
+    let sock = &core.sockets[s];
+    let size = job.buf.len();
+    let seq = job.seq;
+    let io = |e| core.io_exit(e, format_args!("sending message {seq} on socket {s}"));
+    if job.header {
+        let header = Header {
+            seq: job.seq,
+            size: size as u64,
+            tag: job.tag,
+            effect: job.effect,
+            mtu: job.mtu,
+            runs: runs.len() as u32,
+            retransmit_ns: job.retransmit.as_nanos() as u64,
+            flip_seed: job.flip_seed,
+        };
+        wire_buf.clear();
+        wire_buf.extend_from_slice(&header.encode());
+        wire::encode_runs(runs, wire_buf);
+        send_all(sock, wire_buf, !job.span.is_empty()).map_err(io)?;
+    }
+    let span = job.span.clone();
+    match job.effect {
+        Effect::Zero | Effect::Stale => {
+            for r in effect::kept_ranges(runs, job.mtu, size, span) {
+                send_all(sock, job.buf.slice(r.start, r.end), false).map_err(io)?;
+            }
+        }
+        Effect::Retransmit => {
+            send_all(sock, job.buf.slice(span.start, span.end), false).map_err(io)?;
+            if effect::lost_ranges(runs, job.mtu, size, span.clone()).next().is_some() {
+                // One timeout per loss event of the message, as if each were recovered by
+                // its own retransmission timer; only this socket's stream waits.
+                let events = u32::try_from(job.events).unwrap_or(u32::MAX);
+                core.sleep(job.retransmit.saturating_mul(events))?;
+                for r in effect::lost_ranges(runs, job.mtu, size, span) {
+                    send_all(sock, job.buf.slice(r.start, r.end), false).map_err(io)?;
+                }
+            }
+        }
+        Effect::Bitflip => {
+            send_all(sock, job.buf.slice(span.start, span.end), false).map_err(io)?;
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Receiving side.
+
+/// A message of a grouped receive, as its header described it.
+struct RecvMsg {
+    buf_index: usize,
+    size: usize,
+    effect: Effect,
+    mtu: u32,
+    flip_seed: u64,
+    runs: Vec<PacketRun>,
+    chunks: usize,
+    chunks_left: usize,
+}
+
+struct RecvSlot {
+    n: usize,
+    first_seq: u64,
+    bufs: [HostBuf; MAX_RECVS],
+    tags: [i32; MAX_RECVS],
+    taken: [bool; MAX_RECVS],
+    sizes: [usize; MAX_RECVS],
+    /// Messages in stream order (message `first_seq + i` is `msgs[i]`).
+    msgs: Vec<RecvMsg>,
+    msgs_left: usize,
+}
+
+struct RecvSide {
+    slots: Vec<RecvSlot>,
+    /// Slots with messages still arriving, oldest first.
+    posted: VecDeque<usize>,
+    next_seq: u64,
+    /// Headers of all messages before this one have been read and matched.
+    headers_upto: u64,
+}
+
+impl RecvSide {
+    fn find(&self, seq: u64) -> Option<(usize, usize)> {
+        self.posted.iter().find_map(|&slot| {
+            let r = &self.slots[slot];
+            (r.first_seq <= seq && seq < r.first_seq + r.n as u64)
+                .then(|| (slot, (seq - r.first_seq) as usize))
+        })
+    }
+}
+
+/// One socket's share of one message.
+struct RecvJob {
+    slot: usize,
+    msg: usize,
+    seq: u64,
+    buf: HostBuf,
+    size: usize,
+    effect: Effect,
+    mtu: u32,
+    flip_seed: u64,
+    span: Range<usize>,
+}
+
+/// The receiving half of a socket connection.
+pub struct SocketRecvConn {
+    running: Running<RecvSide>,
+}
+
+impl SocketRecvConn {
+    /// Starts the I/O threads over accepted `sockets` (index order = socket order).
+    pub(crate) fn start(sockets: Vec<Socket>, peer: String) -> Result<Self> {
+        let side = RecvSide {
+            slots: (0..MAX_REQUESTS)
+                .map(|_| RecvSlot {
+                    n: 0,
+                    first_seq: 0,
+                    bufs: [HostBuf::from_slice(&mut []); MAX_RECVS],
+                    tags: [0; MAX_RECVS],
+                    taken: [false; MAX_RECVS],
+                    sizes: [0; MAX_RECVS],
+                    msgs: (0..MAX_RECVS)
+                        .map(|_| RecvMsg {
+                            buf_index: 0,
+                            size: 0,
+                            effect: Effect::Zero,
+                            mtu: 0,
+                            flip_seed: 0,
+                            runs: Vec::new(),
+                            chunks: 0,
+                            chunks_left: 0,
+                        })
+                        .collect(),
+                    msgs_left: 0,
+                })
+                .collect(),
+            posted: VecDeque::with_capacity(MAX_REQUESTS),
+            next_seq: 0,
+            headers_upto: 0,
+        };
+        let core = Core::new(sockets, peer, side);
+        Ok(SocketRecvConn {
+            running: Running::start(core, "lossy-rx", recv_loop)?,
+        })
+    }
+}
+
+impl RecvConn for SocketRecvConn {
+    fn irecv(&self, bufs: &[HostBuf], tags: &[i32]) -> Result<Option<RequestId>> {
+        let n = bufs.len();
+        if n == 0 || n > MAX_RECVS || tags.len() != n {
+            return Err(Error::invalid_argument(format!(
+                "grouped receive of {n} buffers and {} tags (at most {MAX_RECVS})",
+                tags.len()
+            )));
+        }
+        let core = &self.running.core;
+        let mut g = core.lock();
+        core.usable(&g)?;
+        let Some(slot) = core.free_slot() else {
+            return Ok(None);
+        };
+        let side = &mut g.side;
+        let r = &mut side.slots[slot];
+        r.n = n;
+        r.first_seq = side.next_seq;
+        r.bufs[..n].copy_from_slice(bufs);
+        r.tags[..n].copy_from_slice(tags);
+        r.taken = [false; MAX_RECVS];
+        r.sizes = [0; MAX_RECVS];
+        r.msgs_left = n;
+        side.posted.push_back(slot);
+        side.next_seq += n as u64;
+        core.slot_state[slot].store(PENDING, Ordering::Release);
+        core.wake.notify_all();
+        Ok(Some(slot as RequestId))
+    }
+
+    fn test(&self, id: RequestId) -> Result<Option<Completion>> {
+        self.running.core.test_with(id, |side, slot| {
+            let r = &side.slots[slot];
+            Completion {
+                count: r.n,
+                sizes: r.sizes,
+            }
+        })
+    }
+}
+
+/// Per-thread scratch space, reused across messages.
+struct RecvScratch {
+    runs: Vec<PacketRun>,
+    run_bytes: Vec<u8>,
+}
+
+fn recv_loop(core: &Core<RecvSide>, s: usize) -> Exit {
+    let n = core.sockets.len();
+    let mut scratch = RecvScratch {
+        runs: Vec::new(),
+        run_bytes: vec![0; RUN_BATCH * RUN_SIZE],
+    };
+    let mut seq = 0u64;
+    loop {
+        let (h, j) = roles(seq, s, n);
+        let job = if h == s {
+            match read_header(core, s, seq, &mut scratch) {
+                Ok(job) => Some(job),
+                Err(exit) => return exit,
+            }
+        } else {
+            let ready = |side: &RecvSide| side.next_seq > seq && side.headers_upto > seq;
+            let g = match core.wait_until(core.lock(), ready) {
+                Ok(g) => g,
+                Err(exit) => return exit,
+            };
+            // Not queued any more: the whole request is done, so none of it was ours.
+            g.side.find(seq).and_then(|(slot, i)| {
+                let r = &g.side.slots[slot];
+                let m = &r.msgs[i];
+                (j < m.chunks).then(|| {
+                    let span = chunk_span(m.size, m.chunks, j);
+                    scratch.runs.clear();
+                    scratch
+                        .runs
+                        .extend_from_slice(effect::runs_in_span(&m.runs, m.mtu, span.clone()));
+                    RecvJob {
+                        slot,
+                        msg: i,
+                        seq,
+                        buf: r.bufs[m.buf_index],
+                        size: m.size,
+                        effect: m.effect,
+                        mtu: m.mtu,
+                        flip_seed: m.flip_seed,
+                        span,
+                    }
+                })
+            })
+        };
+        if let Some(job) = job {
+            if let Err(exit) = recv_chunk(core, s, &job, &scratch.runs) {
+                return exit;
+            }
+            let mut g = core.lock();
+            let side = &mut g.side;
+            let r = &mut side.slots[job.slot];
+            let m = &mut r.msgs[job.msg];
+            m.chunks_left -= 1;
+            if m.chunks_left == 0 {
+                r.sizes[m.buf_index] = m.size;
+                r.msgs_left -= 1;
+                if r.msgs_left == 0 {
+                    side.posted.retain(|&p| p != job.slot);
+                    core.slot_state[job.slot].store(DONE, Ordering::Release);
+                }
+            }
+        }
+        seq += 1;
+    }
+}
+
+/// Reads and checks the header of message `seq` (this socket carries it) and publishes it
+/// for the other sockets; returns this socket's job, chunk 0.
+fn read_header(
+    core: &Core<RecvSide>,
+    s: usize,
+    seq: u64,
+    scratch: &mut RecvScratch,
+) -> std::result::Result<RecvJob, Exit> {
+    let sock = &core.sockets[s];
+    let n = core.sockets.len();
+    let io = |e| core.io_exit(e, format_args!("receiving message {seq} on socket {s}"));
+    // The buffers and the tags still free are stable until this header is published:
+    // headers are matched in stream order, and only this thread matches message `seq`.
+    let (slot, i, bufs, tags, taken, count) = {
+        let g = core.wait_until(core.lock(), |side| side.next_seq > seq)?;
+        let Some((slot, i)) = g.side.find(seq) else {
+            return Err(Exit::Failed(Error::internal(format!("message {seq} has no posted receive"))));
+        };
+        let r = &g.side.slots[slot];
+        (slot, i, r.bufs, r.tags, r.taken, r.n)
+    };
+    let mut raw = [0u8; HEADER_SIZE];
+    recv_all(sock, &mut raw).map_err(io)?;
+    let header = Header::decode(&raw, seq).map_err(Exit::Failed)?;
+    let Some(b) = (0..count).find(|&b| !taken[b] && tags[b] == header.tag) else {
+        return Err(Exit::Failed(Error::invalid_usage(format!(
+            "message {seq} has tag {}, which matches no buffer of the posted receive {:?}",
+            header.tag,
+            &tags[..count]
+        ))));
+    };
+    let size = header.size as usize;
+    if size > bufs[b].len() {
+        return Err(Exit::Failed(Error::invalid_usage(format!(
+            "message {seq} of {size} bytes is larger than the posted receive of {} bytes",
+            bufs[b].len()
+        ))));
+    }
+    // The run count was checked against the packet count, which the posted buffer bounds.
+    let packets = effect::packet_count(size, header.mtu);
+    scratch.runs.clear();
+    let mut left = header.runs as usize;
+    let mut end = 0;
+    while left > 0 {
+        let take = left.min(RUN_BATCH);
+        let bytes = &mut scratch.run_bytes[..take * RUN_SIZE];
+        recv_all(sock, bytes).map_err(io)?;
+        let before = scratch.runs.len();
+        wire::decode_runs(bytes, &mut scratch.runs);
+        end = effect::check_runs(&scratch.runs[before..], packets, end).map_err(|e| {
+            Exit::Failed(Error::remote(format!("bad message header for message {seq}: {e}")))
+        })?;
+        left -= take;
+    }
+    let chunks = chunk_count(size, n);
+    let mut g = core.lock();
+    if g.stopping || g.failed.is_some() {
+        return Err(Exit::Stopped);
+    }
+    let r = &mut g.side.slots[slot];
+    r.taken[b] = true;
+    let m = &mut r.msgs[i];
+    m.buf_index = b;
+    m.size = size;
+    m.effect = header.effect;
+    m.mtu = header.mtu;
+    m.flip_seed = header.flip_seed;
+    m.runs.clear();
+    m.runs.extend_from_slice(&scratch.runs);
+    m.chunks = chunks;
+    m.chunks_left = chunks;
+    g.side.headers_upto = seq + 1;
+    core.wake.notify_all();
+    Ok(RecvJob {
+        slot,
+        msg: i,
+        seq,
+        buf: bufs[b],
+        size,
+        effect: header.effect,
+        mtu: header.mtu,
+        flip_seed: header.flip_seed,
+        span: chunk_span(size, chunks, 0),
+    })
+}
+
+fn recv_chunk(
+    core: &Core<RecvSide>,
+    s: usize,
+    job: &RecvJob,
+    runs: &[PacketRun],
+) -> std::result::Result<(), Exit> {
+    let sock = &core.sockets[s];
+    let seq = job.seq;
+    let io = |e| core.io_exit(e, format_args!("receiving message {seq} on socket {s}"));
+    let (size, mtu, span) = (job.size, job.mtu, job.span.clone());
+    // This socket alone writes `span` of the buffer (chunks are disjoint).
+    let whole = || job.buf.slice_mut(span.start, span.end);
+    match job.effect {
+        Effect::Zero | Effect::Stale => {
+            for r in effect::kept_ranges(runs, mtu, size, span.clone()) {
+                recv_all(sock, job.buf.slice_mut(r.start, r.end)).map_err(io)?;
+            }
+            if job.effect == Effect::Zero {
+                effect::zero_lost(whole(), span.start, runs, mtu, size);
+            }
+        }
+        Effect::Retransmit => {
+            recv_all(sock, whole()).map_err(io)?;
+            // The lost packets come again after the sender's timeout: same bytes, same place.
+            for r in effect::lost_ranges(runs, mtu, size, span) {
+                recv_all(sock, job.buf.slice_mut(r.start, r.end)).map_err(io)?;
+            }
+        }
+        Effect::Bitflip => {
+            recv_all(sock, whole()).map_err(io)?;
+            effect::flip_lost(whole(), span.start, runs, mtu, size, job.flip_seed);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_cover_the_message_contiguously() {
+        assert_eq!(chunk_count(0, 4), 1);
+        assert_eq!(chunk_count(MIN_CHUNK - 1, 4), 1);
+        assert_eq!(chunk_count(2 * MIN_CHUNK + 5, 4), 2);
+        assert_eq!(chunk_count(1 << 30, 4), 4);
+        assert_eq!(chunk_count(1 << 30, 1), 1);
+        for (size, k) in [(0, 1), (7, 1), (1 << 20, 3), ((1 << 20) + 3, 4)] {
+            let mut next = 0;
+            for j in 0..k {
+                let r = chunk_span(size, k, j);
+                assert_eq!(r.start, next);
+                assert!(r.len() + 1 >= size / k);
+                next = r.end;
+            }
+            assert_eq!(next, size);
+        }
+    }
+
+    #[test]
+    fn roles_rotate_the_header_socket() {
+        assert_eq!(roles(0, 0, 4), (0, 0));
+        assert_eq!(roles(5, 1, 4), (1, 0));
+        assert_eq!(roles(5, 0, 4), (1, 3));
+        assert_eq!(roles(7, 2, 1), (0, 0));
+    }
+}
