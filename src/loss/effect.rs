@@ -185,7 +185,8 @@ pub fn flip_lost(
     for run in runs_in_span(runs, mtu, span.clone()) {
         // Only packets that overlap the span can hold a chosen bit inside it.
         let first = u64::from(run.start).max(span.start as u64 / mtu64);
-        let last = (u64::from(run.start) + u64::from(run.len)).min((span.end as u64).div_ceil(mtu64));
+        let last =
+            (u64::from(run.start) + u64::from(run.len)).min((span.end as u64).div_ceil(mtu64));
         for packet in first..last {
             if let Some((byte, bit)) = flip_position(seed, packet, mtu, len) {
                 if span.contains(&byte) {
@@ -218,11 +219,20 @@ mod tests {
     #[test]
     fn check_runs_accepts_sorted_disjoint_and_rejects_the_rest() {
         assert_eq!(check_runs(&[], 0, 0), Ok(0));
-        assert_eq!(check_runs(&[run(0, 2), run(2, 1), run(5, 5)], 10, 0), Ok(10));
+        assert_eq!(
+            check_runs(&[run(0, 2), run(2, 1), run(5, 5)], 10, 0),
+            Ok(10)
+        );
         assert_eq!(check_runs(&[run(0, 0)], 10, 0), Err(RunError::Empty));
-        assert_eq!(check_runs(&[run(3, 2), run(4, 1)], 10, 0), Err(RunError::Unsorted));
+        assert_eq!(
+            check_runs(&[run(3, 2), run(4, 1)], 10, 0),
+            Err(RunError::Unsorted)
+        );
         assert_eq!(check_runs(&[run(9, 2)], 10, 0), Err(RunError::OutOfRange));
-        assert_eq!(check_runs(&[run(u32::MAX, u32::MAX)], 10, 0), Err(RunError::OutOfRange));
+        assert_eq!(
+            check_runs(&[run(u32::MAX, u32::MAX)], 10, 0),
+            Err(RunError::OutOfRange)
+        );
         // Piecewise checking carries the previous end.
         assert_eq!(check_runs(&[run(3, 1)], 10, 4), Err(RunError::Unsorted));
         assert_eq!(check_runs(&[run(4, 1)], 10, 4), Ok(5));
@@ -256,7 +266,10 @@ mod tests {
         assert_eq!(kept, vec![5..10, 30..40]);
         assert_eq!(lost_bytes(&runs, 10, len, span), 32);
         // No runs: the whole span is kept; an empty span yields nothing.
-        assert_eq!(kept_ranges(&[], 10, len, 3..9).collect::<Vec<_>>(), vec![3..9]);
+        assert_eq!(
+            kept_ranges(&[], 10, len, 3..9).collect::<Vec<_>>(),
+            vec![3..9]
+        );
         assert_eq!(kept_ranges(&runs, 10, len, 7..7).count(), 0);
         // Everything lost.
         assert_eq!(kept_ranges(&[run(0, 6)], 10, len, 0..55).count(), 0);
@@ -268,7 +281,13 @@ mod tests {
         let mut slice = [0xffu8; 20]; // message bytes 15..35 of a 40-byte message
         zero_lost(&mut slice, 15, &runs, 10, 40);
         let expect: Vec<u8> = (15..35)
-            .map(|b| if (10..20).contains(&b) || (30..40).contains(&b) { 0 } else { 0xff })
+            .map(|b| {
+                if (10..20).contains(&b) || (30..40).contains(&b) {
+                    0
+                } else {
+                    0xff
+                }
+            })
             .collect();
         assert_eq!(slice.to_vec(), expect);
     }
@@ -278,12 +297,19 @@ mod tests {
         for packet in 0..100 {
             let (byte, bit) = flip_position(42, packet, 64, 100 * 64 - 7).expect("inside");
             assert!(byte as u64 / 64 == packet && bit < 8);
-            assert_eq!(flip_position(42, packet, 64, 100 * 64 - 7), Some((byte, bit)));
+            assert_eq!(
+                flip_position(42, packet, 64, 100 * 64 - 7),
+                Some((byte, bit))
+            );
         }
         assert_eq!(flip_position(42, 100, 64, 100 * 64), None);
         // Different seeds pick different bits somewhere.
-        let a: Vec<_> = (0..32).map(|p| flip_position(1, p, 4096, 1 << 20)).collect();
-        let b: Vec<_> = (0..32).map(|p| flip_position(2, p, 4096, 1 << 20)).collect();
+        let a: Vec<_> = (0..32)
+            .map(|p| flip_position(1, p, 4096, 1 << 20))
+            .collect();
+        let b: Vec<_> = (0..32)
+            .map(|p| flip_position(2, p, 4096, 1 << 20))
+            .collect();
         assert_ne!(a, b);
     }
 
@@ -306,7 +332,9 @@ mod tests {
         for packet in 0..packet_count(len, mtu) {
             let range = packet as usize * 64..((packet as usize + 1) * 64).min(len);
             let ones: u32 = whole[range].iter().map(|b| b.count_ones()).sum();
-            let lost = runs.iter().any(|r| (r.start..r.end()).contains(&(packet as u32)));
+            let lost = runs
+                .iter()
+                .any(|r| (r.start..r.end()).contains(&(packet as u32)));
             assert_eq!(ones, u32::from(lost), "packet {packet}");
         }
     }

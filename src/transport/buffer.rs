@@ -50,7 +50,10 @@ impl HostBuf {
 
     /// The bytes in `start..end` for reading; panics if the range is outside the buffer.
     pub fn slice(&self, start: usize, end: usize) -> &[u8] {
-        assert!(start <= end && end <= self.len, "range outside the lent buffer");
+        assert!(
+            start <= end && end <= self.len,
+            "range outside the lent buffer"
+        );
         if start == end {
             return &[];
         }
@@ -63,7 +66,10 @@ impl HostBuf {
     /// Callers that share one buffer between threads give each thread a disjoint range.
     #[allow(clippy::mut_from_ref)]
     pub fn slice_mut(&self, start: usize, end: usize) -> &mut [u8] {
-        assert!(start <= end && end <= self.len, "range outside the lent buffer");
+        assert!(
+            start <= end && end <= self.len,
+            "range outside the lent buffer"
+        );
         if start == end {
             return &mut [];
         }

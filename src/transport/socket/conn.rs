@@ -27,7 +27,9 @@ use super::log_warn;
 use super::wire::{self, Header, HEADER_SIZE, MAX_MESSAGE_BYTES, MAX_RETRANSMIT_TIMEOUT, RUN_SIZE};
 use crate::loss::effect::{self, MIN_MTU};
 use crate::loss::plan::{Effect, LossPlan, PacketRun};
-use crate::transport::{Completion, HostBuf, RecvConn, RequestId, SendConn, MAX_RECVS, MAX_REQUESTS};
+use crate::transport::{
+    Completion, HostBuf, RecvConn, RequestId, SendConn, MAX_RECVS, MAX_REQUESTS,
+};
 use crate::{Error, Result};
 
 /// Smallest chunk a message is cut into, so small messages use few sockets.
@@ -231,10 +233,16 @@ impl<S> Core<S> {
     }
 
     /// Common part of `test`: `Ok(None)` while pending, the slot's completion when done.
-    fn test_with(&self, id: RequestId, done: impl FnOnce(&S, usize) -> Completion) -> Result<Option<Completion>> {
+    fn test_with(
+        &self,
+        id: RequestId,
+        done: impl FnOnce(&S, usize) -> Completion,
+    ) -> Result<Option<Completion>> {
         let slot = id as usize;
         if slot >= MAX_REQUESTS {
-            return Err(Error::invalid_argument(format!("request id {id} out of range")));
+            return Err(Error::invalid_argument(format!(
+                "request id {id} out of range"
+            )));
         }
         match self.slot_state[slot].load(Ordering::Acquire) {
             PENDING if !self.failed.load(Ordering::Acquire) => Ok(None),
@@ -242,7 +250,10 @@ impl<S> Core<S> {
                 let g = self.lock();
                 // A request may have finished just before the failure: report its data.
                 if self.slot_state[slot].load(Ordering::Acquire) != DONE {
-                    let err = g.failed.clone().unwrap_or_else(|| Error::internal("connection failed"));
+                    let err = g
+                        .failed
+                        .clone()
+                        .unwrap_or_else(|| Error::internal("connection failed"));
                     return Err(err);
                 }
                 let c = done(&g.side, slot);
@@ -255,7 +266,9 @@ impl<S> Core<S> {
                 self.slot_state[slot].store(FREE, Ordering::Release);
                 Ok(Some(c))
             }
-            _ => Err(Error::invalid_argument(format!("request {id} is not in flight"))),
+            _ => Err(Error::invalid_argument(format!(
+                "request {id} is not in flight"
+            ))),
         }
     }
 }
@@ -304,7 +317,9 @@ fn run_io<S>(core: &Core<S>, s: usize, body: fn(&Core<S>, usize) -> Exit) {
     match catch_unwind(AssertUnwindSafe(|| body(core, s))) {
         Ok(Exit::Stopped) => {}
         Ok(Exit::Failed(err)) => core.fail(err),
-        Err(_) => core.fail(Error::internal(format!("I/O thread of socket {s} panicked"))),
+        Err(_) => core.fail(Error::internal(format!(
+            "I/O thread of socket {s} panicked"
+        ))),
     }
 }
 
@@ -320,7 +335,10 @@ fn check_plan(plan: &LossPlan, size: usize) -> Result<()> {
         return Err(bad(format!("mtu {} below {MIN_MTU}", plan.mtu)));
     }
     if plan.retransmit_timeout > MAX_RETRANSMIT_TIMEOUT {
-        return Err(bad(format!("retransmit timeout {:?} too long", plan.retransmit_timeout)));
+        return Err(bad(format!(
+            "retransmit timeout {:?} too long",
+            plan.retransmit_timeout
+        )));
     }
     effect::check_runs(&plan.lost, effect::packet_count(size, plan.mtu), 0)
         .map(|_| ())
@@ -398,7 +416,9 @@ impl SendConn for SocketSendConn {
     fn isend(&self, buf: HostBuf, tag: i32, plan: &LossPlan) -> Result<Option<RequestId>> {
         let size = buf.len();
         if size as u64 > MAX_MESSAGE_BYTES {
-            return Err(Error::invalid_argument(format!("message of {size} bytes is too large")));
+            return Err(Error::invalid_argument(format!(
+                "message of {size} bytes is too large"
+            )));
         }
         check_plan(plan, size)?;
         let core = &self.running.core;
@@ -534,7 +554,10 @@ fn send_chunk(
         }
         Effect::Retransmit => {
             send_all(sock, job.buf.slice(span.start, span.end), false).map_err(io)?;
-            if effect::lost_ranges(runs, job.mtu, size, span.clone()).next().is_some() {
+            if effect::lost_ranges(runs, job.mtu, size, span.clone())
+                .next()
+                .is_some()
+            {
                 // One timeout per loss event of the message, as if each were recovered by
                 // its own retransmission timer; only this socket's stream waits.
                 let events = u32::try_from(job.events).unwrap_or(u32::MAX);
@@ -728,9 +751,11 @@ fn recv_loop(core: &Core<RecvSide>, s: usize) -> Exit {
                 (j < m.chunks).then(|| {
                     let span = chunk_span(m.size, m.chunks, j);
                     scratch.runs.clear();
-                    scratch
-                        .runs
-                        .extend_from_slice(effect::runs_in_span(&m.runs, m.mtu, span.clone()));
+                    scratch.runs.extend_from_slice(effect::runs_in_span(
+                        &m.runs,
+                        m.mtu,
+                        span.clone(),
+                    ));
                     RecvJob {
                         slot,
                         msg: i,
@@ -783,7 +808,9 @@ fn read_header(
     let (slot, i, bufs, tags, taken, count) = {
         let g = core.wait_until(core.lock(), |side| side.next_seq > seq)?;
         let Some((slot, i)) = g.side.find(seq) else {
-            return Err(Exit::Failed(Error::internal(format!("message {seq} has no posted receive"))));
+            return Err(Exit::Failed(Error::internal(format!(
+                "message {seq} has no posted receive"
+            ))));
         };
         let r = &g.side.slots[slot];
         (slot, i, r.bufs, r.tags, r.taken, r.n)
@@ -817,7 +844,9 @@ fn read_header(
         let before = scratch.runs.len();
         wire::decode_runs(bytes, &mut scratch.runs);
         end = effect::check_runs(&scratch.runs[before..], packets, end).map_err(|e| {
-            Exit::Failed(Error::remote(format!("bad message header for message {seq}: {e}")))
+            Exit::Failed(Error::remote(format!(
+                "bad message header for message {seq}: {e}"
+            )))
         })?;
         left -= take;
     }

@@ -46,7 +46,10 @@ pub struct SocketConnector {
 }
 
 fn is_refusal(err: &io::Error) -> bool {
-    matches!(err.raw_os_error(), Some(libc::ECONNREFUSED | libc::ETIMEDOUT | libc::ECONNRESET))
+    matches!(
+        err.raw_os_error(),
+        Some(libc::ECONNREFUSED | libc::ETIMEDOUT | libc::ECONNRESET)
+    )
 }
 
 impl SocketConnector {
@@ -71,7 +74,11 @@ impl SocketConnector {
 
     fn start_connect(&self, c: &mut Conn) -> Result<()> {
         let setup = || -> io::Result<Socket> {
-            let sock = Socket::new(Domain::for_address(self.addr), Type::STREAM, Some(Protocol::TCP))?;
+            let sock = Socket::new(
+                Domain::for_address(self.addr),
+                Type::STREAM,
+                Some(Protocol::TCP),
+            )?;
             sock.set_nonblocking(true)?;
             sock.set_nodelay(true)?;
             if let Some(bytes) = self.sockbuf {
@@ -154,7 +161,9 @@ impl SocketConnector {
 impl Connector for SocketConnector {
     fn poll(&mut self) -> Result<Option<Box<dyn SendConn>>> {
         if self.finished {
-            return Err(Error::invalid_usage("this connection attempt already finished"));
+            return Err(Error::invalid_usage(
+                "this connection attempt already finished",
+            ));
         }
         let now = Instant::now();
         let mut conns = std::mem::take(&mut self.conns);
@@ -183,6 +192,9 @@ impl Connector for SocketConnector {
         for s in &socks {
             prepare(s).map_err(|e| Error::from(e).context("configuring a connected socket"))?;
         }
-        Ok(Some(Box::new(SocketSendConn::start(socks, self.addr.to_string())?)))
+        Ok(Some(Box::new(SocketSendConn::start(
+            socks,
+            self.addr.to_string(),
+        )?)))
     }
 }

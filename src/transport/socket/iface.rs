@@ -27,7 +27,10 @@ impl Family {
     }
 
     fn admits(self, ip: &IpAddr) -> bool {
-        matches!((self, ip), (Family::V4, IpAddr::V4(_)) | (Family::V6, IpAddr::V6(_)))
+        matches!(
+            (self, ip),
+            (Family::V4, IpAddr::V4(_)) | (Family::V6, IpAddr::V6(_))
+        )
     }
 }
 
@@ -50,7 +53,11 @@ impl IfaceAddr {
         match self.ip {
             IpAddr::V4(ip) => SocketAddr::new(IpAddr::V4(ip), 0),
             IpAddr::V6(ip) => {
-                let scope = if is_v6_link_local(&self.ip) { self.scope_id } else { 0 };
+                let scope = if is_v6_link_local(&self.ip) {
+                    self.scope_id
+                } else {
+                    0
+                };
                 SocketAddr::V6(SocketAddrV6::new(ip, 0, 0, scope))
             }
         }
@@ -219,7 +226,10 @@ mod tests {
     #[test]
     fn default_skips_loopback_and_bridges_and_prefers_ipv4() {
         let got = select(&host(), None, None, MAX_DEVICES);
-        assert_eq!(names(&got), ["eth0=10.0.0.2", "ib0=fd01::5", "eth10=fe80::a"]);
+        assert_eq!(
+            names(&got),
+            ["eth0=10.0.0.2", "ib0=fd01::5", "eth10=fe80::a"]
+        );
     }
 
     #[test]
@@ -228,7 +238,10 @@ mod tests {
             .into_iter()
             .filter(|a| a.name == "lo" || a.name == "docker0")
             .collect();
-        assert_eq!(names(&select(&only_bridge, None, None, 16)), ["docker0=172.17.0.1"]);
+        assert_eq!(
+            names(&select(&only_bridge, None, None, 16)),
+            ["docker0=172.17.0.1"]
+        );
         let only_lo: Vec<_> = host().into_iter().filter(|a| a.name == "lo").collect();
         assert_eq!(names(&select(&only_lo, None, None, 16)), ["lo=127.0.0.1"]);
         assert_eq!(
@@ -256,14 +269,27 @@ mod tests {
         assert_eq!(sel("=eth1"), Vec::<String>::new());
         assert_eq!(sel("=eth10"), ["eth10=fe80::a"]);
         assert_eq!(sel("ib,lo"), ["lo=127.0.0.1", "ib0=fd01::5"]);
-        assert_eq!(sel("^eth,lo,docker"), ["ib0=fd01::5", "virbr0=192.168.122.1"]);
-        assert_eq!(sel("^=eth0,lo"), ["docker0=172.17.0.1", "ib0=fd01::5", "virbr0=192.168.122.1", "eth10=fe80::a"]);
+        assert_eq!(
+            sel("^eth,lo,docker"),
+            ["ib0=fd01::5", "virbr0=192.168.122.1"]
+        );
+        assert_eq!(
+            sel("^=eth0,lo"),
+            [
+                "docker0=172.17.0.1",
+                "ib0=fd01::5",
+                "virbr0=192.168.122.1",
+                "eth10=fe80::a"
+            ]
+        );
         assert_eq!(sel("eth0:5000"), ["eth0=10.0.0.2"]);
     }
 
     #[test]
     fn max_limits_the_device_count() {
-        let many: Vec<_> = (0..40).map(|i| addr(&format!("en{i}"), &format!("10.0.{i}.1"), i)).collect();
+        let many: Vec<_> = (0..40)
+            .map(|i| addr(&format!("en{i}"), &format!("10.0.{i}.1"), i))
+            .collect();
         let got = select(&many, None, None, MAX_DEVICES);
         assert_eq!(got.len(), MAX_DEVICES);
         assert_eq!(got[0].name, "en0");

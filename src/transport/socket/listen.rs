@@ -130,7 +130,12 @@ impl SocketListener {
                     break Ok(true);
                 }
                 match (&p.sock).read(&mut p.buf[p.got..]) {
-                    Ok(0) => break Err(format!("closed after {} of {HELLO_SIZE} hello bytes", p.got)),
+                    Ok(0) => {
+                        break Err(format!(
+                            "closed after {} of {HELLO_SIZE} hello bytes",
+                            p.got
+                        ))
+                    }
                     Ok(n) => p.got += n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(false),
@@ -152,7 +157,10 @@ impl SocketListener {
                                 && (q.index == hello.index || q.count != hello.count)
                         });
                         if clash.is_some() {
-                            self.reject(i, "its hello clashes with another socket of its connection");
+                            self.reject(
+                                i,
+                                "its hello clashes with another socket of its connection",
+                            );
                         } else {
                             self.pending[i].hello = Some(hello);
                             i += 1;

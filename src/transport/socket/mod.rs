@@ -33,9 +33,7 @@ pub use iface::{Family, IfaceAddr, IfaceFilter, MAX_DEVICES};
 pub use listen::{SocketListener, HELLO_TIMEOUT, MAX_PENDING};
 pub use wire::{Handle, Hello, MAX_SOCKETS};
 
-use crate::transport::{
-    Connector, DeviceProps, Listener, Transport, WireHandle, MAX_RECVS,
-};
+use crate::transport::{Connector, DeviceProps, Listener, Transport, WireHandle, MAX_RECVS};
 use crate::{Error, Result};
 
 /// Sockets per connection when `NCCL_LOSSY_NSOCKS` is unset.
@@ -86,7 +84,9 @@ fn env_number<T: std::str::FromStr>(name: &str, ok: impl Fn(&T) -> bool) -> Resu
         Ok(text) if text.trim().is_empty() => Ok(None),
         Ok(text) => match text.trim().parse::<T>() {
             Ok(v) if ok(&v) => Ok(Some(v)),
-            _ => Err(Error::invalid_argument(format!("{name}={text} is not a valid value"))),
+            _ => Err(Error::invalid_argument(format!(
+                "{name}={text} is not a valid value"
+            ))),
         },
     }
 }
@@ -98,16 +98,22 @@ impl SocketConfig {
         let family = match text("NCCL_SOCKET_FAMILY") {
             None => None,
             Some(v) => Some(Family::parse(&v).ok_or_else(|| {
-                Error::invalid_argument(format!("NCCL_SOCKET_FAMILY={v}: expected AF_INET or AF_INET6"))
+                Error::invalid_argument(format!(
+                    "NCCL_SOCKET_FAMILY={v}: expected AF_INET or AF_INET6"
+                ))
             })?),
         };
         Ok(SocketConfig {
             ifname: text("NCCL_SOCKET_IFNAME"),
             family,
-            nsocks: env_number("NCCL_LOSSY_NSOCKS", |n: &usize| (1..=MAX_SOCKETS).contains(n))?
-                .unwrap_or(DEFAULT_NSOCKS),
+            nsocks: env_number("NCCL_LOSSY_NSOCKS", |n: &usize| {
+                (1..=MAX_SOCKETS).contains(n)
+            })?
+            .unwrap_or(DEFAULT_NSOCKS),
             speed_mbps: env_number("NCCL_LOSSY_SPEED_MBPS", |s: &i32| *s > 0)?,
-            sockbuf: env_number("NCCL_LOSSY_SOCKBUF", |b: &usize| (4096..=1 << 30).contains(b))?,
+            sockbuf: env_number("NCCL_LOSSY_SOCKBUF", |b: &usize| {
+                (4096..=1 << 30).contains(b)
+            })?,
         })
     }
 }
@@ -184,14 +190,16 @@ impl SocketTransport {
 
     fn device(&self, dev: usize) -> Result<&Device> {
         self.devices.get(dev).ok_or_else(|| {
-            Error::invalid_argument(format!("device {dev} does not exist ({} devices)", self.devices.len()))
+            Error::invalid_argument(format!(
+                "device {dev} does not exist ({} devices)",
+                self.devices.len()
+            ))
         })
     }
 
     /// Starts listening on `dev`; the concrete type, for callers that need its extras.
     pub fn listen_socket(&self, dev: usize, handle: &mut WireHandle) -> Result<SocketListener> {
         let bind = self.device(dev)?.iface.bind_addr();
-        let what = format_args!("listening on {bind}");
         let setup = || -> std::io::Result<(Socket, SocketAddr)> {
             let sock = Socket::new(Domain::for_address(bind), Type::STREAM, Some(Protocol::TCP))?;
             if bind.is_ipv6() {
@@ -205,12 +213,14 @@ impl SocketTransport {
             }
             sock.bind(&SockAddr::from(bind))?;
             sock.listen(libc::SOMAXCONN)?;
-            let local = sock.local_addr()?.as_socket().ok_or_else(|| {
-                std::io::Error::new(std::io::ErrorKind::Other, "listener has no IP address")
-            })?;
+            let local = sock
+                .local_addr()?
+                .as_socket()
+                .ok_or_else(|| std::io::Error::other("listener has no IP address"))?;
             Ok((sock, local))
         };
-        let (sock, local) = setup().map_err(|e| Error::from(e).context(what))?;
+        let (sock, local) =
+            setup().map_err(|e| Error::from(e).context(format_args!("listening on {bind}")))?;
         let nonce = random_bytes::<16>()?;
         Handle { addr: local, nonce }.encode(handle);
         Ok(SocketListener::new(sock, nonce))

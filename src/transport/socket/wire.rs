@@ -374,7 +374,16 @@ mod tests {
         };
         assert!(Handle::decode(&[0; HANDLE_WIRE_SIZE]).is_err());
         assert!(Handle::decode(&[0xff; HANDLE_WIRE_SIZE]).is_err());
-        for (at, value) in [(0, 0u8), (8, 2), (10, 5), (11, 1), (12, 0), (60, 1), (95, 1), (22, 1)] {
+        for (at, value) in [
+            (0, 0u8),
+            (8, 2),
+            (10, 5),
+            (11, 1),
+            (12, 0),
+            (60, 1),
+            (95, 1),
+            (22, 1),
+        ] {
             let mut w = good;
             w[at] = value;
             if at == 12 {
@@ -439,7 +448,13 @@ mod tests {
 
     #[test]
     fn runs_round_trip() {
-        let runs = [PacketRun { start: 1, len: 2 }, PacketRun { start: 9, len: u32::MAX }];
+        let runs = [
+            PacketRun { start: 1, len: 2 },
+            PacketRun {
+                start: 9,
+                len: u32::MAX,
+            },
+        ];
         let mut bytes = Vec::new();
         encode_runs(&runs, &mut bytes);
         assert_eq!(bytes.len(), 2 * RUN_SIZE);
