@@ -579,6 +579,28 @@ fn sockets_of_a_connection_are_grouped_by_id_in_any_order() {
     drop((first, second, s, dup, dup2));
 }
 
+#[test]
+fn a_flood_of_silent_peers_cannot_crowd_out_a_real_one() {
+    let t = loopback(2);
+    let (mut listener, h) = raw_listener(&t);
+    let mut silent = Vec::new();
+    for _ in 0..MAX_PENDING + 20 {
+        silent.push(TcpStream::connect(h.addr).expect("connect"));
+        // Keep the kernel's backlog short by accepting as we go.
+        assert!(listener.poll_accept().expect("poll").is_none());
+    }
+    let mut handle = [0u8; HANDLE_WIRE_SIZE];
+    h.encode(&mut handle);
+    let mut connector = t.connect(0, &handle).expect("connect");
+    let send = wait("connect", || connector.poll()).expect("connect");
+    let recv = wait("accept", || listener.poll_accept()).expect("accept");
+    assert!(listener.rejected() >= 20, "the oldest silent peers make room");
+    let mut data = pattern(100_000, 6);
+    let mut into = vec![0; 100_000];
+    let (s, r) = send_recv(&*send, &*recv, &mut data, &mut into, &LossPlan::lossless());
+    assert!(s.is_ok() && r.is_ok() && into == data);
+}
+
 /// A raw one-socket peer that says hello and then sends `bytes` as its data stream.
 fn raw_sender(t: &SocketTransport, bytes: &[u8]) -> (Box<dyn RecvConn>, TcpStream) {
     let (mut listener, h) = raw_listener(t);
