@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::io::{self, Read};
+use std::io;
 use std::net::Shutdown;
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -74,10 +74,15 @@ fn send_all(sock: &Socket, mut bytes: &[u8], more: bool) -> io::Result<()> {
     Ok(())
 }
 
-fn recv_all(mut sock: &Socket, buf: &mut [u8]) -> io::Result<()> {
+fn recv_all(sock: &Socket, buf: &mut [u8]) -> io::Result<()> {
     let mut got = 0;
     while got < buf.len() {
-        match sock.read(&mut buf[got..]) {
+        let rest = &mut buf[got..];
+        // SAFETY: `MaybeUninit<u8>` has the layout of `u8`, and `recv` only stores initialised
+        // bytes into the slice, so viewing initialised bytes as possibly uninitialised is sound.
+        let rest = unsafe { &mut *(rest as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
+        // MSG_WAITALL: one call (one wake-up) per chunk instead of one per arriving segment.
+        match sock.recv_with_flags(rest, libc::MSG_WAITALL) {
             Ok(0) => {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
