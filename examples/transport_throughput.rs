@@ -56,7 +56,10 @@ fn raw_tcp(streams: usize, size: usize, messages: usize) -> Res<f64> {
 /// What the polling thread does when nothing completed: NCCL's proxy yields; on a machine
 /// with few cores a short sleep leaves more time to the I/O threads (`POLL_SLEEP_US`).
 fn idle() {
-    match std::env::var("POLL_SLEEP_US").ok().and_then(|v| v.parse::<u64>().ok()) {
+    match std::env::var("POLL_SLEEP_US")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
         Some(us) if us > 0 => std::thread::sleep(Duration::from_micros(us)),
         _ => std::thread::yield_now(),
     }
@@ -146,7 +149,10 @@ fn main() -> Res<()> {
     for n in socks {
         let raw = raw_tcp(n, size, messages)?;
         let ours = plugin(n, size, messages, in_flight)?;
-        println!("{n:7}  {ours:11.2}  {raw:12.2}  {:9.0}%", 100.0 * ours / raw);
+        println!(
+            "{n:7}  {ours:11.2}  {raw:12.2}  {:9.0}%",
+            100.0 * ours / raw
+        );
     }
     Ok(())
 }

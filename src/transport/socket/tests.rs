@@ -283,7 +283,13 @@ fn send_larger_than_receive_fails_without_overrun() {
 
 #[test]
 fn grouped_receive_matches_buffers_by_tag() {
-    let t = loopback(2);
+    for nsocks in [1, 2, 4] {
+        grouped_receive(nsocks);
+    }
+}
+
+fn grouped_receive(nsocks: usize) {
+    let t = loopback(nsocks);
     let (send, recv) = connect_pair(&t);
     let tags = [3, 1, 2, 1];
     let mut bufs: Vec<Vec<u8>> = (0..4).map(|_| vec![0u8; 300_000]).collect();
@@ -594,7 +600,10 @@ fn a_flood_of_silent_peers_cannot_crowd_out_a_real_one() {
     let mut connector = t.connect(0, &handle).expect("connect");
     let send = wait("connect", || connector.poll()).expect("connect");
     let recv = wait("accept", || listener.poll_accept()).expect("accept");
-    assert!(listener.rejected() >= 20, "the oldest silent peers make room");
+    assert!(
+        listener.rejected() >= 20,
+        "the oldest silent peers make room"
+    );
     let mut data = pattern(100_000, 6);
     let mut into = vec![0; 100_000];
     let (s, r) = send_recv(&*send, &*recv, &mut data, &mut into, &LossPlan::lossless());
@@ -614,6 +623,7 @@ fn raw_sender(t: &SocketTransport, bytes: &[u8]) -> (Box<dyn RecvConn>, TcpStrea
 fn header(size: u64, runs: u32) -> Header {
     Header {
         seq: 0,
+        chunk: 0,
         size,
         tag: 0,
         effect: Effect::Zero,
@@ -869,21 +879,28 @@ fn leak_check_child() {
         }
     };
     cycle(0); // first use may open lasting descriptors (randomness, thread names)
-    let before = (
-        count_entries("/proc/self/task"),
-        count_entries("/proc/self/fd"),
-    );
+    let counts = || {
+        (
+            count_entries("/proc/self/task"),
+            count_entries("/proc/self/fd"),
+        )
+    };
+    // A joined thread may linger in /proc for a moment after join returns: the kernel wakes
+    // the joiner before it finishes reaping the thread. Let the counts settle first.
+    let mut before = counts();
+    let mut stable = 0;
+    while stable < 3 {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = counts();
+        stable = if now == before { stable + 1 } else { 0 };
+        before = now;
+    }
     for i in 1..=200 {
         cycle(i);
     }
-    // A joined thread may linger in /proc for a moment after join returns: the kernel wakes
-    // the joiner before it finishes reaping the thread.
     let start = Instant::now();
     let after = loop {
-        let now = (
-            count_entries("/proc/self/task"),
-            count_entries("/proc/self/fd"),
-        );
+        let now = counts();
         if now == before || start.elapsed() > Duration::from_secs(2) {
             break now;
         }

@@ -224,11 +224,13 @@ pub fn effect_from_code(code: u8) -> Option<Effect> {
     })
 }
 
-/// The fixed part of a message header; `runs` lost-packet runs follow it on the wire.
+/// The fixed part of a chunk header; `runs` lost-packet runs follow it on the wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Header {
     /// Position of the message in the connection's stream, from 0.
     pub seq: u64,
+    /// Which chunk of the message follows the header.
+    pub chunk: u8,
     /// Message size in bytes.
     pub size: u64,
     /// NCCL's tag for the message.
@@ -237,7 +239,7 @@ pub struct Header {
     pub effect: Effect,
     /// Packet size of the loss plan.
     pub mtu: u32,
-    /// Number of lost-packet runs that follow.
+    /// Number of lost-packet runs that follow (those touching this chunk).
     pub runs: u32,
     /// Retransmission delay per loss event, in nanoseconds.
     pub retransmit_ns: u64,
@@ -245,7 +247,7 @@ pub struct Header {
     pub flip_seed: u64,
 }
 
-// Header layout (56 bytes): 0 magic u32 | 4 effect u8 | 5 zero u8 | 6 zero u16 | 8 tag i32 |
+// Header layout (56 bytes): 0 magic u32 | 4 effect u8 | 5 chunk u8 | 6 zero u16 | 8 tag i32 |
 // 12 mtu u32 | 16 size u64 | 24 seq u64 | 32 retransmit ns u64 | 40 flip seed u64 |
 // 48 run count u32 | 52 zero u32; then `runs` × (start u32, len u32).
 impl Header {
@@ -254,6 +256,7 @@ impl Header {
         let mut b = [0u8; HEADER_SIZE];
         put(&mut b, 0, &HEADER_MAGIC.to_le_bytes());
         b[4] = effect_code(self.effect);
+        b[5] = self.chunk;
         put(&mut b, 8, &self.tag.to_le_bytes());
         put(&mut b, 12, &self.mtu.to_le_bytes());
         put(&mut b, 16, &self.size.to_le_bytes());
@@ -264,20 +267,21 @@ impl Header {
         b
     }
 
-    /// Reads a header and checks the fields that do not depend on the posted receive.
-    pub fn decode(b: &[u8; HEADER_SIZE], expected_seq: u64) -> Result<Header> {
+    /// Reads a header and checks the fields that depend neither on the posted receive nor
+    /// on the socket it came from.
+    pub fn decode(b: &[u8; HEADER_SIZE]) -> Result<Header> {
         let bad = |why: String| Error::remote(format!("bad message header: {why}"));
         if get_u32(b, 0) != HEADER_MAGIC {
             return Err(bad("wrong magic (stream out of step)".into()));
         }
-        if b[5] != 0 || get_u16(b, 6) != 0 || get_u32(b, 52) != 0 {
+        if get_u16(b, 6) != 0 || get_u32(b, 52) != 0 {
             return Err(bad("reserved bytes are not zero".into()));
         }
         let effect =
             effect_from_code(b[4]).ok_or_else(|| bad(format!("unknown effect {}", b[4])))?;
-        let seq = get_u64(b, 24);
-        if seq != expected_seq {
-            return Err(bad(format!("message {seq}, expected {expected_seq}")));
+        let chunk = b[5];
+        if usize::from(chunk) >= MAX_SOCKETS {
+            return Err(bad(format!("chunk {chunk}")));
         }
         let size = get_u64(b, 16);
         if size > MAX_MESSAGE_BYTES {
@@ -296,7 +300,8 @@ impl Header {
             return Err(bad(format!("{runs} lost-packet runs for {size} bytes")));
         }
         Ok(Header {
-            seq,
+            seq: get_u64(b, 24),
+            chunk,
             size,
             tag: get_u32(b, 8) as i32,
             effect,
@@ -417,6 +422,7 @@ mod tests {
     fn header_round_trips_and_validates() {
         let h = Header {
             seq: 5,
+            chunk: 3,
             size: 1 << 20,
             tag: -3,
             effect: Effect::Bitflip,
@@ -426,24 +432,23 @@ mod tests {
             flip_seed: u64::MAX,
         };
         let wire = h.encode();
-        assert_eq!(Header::decode(&wire, 5), Ok(h));
-        assert!(Header::decode(&wire, 6).is_err());
+        assert_eq!(Header::decode(&wire), Ok(h));
         let with = |f: &dyn Fn(&mut Header)| {
             let mut x = h;
             f(&mut x);
-            Header::decode(&x.encode(), 5)
+            Header::decode(&x.encode())
         };
+        assert!(with(&|x| x.chunk = MAX_SOCKETS as u8).is_err());
         assert!(with(&|x| x.mtu = 63).is_err());
         assert!(with(&|x| x.size = MAX_MESSAGE_BYTES + 1).is_err());
         assert!(with(&|x| x.runs = 257).is_err()); // 256 packets of 4096 bytes in 1 MiB
         assert!(with(&|x| x.runs = 256).is_ok());
         assert!(with(&|x| x.retransmit_ns = u64::MAX).is_err());
-        let mut w = wire;
-        w[4] = 9;
-        assert!(Header::decode(&w, 5).is_err());
-        let mut w = wire;
-        w[0] ^= 1;
-        assert!(Header::decode(&w, 5).is_err());
+        for (at, value) in [(4, 9u8), (0, 0), (6, 1), (52, 1)] {
+            let mut w = wire;
+            w[at] = value;
+            assert!(Header::decode(&w).is_err(), "byte {at} = {value}");
+        }
     }
 
     #[test]
