@@ -41,6 +41,9 @@ pub const MIN_CHUNK: usize = 64 << 10;
 /// Runs read from the wire per `recv`, so a long list costs a bounded buffer.
 const RUN_BATCH: usize = 4096;
 
+/// Stack of an I/O thread: its calls are shallow, and connections are many.
+const IO_THREAD_STACK: usize = 256 << 10;
+
 const FREE: u8 = 0;
 const PENDING: u8 = 1;
 const DONE: u8 = 2;
@@ -312,6 +315,7 @@ impl<S: Send + 'static> Running<S> {
             let core = Arc::clone(&running.core);
             let spawned = std::thread::Builder::new()
                 .name(format!("{prefix}{s}"))
+                .stack_size(IO_THREAD_STACK)
                 .spawn(move || run_io(&core, s, body));
             match spawned {
                 Ok(t) => running.threads.push(t),

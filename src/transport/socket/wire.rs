@@ -1,5 +1,5 @@
 //! Byte layouts the two ends agree on: the connection handle, the per-socket hello and the
-//! per-message header. Every field is written and read explicitly, little-endian, so the
+//! per-chunk header. Every field is written and read explicitly, little-endian, so the
 //! layout does not depend on the compiler, and every decoder rejects what it cannot trust.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
@@ -18,7 +18,7 @@ pub const HANDLE_MAGIC: u64 = u64::from_le_bytes(*b"LOSSYnet");
 /// Opening bytes of a hello.
 pub const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"LOSSYhi!");
 
-/// Opening bytes of a message header.
+/// Opening bytes of a chunk header.
 pub const HEADER_MAGIC: u32 = u32::from_le_bytes(*b"LsMg");
 
 /// Size of the random secret a listener puts in its handle.
@@ -30,7 +30,7 @@ pub const MAX_SOCKETS: usize = 16;
 /// Size of a hello on the wire.
 pub const HELLO_SIZE: usize = 40;
 
-/// Size of a message header on the wire, before its lost-packet runs.
+/// Size of a chunk header on the wire, before its lost-packet runs.
 pub const HEADER_SIZE: usize = 56;
 
 /// Size of one lost-packet run on the wire.
@@ -270,7 +270,7 @@ impl Header {
     /// Reads a header and checks the fields that depend neither on the posted receive nor
     /// on the socket it came from.
     pub fn decode(b: &[u8; HEADER_SIZE]) -> Result<Header> {
-        let bad = |why: String| Error::remote(format!("bad message header: {why}"));
+        let bad = |why: String| Error::remote(format!("bad chunk header: {why}"));
         if get_u32(b, 0) != HEADER_MAGIC {
             return Err(bad("wrong magic (stream out of step)".into()));
         }
