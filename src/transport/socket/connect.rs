@@ -14,6 +14,7 @@ use crate::transport::{Connector, SendConn};
 use crate::{Error, Result};
 
 /// How many times a refused connect is tried again (the listener's backlog may be full).
+/// A timed-out connect already waited minutes in the kernel and is not tried again.
 const CONNECT_RETRIES: u32 = 20;
 
 /// Pause before trying a refused connect again.
@@ -48,7 +49,7 @@ pub struct SocketConnector {
 fn is_refusal(err: &io::Error) -> bool {
     matches!(
         err.raw_os_error(),
-        Some(libc::ECONNREFUSED | libc::ETIMEDOUT | libc::ECONNRESET)
+        Some(libc::ECONNREFUSED | libc::ECONNRESET)
     )
 }
 

@@ -80,23 +80,30 @@ impl Default for SocketConfig {
     }
 }
 
-fn env_number<T: std::str::FromStr>(name: &str, ok: impl Fn(&T) -> bool) -> Result<Option<T>> {
-    match std::env::var(name) {
-        Err(_) => Ok(None),
-        Ok(text) if text.trim().is_empty() => Ok(None),
-        Ok(text) => match text.trim().parse::<T>() {
-            Ok(v) if ok(&v) => Ok(Some(v)),
-            _ => Err(Error::invalid_argument(format!(
-                "{name}={text} is not a valid value"
-            ))),
-        },
-    }
-}
-
 impl SocketConfig {
     /// Reads the settings from the environment; a malformed value is an error, not ignored.
     pub fn from_env() -> Result<SocketConfig> {
-        let text = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        SocketConfig::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads the settings from `lookup` (a variable name to its value), as `from_env` does.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<SocketConfig> {
+        let text = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        let invalid = |name: &str, v: &str| {
+            Error::invalid_argument(format!("{name}={v} is not a valid value"))
+        };
+        fn number<T: std::str::FromStr>(
+            v: Option<String>,
+            ok: impl Fn(&T) -> bool,
+        ) -> std::result::Result<Option<T>, String> {
+            match v {
+                None => Ok(None),
+                Some(v) => match v.trim().parse::<T>() {
+                    Ok(x) if ok(&x) => Ok(Some(x)),
+                    _ => Err(v),
+                },
+            }
+        }
         let family = match text("NCCL_SOCKET_FAMILY") {
             None => None,
             Some(v) => Some(Family::parse(&v).ok_or_else(|| {
@@ -105,17 +112,22 @@ impl SocketConfig {
                 ))
             })?),
         };
+        let nsocks = number(text("NCCL_LOSSY_NSOCKS"), |n: &usize| {
+            (1..=MAX_SOCKETS).contains(n)
+        })
+        .map_err(|v| invalid("NCCL_LOSSY_NSOCKS", &v))?;
+        let speed_mbps = number(text("NCCL_LOSSY_SPEED_MBPS"), |s: &i32| *s > 0)
+            .map_err(|v| invalid("NCCL_LOSSY_SPEED_MBPS", &v))?;
+        let sockbuf = number(text("NCCL_LOSSY_SOCKBUF"), |b: &usize| {
+            (4096..=1 << 30).contains(b)
+        })
+        .map_err(|v| invalid("NCCL_LOSSY_SOCKBUF", &v))?;
         Ok(SocketConfig {
             ifname: text("NCCL_SOCKET_IFNAME"),
             family,
-            nsocks: env_number("NCCL_LOSSY_NSOCKS", |n: &usize| {
-                (1..=MAX_SOCKETS).contains(n)
-            })?
-            .unwrap_or(DEFAULT_NSOCKS),
-            speed_mbps: env_number("NCCL_LOSSY_SPEED_MBPS", |s: &i32| *s > 0)?,
-            sockbuf: env_number("NCCL_LOSSY_SOCKBUF", |b: &usize| {
-                (4096..=1 << 30).contains(b)
-            })?,
+            nsocks: nsocks.unwrap_or(DEFAULT_NSOCKS),
+            speed_mbps,
+            sockbuf,
         })
     }
 }

@@ -915,3 +915,53 @@ fn leak_check_child() {
     );
     println!("leak check passed: {before:?} (threads, fds)");
 }
+
+/// A lookup over fixed variable values, standing in for the environment.
+fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let owned: Vec<(String, String)> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |name| {
+        owned
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    }
+}
+
+#[test]
+fn config_reads_the_environment_and_refuses_bad_values() {
+    assert_eq!(
+        SocketConfig::from_lookup(env(&[])).expect("empty"),
+        SocketConfig::default()
+    );
+    let c = SocketConfig::from_lookup(env(&[
+        ("NCCL_SOCKET_IFNAME", "^docker,lo"),
+        ("NCCL_SOCKET_FAMILY", "AF_INET6"),
+        ("NCCL_LOSSY_NSOCKS", " 3 "),
+        ("NCCL_LOSSY_SPEED_MBPS", "100000"),
+        ("NCCL_LOSSY_SOCKBUF", "1048576"),
+    ]))
+    .expect("valid");
+    assert_eq!(c.ifname.as_deref(), Some("^docker,lo"));
+    assert_eq!(c.family, Some(Family::V6));
+    assert_eq!(
+        (c.nsocks, c.speed_mbps, c.sockbuf),
+        (3, Some(100_000), Some(1 << 20))
+    );
+    for bad in [
+        ("NCCL_LOSSY_NSOCKS", "0"),
+        ("NCCL_LOSSY_NSOCKS", "17"),
+        ("NCCL_LOSSY_NSOCKS", "two"),
+        ("NCCL_LOSSY_SPEED_MBPS", "-5"),
+        ("NCCL_LOSSY_SOCKBUF", "12"),
+        ("NCCL_SOCKET_FAMILY", "AF_UNIX"),
+    ] {
+        let err = SocketConfig::from_lookup(env(&[bad])).expect_err(bad.0);
+        assert_eq!(err.kind, ErrorKind::InvalidArgument);
+    }
+    // Blank values count as unset.
+    let c = SocketConfig::from_lookup(env(&[("NCCL_LOSSY_NSOCKS", " ")])).expect("blank");
+    assert_eq!(c.nsocks, DEFAULT_NSOCKS);
+}
