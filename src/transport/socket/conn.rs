@@ -15,7 +15,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::io::{self, Read};
+use std::io;
 use std::net::Shutdown;
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -60,7 +60,7 @@ pub fn chunk_span(size: usize, chunks: usize, j: usize) -> Range<usize> {
     start..start + base + usize::from(j < extra)
 }
 
-/// The header socket of message `seq` and the chunk index socket `s` carries for it.
+/// The socket of chunk 0 of message `seq`, and the chunk index socket `s` carries for it.
 fn roles(seq: u64, s: usize, n: usize) -> (usize, usize) {
     let h = (seq % n as u64) as usize;
     (h, (s + n - h) % n)
@@ -80,7 +80,8 @@ fn send_all(sock: &Socket, mut bytes: &[u8], more: bool) -> io::Result<()> {
     Ok(())
 }
 
-fn recv_all(sock: &Socket, buf: &mut [u8]) -> io::Result<()> {
+/// Fills `buf` unless the peer closes first; returns how many bytes arrived.
+fn recv_until_eof(sock: &Socket, buf: &mut [u8]) -> io::Result<usize> {
     let mut got = 0;
     while got < buf.len() {
         let rest = &mut buf[got..];
@@ -89,16 +90,21 @@ fn recv_all(sock: &Socket, buf: &mut [u8]) -> io::Result<()> {
         let rest = unsafe { &mut *(rest as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
         // MSG_WAITALL: one call (one wake-up) per chunk instead of one per arriving segment.
         match sock.recv_with_flags(rest, libc::MSG_WAITALL) {
-            Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "peer closed the connection",
-                ))
-            }
+            Ok(0) => break,
             Ok(n) => got += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
+    }
+    Ok(got)
+}
+
+fn recv_all(sock: &Socket, buf: &mut [u8]) -> io::Result<()> {
+    if recv_until_eof(sock, buf)? < buf.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "peer closed the connection",
+        ));
     }
     Ok(())
 }
@@ -786,17 +792,14 @@ impl RecvConn for SocketRecvConn {
 
 /// Reads a chunk header; `Ok(false)` when the peer closed the connection between messages.
 fn recv_header(sock: &Socket, raw: &mut [u8; HEADER_SIZE]) -> io::Result<bool> {
-    let mut first = [0u8; 1];
-    loop {
-        match (&*sock).read(&mut first) {
-            Ok(0) => return Ok(false),
-            Ok(_) => break,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
+    match recv_until_eof(sock, raw)? {
+        0 => Ok(false),
+        HEADER_SIZE => Ok(true),
+        got => Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("peer closed the connection after {got} bytes of a chunk header"),
+        )),
     }
-    raw[0] = first[0];
-    recv_all(sock, &mut raw[1..]).map(|()| true)
 }
 
 fn recv_loop(core: &Core<RecvSide>, s: usize) -> Exit {
