@@ -275,31 +275,27 @@ impl<S> Core<S> {
                 "request id {id} out of range"
             )));
         }
+        let not_in_flight = || Error::invalid_argument(format!("request {id} is not in flight"));
         match self.slot_state[slot].load(Ordering::Acquire) {
+            // The common case while polling: one atomic load, no lock.
             PENDING if !self.failed.load(Ordering::Acquire) => Ok(None),
-            PENDING => {
+            PENDING | DONE => {
+                // Slot states change only under the lock: look again now that we hold it.
                 let g = self.lock();
-                // A request may have finished just before the failure: report its data.
-                if self.slot_state[slot].load(Ordering::Acquire) != DONE {
-                    let err = g
+                match self.slot_state[slot].load(Ordering::Acquire) {
+                    DONE => {
+                        let c = done(&g.side, slot);
+                        self.slot_state[slot].store(FREE, Ordering::Release);
+                        Ok(Some(c))
+                    }
+                    PENDING => Err(g
                         .failed
                         .clone()
-                        .unwrap_or_else(|| Error::internal("connection failed"));
-                    return Err(err);
+                        .unwrap_or_else(|| Error::internal("connection failed"))),
+                    _ => Err(not_in_flight()),
                 }
-                let c = done(&g.side, slot);
-                self.slot_state[slot].store(FREE, Ordering::Release);
-                Ok(Some(c))
             }
-            DONE => {
-                let g = self.lock();
-                let c = done(&g.side, slot);
-                self.slot_state[slot].store(FREE, Ordering::Release);
-                Ok(Some(c))
-            }
-            _ => Err(Error::invalid_argument(format!(
-                "request {id} is not in flight"
-            ))),
+            _ => Err(not_in_flight()),
         }
     }
 }
