@@ -965,3 +965,125 @@ fn config_reads_the_environment_and_refuses_bad_values() {
     let c = SocketConfig::from_lookup(env(&[("NCCL_LOSSY_NSOCKS", " ")])).expect("blank");
     assert_eq!(c.nsocks, DEFAULT_NSOCKS);
 }
+
+/// What the receiver should hold after `data` went through `plan` into a buffer that held
+/// `before`.
+fn expected_after(data: &[u8], before: &[u8], plan: &LossPlan) -> Vec<u8> {
+    let len = data.len();
+    let mut want = data.to_vec();
+    match plan.effect {
+        Effect::Zero => effect::zero_lost(&mut want, 0, &plan.lost, plan.mtu, len),
+        Effect::Stale => {
+            for r in effect::lost_ranges(&plan.lost, plan.mtu, len, 0..len) {
+                want[r.clone()].copy_from_slice(&before[r]);
+            }
+        }
+        Effect::Retransmit => {}
+        Effect::Bitflip => {
+            effect::flip_lost(&mut want, 0, &plan.lost, plan.mtu, len, plan.flip_seed);
+        }
+    }
+    want
+}
+
+fn random_plan(rng: &mut impl rand::Rng, len: usize) -> LossPlan {
+    let mtu = [64u32, 1500, 4096, 9000][rng.gen_range(0..4)];
+    let packets = effect::packet_count(len, mtu) as u32;
+    let mut lost = Vec::new();
+    let mut p = 0u32;
+    while packets > 0 && p < packets && rng.gen_bool(0.7) {
+        p += rng.gen_range(0..(packets / 4).max(2));
+        if p >= packets {
+            break;
+        }
+        let run = rng.gen_range(1..=(packets - p).min(5));
+        lost.push(PacketRun { start: p, len: run });
+        p += run;
+    }
+    LossPlan {
+        effect: [
+            Effect::Zero,
+            Effect::Stale,
+            Effect::Retransmit,
+            Effect::Bitflip,
+        ][rng.gen_range(0..4)],
+        mtu,
+        lost,
+        retransmit_timeout: Duration::from_micros(rng.gen_range(0..50)),
+        flip_seed: rng.gen(),
+    }
+}
+
+#[test]
+fn random_traffic_with_grouped_receives_and_every_effect() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
+    for nsocks in [1, 2, 3, 4] {
+        let t = loopback(nsocks);
+        let (send, recv) = connect_pair(&t);
+        for round in 0..25 {
+            let n = rng.gen_range(1..=4);
+            let buf_tags: Vec<i32> = (0..n).map(|_| rng.gen_range(0..3)).collect();
+            // Messages carry the same tags in a shuffled order.
+            let mut msg_tags = buf_tags.clone();
+            for i in (1..n).rev() {
+                msg_tags.swap(i, rng.gen_range(0..=i));
+            }
+            // Message i goes to the rank-th buffer with its tag, rank = earlier messages with it.
+            let target: Vec<usize> = (0..n)
+                .map(|i| {
+                    let rank = msg_tags[..i].iter().filter(|&&t| t == msg_tags[i]).count();
+                    (0..n)
+                        .filter(|&b| buf_tags[b] == msg_tags[i])
+                        .nth(rank)
+                        .expect("buffer")
+                })
+                .collect();
+            let sizes: Vec<usize> = (0..n)
+                .map(|_| match rng.gen_range(0..4) {
+                    0 => rng.gen_range(0..100),
+                    1 => rng.gen_range(60_000..140_000),
+                    _ => rng.gen_range(0..(1 << 20)),
+                })
+                .collect();
+            let mut data: Vec<Vec<u8>> = sizes.iter().map(|&len| pattern(len, rng.gen())).collect();
+            let plans: Vec<LossPlan> = sizes
+                .iter()
+                .map(|&len| random_plan(&mut rng, len))
+                .collect();
+            let mut bufs: Vec<Vec<u8>> = vec![Vec::new(); n];
+            for i in 0..n {
+                bufs[target[i]] = pattern(sizes[i] + rng.gen_range(0..100), rng.gen());
+            }
+            let before = bufs.clone();
+            let hb: Vec<HostBuf> = bufs.iter_mut().map(|b| HostBuf::from_slice(b)).collect();
+            let r = recv.irecv(&hb, &buf_tags).expect("irecv").expect("slot");
+            let ids: Vec<_> = (0..n)
+                .map(|i| {
+                    send.isend(HostBuf::from_slice(&mut data[i]), msg_tags[i], &plans[i])
+                        .expect("isend")
+                        .expect("slot")
+                })
+                .collect();
+            for (i, id) in ids.into_iter().enumerate() {
+                let c = wait("send", || send.test(id)).expect("send");
+                assert_eq!(c.sizes(), &[sizes[i]]);
+            }
+            let c = wait("recv", || recv.test(r)).expect("recv");
+            for i in 0..n {
+                let b = target[i];
+                assert_eq!(c.sizes[b], sizes[i], "{nsocks} sockets, round {round}");
+                let want = expected_after(&data[i], &before[b], &plans[i]);
+                assert!(
+                    bufs[b][..sizes[i]] == want[..],
+                    "{nsocks} sockets, round {round}, message {i}: {:?}",
+                    plans[i].effect
+                );
+                assert!(
+                    bufs[b][sizes[i]..] == before[b][sizes[i]..],
+                    "past the message"
+                );
+            }
+        }
+    }
+}
