@@ -36,9 +36,9 @@ pub use wire::{Handle, Hello, MAX_SOCKETS};
 use crate::transport::{Connector, DeviceProps, Listener, Transport, WireHandle, MAX_RECVS};
 use crate::{Error, Result};
 
-/// Sockets per connection when `NCCL_LOSSY_NSOCKS` is unset: on a 2-core host 4 sockets
-/// moved 64 MiB messages 5-10% faster than 2 and about 75% faster than 1 (see
-/// docs/transport.md), and raw loopback TCP keeps scaling past 4 streams on larger hosts.
+/// Sockets per connection when `NCCL_LOSSY_NSOCKS` is unset. On a 2-core host 4 sockets moved
+/// 64 MiB messages as fast as 2 or slightly faster, and 60-75% faster than 1 (see
+/// docs/transport.md); on larger hosts raw loopback TCP keeps scaling to 4 streams and beyond.
 pub const DEFAULT_NSOCKS: usize = 4;
 
 /// Link speed reported when the interface does not tell one (10 Gb/s, NCCL's default).
