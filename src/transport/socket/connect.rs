@@ -1,0 +1,201 @@
+//! The connecting side: non-blocking connects of every socket of a connection, each followed
+//! by its hello. No answer is awaited, so connecting completes even before the peer accepts;
+//! a peer that turns the connection down is noticed at the first send.
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+
+use super::conn::{prepare, SocketSendConn};
+use super::wire::{Hello, HELLO_SIZE};
+use crate::transport::{Connector, SendConn};
+use crate::{Error, Result};
+
+/// How many times a refused connect is tried again (the listener's backlog may be full).
+/// A timed-out connect already waited minutes in the kernel and is not tried again.
+const CONNECT_RETRIES: u32 = 20;
+
+/// Pause before trying a refused connect again.
+const RETRY_DELAY: Duration = Duration::from_millis(100);
+
+enum Stage {
+    /// Waiting to try (again) at this time.
+    Retry(Instant),
+    /// The kernel is completing the TCP handshake.
+    Connecting,
+    /// Connected; this many hello bytes sent.
+    Greeting(usize),
+    /// Hello sent.
+    Ready,
+}
+
+struct Conn {
+    sock: Option<Socket>,
+    stage: Stage,
+    hello: [u8; HELLO_SIZE],
+    attempts: u32,
+}
+
+/// Connects the sockets of one connection to a listener, one poll at a time.
+pub struct SocketConnector {
+    addr: SocketAddr,
+    sockbuf: Option<usize>,
+    conns: Vec<Conn>,
+    finished: bool,
+}
+
+fn is_refusal(err: &io::Error) -> bool {
+    matches!(
+        err.raw_os_error(),
+        Some(libc::ECONNREFUSED | libc::ECONNRESET)
+    )
+}
+
+impl SocketConnector {
+    /// Prepares `hellos.len()` sockets to `addr`; nothing blocks until `poll`.
+    pub(crate) fn new(addr: SocketAddr, hellos: &[Hello], sockbuf: Option<usize>) -> Self {
+        let now = Instant::now();
+        SocketConnector {
+            addr,
+            sockbuf,
+            conns: hellos
+                .iter()
+                .map(|h| Conn {
+                    sock: None,
+                    stage: Stage::Retry(now),
+                    hello: h.encode(),
+                    attempts: 0,
+                })
+                .collect(),
+            finished: false,
+        }
+    }
+
+    fn start_connect(&self, c: &mut Conn) -> Result<()> {
+        let setup = || -> io::Result<Socket> {
+            let sock = Socket::new(
+                Domain::for_address(self.addr),
+                Type::STREAM,
+                Some(Protocol::TCP),
+            )?;
+            sock.set_nonblocking(true)?;
+            sock.set_nodelay(true)?;
+            if let Some(bytes) = self.sockbuf {
+                // Before connecting, so the window scale offered in the SYN fits the buffer.
+                sock.set_send_buffer_size(bytes)?;
+                sock.set_recv_buffer_size(bytes)?;
+            }
+            Ok(sock)
+        };
+        let sock = setup().map_err(|e| Error::from(e).context("creating a socket"))?;
+        c.attempts += 1;
+        match sock.connect(&SockAddr::from(self.addr)) {
+            Ok(()) => c.stage = Stage::Greeting(0),
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => c.stage = Stage::Connecting,
+            Err(e) if is_refusal(&e) && c.attempts <= CONNECT_RETRIES => {
+                c.stage = Stage::Retry(Instant::now() + RETRY_DELAY);
+                return Ok(());
+            }
+            Err(e) => return Err(self.failure(e)),
+        }
+        c.sock = Some(sock);
+        Ok(())
+    }
+
+    fn failure(&self, err: io::Error) -> Error {
+        Error::from(err).context(format_args!("connecting to {}", self.addr))
+    }
+
+    /// Advances one socket; true once its hello is sent.
+    fn advance(&self, c: &mut Conn, now: Instant) -> Result<bool> {
+        loop {
+            match c.stage {
+                Stage::Ready => return Ok(true),
+                Stage::Retry(at) if now < at => return Ok(false),
+                Stage::Retry(_) => {
+                    c.sock = None;
+                    self.start_connect(c)?;
+                    if matches!(c.stage, Stage::Retry(_)) {
+                        return Ok(false);
+                    }
+                }
+                Stage::Connecting => {
+                    let Some(sock) = &c.sock else {
+                        return Err(Error::internal("connecting without a socket"));
+                    };
+                    // A failed connect leaves its error in SO_ERROR; a pending one has no peer yet.
+                    match sock.take_error() {
+                        Ok(None) => {}
+                        Ok(Some(e)) | Err(e) => {
+                            if is_refusal(&e) && c.attempts <= CONNECT_RETRIES {
+                                c.stage = Stage::Retry(now + RETRY_DELAY);
+                                return Ok(false);
+                            }
+                            return Err(self.failure(e));
+                        }
+                    }
+                    match sock.peer_addr() {
+                        Ok(_) => c.stage = Stage::Greeting(0),
+                        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => return Ok(false),
+                        Err(e) => return Err(self.failure(e)),
+                    }
+                }
+                Stage::Greeting(sent) => {
+                    let Some(sock) = &c.sock else {
+                        return Err(Error::internal("greeting without a socket"));
+                    };
+                    match sock.send_with_flags(&c.hello[sent..], libc::MSG_NOSIGNAL) {
+                        Ok(n) if sent + n == HELLO_SIZE => c.stage = Stage::Ready,
+                        Ok(n) => c.stage = Stage::Greeting(sent + n),
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(self.failure(e)),
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Connector for SocketConnector {
+    fn poll(&mut self) -> Result<Option<Box<dyn SendConn>>> {
+        if self.finished {
+            return Err(Error::invalid_usage(
+                "this connection attempt already finished",
+            ));
+        }
+        let now = Instant::now();
+        let mut conns = std::mem::take(&mut self.conns);
+        let mut ready = true;
+        let mut outcome = Ok(());
+        for c in &mut conns {
+            match self.advance(c, now) {
+                Ok(done) => ready &= done,
+                Err(e) => {
+                    outcome = Err(e);
+                    break;
+                }
+            }
+        }
+        self.conns = conns;
+        if let Err(e) = outcome {
+            self.finished = true;
+            self.conns.clear();
+            return Err(e);
+        }
+        if !ready {
+            return Ok(None);
+        }
+        self.finished = true;
+        let socks: Vec<Socket> = self.conns.drain(..).filter_map(|c| c.sock).collect();
+        for s in &socks {
+            prepare(s).map_err(|e| Error::from(e).context("configuring a connected socket"))?;
+        }
+        Ok(Some(Box::new(SocketSendConn::start(
+            socks,
+            self.addr.to_string(),
+        )?)))
+    }
+}

@@ -1,0 +1,211 @@
+//! The accepting side: a non-blocking listener that reads each new socket's hello without
+//! ever waiting, groups sockets by connection id and hands out a receiving connection once
+//! all sockets of one connection are in.
+
+use std::io::{self, Read};
+use std::time::{Duration, Instant};
+
+use socket2::Socket;
+
+use super::conn::{prepare, SocketRecvConn};
+use super::log_warn;
+use super::wire::{Hello, HELLO_SIZE, NONCE_SIZE};
+use crate::transport::{Listener, RecvConn};
+use crate::{Error, Result};
+
+/// Most accepted sockets waiting for their hello or their siblings; past it the oldest goes.
+pub const MAX_PENDING: usize = 256;
+
+/// How long an accepted socket may take to send its whole hello.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a greeted socket waits for the other sockets of its connection.
+pub const GROUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Most new sockets taken from the kernel per poll, so one poll stays short under a flood.
+const ACCEPTS_PER_POLL: usize = 64;
+
+struct Pending {
+    sock: Socket,
+    peer: String,
+    since: Instant,
+    buf: [u8; HELLO_SIZE],
+    got: usize,
+    hello: Option<Hello>,
+}
+
+/// A listening socket and the peers it is still greeting.
+pub struct SocketListener {
+    sock: Socket,
+    nonce: [u8; NONCE_SIZE],
+    pending: Vec<Pending>,
+    hello_timeout: Duration,
+    rejected: u64,
+}
+
+impl SocketListener {
+    /// Wraps a bound, listening, non-blocking socket whose peers must present `nonce`.
+    pub(crate) fn new(sock: Socket, nonce: [u8; NONCE_SIZE]) -> Self {
+        SocketListener {
+            sock,
+            nonce,
+            pending: Vec::new(),
+            hello_timeout: HELLO_TIMEOUT,
+            rejected: 0,
+        }
+    }
+
+    /// Shortens the hello deadline (tests of slow peers).
+    #[cfg(test)]
+    pub(crate) fn set_hello_timeout(&mut self, timeout: Duration) {
+        self.hello_timeout = timeout;
+    }
+
+    /// Number of peers dropped so far for a bad or late hello.
+    pub fn rejected(&self) -> u64 {
+        self.rejected
+    }
+
+    fn reject(&mut self, index: usize, why: &str) {
+        let p = self.pending.remove(index);
+        self.rejected += 1;
+        log_warn(format_args!("dropping connection from {}: {why}", p.peer));
+    }
+
+    fn accept_new(&mut self) -> Result<()> {
+        for _ in 0..ACCEPTS_PER_POLL {
+            match self.sock.accept() {
+                Ok((sock, addr)) => {
+                    let peer = addr
+                        .as_socket()
+                        .map_or_else(|| "unknown peer".to_string(), |a| a.to_string());
+                    if let Err(e) = sock.set_nonblocking(true) {
+                        log_warn(format_args!("dropping connection from {peer}: {e}"));
+                        continue;
+                    }
+                    if self.pending.len() >= MAX_PENDING {
+                        self.reject(0, "too many connections pending, this is the oldest");
+                    }
+                    self.pending.push(Pending {
+                        sock,
+                        peer,
+                        since: Instant::now(),
+                        buf: [0; HELLO_SIZE],
+                        got: 0,
+                        hello: None,
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => match e.raw_os_error() {
+                    // The peer gave up before we got to it: nothing to do.
+                    Some(libc::ECONNABORTED | libc::EINTR | libc::EPROTO | libc::EPERM) => {}
+                    // Out of descriptors or memory: try again on a later poll.
+                    Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
+                        log_warn(format_args!("cannot accept a connection now: {e}"));
+                        return Ok(());
+                    }
+                    _ => return Err(Error::from(e).context("accepting a connection")),
+                },
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads what has arrived of each hello; drops peers that fail or time out.
+    fn read_hellos(&mut self, now: Instant) {
+        let mut i = 0;
+        while i < self.pending.len() {
+            let p = &mut self.pending[i];
+            if p.hello.is_some() {
+                if now.duration_since(p.since) > GROUP_TIMEOUT {
+                    self.reject(i, "the other sockets of its connection never arrived");
+                } else {
+                    i += 1;
+                }
+                continue;
+            }
+            // Only the hello's bytes: data may follow at once, and belongs to the connection.
+            let outcome = loop {
+                if p.got == HELLO_SIZE {
+                    break Ok(true);
+                }
+                match (&p.sock).read(&mut p.buf[p.got..]) {
+                    Ok(0) => {
+                        break Err(format!(
+                            "closed after {} of {HELLO_SIZE} hello bytes",
+                            p.got
+                        ))
+                    }
+                    Ok(n) => p.got += n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(false),
+                    Err(e) => break Err(format!("reading its hello: {e}")),
+                }
+            };
+            match outcome {
+                Err(why) => self.reject(i, &why),
+                Ok(false) if now.duration_since(p.since) > self.hello_timeout => {
+                    let why = format!("only {} of {HELLO_SIZE} hello bytes in time", p.got);
+                    self.reject(i, &why);
+                }
+                Ok(false) => i += 1,
+                Ok(true) => match Hello::decode(&p.buf, &self.nonce) {
+                    Err(e) => self.reject(i, &e.message),
+                    Ok(hello) => {
+                        let clash = self.pending.iter().filter_map(|q| q.hello).find(|q| {
+                            q.conn_id == hello.conn_id
+                                && (q.index == hello.index || q.count != hello.count)
+                        });
+                        if clash.is_some() {
+                            self.reject(
+                                i,
+                                "its hello clashes with another socket of its connection",
+                            );
+                        } else {
+                            self.pending[i].hello = Some(hello);
+                            i += 1;
+                        }
+                    }
+                },
+            }
+        }
+    }
+
+    /// Takes out the sockets of the first connection whose sockets have all arrived.
+    fn take_complete(&mut self) -> Option<(Vec<Socket>, String)> {
+        let hellos = || self.pending.iter().filter_map(|p| p.hello);
+        let complete = hellos().find(|h| {
+            hellos().filter(|q| q.conn_id == h.conn_id).count() == usize::from(h.count)
+        })?;
+        let mut socks: Vec<Option<Socket>> = (0..complete.count).map(|_| None).collect();
+        let mut peer = String::new();
+        let mut i = 0;
+        while i < self.pending.len() {
+            match self.pending[i].hello {
+                Some(h) if h.conn_id == complete.conn_id => {
+                    let p = self.pending.remove(i);
+                    peer = p.peer;
+                    socks[usize::from(h.index)] = Some(p.sock);
+                }
+                _ => i += 1,
+            }
+        }
+        // Indices are distinct and below the count (checked as each hello came in).
+        let socks: Vec<Socket> = socks.into_iter().flatten().collect();
+        (socks.len() == usize::from(complete.count)).then_some((socks, peer))
+    }
+}
+
+impl Listener for SocketListener {
+    fn poll_accept(&mut self) -> Result<Option<Box<dyn RecvConn>>> {
+        self.accept_new()?;
+        self.read_hellos(Instant::now());
+        let Some((socks, peer)) = self.take_complete() else {
+            return Ok(None);
+        };
+        for s in &socks {
+            prepare(s).map_err(|e| Error::from(e).context("configuring an accepted socket"))?;
+        }
+        Ok(Some(Box::new(SocketRecvConn::start(socks, peer)?)))
+    }
+}
