@@ -50,7 +50,7 @@ pub const MAX_COMMS: i32 = 65_536;
 /// Logs a warning about the transport. The one place transport messages leave the library,
 /// so routing them to NCCL's logger later is a one-line change.
 pub fn log_warn(msg: impl fmt::Display) {
-    eprintln!("NET/lossy socket: WARN {msg}");
+    crate::log::warn(&format!("socket: {msg}"));
 }
 
 /// Settings of the socket transport, usually from the environment.
