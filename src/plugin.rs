@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use crate::control;
-use crate::loss::plan::LossPlan;
+use crate::loss::plan::{Effect, LossPlan};
 use crate::stats::writer::{StatsFile, STATS_DIR_ENV};
-use crate::stats::{self, ConnectionStats, MessageRecord};
+use crate::stats::{self, BurstTracker, ConnectionStats, MessageRecord};
 use crate::transport::socket::SocketTransport;
 use crate::transport::{
     Completion, Connector, DeviceProps, HostBuf, Listener, RecvConn, RequestId, SendConn,
@@ -220,14 +220,16 @@ impl Connecting {
 /// thread takes, so it is never contended.
 struct SenderState {
     plan: LossPlan,
+    bursts: BurstTracker,
     /// When each request slot was posted, for the latency histogram.
-    posted_at: [Option<Instant>; MAX_REQUESTS],
+    posted_at: [Option<(Instant, usize)>; MAX_REQUESTS],
 }
 
 impl Default for SenderState {
     fn default() -> Self {
         SenderState {
             plan: LossPlan::lossless(),
+            bursts: BurstTracker::default(),
             posted_at: [None; MAX_REQUESTS],
         }
     }
@@ -256,18 +258,27 @@ impl SendComm {
         let Some(id) = self.conn.isend(buf, tag, &state.plan)? else {
             return Ok(None);
         };
-        let plan = &state.plan;
+        let SenderState { plan, bursts, .. } = &mut *state;
+        let packets = plan.packets_in(buf.len());
+        let retransmit_delay_ns = if plan.effect == Effect::Retransmit {
+            plan.retransmit_timeout.as_nanos() as u64 * plan.loss_events()
+        } else {
+            0
+        };
         self.stats.record_message(&MessageRecord {
             op,
             phase,
             bytes: buf.len() as u64,
-            packets: plan.packets_in(buf.len()),
+            packets,
             lost_packets: plan.lost_packets(),
             loss_events: plan.loss_events(),
-            retransmit_delay_ns: 0,
+            retransmit_delay_ns,
+        });
+        bursts.observe(op, packets, &plan.lost, |op, len| {
+            self.stats.record_burst(op, len)
         });
         if let Some(slot) = state.posted_at.get_mut(id as usize) {
-            *slot = Some(Instant::now());
+            *slot = Some((Instant::now(), op));
         }
         Ok(Some(id))
     }
@@ -278,8 +289,8 @@ impl SendComm {
         if done.is_some() {
             let mut state = self.state()?;
             if let Some(posted) = state.posted_at.get_mut(id as usize).and_then(Option::take) {
-                self.stats
-                    .record_latency_ns(posted.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64);
+                let ns = posted.0.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+                self.stats.record_latency_ns(posted.1, ns);
             }
         }
         Ok(done)
@@ -288,6 +299,11 @@ impl SendComm {
 
 impl Drop for SendComm {
     fn drop(&mut self) {
+        if let Ok(mut state) = self.sender.lock() {
+            state
+                .bursts
+                .finish(|op, len| self.stats.record_burst(op, len));
+        }
         // Each closed connection refreshes the file, so a run that ends without finalize
         // (NCCL v8-v10 have none) still leaves its statistics behind.
         if let Err(err) = write_stats() {

@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use hdrhistogram::Histogram;
+
+use crate::loss::plan::PacketRun;
 use serde::{Deserialize, Serialize};
 
 /// Number of collective slots: "unknown" plus NCCL's function codes 0..=14.
@@ -148,17 +150,26 @@ pub struct MessageRecord {
     pub retransmit_delay_ns: u64,
 }
 
-/// Largest burst or latency value a histogram keeps exactly; larger ones are clamped.
-const HISTOGRAM_MAX: u64 = 1 << 40;
+/// Longest burst the histogram tells apart (longer ones are counted at this length).
+const BURST_MAX: u64 = 1 << 24;
+/// Longest message latency the histogram tells apart, in nanoseconds (about 68 s).
+const LATENCY_MAX_NS: u64 = 1 << 36;
 
-fn new_histogram() -> Histogram<u64> {
-    // Bounds are fixed up front so recording never allocates.
-    Histogram::new_with_bounds(1, HISTOGRAM_MAX, 3).expect("constant histogram bounds are valid")
+/// Histograms of one collective on one connection. Two significant figures keep each one
+/// at a few tens of KiB, allocated once, the first time the collective is seen.
+struct OpHistograms {
+    bursts: Histogram<u32>,
+    latency_ns: Histogram<u32>,
 }
 
-struct Histograms {
-    bursts: Histogram<u64>,
-    latency_ns: Histogram<u64>,
+impl OpHistograms {
+    fn new() -> Box<OpHistograms> {
+        Box::new(OpHistograms {
+            bursts: Histogram::new_with_bounds(1, BURST_MAX, 2).expect("constant bounds are valid"),
+            latency_ns: Histogram::new_with_bounds(1, LATENCY_MAX_NS, 2)
+                .expect("constant bounds are valid"),
+        })
+    }
 }
 
 /// Statistics of one sending connection.
@@ -168,7 +179,7 @@ pub struct ConnectionStats {
     /// Position of the connection among its context's connections.
     pub index: u32,
     cells: Box<[Cell]>,
-    histograms: Mutex<Histograms>,
+    histograms: Mutex<Vec<Option<Box<OpHistograms>>>>,
 }
 
 impl ConnectionStats {
@@ -180,10 +191,7 @@ impl ConnectionStats {
             cells: (0..OP_SLOTS * PHASE_SLOTS)
                 .map(|_| Cell::default())
                 .collect(),
-            histograms: Mutex::new(Histograms {
-                bursts: new_histogram(),
-                latency_ns: new_histogram(),
-            }),
+            histograms: Mutex::new((0..OP_SLOTS).map(|_| None).collect()),
         }
     }
 
@@ -202,18 +210,24 @@ impl ConnectionStats {
             .fetch_add(record.retransmit_delay_ns, Ordering::Relaxed);
     }
 
-    /// Records a finished burst of `len` consecutive lost packets.
-    pub fn record_burst(&self, len: u64) {
-        if let Ok(mut h) = self.histograms.lock() {
-            h.bursts.saturating_record(len.clamp(1, HISTOGRAM_MAX));
+    fn with_histograms(&self, op: usize, record: impl FnOnce(&mut OpHistograms)) {
+        if let Ok(mut all) = self.histograms.lock() {
+            if let Some(slot) = all.get_mut(op.min(OP_SLOTS - 1)) {
+                record(slot.get_or_insert_with(OpHistograms::new));
+            }
         }
     }
 
-    /// Records how long a message took from `isend` to completion.
-    pub fn record_latency_ns(&self, ns: u64) {
-        if let Ok(mut h) = self.histograms.lock() {
-            h.latency_ns.saturating_record(ns.clamp(1, HISTOGRAM_MAX));
-        }
+    /// Records a finished burst of `len` consecutive lost packets, attributed to collective `op`.
+    pub fn record_burst(&self, op: usize, len: u64) {
+        self.with_histograms(op, |h| h.bursts.saturating_record(len.clamp(1, BURST_MAX)));
+    }
+
+    /// Records how long a message of collective `op` took from `isend` to completion.
+    pub fn record_latency_ns(&self, op: usize, ns: u64) {
+        self.with_histograms(op, |h| {
+            h.latency_ns.saturating_record(ns.clamp(1, LATENCY_MAX_NS))
+        });
     }
 
     /// Reads the connection's statistics.
@@ -232,44 +246,49 @@ impl ConnectionStats {
                 counts,
             });
         }
-        let (bursts, latency) = match self.histograms.lock() {
-            Ok(h) => (histogram_bins(&h.bursts), latency_summary(&h.latency_ns)),
-            Err(_) => (Vec::new(), LatencySummary::default()),
-        };
+        let mut histograms = Vec::new();
+        if let Ok(all) = self.histograms.lock() {
+            for (op, h) in all.iter().enumerate() {
+                if let Some(h) = h {
+                    histograms.push(OpHistogramBins {
+                        op: op_name(op).to_string(),
+                        burst_lengths: histogram_bins(&h.bursts),
+                        latency_ns: histogram_bins(&h.latency_ns),
+                    });
+                }
+            }
+        }
         ConnectionSnapshot {
             comm_id: self.comm_id,
             index: self.index,
             total,
             by_op,
-            burst_lengths: bursts,
-            latency_us: latency,
+            histograms,
         }
     }
 }
 
-fn histogram_bins(h: &Histogram<u64>) -> Vec<(u64, u64)> {
+/// A histogram as (value, count) pairs, one per recorded bucket, so files can be merged.
+fn histogram_bins(h: &Histogram<u32>) -> Vec<(u64, u64)> {
     h.iter_recorded()
         .map(|v| {
             (
                 h.highest_equivalent(v.value_iterated_to()),
-                v.count_at_value(),
+                u64::from(v.count_at_value()),
             )
         })
         .collect()
 }
 
-fn latency_summary(h: &Histogram<u64>) -> LatencySummary {
-    if h.is_empty() {
-        return LatencySummary::default();
-    }
-    let us = |ns: u64| ns as f64 / 1000.0;
-    LatencySummary {
-        count: h.len(),
-        p50: us(h.value_at_quantile(0.50)),
-        p90: us(h.value_at_quantile(0.90)),
-        p99: us(h.value_at_quantile(0.99)),
-        max: us(h.max()),
-    }
+/// Histograms of one collective on one connection, as mergeable bins.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OpHistogramBins {
+    /// Collective name.
+    pub op: String,
+    /// Burst lengths in packets, as (length, count).
+    pub burst_lengths: Vec<(u64, u64)>,
+    /// Message latency from isend to completion in nanoseconds, as (value, count).
+    pub latency_ns: Vec<(u64, u64)>,
 }
 
 /// Counts of one collective in one phase.
@@ -284,21 +303,6 @@ pub struct OpCounts {
     pub counts: Counts,
 }
 
-/// Message latency percentiles in microseconds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct LatencySummary {
-    /// Messages measured.
-    pub count: u64,
-    /// Median.
-    pub p50: f64,
-    /// 90th percentile.
-    pub p90: f64,
-    /// 99th percentile.
-    pub p99: f64,
-    /// Largest.
-    pub max: f64,
-}
-
 /// A connection's statistics at one moment.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ConnectionSnapshot {
@@ -310,10 +314,8 @@ pub struct ConnectionSnapshot {
     pub total: Counts,
     /// Non-empty (collective, phase) cells.
     pub by_op: Vec<OpCounts>,
-    /// Burst length histogram as (length, count) pairs.
-    pub burst_lengths: Vec<(u64, u64)>,
-    /// Message latency from isend to completion.
-    pub latency_us: LatencySummary,
+    /// Burst-length and latency histograms per collective.
+    pub histograms: Vec<OpHistogramBins>,
 }
 
 /// Every connection this process has opened, live or closed, so a snapshot covers the run.
@@ -343,6 +345,60 @@ impl Registry {
 pub fn registry() -> &'static Registry {
     static REGISTRY: std::sync::OnceLock<Registry> = std::sync::OnceLock::new();
     REGISTRY.get_or_init(Registry::default)
+}
+
+/// Joins lost-packet runs into bursts across message boundaries: a run that reaches the last
+/// packet of a message continues into a run that starts at packet 0 of the next message on the
+/// same connection, as it would on a wire.
+#[derive(Debug, Default)]
+pub struct BurstTracker {
+    open_len: u64,
+    open_op: usize,
+}
+
+impl BurstTracker {
+    /// Feeds one message of `packets` packets of collective `op` with its lost `runs`,
+    /// calling `finished(op, length)` for every burst that ended.
+    pub fn observe(
+        &mut self,
+        op: usize,
+        packets: u64,
+        runs: &[PacketRun],
+        mut finished: impl FnMut(usize, u64),
+    ) {
+        if packets == 0 {
+            return;
+        }
+        for run in runs {
+            let mut len = u64::from(run.len);
+            if self.open_len > 0 {
+                if run.start == 0 {
+                    len += self.open_len;
+                } else {
+                    finished(self.open_op, self.open_len);
+                }
+                self.open_len = 0;
+            }
+            if u64::from(run.end()) >= packets {
+                self.open_len = len;
+                self.open_op = op;
+            } else {
+                finished(op, len);
+            }
+        }
+        if runs.is_empty() && self.open_len > 0 {
+            finished(self.open_op, self.open_len);
+            self.open_len = 0;
+        }
+    }
+
+    /// Ends a burst still open when the connection closes.
+    pub fn finish(&mut self, mut finished: impl FnMut(usize, u64)) {
+        if self.open_len > 0 {
+            finished(self.open_op, self.open_len);
+            self.open_len = 0;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -375,8 +431,9 @@ mod tests {
         stats.record_message(&rec(5, 2, 1));
         stats.record_message(&rec(5, 2, 0));
         stats.record_message(&rec(3, 0, 2));
-        stats.record_burst(1);
-        stats.record_burst(2);
+        stats.record_burst(5, 1);
+        stats.record_burst(5, 2);
+        stats.record_latency_ns(5, 1500);
         let snap = stats.snapshot();
         assert_eq!(snap.total.messages, 3);
         assert_eq!(snap.total.packets, 6);
@@ -390,6 +447,35 @@ mod tests {
         assert_eq!(allreduce.phase, "backward");
         assert_eq!(allreduce.counts.messages, 2);
         assert_eq!(allreduce.counts.lost_packets, 1);
-        assert_eq!(snap.burst_lengths, vec![(1, 1), (2, 1)]);
+        assert_eq!(snap.histograms.len(), 1);
+        assert_eq!(snap.histograms[0].op, "AllReduce");
+        assert_eq!(snap.histograms[0].burst_lengths, vec![(1, 1), (2, 1)]);
+        let (latency, count) = snap.histograms[0].latency_ns[0];
+        assert_eq!(count, 1);
+        // Two significant figures: 1500 ns lands in a bucket within 1% of it.
+        assert!((1485..=1515).contains(&latency), "{latency}");
+    }
+
+    #[test]
+    fn bursts_continue_across_message_boundaries() {
+        let run = |start, len| PacketRun { start, len };
+        let mut tracker = BurstTracker::default();
+        let mut seen = Vec::new();
+        // Message 1 (10 packets): a burst of 2 inside, one of 3 reaching the end.
+        tracker.observe(5, 10, &[run(2, 2), run(7, 3)], |op, len| {
+            seen.push((op, len))
+        });
+        assert_eq!(seen, vec![(5, 2)]);
+        // Message 2 starts with 4 lost packets: one burst of 7 across the boundary.
+        tracker.observe(3, 10, &[run(0, 4)], |op, len| seen.push((op, len)));
+        assert_eq!(seen, vec![(5, 2), (3, 7)]);
+        // A zero-byte message does not break a burst; a lossless one ends it.
+        tracker.observe(3, 10, &[run(9, 1)], |op, len| seen.push((op, len)));
+        tracker.observe(3, 0, &[], |op, len| seen.push((op, len)));
+        tracker.observe(4, 10, &[], |op, len| seen.push((op, len)));
+        assert_eq!(seen, vec![(5, 2), (3, 7), (3, 1)]);
+        tracker.observe(4, 4, &[run(3, 1)], |op, len| seen.push((op, len)));
+        tracker.finish(|op, len| seen.push((op, len)));
+        assert_eq!(seen.last(), Some(&(4, 1)));
     }
 }
