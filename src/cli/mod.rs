@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod demo;
 pub mod install;
+pub mod report;
 pub mod simulate;
 pub mod validate;
 pub mod worker;
@@ -34,6 +35,8 @@ pub enum Command {
     Demo(demo::Args),
     /// nccl-tests-style bandwidth table for the plugin next to raw loopback TCP.
     Bench(bench::Args),
+    /// Sum the statistics of one or more runs into a table (and a plot).
+    Report(report::Args),
     /// Install the plugin library under the file name NCCL looks for, and this command.
     Install(install::Args),
     /// One rank of the CPU harness (started by `demo`, `bench` and the tests).
@@ -49,6 +52,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Demo(args) => demo::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Install(args) => install::run(args),
+        Command::Report(args) => report::run(args),
         Command::Worker(args) => worker::run(args),
     }
 }

@@ -5,6 +5,7 @@
 //! thread takes, once per message. Snapshots read everything into plain [`Snapshot`] values
 //! that serialise to the JSON files `lossy report` reads.
 
+pub mod report;
 pub mod writer;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,0 +1,231 @@
+//! Aggregating the per-rank statistics files of one or more runs: what `lossy report` prints.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::writer::StatsFile;
+use super::Counts;
+use crate::{Error, Result};
+
+/// One collective (or the whole run, as `op = "all"`) summed over every rank of a run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct OpSummary {
+    /// Collective name, or `all`.
+    pub op: String,
+    /// Summed counters.
+    #[serde(flatten)]
+    pub counts: Counts,
+    /// Lost packets over packets.
+    pub loss_rate: f64,
+    /// Mean length of a burst of consecutive lost packets (None when nothing was lost).
+    pub mean_burst: Option<f64>,
+    /// Burst length histogram, length -> count.
+    pub bursts: BTreeMap<u64, u64>,
+    /// Message latency percentiles in microseconds (p50, p90, p99), when measured.
+    pub latency_us: Option<[f64; 3]>,
+}
+
+/// Everything one run's directory holds.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunSummary {
+    /// The run's name (its directory name).
+    pub run: String,
+    /// Statistics files found (one per rank).
+    pub ranks: usize,
+    /// The profile the first file says produced the run.
+    pub profile: serde_json::Value,
+    /// The whole run (`op = "all"`).
+    pub total: OpSummary,
+    /// Per collective, by name.
+    pub by_op: Vec<OpSummary>,
+}
+
+#[derive(Default)]
+struct Accumulator {
+    counts: Counts,
+    bursts: BTreeMap<u64, u64>,
+    latency_ns: BTreeMap<u64, u64>,
+}
+
+impl Accumulator {
+    fn finish(self, op: &str) -> OpSummary {
+        let burst_count: u64 = self.bursts.values().sum();
+        let burst_packets: u64 = self.bursts.iter().map(|(len, n)| len * n).sum();
+        OpSummary {
+            op: op.to_string(),
+            counts: self.counts,
+            loss_rate: self.counts.loss_rate(),
+            mean_burst: (burst_count > 0).then(|| burst_packets as f64 / burst_count as f64),
+            latency_us: percentiles(&self.latency_ns, [0.5, 0.9, 0.99])
+                .map(|p| p.map(|ns| ns as f64 / 1000.0)),
+            bursts: self.bursts,
+        }
+    }
+}
+
+/// The values at quantiles `qs` of a histogram given as value -> count.
+fn percentiles(bins: &BTreeMap<u64, u64>, qs: [f64; 3]) -> Option<[u64; 3]> {
+    let total: u64 = bins.values().sum();
+    if total == 0 {
+        return None;
+    }
+    let mut out = [0u64; 3];
+    for (slot, q) in out.iter_mut().zip(qs) {
+        let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+        let mut seen = 0;
+        for (&value, &count) in bins {
+            seen += count;
+            if seen >= rank {
+                *slot = value;
+                break;
+            }
+        }
+    }
+    Some(out)
+}
+
+/// The statistics files in `dir` (`lossy-stats-*.json`), sorted by name.
+pub fn stats_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let entries = std::fs::read_dir(dir).map_err(|e| {
+        Error::invalid_argument(format!("cannot read run directory {}: {e}", dir.display()))
+    })?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| {
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("lossy-stats-") && n.ends_with(".json"))
+        })
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// Sums every rank's file of one run.
+pub fn summarize_run(name: &str, files: &[StatsFile]) -> RunSummary {
+    let mut total = Accumulator::default();
+    let mut per_op: BTreeMap<String, Accumulator> = BTreeMap::new();
+    for file in files {
+        for conn in &file.connections {
+            for cell in &conn.by_op {
+                per_op
+                    .entry(cell.op.clone())
+                    .or_default()
+                    .counts
+                    .add(&cell.counts);
+                total.counts.add(&cell.counts);
+            }
+            for h in &conn.histograms {
+                let acc = per_op.entry(h.op.clone()).or_default();
+                for &(len, n) in &h.burst_lengths {
+                    *acc.bursts.entry(len).or_default() += n;
+                    *total.bursts.entry(len).or_default() += n;
+                }
+                for &(ns, n) in &h.latency_ns {
+                    *acc.latency_ns.entry(ns).or_default() += n;
+                    *total.latency_ns.entry(ns).or_default() += n;
+                }
+            }
+        }
+    }
+    RunSummary {
+        run: name.to_string(),
+        ranks: files.len(),
+        profile: files
+            .first()
+            .map_or(serde_json::Value::Null, |f| f.profile.clone()),
+        total: total.finish("all"),
+        by_op: per_op
+            .into_iter()
+            .map(|(op, acc)| acc.finish(&op))
+            .collect(),
+    }
+}
+
+/// Reads and sums one run directory; a directory without statistics files is an error.
+pub fn load_run(dir: &Path) -> Result<RunSummary> {
+    let paths = stats_files(dir)?;
+    if paths.is_empty() {
+        return Err(Error::invalid_argument(format!(
+            "{} holds no statistics files (lossy-stats-*.json); was NCCL_LOSSY_STATS set for the run?",
+            dir.display()
+        )));
+    }
+    let files = paths
+        .iter()
+        .map(|p| StatsFile::read(p))
+        .collect::<Result<Vec<_>>>()?;
+    let name = dir.file_name().map_or_else(
+        || dir.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    Ok(summarize_run(&name, &files))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::{ConnectionStats, MessageRecord};
+
+    fn rank_file(lost: u64, bursts: &[u64]) -> StatsFile {
+        let stats = ConnectionStats::new(1, 0);
+        stats.record_message(&MessageRecord {
+            op: 5,
+            phase: 2,
+            bytes: 4096 * 100,
+            packets: 100,
+            lost_packets: lost,
+            loss_events: bursts.len() as u64,
+            retransmit_delay_ns: 0,
+        });
+        stats.record_message(&MessageRecord {
+            op: 3,
+            phase: 0,
+            bytes: 4096 * 50,
+            packets: 50,
+            ..Default::default()
+        });
+        for &b in bursts {
+            stats.record_burst(5, b);
+        }
+        stats.record_latency_ns(5, 10_000);
+        stats.record_latency_ns(5, 20_000);
+        StatsFile::new(serde_json::json!({"seed": 3}), vec![stats.snapshot()])
+    }
+
+    #[test]
+    fn ranks_sum_per_collective_and_in_total() {
+        let run = summarize_run("r", &[rank_file(3, &[1, 2]), rank_file(4, &[4])]);
+        assert_eq!(run.ranks, 2);
+        assert_eq!(run.total.counts.packets, 300);
+        assert_eq!(run.total.counts.lost_packets, 7);
+        let allreduce = run
+            .by_op
+            .iter()
+            .find(|o| o.op == "AllReduce")
+            .expect("AllReduce row");
+        assert_eq!(allreduce.counts.packets, 200);
+        assert!((allreduce.loss_rate - 7.0 / 200.0).abs() < 1e-12);
+        // Bursts 1, 2 and 4: mean 7/3.
+        assert!((allreduce.mean_burst.expect("bursts") - 7.0 / 3.0).abs() < 1e-12);
+        let reduce_scatter = run
+            .by_op
+            .iter()
+            .find(|o| o.op == "ReduceScatter")
+            .expect("row");
+        assert_eq!(reduce_scatter.counts.lost_packets, 0);
+        assert_eq!(reduce_scatter.mean_burst, None);
+        let [p50, _, p99] = allreduce.latency_us.expect("latency");
+        assert!((9.9..=10.1).contains(&p50), "{p50}");
+        assert!((19.8..=20.2).contains(&p99), "{p99}");
+    }
+
+    #[test]
+    fn percentiles_follow_the_cumulative_counts() {
+        let bins: BTreeMap<u64, u64> = [(1, 50), (2, 40), (10, 10)].into_iter().collect();
+        assert_eq!(percentiles(&bins, [0.5, 0.9, 0.99]), Some([1, 2, 10]));
+        assert_eq!(percentiles(&BTreeMap::new(), [0.5, 0.9, 0.99]), None);
+    }
+}
