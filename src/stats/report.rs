@@ -181,7 +181,7 @@ mod tests {
             retransmit_delay_ns: 0,
         });
         stats.record_message(&MessageRecord {
-            op: 3,
+            op: 4,
             phase: 0,
             bytes: 4096 * 50,
             packets: 50,
