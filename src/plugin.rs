@@ -2,14 +2,19 @@
 //! contexts, and the comms NCCL holds. The ABI adapters in [`crate::abi`] only translate
 //! pointers and integer widths into calls on these types.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::control;
+use crate::loss::engine::{ConnectionLoss, LossEngine, StreamKey};
 use crate::loss::plan::{Effect, LossPlan};
-use crate::stats::writer::{StatsFile, STATS_DIR_ENV};
+use crate::loss::rules::{Collective, Direction, MatchContext};
+use crate::profile::Profile;
+use crate::stats::periodic::PeriodicWriter;
+use crate::stats::writer::{launcher_rank, StatsFile, STATS_DIR_ENV};
 use crate::stats::{self, BurstTracker, ConnectionStats, MessageRecord};
 use crate::transport::socket::SocketTransport;
 use crate::transport::{
@@ -21,37 +26,48 @@ use crate::{log, Error, Result};
 /// The name NCCL matches against `NCCL_NET`.
 pub const PLUGIN_NAME: &str = "lossy";
 
-/// Process-wide state: the transport and what it reported about its devices.
+/// Process-wide state: the transport, what it reported about its devices, and the loss
+/// engine built from the profile.
 pub struct Core {
     transport: Box<dyn Transport>,
     devices: Vec<DeviceProps>,
+    engine: LossEngine,
     profile_json: serde_json::Value,
     corrupts_data: bool,
+    stats_interval: Option<Duration>,
+    rank: Option<u32>,
 }
 
 static CORE: OnceLock<std::result::Result<Core, Error>> = OnceLock::new();
 
 impl Core {
-    /// Builds the core over `transport`, reading every device's properties once.
-    pub fn new(transport: Box<dyn Transport>) -> Result<Core> {
+    /// Builds the core over `transport` with `profile`, reading every device's properties once.
+    pub fn new(transport: Box<dyn Transport>, profile: Profile) -> Result<Core> {
         let devices = (0..transport.device_count())
             .map(|dev| transport.properties(dev))
             .collect::<Result<Vec<_>>>()?;
         if devices.is_empty() {
             return Err(Error::system("no usable network interface found"));
         }
+        let profile = Arc::new(profile);
         Ok(Core {
             transport,
             devices,
-            profile_json: serde_json::Value::Null,
-            corrupts_data: false,
+            profile_json: profile_with_expectation(&profile),
+            corrupts_data: profile.corrupts_data(),
+            stats_interval: profile.stats_interval,
+            engine: LossEngine::new(profile),
+            rank: launcher_rank().and_then(|rank| u32::try_from(rank).ok()),
         })
     }
 
-    /// Builds the core from the environment (transport choice, interfaces, profile).
+    /// Builds the core from the environment: the profile (`NCCL_LOSSY_PROFILE`,
+    /// `NCCL_LOSSY_SET`), the protocol the user forces, the transport's interfaces.
     pub fn from_env() -> Result<Core> {
+        let profile = Profile::from_env()?;
+        check_forced_protocol(&profile, std::env::var("NCCL_PROTO").ok().as_deref())?;
         let transport = SocketTransport::from_env()?;
-        Core::new(Box::new(transport))
+        Core::new(Box::new(transport), profile)
     }
 
     /// The process-wide core, built on first use; a failure is remembered and returned on
@@ -61,13 +77,14 @@ impl Core {
             let core = Core::from_env();
             match &core {
                 Ok(core) => log::info(&format!(
-                    "initialised with {} device(s): {}",
+                    "initialised with {} device(s): {}; profile: {}",
                     core.devices.len(),
                     core.devices
                         .iter()
                         .map(|d| d.name.as_str())
                         .collect::<Vec<_>>()
-                        .join(", ")
+                        .join(", "),
+                    core.profile().summary()
                 )),
                 Err(err) => log::loud(&format!("initialisation failed: {err}")),
             }
@@ -75,6 +92,11 @@ impl Core {
         })
         .as_ref()
         .map_err(Clone::clone)
+    }
+
+    /// The active loss profile.
+    pub fn profile(&self) -> &Profile {
+        self.engine.profile()
     }
 
     /// Number of devices NCCL may use.
@@ -87,6 +109,11 @@ impl Core {
         self.devices.get(dev).ok_or_else(|| {
             Error::invalid_argument(format!("no device {dev} (have {})", self.devices.len()))
         })
+    }
+
+    /// This process's rank as the launcher numbered it, when it did.
+    pub fn rank(&self) -> Option<u32> {
+        self.rank
     }
 
     /// Starts listening on `dev` for `ctx`.
@@ -104,19 +131,191 @@ impl Core {
         })
     }
 
-    /// Starts connecting `ctx` to the listener described by `handle`.
+    /// Starts connecting `ctx` to the listener described by `handle`, which belongs to the
+    /// process of rank `peer` when the handle said so.
     pub fn connect(
         &self,
         ctx: &Arc<Context>,
         dev: usize,
         handle: &WireHandle,
+        peer: Option<u32>,
     ) -> Result<Connecting> {
         self.properties(dev)?;
         let connector = self.transport.connect(dev, handle)?;
+        // Numbered when NCCL asks, which happens in the same order in every run, so each
+        // connection keeps its own reproducible loss stream.
+        let index = ctx.next_connection_index();
+        let loss = self.engine.stream(StreamKey {
+            rank: self.rank.unwrap_or(0),
+            comm_id: ctx.comm_id,
+            peer: peer.unwrap_or(u32::MAX),
+            direction: Direction::Send,
+            conn: index,
+        });
         Ok(Connecting {
             ctx: Arc::clone(ctx),
             connector,
+            loss: Some(loss),
+            peer,
+            local_rank: self.rank,
+            index,
+            stats_interval: self.stats_interval,
         })
+    }
+}
+
+/// The resolved profile as JSON, with the closed-form loss rate and mean burst length of its
+/// first lossy model (the defaults', else the first rule's) under `expected`, which
+/// `lossy report` draws the measured bursts against.
+fn profile_with_expectation(profile: &Profile) -> serde_json::Value {
+    let mut json = profile.to_json();
+    let lossy = std::iter::once(&profile.defaults.model)
+        .chain(profile.rules.iter().map(|rule| &rule.action.model))
+        .find(|model| model.expected_loss_rate() > 0.0);
+    if let (Some(model), Some(object)) = (lossy, json.as_object_mut()) {
+        object.insert(
+            "expected".into(),
+            serde_json::json!({
+                "loss_rate": model.expected_loss_rate(),
+                "mean_burst": model.expected_mean_burst(),
+            }),
+        );
+    }
+    json
+}
+
+/// Fails when the user forces LL or LL128 through `NCCL_PROTO` while the profile corrupts
+/// data: those protocols carry flags in the payload, and a lost flag hangs the receiving GPU.
+pub fn check_forced_protocol(profile: &Profile, nccl_proto: Option<&str>) -> Result<()> {
+    let Some(forced) = nccl_proto.and_then(forced_ll_protocol) else {
+        return Ok(());
+    };
+    if !profile.corrupts_data() {
+        return Ok(());
+    }
+    Err(Error::invalid_usage(format!(
+        "NCCL_PROTO={} allows {forced}, but the loss profile ({}) has a data-loss effect \
+         (zero, stale or bitflip): LL and LL128 carry flags inside the payload and a lost \
+         packet would hang the receiving GPU. Use NCCL_PROTO=Simple (or unset it: this \
+         library's tuner then rules LL/LL128 out), or the `retransmit` effect",
+        nccl_proto.unwrap_or_default(),
+        profile.origin
+    )))
+}
+
+/// The LL-family protocol an `NCCL_PROTO` value explicitly allows, if any. A value starting
+/// with `^` lists protocols to exclude, which forces nothing.
+pub fn forced_ll_protocol(nccl_proto: &str) -> Option<&'static str> {
+    let value = nccl_proto.trim();
+    if value.is_empty() || value.starts_with('^') {
+        return None;
+    }
+    let names: Vec<String> = value
+        .split(',')
+        .map(|name| name.trim().to_ascii_lowercase())
+        .collect();
+    if names.iter().any(|n| n == "ll128") {
+        Some("LL128")
+    } else if names.iter().any(|n| n == "ll") {
+        Some("LL")
+    } else {
+        None
+    }
+}
+
+/// Communicator sizes reported by this library's tuner (which NCCL initialises per
+/// communicator with its rank count), so rules can match on `comm_size`.
+fn comm_sizes() -> &'static Mutex<HashMap<u64, u32>> {
+    static SIZES: OnceLock<Mutex<HashMap<u64, u32>>> = OnceLock::new();
+    SIZES.get_or_init(Mutex::default)
+}
+
+/// Records the size of communicator `comm_id` (called by the tuner's init).
+pub fn record_comm_size(comm_id: u64, ranks: usize) {
+    if let (Ok(mut sizes), Ok(ranks)) = (comm_sizes().lock(), u32::try_from(ranks)) {
+        sizes.insert(comm_id, ranks);
+    }
+}
+
+/// The size of communicator `comm_id`, when the tuner reported it.
+pub fn comm_size(comm_id: u64) -> Option<u32> {
+    comm_sizes().lock().ok()?.get(&comm_id).copied()
+}
+
+/// Warns once, for NCCL with net API v8 to v10 (no per-communicator context, no
+/// `setNetAttr`), that rules matching on a collective will only ever see `Unknown`.
+pub fn note_legacy_api() {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    let Ok(core) = Core::global() else {
+        return;
+    };
+    if core.profile().matches_on_collective() {
+        WARNED.call_once(|| {
+            log::warn(
+                "this NCCL speaks net API v8 to v10, which does not say which collective is \
+                 posted: rules that match on `collective` see `Unknown` and will not match \
+                 (net API v11, NCCL 2.28 or newer, is needed)",
+            )
+        });
+    }
+}
+
+/// Open send and receive comms, and the statistics writer that runs while any is open.
+struct LiveComms {
+    open: usize,
+    writer: Option<PeriodicWriter>,
+}
+
+static LIVE: Mutex<LiveComms> = Mutex::new(LiveComms {
+    open: 0,
+    writer: None,
+});
+
+/// Counts a comm opening; starts the periodic statistics writer with the first one.
+fn comm_opened(stats_interval: Option<Duration>) {
+    let Ok(mut live) = LIVE.lock() else {
+        return;
+    };
+    live.open += 1;
+    if live.writer.is_some() || stats_dir().is_none() {
+        return;
+    }
+    if let Some(interval) = stats_interval {
+        match PeriodicWriter::start(interval, || {
+            if let Err(err) = write_stats() {
+                log::warn(&format!("statistics not written: {err}"));
+            }
+        }) {
+            Ok(writer) => live.writer = Some(writer),
+            Err(err) => log::warn(&format!("no periodic statistics writer: {err}")),
+        }
+    }
+}
+
+/// Counts a comm closing; the last one stops (joins) the periodic writer, because NCCL may
+/// unload the library next.
+fn comm_closed() {
+    let writer = match LIVE.lock() {
+        Ok(mut live) => {
+            live.open = live.open.saturating_sub(1);
+            if live.open == 0 {
+                live.writer.take()
+            } else {
+                None
+            }
+        }
+        Err(_) => None,
+    };
+    if let Some(writer) = writer {
+        writer.stop();
+    }
+}
+
+/// Stops the periodic writer whatever comms remain (NCCL's `finalize`).
+pub fn stop_periodic_writer() {
+    let writer = LIVE.lock().ok().and_then(|mut live| live.writer.take());
+    if let Some(writer) = writer {
+        writer.stop();
     }
 }
 
@@ -169,6 +368,11 @@ impl Context {
         self.op.load(Ordering::Relaxed)
     }
 
+    /// The collective NCCL last said it is posting, for rule matching.
+    pub fn collective(&self) -> Collective {
+        Collective::from_op_mask(self.op())
+    }
+
     /// Numbers this context's connections in the order they were opened, which NCCL keeps
     /// the same from run to run, so each gets its own reproducible loss stream.
     fn next_connection_index(&self) -> u32 {
@@ -185,7 +389,11 @@ pub struct ListenComm {
 impl ListenComm {
     /// Advances pending handshakes; `Ok(None)` until a peer has fully connected.
     pub fn accept(&mut self) -> Result<Option<RecvComm>> {
-        Ok(self.listener.poll_accept()?.map(|conn| RecvComm {
+        let Some(conn) = self.listener.poll_accept()? else {
+            return Ok(None);
+        };
+        comm_opened(Core::global().ok().and_then(|core| core.stats_interval));
+        Ok(Some(RecvComm {
             _ctx: Arc::clone(&self.ctx),
             conn,
         }))
@@ -196,6 +404,11 @@ impl ListenComm {
 pub struct Connecting {
     ctx: Arc<Context>,
     connector: Box<dyn Connector>,
+    loss: Option<ConnectionLoss>,
+    peer: Option<u32>,
+    local_rank: Option<u32>,
+    index: u32,
+    stats_interval: Option<Duration>,
 }
 
 impl Connecting {
@@ -204,14 +417,21 @@ impl Connecting {
         let Some(conn) = self.connector.poll()? else {
             return Ok(None);
         };
-        let index = self.ctx.next_connection_index();
-        let stats = Arc::new(ConnectionStats::new(self.ctx.comm_id, index));
+        let loss = self
+            .loss
+            .take()
+            .ok_or_else(|| Error::internal("connect polled again after it finished"))?;
+        let stats = Arc::new(ConnectionStats::new(self.ctx.comm_id, self.index));
         stats::registry().register(Arc::clone(&stats));
+        comm_opened(self.stats_interval);
         Ok(Some(SendComm {
             ctx: Arc::clone(&self.ctx),
             conn,
             stats,
-            sender: Mutex::new(SenderState::default()),
+            peer: self.peer,
+            local_rank: self.local_rank,
+            comm_size: comm_size(self.ctx.comm_id),
+            sender: Mutex::new(SenderState::new(loss)),
         }))
     }
 }
@@ -219,16 +439,23 @@ impl Connecting {
 /// Loss decisions of one sending connection. Guarded by a mutex that only NCCL's progress
 /// thread takes, so it is never contended.
 struct SenderState {
+    loss: ConnectionLoss,
     plan: LossPlan,
+    /// Length of the message `plan` was made for, while the transport had no free slot for
+    /// it: NCCL posts the same message again, and it must get the same plan rather than
+    /// advance the loss chain twice.
+    pending_len: Option<usize>,
     bursts: BurstTracker,
     /// When each request slot was posted, for the latency histogram.
     posted_at: [Option<(Instant, usize)>; MAX_REQUESTS],
 }
 
-impl Default for SenderState {
-    fn default() -> Self {
+impl SenderState {
+    fn new(loss: ConnectionLoss) -> Self {
         SenderState {
+            loss,
             plan: LossPlan::lossless(),
+            pending_len: None,
             bursts: BurstTracker::default(),
             posted_at: [None; MAX_REQUESTS],
         }
@@ -240,6 +467,9 @@ pub struct SendComm {
     ctx: Arc<Context>,
     conn: Box<dyn SendConn>,
     stats: Arc<ConnectionStats>,
+    peer: Option<u32>,
+    local_rank: Option<u32>,
+    comm_size: Option<u32>,
     sender: Mutex<SenderState>,
 }
 
@@ -252,14 +482,36 @@ impl SendComm {
 
     /// Queues `buf` for sending; `Ok(None)` asks NCCL to retry later.
     pub fn isend(&self, buf: HostBuf, tag: i32) -> Result<Option<RequestId>> {
-        let mut state = self.state()?;
+        let mut guard = self.state()?;
+        let state = &mut *guard;
         let op = stats::op_slot(self.ctx.op());
-        let phase = control::phase() as usize;
+        let phase = control::phase();
+        let step = control::step();
+        if state.pending_len != Some(buf.len()) {
+            if control::enabled() {
+                let matching = MatchContext {
+                    collective: self.ctx.collective(),
+                    traffic_class: self.ctx.traffic_class,
+                    comm_size: self.comm_size,
+                    direction: Direction::Send,
+                    peer: self.peer,
+                    local_rank: self.local_rank,
+                    phase,
+                    step,
+                };
+                state.loss.plan(&matching, buf.len(), &mut state.plan);
+            } else {
+                state.plan.lost.clear();
+            }
+        }
         let Some(id) = self.conn.isend(buf, tag, &state.plan)? else {
+            state.pending_len = Some(buf.len());
             return Ok(None);
         };
-        let SenderState { plan, bursts, .. } = &mut *state;
+        state.pending_len = None;
+        let plan = &state.plan;
         let packets = plan.packets_in(buf.len());
+        let lost_packets = plan.lost_packets();
         let retransmit_delay_ns = if plan.effect == Effect::Retransmit {
             plan.retransmit_timeout.as_nanos() as u64 * plan.loss_events()
         } else {
@@ -267,14 +519,15 @@ impl SendComm {
         };
         self.stats.record_message(&MessageRecord {
             op,
-            phase,
+            phase: phase as usize,
             bytes: buf.len() as u64,
             packets,
-            lost_packets: plan.lost_packets(),
+            lost_packets,
             loss_events: plan.loss_events(),
             retransmit_delay_ns,
         });
-        bursts.observe(op, packets, &plan.lost, |op, len| {
+        stats::record_step(step, packets, lost_packets);
+        state.bursts.observe(op, packets, &plan.lost, |op, len| {
             self.stats.record_burst(op, len)
         });
         if let Some(slot) = state.posted_at.get_mut(id as usize) {
@@ -304,6 +557,7 @@ impl Drop for SendComm {
                 .bursts
                 .finish(|op, len| self.stats.record_burst(op, len));
         }
+        comm_closed();
         // Each closed connection refreshes the file, so a run that ends without finalize
         // (NCCL v8-v10 have none) still leaves its statistics behind.
         if let Err(err) = write_stats() {
@@ -321,11 +575,15 @@ pub fn stats_file() -> StatsFile {
     StatsFile::new(profile, stats::registry().snapshot())
 }
 
+fn stats_dir() -> Option<std::ffi::OsString> {
+    std::env::var_os(STATS_DIR_ENV).filter(|dir| !dir.is_empty())
+}
+
 /// Writes the statistics file into `NCCL_LOSSY_STATS`; `Ok(None)` when it is not set.
 pub fn write_stats() -> Result<Option<PathBuf>> {
-    match std::env::var_os(STATS_DIR_ENV) {
-        Some(dir) if !dir.is_empty() => stats_file().write_to(std::path::Path::new(&dir)).map(Some),
-        _ => Ok(None),
+    match stats_dir() {
+        Some(dir) => stats_file().write_to(std::path::Path::new(&dir)).map(Some),
+        None => Ok(None),
     }
 }
 
@@ -354,9 +612,30 @@ impl RecvComm {
     }
 }
 
+impl Drop for RecvComm {
+    fn drop(&mut self) {
+        comm_closed();
+    }
+}
+
 /// True when the active profile has a data-corrupting effect, so LL/LL128 must be ruled out.
-/// Fails (loudly, at init) when the user also forces LL or LL128 through `NCCL_PROTO`.
 pub fn protocol_guard_needed() -> Result<bool> {
     let core = Core::global()?;
     Ok(core.corrupts_data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nccl_proto_values_that_force_an_ll_protocol() {
+        assert_eq!(forced_ll_protocol("LL"), Some("LL"));
+        assert_eq!(forced_ll_protocol("simple,ll128"), Some("LL128"));
+        assert_eq!(forced_ll_protocol(" LL , Simple"), Some("LL"));
+        assert_eq!(forced_ll_protocol("Simple"), None);
+        assert_eq!(forced_ll_protocol("^LL,LL128"), None);
+        assert_eq!(forced_ll_protocol("^LL128"), None);
+        assert_eq!(forced_ll_protocol(""), None);
+    }
 }

@@ -106,6 +106,13 @@ fn init_common(logger: ncclDebugLogger_t) -> Result<()> {
     Core::global().map(|_| ())
 }
 
+/// `init` of v8 to v10: one implicit context, and no word on which collective is posted.
+fn init_legacy(logger: ncclDebugLogger_t) -> Result<()> {
+    init_common(logger)?;
+    crate::plugin::note_legacy_api();
+    Ok(())
+}
+
 /// `init` of v11/v12: one context per communicator.
 fn init_context(
     ctx_out: *mut *mut c_void,
@@ -243,6 +250,9 @@ fn write_u64(bytes: &mut [u8; HANDLE_SIZE], at: usize, value: u64) {
 
 const MAGIC_AT: usize = HANDLE_WIRE_SIZE;
 const POINTER_AT: usize = HANDLE_WIRE_SIZE + 8;
+/// Where the listener writes its launcher rank + 1 (0: unknown), so the connecting side
+/// knows its peer for rules that match on `peer`. NCCL ships all 128 bytes to the peer.
+const PEER_RANK_AT: usize = HANDLE_SIZE - 8;
 
 fn listen(
     ctx: &Arc<Context>,
@@ -254,7 +264,13 @@ fn listen(
     // SAFETY: NCCL hands us its NCCL_NET_HANDLE_MAXSIZE-byte handle buffer.
     let bytes = unsafe { handle_bytes(handle)? };
     bytes.fill(0);
-    let comm = Core::global()?.listen(ctx, device_index(dev)?, wire_part(bytes))?;
+    let core = Core::global()?;
+    let comm = core.listen(ctx, device_index(dev)?, wire_part(bytes))?;
+    write_u64(
+        bytes,
+        PEER_RANK_AT,
+        core.rank().map_or(0, |rank| u64::from(rank) + 1),
+    );
     // SAFETY: valid out-pointer from NCCL (checked non-NULL).
     unsafe { *listen_comm = Box::into_raw(Box::new(comm)).cast() };
     Ok(())
@@ -274,7 +290,11 @@ fn connect(
     let pending: *mut Connecting = if read_u64(bytes, MAGIC_AT) == PENDING_CONNECT_MAGIC {
         read_u64(bytes, POINTER_AT) as usize as *mut Connecting
     } else {
-        let connecting = Core::global()?.connect(ctx, device_index(dev)?, wire_part(bytes))?;
+        let peer = u32::try_from(read_u64(bytes, PEER_RANK_AT))
+            .ok()
+            .and_then(|rank| rank.checked_sub(1));
+        let connecting =
+            Core::global()?.connect(ctx, device_index(dev)?, wire_part(bytes), peer)?;
         let raw = Box::into_raw(Box::new(connecting));
         write_u64(bytes, POINTER_AT, raw as usize as u64);
         write_u64(bytes, MAGIC_AT, PENDING_CONNECT_MAGIC);

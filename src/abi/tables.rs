@@ -201,14 +201,14 @@ extern "C" fn get_properties_v12(dev: c_int, props: *mut ncclNetProperties_v12_t
 // ---- v8 to v10: one implicit context -------------------------------------------------------
 
 extern "C" fn init_v8(logger: ncclDebugLogger_t) -> ncclResult_t {
-    guard("init", || super::init_common(logger))
+    guard("init", || super::init_legacy(logger))
 }
 
 extern "C" fn init_v10(
     logger: ncclDebugLogger_t,
     _profiler: ncclProfilerCallback_t,
 ) -> ncclResult_t {
-    guard("init", || super::init_common(logger))
+    guard("init", || super::init_legacy(logger))
 }
 
 extern "C" fn listen_implicit(

@@ -93,14 +93,17 @@ extern "C" fn init_v2(
 
 extern "C" fn init_v5(
     context: *mut *mut c_void,
-    _comm_id: u64,
+    comm_id: u64,
     n_ranks: usize,
     _n_nodes: usize,
     logger: ncclDebugLogger_t,
     _nvl: *mut super::ffi::ncclNvlDomainInfo_v5_t,
     _constants: *mut super::ffi::ncclTunerConstants_v5_t,
 ) -> ncclResult_t {
-    guard("tuner init", || tuner_init(context, n_ranks, logger))
+    guard("tuner init", || {
+        plugin::record_comm_size(comm_id, n_ranks);
+        tuner_init(context, n_ranks, logger)
+    })
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -1,13 +1,211 @@
-//! `lossy bench`.
+//! `lossy bench`: an nccl-tests-style all-reduce table for the plugin and, in the same run
+//! and the same worker processes, plain loopback TCP with as many streams, with the ratio.
 
 use std::process::ExitCode;
 
+use crate::harness::collectives::{Collective, DataType};
+use crate::harness::launch::{self, Launch};
+use crate::harness::plugin_client::default_library_path;
+use crate::harness::worker::{raw_streams_default, Job, LinkKind, RunSpec, WorkerReport};
+use crate::Result;
+
 /// Arguments of `lossy bench`.
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// Local ranks (processes).
+    #[arg(long, default_value_t = 2)]
+    pub ranks: usize,
+    /// Sizes: a comma-separated list (`64K,1M,64M`), `small` or `large`.
+    #[arg(long, default_value = "large")]
+    pub sizes: String,
+    /// Turn loss injection off (through the plugin's control API).
+    #[arg(long)]
+    pub lossless: bool,
+    /// Timed iterations per size (default: more for small sizes).
+    #[arg(long)]
+    pub iters: Option<usize>,
+    /// Untimed iterations per size.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+    /// Largest message (chunk) size.
+    #[arg(long, default_value = "512K")]
+    pub chunk: String,
+    /// Net plugin ABI version to drive (8 to 12).
+    #[arg(long, default_value_t = 12)]
+    pub net_version: u32,
+    /// Element type: f32 or u8.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+}
+
+/// Parses `4096`, `4K`, `1M`, `64MiB`, `1G` into bytes.
+pub fn parse_size(text: &str) -> std::result::Result<usize, String> {
+    let t = text.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (num, shift) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 30),
+        _ => (t, 0),
+    };
+    num.trim()
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(1usize << shift))
+        .ok_or_else(|| format!("bad size `{text}` (e.g. 4096, 64K, 1M, 1G)"))
+}
+
+/// Parses a size list or preset.
+pub fn parse_sizes(text: &str) -> std::result::Result<Vec<usize>, String> {
+    match text {
+        "small" => Ok(vec![4 << 10, 64 << 10, 1 << 20]),
+        "large" => Ok(vec![1 << 20, 4 << 20, 16 << 20, 64 << 20, 128 << 20]),
+        list => list.split(',').map(parse_size).collect(),
+    }
+}
+
+/// Parses an element type name.
+pub fn parse_dtype(text: &str) -> std::result::Result<DataType, String> {
+    match text {
+        "f32" | "float" | "float32" => Ok(DataType::F32),
+        "u8" | "uint8" | "bytes" => Ok(DataType::U8),
+        _ => Err(format!("unknown element type `{text}` (f32 or u8)")),
+    }
+}
+
+/// Human-readable bytes (`64 MiB`).
+pub fn fmt_bytes(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
+
+/// Slowest rank's time for result `index` (every rank runs the same list).
+pub fn slowest(reports: &[WorkerReport], index: usize) -> f64 {
+    reports
+        .iter()
+        .filter_map(|r| r.results.get(index))
+        .map(|r| r.seconds)
+        .fold(0.0, f64::max)
+}
 
 /// Runs `lossy bench`.
-pub fn run(_args: Args) -> ExitCode {
-    eprintln!("lossy bench: not built yet");
-    ExitCode::FAILURE
+pub fn run(args: Args) -> ExitCode {
+    match bench(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("lossy bench: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn bench(args: &Args) -> Result<()> {
+    let bad = crate::Error::invalid_argument;
+    let sizes = parse_sizes(&args.sizes).map_err(bad)?;
+    let chunk = parse_size(&args.chunk).map_err(bad)?;
+    let dtype = parse_dtype(&args.dtype).map_err(bad)?;
+    let runs: Vec<RunSpec> = sizes
+        .iter()
+        .map(|&bytes| RunSpec {
+            collective: Collective::AllReduce,
+            dtype,
+            bytes,
+            iters: args
+                .iters
+                .unwrap_or(if bytes >= 16 << 20 { 5 } else { 20 })
+                .max(1),
+            warmup: args.warmup,
+        })
+        .collect();
+    let mut job = Job::collectives(
+        default_library_path()?,
+        vec![LinkKind::Plugin, LinkKind::RawTcp],
+        runs,
+    );
+    job.chunk = chunk.max(dtype.size());
+    job.version = args.net_version;
+    job.lossless = args.lossless;
+    job.verify = true;
+    let streams = raw_streams_default();
+    job.raw_streams = streams;
+    let reports = launch::run(&Launch::new(args.ranks, job)?)?;
+    let n = args.ranks;
+    let factor = Collective::AllReduce.bus_factor(n);
+    println!(
+        "# all_reduce, {n} ranks, {dtype}, chunk {}, {streams} streams per connection, loss {}",
+        fmt_bytes(chunk),
+        if args.lossless { "off" } else { "as profiled" }
+    );
+    println!(
+        "# {:>10} {:>10} | {:>10} {:>8} {:>8} | {:>10} {:>8} {:>8} | {:>6} {:>5}",
+        "size",
+        "count",
+        "plugin us",
+        "algbw",
+        "busbw",
+        "raw us",
+        "algbw",
+        "busbw",
+        "ratio",
+        "check"
+    );
+    println!(
+        "# {:>10} {:>10} | {:>10} {:>8} {:>8} | {:>10} {:>8} {:>8} | {:>6} {:>5}",
+        "(B)", "(elems)", "", "(GB/s)", "(GB/s)", "", "(GB/s)", "(GB/s)", "", ""
+    );
+    let mut all_ok = true;
+    for (i, &bytes) in sizes.iter().enumerate() {
+        let bytes = bytes / dtype.size() * dtype.size();
+        let (plugin, raw) = (slowest(&reports, 2 * i), slowest(&reports, 2 * i + 1));
+        let ok = reports.iter().all(|r| {
+            r.results
+                .get(2 * i..2 * i + 2)
+                .is_some_and(|rs| rs.iter().all(|x| x.ok))
+        });
+        all_ok &= ok;
+        let algbw = |t: f64| if t > 0.0 { bytes as f64 / t / 1e9 } else { 0.0 };
+        println!(
+            "  {:>10} {:>10} | {:>10.1} {:>8.2} {:>8.2} | {:>10.1} {:>8.2} {:>8.2} | {:>5.0}% {:>5}",
+            bytes,
+            bytes / dtype.size(),
+            plugin * 1e6,
+            algbw(plugin),
+            algbw(plugin) * factor,
+            raw * 1e6,
+            algbw(raw),
+            algbw(raw) * factor,
+            if raw > 0.0 { 100.0 * raw / plugin.max(1e-12) } else { 0.0 },
+            if ok { "ok" } else { "WRONG" }
+        );
+    }
+    if all_ok {
+        Ok(())
+    } else {
+        Err(crate::Error::remote("some results were not bit-exact"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_units_and_presets() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert!(parse_size("lots").is_err());
+        assert_eq!(parse_sizes("small").map(|v| v.len()), Ok(3));
+        assert_eq!(parse_sizes("1K,2K"), Ok(vec![1024, 2048]));
+        assert_eq!(fmt_bytes(64 << 20), "64 MiB");
+        assert_eq!(fmt_bytes(1027), "1027 B");
+    }
 }

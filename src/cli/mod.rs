@@ -4,6 +4,7 @@ pub mod bench;
 pub mod demo;
 pub mod install;
 pub mod report;
+pub mod run;
 pub mod simulate;
 pub mod validate;
 pub mod worker;
@@ -37,6 +38,8 @@ pub enum Command {
     Bench(bench::Args),
     /// Sum the statistics of one or more runs into a table (and a plot).
     Report(report::Args),
+    /// Run a command (e.g. torchrun) with NCCL set up to use this plugin and a profile.
+    Run(run::Args),
     /// Install the plugin library under the file name NCCL looks for, and this command.
     Install(install::Args),
     /// One rank of the CPU harness (started by `demo`, `bench` and the tests).
@@ -53,6 +56,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Install(args) => install::run(args),
         Command::Report(args) => report::run(args),
+        Command::Run(args) => run::run(args),
         Command::Worker(args) => worker::run(args),
     }
 }

@@ -117,6 +117,14 @@ fn table(runs: &[RunSummary]) -> String {
                 fmt_opt(latency.map(|l| l[2]), 1),
             );
         }
+        if let Some(expected) = run.expected {
+            out += &format!(
+                "{:<20} model closed form: loss {:.4} %, mean burst {:.2}\n",
+                run.run,
+                expected.loss_rate * 100.0,
+                expected.mean_burst
+            );
+        }
     }
     out
 }
@@ -175,7 +183,12 @@ fn register_png_font() -> Result<(), String> {
 }
 
 fn plot(runs: &[RunSummary], path: &Path) -> Result<(), String> {
-    let size = (1200, 520);
+    let height = if runs.iter().any(|r| !r.by_step.is_empty()) {
+        900
+    } else {
+        520
+    };
+    let size = (1200, height);
     match path
         .extension()
         .and_then(|e| e.to_str())
@@ -197,14 +210,26 @@ fn draw<DB: DrawingBackend>(
 ) -> Result<(), String> {
     let err = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     root.fill(&WHITE).map_err(err)?;
-    let (left, right) = root.split_horizontally(620);
+    let has_steps = runs.iter().any(|r| !r.by_step.is_empty());
+    let (top, bottom) = if has_steps {
+        let (top, bottom) = root.split_vertically(520);
+        (top, Some(bottom))
+    } else {
+        (root.clone(), None)
+    };
+    let (left, right) = top.split_horizontally(620);
     draw_bursts(runs, &left).map_err(err)?;
     draw_loss_per_collective(runs, &right).map_err(err)?;
+    if let Some(bottom) = bottom {
+        draw_loss_per_step(runs, &bottom).map_err(err)?;
+    }
     root.present().map_err(err)
 }
 
-/// Empirical burst-length distribution per run, with the geometric law of the same mean
-/// (exact for uniform and simple Gilbert models) as a dashed line.
+/// Empirical burst-length distribution per run, against the closed form of the run's model:
+/// the geometric law with the model's mean burst length (exact for uniform and simple Gilbert
+/// models; for other models a geometric law of the same mean). Without the model's numbers in
+/// the files, the measured mean stands in and the legend says so.
 fn draw_bursts<DB: DrawingBackend>(
     runs: &[RunSummary],
     area: &DrawingArea<DB, Shift>,
@@ -243,7 +268,11 @@ fn draw_bursts<DB: DrawingBackend>(
             .draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?
             .label(format!("{} (measured)", run.run))
             .legend(move |(x, y)| Circle::new((x + 10, y), 4, color.filled()));
-        if let Some(mean) = run.total.mean_burst.filter(|m| *m >= 1.0) {
+        let (mean, source) = match run.expected {
+            Some(expected) if expected.mean_burst >= 1.0 => (Some(expected.mean_burst), "model"),
+            _ => (run.total.mean_burst, "measured mean"),
+        };
+        if let Some(mean) = mean.filter(|m| *m >= 1.0) {
             // Geometric law on 1, 2, ... with mean m: P(L = l) = (1/m) (1 - 1/m)^(l - 1).
             let q = 1.0 / mean;
             let line: Vec<(u64, f64)> = (1..=max_len)
@@ -252,7 +281,7 @@ fn draw_bursts<DB: DrawingBackend>(
                 .collect();
             chart
                 .draw_series(DashedLineSeries::new(line, 6, 4, color.stroke_width(2)))?
-                .label(format!("{} (geometric, mean {mean:.2})", run.run))
+                .label(format!("{} ({source}: geometric, mean {mean:.2})", run.run))
                 .legend(move |(x, y)| {
                     PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
                 });
@@ -324,6 +353,64 @@ fn draw_loss_per_collective<DB: DrawingBackend>(
             .draw_series(bars)?
             .label(run.run.clone())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+}
+
+/// Loss rate per training step, one line per run (steps come from the control API).
+fn draw_loss_per_step<DB: DrawingBackend>(
+    runs: &[RunSummary],
+    area: &DrawingArea<DB, Shift>,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let last = runs
+        .iter()
+        .flat_map(|r| r.by_step.iter().map(|s| s.step))
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let rate = |s: &crate::stats::StepCounts| {
+        if s.packets == 0 {
+            0.0
+        } else {
+            s.lost_packets as f64 / s.packets as f64 * 100.0
+        }
+    };
+    let top = runs
+        .iter()
+        .flat_map(|r| r.by_step.iter().map(rate))
+        .fold(0.0f64, f64::max)
+        .max(0.01)
+        * 1.2;
+    let mut chart = ChartBuilder::on(area)
+        .caption("Loss per training step", ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0u64..last + 1, 0f64..top)?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc("lost packets (%)")
+        .draw()?;
+    for (i, run) in runs.iter().enumerate() {
+        if run.by_step.is_empty() {
+            continue;
+        }
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(
+                run.by_step.iter().map(|s| (s.step, rate(s))),
+                color.stroke_width(2),
+            ))?
+            .label(run.run.clone())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
     }
     chart
         .configure_series_labels()

@@ -1,1 +1,15 @@
 //! A CPU harness that drives the built plugin library exactly as NCCL's proxy does.
+//!
+//! - [`plugin_client`]: `dlopen`, the versioned table, and a safe API over it (the only
+//!   `unsafe` in the harness);
+//! - [`bootstrap`]: a tiny TCP rendezvous that all-gathers connection handles and barriers;
+//! - [`net`]: ring links (to rank + 1, from rank - 1) over the plugin or over raw TCP;
+//! - [`collectives`]: ring all-reduce, all-gather and reduce-scatter, verified bit-exact;
+//! - [`launch`] and [`worker`]: N local processes, one rank each, reporting JSON.
+
+pub mod bootstrap;
+pub mod collectives;
+pub mod launch;
+pub mod net;
+pub mod plugin_client;
+pub mod worker;

@@ -5,6 +5,7 @@
 //! thread takes, once per message. Snapshots read everything into plain [`Snapshot`] values
 //! that serialise to the JSON files `lossy report` reads.
 
+pub mod periodic;
 pub mod report;
 pub mod writer;
 
@@ -348,6 +349,77 @@ pub fn registry() -> &'static Registry {
     REGISTRY.get_or_init(Registry::default)
 }
 
+/// Steps the per-step series keeps exactly; later steps are not broken down by step.
+pub const STEP_SLOTS: usize = 1 << 16;
+
+/// Packets and lost packets per training step, process-wide (steps set through the control
+/// API). Two atomics per step, allocated on the first message of a step above 0, so the data
+/// path neither locks nor allocates per message after that.
+pub struct StepSeries {
+    packets: Box<[AtomicU64]>,
+    lost: Box<[AtomicU64]>,
+}
+
+/// Packets and lost packets of one training step, summed over this process's connections.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepCounts {
+    /// The training step.
+    pub step: u64,
+    /// Packets sent during the step.
+    pub packets: u64,
+    /// Packets lost during the step.
+    pub lost_packets: u64,
+}
+
+impl StepSeries {
+    fn new() -> Self {
+        StepSeries {
+            packets: (0..STEP_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            lost: (0..STEP_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Adds a message's packets to `step` (steps past [`STEP_SLOTS`] are not kept per step).
+    pub fn record(&self, step: u64, packets: u64, lost: u64) {
+        if let Ok(i) = usize::try_from(step) {
+            if i < STEP_SLOTS {
+                self.packets[i].fetch_add(packets, Ordering::Relaxed);
+                self.lost[i].fetch_add(lost, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The steps that saw traffic, in order.
+    pub fn snapshot(&self) -> Vec<StepCounts> {
+        (0..STEP_SLOTS)
+            .filter_map(|i| {
+                let packets = self.packets[i].load(Ordering::Relaxed);
+                (packets > 0).then(|| StepCounts {
+                    step: i as u64,
+                    packets,
+                    lost_packets: self.lost[i].load(Ordering::Relaxed),
+                })
+            })
+            .collect()
+    }
+}
+
+static STEPS: std::sync::OnceLock<StepSeries> = std::sync::OnceLock::new();
+
+/// Counts a message towards training step `step`; step 0 (never set) is not broken down.
+pub fn record_step(step: u64, packets: u64, lost: u64) {
+    if step > 0 {
+        STEPS
+            .get_or_init(StepSeries::new)
+            .record(step, packets, lost);
+    }
+}
+
+/// Per-step packet counts of this process (empty when no step was ever set).
+pub fn step_snapshot() -> Vec<StepCounts> {
+    STEPS.get().map(StepSeries::snapshot).unwrap_or_default()
+}
+
 /// Joins lost-packet runs into bursts across message boundaries: a run that reaches the last
 /// packet of a message continues into a run that starts at packet 0 of the next message on the
 /// same connection, as it would on a wire.
@@ -415,6 +487,30 @@ mod tests {
         assert_eq!(op_name(op_slot(1 << 4)), "AllReduce");
         assert_eq!(op_name(op_slot(1 << 5)), "SendRecv");
         assert_eq!(op_name(op_slot(1 << 31)), "Unknown");
+    }
+
+    #[test]
+    fn step_series_keeps_steps_apart_and_drops_out_of_range() {
+        let series = StepSeries::new();
+        series.record(3, 10, 1);
+        series.record(3, 5, 0);
+        series.record(9, 4, 4);
+        series.record(STEP_SLOTS as u64, 100, 100);
+        assert_eq!(
+            series.snapshot(),
+            vec![
+                StepCounts {
+                    step: 3,
+                    packets: 15,
+                    lost_packets: 1
+                },
+                StepCounts {
+                    step: 9,
+                    packets: 4,
+                    lost_packets: 4
+                },
+            ]
+        );
     }
 
     #[test]

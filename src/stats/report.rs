@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::writer::StatsFile;
-use super::Counts;
+use super::{Counts, StepCounts};
 use crate::{Error, Result};
 
 /// One collective (or the whole run, as `op = "all"`) summed over every rank of a run.
@@ -40,6 +40,30 @@ pub struct RunSummary {
     pub total: OpSummary,
     /// Per collective, by name.
     pub by_op: Vec<OpSummary>,
+    /// Loss rate and mean burst length the profile's lossy model predicts (its closed form),
+    /// when the statistics files say.
+    pub expected: Option<ModelExpectation>,
+    /// Packets and losses per training step, summed over ranks (empty when no step was set).
+    pub by_step: Vec<StepCounts>,
+}
+
+/// What a loss model predicts in the long run.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct ModelExpectation {
+    /// Stationary loss rate.
+    pub loss_rate: f64,
+    /// Mean length of a burst of consecutive lost packets.
+    pub mean_burst: f64,
+}
+
+/// The closed-form expectation the plugin embedded in a profile (`expected`: the first model
+/// of the profile that loses packets).
+fn expectation(profile: &serde_json::Value) -> Option<ModelExpectation> {
+    let expected = profile.get("expected")?;
+    Some(ModelExpectation {
+        loss_rate: expected.get("loss_rate")?.as_f64()?,
+        mean_burst: expected.get("mean_burst")?.as_f64()?,
+    })
 }
 
 #[derive(Default)]
@@ -130,12 +154,26 @@ pub fn summarize_run(name: &str, files: &[StatsFile]) -> RunSummary {
             }
         }
     }
+    let mut by_step: BTreeMap<u64, StepCounts> = BTreeMap::new();
+    for file in files {
+        for step in &file.by_step {
+            let acc = by_step.entry(step.step).or_insert(StepCounts {
+                step: step.step,
+                ..StepCounts::default()
+            });
+            acc.packets += step.packets;
+            acc.lost_packets += step.lost_packets;
+        }
+    }
+    let profile = files
+        .first()
+        .map_or(serde_json::Value::Null, |f| f.profile.clone());
     RunSummary {
         run: name.to_string(),
         ranks: files.len(),
-        profile: files
-            .first()
-            .map_or(serde_json::Value::Null, |f| f.profile.clone()),
+        expected: expectation(&profile),
+        profile,
+        by_step: by_step.into_values().collect(),
         total: total.finish("all"),
         by_op: per_op
             .into_iter()
@@ -220,6 +258,54 @@ mod tests {
         let [p50, _, p99] = allreduce.latency_us.expect("latency");
         assert!((9.9..=10.1).contains(&p50), "{p50}");
         assert!((19.8..=20.2).contains(&p99), "{p99}");
+    }
+
+    #[test]
+    fn steps_sum_over_ranks_and_the_expectation_comes_from_the_profile() {
+        let mut a = rank_file(0, &[]);
+        a.by_step = vec![
+            StepCounts {
+                step: 1,
+                packets: 10,
+                lost_packets: 1,
+            },
+            StepCounts {
+                step: 2,
+                packets: 10,
+                lost_packets: 0,
+            },
+        ];
+        a.profile = serde_json::json!({"expected": {"loss_rate": 0.01, "mean_burst": 8.0}});
+        let mut b = rank_file(0, &[]);
+        b.by_step = vec![StepCounts {
+            step: 2,
+            packets: 5,
+            lost_packets: 5,
+        }];
+        let run = summarize_run("r", &[a, b]);
+        assert_eq!(
+            run.by_step,
+            vec![
+                StepCounts {
+                    step: 1,
+                    packets: 10,
+                    lost_packets: 1
+                },
+                StepCounts {
+                    step: 2,
+                    packets: 15,
+                    lost_packets: 5
+                },
+            ]
+        );
+        assert_eq!(
+            run.expected,
+            Some(ModelExpectation {
+                loss_rate: 0.01,
+                mean_burst: 8.0
+            })
+        );
+        assert_eq!(summarize_run("r", &[rank_file(0, &[])]).expected, None);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use super::{ConnectionSnapshot, Counts};
+use super::{ConnectionSnapshot, Counts, StepCounts};
 use crate::{Error, Result};
 
 /// Version of the statistics file layout.
@@ -36,6 +36,9 @@ pub struct StatsFile {
     pub total: Counts,
     /// Per-connection statistics.
     pub connections: Vec<ConnectionSnapshot>,
+    /// Packets and losses per training step (when the training script sets steps).
+    #[serde(default)]
+    pub by_step: Vec<StepCounts>,
 }
 
 impl StatsFile {
@@ -57,6 +60,7 @@ impl StatsFile {
             profile,
             total,
             connections,
+            by_step: super::step_snapshot(),
         }
     }
 

@@ -1,0 +1,60 @@
+"""Python helper for the nccl-net-lossy NCCL net plugin.
+
+- :func:`library_path`: the plugin library this package carries (``NCCL_LOSSY_LIBRARY`` wins);
+- :class:`LossyNetwork`: the environment that makes NCCL use the plugin (``.env()``, ``.apply()``);
+- :class:`LossyMegatronIntegration`: switches, phases and steps for a training run, with the
+  megatron-core compatibility patches of :mod:`nccl_lossy.megatron`;
+- :func:`stats` (live counters of this process) and :func:`read_stats` (a run's files).
+"""
+
+import logging
+
+from ._library import LibraryNotFoundError, library_path
+from .control import (
+    PHASE_ANY,
+    PHASE_BACKWARD,
+    PHASE_FORWARD,
+    ControlError,
+    set_enabled,
+    set_phase,
+    set_step,
+    stats,
+    write_stats,
+)
+from .integration import LossyMegatronIntegration
+from .megatron import (
+    apply_megatron_core_patch,
+    megatron_core_patch,
+    revert_megatron_core_patch,
+)
+from .network import LossyConfigError, LossyNetwork, NcclAlreadyInitializedError
+from .statsfile import load_stats_files, read_stats, rows_from_stats, summarize
+
+__version__ = "0.1.0"
+
+logging.getLogger("nccl_lossy").addHandler(logging.NullHandler())
+
+__all__ = [
+    "ControlError",
+    "LibraryNotFoundError",
+    "LossyConfigError",
+    "LossyMegatronIntegration",
+    "LossyNetwork",
+    "NcclAlreadyInitializedError",
+    "PHASE_ANY",
+    "PHASE_BACKWARD",
+    "PHASE_FORWARD",
+    "apply_megatron_core_patch",
+    "library_path",
+    "megatron_core_patch",
+    "read_stats",
+    "revert_megatron_core_patch",
+    "rows_from_stats",
+    "set_enabled",
+    "set_phase",
+    "set_step",
+    "stats",
+    "write_stats",
+    "load_stats_files",
+    "summarize",
+]

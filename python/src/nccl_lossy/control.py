@@ -1,0 +1,198 @@
+"""The plugin's run-time control API (``nccl_headers/nccl_lossy_control.h``) through ctypes.
+
+Every call goes to the copy of the library NCCL loaded in this process, so that switches set
+here are the ones NCCL's network threads read. The library is found, in order:
+
+1. already mapped into this process (``/proc/self/maps``): opened again with ``RTLD_NOLOAD``,
+   which hands back that very copy;
+2. the library ``NCCL_NET_PLUGIN`` names, resolved the way NCCL resolves it;
+3. :func:`nccl_lossy.library_path`.
+
+Loading it early (before NCCL) is harmless: when NCCL later opens the same file the dynamic
+loader returns the copy already loaded, with the switches already set.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import threading
+from typing import Any, Dict, Optional
+
+from ._library import (
+    LibraryNotFoundError,
+    library_path,
+    mapped_library_paths,
+    nccl_plugin_candidates,
+)
+
+log = logging.getLogger("nccl_lossy")
+
+#: Version of the control API this module speaks (``NCCL_LOSSY_CONTROL_VERSION``).
+CONTROL_VERSION = 1
+
+PHASE_ANY = 0
+PHASE_FORWARD = 1
+PHASE_BACKWARD = 2
+_PHASES = {"any": PHASE_ANY, "forward": PHASE_FORWARD, "backward": PHASE_BACKWARD}
+
+
+class ControlError(RuntimeError):
+    """A control call failed, or the library does not offer the control API."""
+
+
+def phase_code(phase: Any) -> int:
+    """The numeric code of a phase given as a name (``"forward"``), a code, or None (any)."""
+    if phase is None:
+        return PHASE_ANY
+    if isinstance(phase, str):
+        try:
+            return _PHASES[phase.lower()]
+        except KeyError:
+            raise ValueError(f"unknown phase {phase!r}; allowed: any, forward, backward") from None
+    return int(phase)
+
+
+class Control:
+    """ctypes bindings of the control functions of one loaded copy of the library."""
+
+    def __init__(self, lib: ctypes.CDLL, path: str, source: str):
+        self.lib = lib
+        self.path = path
+        #: How the library was found: ``mapped``, ``NCCL_NET_PLUGIN`` or ``package``.
+        self.source = source
+        lib.ncclLossyControlVersion.restype = ctypes.c_int
+        lib.ncclLossyControlVersion.argtypes = []
+        lib.ncclLossySetEnabled.restype = ctypes.c_int
+        lib.ncclLossySetEnabled.argtypes = [ctypes.c_int]
+        lib.ncclLossySetPhase.restype = ctypes.c_int
+        lib.ncclLossySetPhase.argtypes = [ctypes.c_int]
+        lib.ncclLossySetStep.restype = ctypes.c_int
+        lib.ncclLossySetStep.argtypes = [ctypes.c_uint64]
+        lib.ncclLossyStatsJson.restype = ctypes.c_int64
+        lib.ncclLossyStatsJson.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        lib.ncclLossyWriteStats.restype = ctypes.c_int
+        lib.ncclLossyWriteStats.argtypes = []
+        version = self.version()
+        if version != CONTROL_VERSION:
+            raise ControlError(
+                f"{path} speaks control API version {version}; this package speaks "
+                f"{CONTROL_VERSION}: install matching versions"
+            )
+
+    def version(self) -> int:
+        return int(self.lib.ncclLossyControlVersion())
+
+    def set_enabled(self, enabled: bool) -> None:
+        self._check("ncclLossySetEnabled", self.lib.ncclLossySetEnabled(1 if enabled else 0))
+
+    def set_phase(self, phase: Any) -> None:
+        code = phase_code(phase)
+        self._check("ncclLossySetPhase", self.lib.ncclLossySetPhase(code), f"phase {code}")
+
+    def set_step(self, step: int) -> None:
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        self._check("ncclLossySetStep", self.lib.ncclLossySetStep(int(step)))
+
+    def stats_json(self) -> str:
+        """This process's statistics document as JSON text."""
+        cap = 1 << 16
+        while True:
+            buf = ctypes.create_string_buffer(cap)
+            n = int(self.lib.ncclLossyStatsJson(buf, cap))
+            if n < 0:
+                raise ControlError("ncclLossyStatsJson failed (see the plugin's log on stderr)")
+            if n < cap:
+                return buf.raw[:n].decode("utf-8")
+            cap = n + 1  # the document grew past the buffer: retry with its full size
+
+    def stats(self) -> Dict[str, Any]:
+        """This process's statistics as a dict (the layout of a statistics file)."""
+        return json.loads(self.stats_json())
+
+    def write_stats(self) -> bool:
+        """Writes the statistics file into ``NCCL_LOSSY_STATS`` now.
+
+        Returns False when ``NCCL_LOSSY_STATS`` is not set in this process."""
+        rc = int(self.lib.ncclLossyWriteStats())
+        if rc == 1:
+            return False
+        self._check("ncclLossyWriteStats", rc)
+        return True
+
+    @staticmethod
+    def _check(name: str, rc: int, what: str = "") -> None:
+        if rc != 0:
+            detail = f" ({what})" if what else ""
+            raise ControlError(f"{name} returned {rc}{detail}")
+
+
+_lock = threading.Lock()
+_control: Optional[Control] = None
+
+
+def _open(path: str, mode: int) -> Optional[ctypes.CDLL]:
+    try:
+        lib = ctypes.CDLL(path, mode=mode)
+    except OSError:
+        return None
+    return lib if hasattr(lib, "ncclLossyControlVersion") else None
+
+
+def _locate() -> Control:
+    noload = getattr(os, "RTLD_NOLOAD", 4) | getattr(os, "RTLD_NOW", 2)
+    for path in mapped_library_paths():
+        lib = _open(path, noload)
+        if lib is not None:
+            return Control(lib, path, "mapped")
+    global_mode = getattr(os, "RTLD_NOW", 2) | getattr(os, "RTLD_GLOBAL", ctypes.RTLD_GLOBAL)
+    for name in nccl_plugin_candidates(os.environ.get("NCCL_NET_PLUGIN")):
+        lib = _open(name, global_mode)
+        if lib is not None:
+            return Control(lib, name, "NCCL_NET_PLUGIN")
+    try:
+        path = str(library_path())
+    except LibraryNotFoundError as err:
+        raise ControlError(f"cannot reach the plugin's control API: {err}") from err
+    lib = _open(path, global_mode)
+    if lib is None:
+        raise ControlError(f"{path} could not be loaded or has no control API")
+    return Control(lib, path, "package")
+
+
+def control() -> Control:
+    """The control bindings of the plugin library in this process (loaded on first use)."""
+    global _control
+    with _lock:
+        if _control is None:
+            _control = _locate()
+            log.debug("control API: %s (%s)", _control.path, _control.source)
+        return _control
+
+
+def set_enabled(enabled: bool) -> None:
+    """Turns loss injection on or off in this process."""
+    control().set_enabled(enabled)
+
+
+def set_phase(phase: Any) -> None:
+    """Sets the training phase profile rules match: ``"any"``, ``"forward"``, ``"backward"``."""
+    control().set_phase(phase)
+
+
+def set_step(step: int) -> None:
+    """Sets the training step that rules with a ``steps`` window match."""
+    control().set_step(step)
+
+
+def stats() -> Dict[str, Any]:
+    """Live statistics of this process, in the layout of a statistics file."""
+    return control().stats()
+
+
+def write_stats() -> bool:
+    """Writes this process's statistics file into ``NCCL_LOSSY_STATS`` now."""
+    return control().write_stats()

@@ -1,0 +1,328 @@
+"""Compatibility patches that make megatron-core run on plain PyTorch + NCCL.
+
+:func:`apply_megatron_core_patch` rebinds module-level names that megatron-core chose at import
+time, in every module that holds its own copy (a global replaced only where it was defined
+would leave the copies in other modules untouched):
+
+1. distributed functions: ``dist_all_gather_func`` / ``dist_reduce_scatter_func`` become
+   ``torch.distributed._all_gather_base`` / ``_reduce_scatter_base`` (or, on a torch without
+   those, their successors ``all_gather_into_tensor`` / ``reduce_scatter_tensor``);
+2. multi-tensor functions: megatron-core's local implementations from ``megatron.core.utils``
+   (``local_multi_tensor_applier``, ``local_multi_tensor_l2_norm``, ``local_multi_tensor_scale``)
+   instead of Transformer Engine's or apex's kernels, in ``optimizer.clip_grads``,
+   ``optimizer.optimizer`` and Megatron-FSDP's ``mixed_precision``;
+3. optimizer: ``Adam`` becomes ``torch.optim.AdamW`` (apex's and TE's ``FusedAdam`` default to
+   decoupled weight decay, so AdamW is the matching PyTorch class) in
+   ``optimizer.distrib_optimizer`` and ``optimizer`` (with ``SGD``), together with the flags
+   that tell those modules which optimizer family they run, so checkpoints stay consistent.
+
+Every name is checked before it is set: a name a megatron-core version lacks is skipped and
+logged at INFO with the reason, as is every patch applied. The patch is idempotent and
+:func:`revert_megatron_core_patch` restores the originals (a name that something else rebound
+after the patch, such as megatron-core's own fp32-accumulating reduce-scatter, is left alone,
+and the log says so). Without megatron-core or torch installed, nothing is patched and a
+warning says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+log = logging.getLogger("nccl_lossy.megatron")
+
+_APPLIED = "applied"
+_SKIPPED = "skipped"
+_ALREADY = "already applied"
+_REVERTED = "reverted"
+_LEFT = "left as is"
+
+
+@dataclass(frozen=True)
+class PatchResult:
+    """What happened to one (module, attribute) target."""
+
+    module: str
+    attribute: str
+    status: str  # "applied", "skipped", "already applied", "reverted", "left as is"
+    reason: str = ""
+
+    def __str__(self) -> str:
+        text = f"{self.module}.{self.attribute}: {self.status}"
+        return f"{text} ({self.reason})" if self.reason else text
+
+
+@dataclass
+class _Record:
+    module: Any
+    attribute: str
+    original: Any
+    replacement: Any
+
+
+# A target: module, attribute, the group it belongs to, and a function that returns
+# (replacement, note) or raises _Skip.
+@dataclass(frozen=True)
+class _Target:
+    module: str
+    attribute: str
+    group: str
+    replacement: Callable[[Any], Tuple[Any, str]]
+
+
+class _Skip(Exception):
+    pass
+
+
+_lock = threading.RLock()
+_records: Dict[Tuple[str, str], _Record] = {}
+
+# Modules that bind their own copy of each name (megatron-core 0.16.1's sources; the tests
+# scan the installed sources for bindings missing from this list).
+_ALL_GATHER_MODULES = (
+    "megatron.core.tensor_parallel.mappings",
+    "megatron.core.tensor_parallel.layers",
+    "megatron.core.tensor_parallel.utils",
+    "megatron.core.distributed.param_and_grad_buffer",
+    "megatron.core.timers",
+    "megatron.core.utils",
+    "megatron.core.transformer.multi_token_prediction",
+)
+_REDUCE_SCATTER_MODULES = (
+    "megatron.core.tensor_parallel.mappings",
+    "megatron.core.tensor_parallel.layers",
+    "megatron.core.distributed.param_and_grad_buffer",
+)
+
+
+def _torch_collective(base_name: str, successor: str) -> Callable[[Any], Tuple[Any, str]]:
+    def pick(current: Any) -> Tuple[Any, str]:
+        import torch.distributed as dist
+
+        collectives = {getattr(dist, n, None) for n in (base_name, successor)} - {None}
+        if current not in collectives:
+            raise _Skip(
+                f"bound to {_describe(current)}, not a torch.distributed collective "
+                "(megatron-core's own choice, e.g. its fp32-accumulating reduce-scatter)"
+            )
+        if hasattr(dist, base_name):
+            return getattr(dist, base_name), f"torch.distributed.{base_name}"
+        return (
+            getattr(dist, successor),
+            f"torch.distributed.{successor} (this torch has no {base_name}; "
+            f"{successor} is its documented successor)",
+        )
+
+    return pick
+
+
+def _local_multi_tensor(name: str) -> Callable[[Any], Tuple[Any, str]]:
+    def pick(current: Any) -> Tuple[Any, str]:
+        utils = importlib.import_module("megatron.core.utils")
+        if not hasattr(utils, name):
+            raise _Skip(f"megatron.core.utils has no {name} in this megatron-core version")
+        return getattr(utils, name), f"megatron.core.utils.{name}"
+
+    return pick
+
+
+def _constant(value: Any, text: Optional[str] = None) -> Callable[[Any], Tuple[Any, str]]:
+    return lambda current: (value, text or repr(value))
+
+
+def _torch_optim(name: str) -> Callable[[Any], Tuple[Any, str]]:
+    def pick(current: Any) -> Tuple[Any, str]:
+        import torch.optim
+
+        return getattr(torch.optim, name), f"torch.optim.{name}"
+
+    return pick
+
+
+def _targets() -> List[_Target]:
+    dist = "distributed functions"
+    mt = "multi-tensor functions"
+    opt = "optimizer"
+    targets = [
+        _Target(m, "dist_all_gather_func", dist, _torch_collective("_all_gather_base", "all_gather_into_tensor"))
+        for m in _ALL_GATHER_MODULES
+    ]
+    targets += [
+        _Target(m, "dist_reduce_scatter_func", dist, _torch_collective("_reduce_scatter_base", "reduce_scatter_tensor"))
+        for m in _REDUCE_SCATTER_MODULES
+    ]
+    clip = "megatron.core.optimizer.clip_grads"
+    optim = "megatron.core.optimizer.optimizer"
+    fsdp_mp = "megatron.core.distributed.fsdp.src.megatron_fsdp.mixed_precision"
+    targets += [
+        _Target(clip, "multi_tensor_applier", mt, _local_multi_tensor("local_multi_tensor_applier")),
+        _Target(clip, "l2_norm_impl", mt, _local_multi_tensor("local_multi_tensor_l2_norm")),
+        _Target(clip, "multi_tensor_scale_impl", mt, _local_multi_tensor("local_multi_tensor_scale")),
+        # megatron-core 0.17+: a non-None value sends clipping down Transformer Engine's path.
+        _Target(clip, "multi_tensor_scale_tensor_impl", mt, _constant(None)),
+        _Target(optim, "multi_tensor_applier", mt, _local_multi_tensor("local_multi_tensor_applier")),
+        _Target(optim, "multi_tensor_scale_impl", mt, _local_multi_tensor("local_multi_tensor_scale")),
+        # Megatron-FSDP's FP8 fallback (these names exist only when TE lacks its FP8 cast).
+        _Target(fsdp_mp, "multi_tensor_applier", mt, _local_multi_tensor("local_multi_tensor_applier")),
+        _Target(fsdp_mp, "multi_tensor_scale_impl", mt, _local_multi_tensor("local_multi_tensor_scale")),
+    ]
+    dopt = "megatron.core.optimizer.distrib_optimizer"
+    oinit = "megatron.core.optimizer"
+    targets += [
+        _Target(dopt, "Adam", opt, _torch_optim("AdamW")),
+        _Target(dopt, "HAVE_APEX_OR_TE", opt, _constant(False)),
+        _Target(dopt, "USING_TE_OPTIMIZER", opt, _constant(False)),
+        _Target(dopt, "USING_APEX_OPTIMIZER", opt, _constant(False)),
+        _Target(oinit, "Adam", opt, _torch_optim("AdamW")),
+        _Target(oinit, "SGD", opt, _torch_optim("SGD")),
+        _Target(oinit, "USING_PYTORCH_OPTIMIZER", opt, _constant(True)),
+    ]
+    return targets
+
+
+def patch_targets() -> List[Tuple[str, str]]:
+    """Every (module, attribute) the patch may replace."""
+    return [(t.module, t.attribute) for t in _targets()]
+
+
+def _describe(value: Any) -> str:
+    module = getattr(value, "__module__", None)
+    name = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
+    if module and name:
+        return f"{module}.{name}"
+    return repr(value)
+
+
+def _megatron_missing_reason() -> Optional[str]:
+    try:
+        importlib.import_module("torch")
+    except ImportError as err:
+        return f"torch is not installed ({err})"
+    try:
+        importlib.import_module("megatron.core")
+    except ImportError as err:
+        return f"megatron-core is not installed ({err})"
+    return None
+
+
+def _import(name: str, failures: Dict[str, str]) -> Optional[Any]:
+    if name in failures:
+        return None
+    try:
+        return importlib.import_module(name)
+    except Exception as err:  # any import-time failure of one module skips only its targets
+        failures[name] = f"{type(err).__name__}: {err}"
+        return None
+
+
+def apply_megatron_core_patch() -> List[PatchResult]:
+    """Applies the patches; returns what happened to each target (also logged at INFO).
+
+    Safe to call again (targets already patched are reported as such) and safe without
+    megatron-core installed (returns an empty list after a warning)."""
+    with _lock:
+        missing = _megatron_missing_reason()
+        if missing:
+            log.warning(
+                "megatron-core compatibility patch not applied: %s. Nothing to patch; install "
+                "megatron-core (and torch) in this environment to use it.",
+                missing,
+            )
+            return []
+        results: List[PatchResult] = []
+        failures: Dict[str, str] = {}
+        for target in _targets():
+            results.append(_apply_one(target, failures))
+        applied = sum(r.status == _APPLIED for r in results)
+        log.info(
+            "megatron-core patch: %d applied, %d already applied, %d skipped",
+            applied,
+            sum(r.status == _ALREADY for r in results),
+            sum(r.status == _SKIPPED for r in results),
+        )
+        return results
+
+
+def _apply_one(target: _Target, failures: Dict[str, str]) -> PatchResult:
+    key = (target.module, target.attribute)
+
+    def result(status: str, reason: str = "") -> PatchResult:
+        res = PatchResult(target.module, target.attribute, status, reason)
+        log.info("megatron-core patch [%s] %s", target.group, res)
+        return res
+
+    module = _import(target.module, failures)
+    if module is None:
+        return result(_SKIPPED, f"module cannot be imported: {failures[target.module]}")
+    if not hasattr(module, target.attribute):
+        return result(_SKIPPED, "this megatron-core version has no such attribute")
+    current = getattr(module, target.attribute)
+    record = _records.get(key)
+    if record is not None and current is record.replacement:
+        return result(_ALREADY, f"bound to {_describe(current)}")
+    try:
+        replacement, text = target.replacement(current)
+    except _Skip as skip:
+        return result(_SKIPPED, str(skip))
+    except Exception as err:
+        return result(_SKIPPED, f"no replacement available: {type(err).__name__}: {err}")
+    setattr(module, target.attribute, replacement)
+    # A target re-patched after something else rebound it keeps its first original.
+    original = record.original if record is not None else current
+    _records[key] = _Record(module, target.attribute, original, replacement)
+    if current is replacement:
+        return result(_APPLIED, f"{text} (already bound to it)")
+    return result(_APPLIED, f"{_describe(current)} -> {text}")
+
+
+def revert_megatron_core_patch() -> List[PatchResult]:
+    """Restores every name the patch replaced; returns what happened to each."""
+    with _lock:
+        results = []
+        for (module_name, attribute), record in reversed(list(_records.items())):
+            current = getattr(record.module, attribute, None)
+            if current is record.replacement:
+                setattr(record.module, attribute, record.original)
+                res = PatchResult(module_name, attribute, _REVERTED, f"back to {_describe(record.original)}")
+            else:
+                res = PatchResult(
+                    module_name,
+                    attribute,
+                    _LEFT,
+                    f"rebound to {_describe(current)} after the patch; not overwriting it",
+                )
+            log.info("megatron-core patch %s", res)
+            results.append(res)
+        _records.clear()
+        if not results:
+            log.info("megatron-core patch: nothing to revert")
+        return results
+
+
+def is_patched() -> bool:
+    """True while patches applied by this module are in place."""
+    with _lock:
+        return bool(_records)
+
+
+def applied_patches() -> Dict[Tuple[str, str], Tuple[Any, Any]]:
+    """(module, attribute) -> (original, replacement) for every patch in place."""
+    with _lock:
+        return {k: (r.original, r.replacement) for k, r in _records.items()}
+
+
+@contextlib.contextmanager
+def megatron_core_patch() -> Iterator[List[PatchResult]]:
+    """Applies the patches for the duration of a ``with`` block, then reverts them (unless they
+    were already applied when the block started)."""
+    already = is_patched()
+    results = apply_megatron_core_patch()
+    try:
+        yield results
+    finally:
+        if not already:  # a patch applied before the block outlives it
+            revert_megatron_core_patch()

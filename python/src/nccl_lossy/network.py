@@ -1,0 +1,246 @@
+"""The environment that makes NCCL use the lossy plugin: :class:`LossyNetwork`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
+
+from ._library import library_path, mapped_library_paths
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python < 3.11 only
+    import tomli as tomllib
+
+log = logging.getLogger("nccl_lossy")
+
+#: Effects that change the data a receiver gets; NCCL's LL/LL128 would hang on them.
+CORRUPTING_EFFECTS = frozenset({"zero", "stale", "bitflip"})
+#: The effect of the embedded default profile (used when no profile is given).
+DEFAULT_PROFILE_EFFECT = "retransmit"
+#: The loss engine's effect when a profile names none (``Effect::default()`` in ``src/loss``).
+ENGINE_DEFAULT_EFFECT = "zero"
+
+#: Variables :meth:`LossyNetwork.apply` owns: set from the object, or removed when it has none.
+OWNED_VARIABLES = ("NCCL_LOSSY_PROFILE", "NCCL_LOSSY_SET", "NCCL_LOSSY_STATS")
+
+_PROTOCOLS = ("LL", "LL128", "SIMPLE")
+
+SetLike = Union[None, str, Mapping[str, Any], Iterable[Tuple[str, Any]]]
+
+
+class LossyConfigError(ValueError):
+    """The profile, the overrides or the surrounding environment do not fit together."""
+
+
+class NcclAlreadyInitializedError(RuntimeError):
+    """:meth:`LossyNetwork.apply` was called after NCCL started in this process."""
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def format_overrides(overrides: SetLike) -> str:
+    """``NCCL_LOSSY_SET`` text for overrides given as a dict, pairs, or ready-made text."""
+    if overrides is None:
+        return ""
+    if isinstance(overrides, str):
+        return overrides.strip().strip(";")
+    items = overrides.items() if isinstance(overrides, Mapping) else overrides
+    parts = []
+    for key, value in items:
+        key = str(key).strip()
+        text = _format_value(value)
+        if not key or any(c in key for c in ";= ") or ";" in text:
+            raise LossyConfigError(f"override {key!r}={text!r}: keys are dotted names, values hold no ';'")
+        parts.append(f"{key}={text}")
+    return ";".join(parts)
+
+
+def parse_overrides(text: str) -> List[Tuple[str, str]]:
+    """Splits ``NCCL_LOSSY_SET`` text into (key, value) pairs."""
+    pairs = []
+    for item in text.split(";"):
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise LossyConfigError(f"override {item!r} has no '=' (expected dotted.key=value)")
+        pairs.append((key.strip(), value.strip().strip("'\"")))
+    return pairs
+
+
+def _collect_effects(node: Any, found: List[str]) -> None:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "effect" and isinstance(value, str):
+                found.append(value.lower())
+            else:
+                _collect_effects(value, found)
+    elif isinstance(node, list):
+        for item in node:
+            _collect_effects(item, found)
+
+
+def profile_effects(profile: Optional[Union[str, Path]], overrides: SetLike = None) -> Set[str]:
+    """Every effect a profile (plus overrides) can apply to a message.
+
+    No profile means the embedded default (``retransmit``). A profile that names no default
+    effect (top level or ``[defaults]``) gets the engine's default, ``zero``.
+    """
+    effects: List[str] = []
+    if profile is None:
+        default: Optional[str] = DEFAULT_PROFILE_EFFECT
+    else:
+        path = Path(profile)
+        try:
+            with open(path, "rb") as fh:
+                doc = tomllib.load(fh)
+        except OSError as err:
+            raise LossyConfigError(f"cannot read profile {path}: {err}") from err
+        except tomllib.TOMLDecodeError as err:
+            raise LossyConfigError(f"profile {path} is not valid TOML: {err}") from err
+        defaults = doc.get("defaults") if isinstance(doc.get("defaults"), dict) else {}
+        default = doc.get("effect", defaults.get("effect"))
+        default = default.lower() if isinstance(default, str) else None
+        # The default effect is tracked on its own (overrides may replace it); every other
+        # `effect` key (rules, ...) is collected as it stands.
+        rest = {k: v for k, v in doc.items() if k not in ("effect", "defaults")}
+        rest_defaults = {k: v for k, v in defaults.items() if k != "effect"}
+        _collect_effects([rest, rest_defaults], effects)
+    text = format_overrides(overrides)
+    for key, value in parse_overrides(text) if text else []:
+        parts = key.split(".")
+        if parts[-1] != "effect":
+            continue
+        if parts in (["effect"], ["defaults", "effect"]):
+            default = value.lower()
+        else:
+            effects.append(value.lower())
+    effects.append(default if default is not None else ENGINE_DEFAULT_EFFECT)
+    return set(effects)
+
+
+def protocol_guard_needed(profile: Optional[Union[str, Path]], overrides: SetLike = None) -> bool:
+    """True when the profile (plus overrides) can corrupt data, so NCCL must use Simple only."""
+    return bool(profile_effects(profile, overrides) & CORRUPTING_EFFECTS)
+
+
+def allowed_protocols(nccl_proto: str) -> Set[str]:
+    """Protocols an ``NCCL_PROTO`` value lets NCCL use (``^`` excludes the listed ones)."""
+    text = nccl_proto.strip()
+    exclude = text.startswith("^")
+    names = {p.strip().upper() for p in text.lstrip("^").split(",") if p.strip()}
+    return set(_PROTOCOLS) - names if exclude else names & set(_PROTOCOLS)
+
+
+class LossyNetwork:
+    """The environment a launcher needs to run NCCL through the lossy plugin.
+
+    ``profile``: path of a TOML profile (None: the plugin's embedded default);
+    ``set``: overrides, as ``{"model.rate": 0.01, "seed": 7}`` or ``"model.rate=0.01;seed=7"``;
+    ``stats_dir``: directory for the per-rank statistics files (None: none written).
+    """
+
+    def __init__(
+        self,
+        profile: Optional[Union[str, Path]] = None,
+        set: SetLike = None,  # noqa: A002 - mirrors NCCL_LOSSY_SET
+        stats_dir: Optional[Union[str, Path]] = None,
+        library: Optional[Union[str, Path]] = None,
+    ):
+        self.profile = Path(profile).expanduser().resolve() if profile is not None else None
+        self.overrides = format_overrides(set)
+        self.stats_dir = Path(stats_dir).expanduser().resolve() if stats_dir is not None else None
+        self.library = Path(library).expanduser().resolve() if library is not None else None
+        if self.profile is not None and not self.profile.is_file():
+            raise LossyConfigError(f"profile {self.profile} does not exist")
+
+    def __repr__(self) -> str:
+        return (
+            f"LossyNetwork(profile={self.profile!s}, set={self.overrides!r}, "
+            f"stats_dir={self.stats_dir!s})"
+        )
+
+    @property
+    def corrupts_data(self) -> bool:
+        """True when the profile can corrupt data (the protocol guard applies)."""
+        return protocol_guard_needed(self.profile, self.overrides)
+
+    def env(self, base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+        """Variables to add to a launcher's environment (``base``: the environment they join,
+        ``os.environ`` by default, consulted only for a user's own ``NCCL_PROTO``)."""
+        base = os.environ if base is None else base
+        lib = self.library or library_path()
+        env = {"NCCL_NET_PLUGIN": str(lib), "NCCL_NET": "lossy"}
+        if self.profile is not None:
+            env["NCCL_LOSSY_PROFILE"] = str(self.profile)
+        if self.overrides:
+            env["NCCL_LOSSY_SET"] = self.overrides
+        if self.stats_dir is not None:
+            env["NCCL_LOSSY_STATS"] = str(self.stats_dir)
+        if self.corrupts_data:
+            user_proto = base.get("NCCL_PROTO")
+            if user_proto is None or not user_proto.strip():
+                env["NCCL_PROTO"] = "Simple"
+            else:
+                risky = allowed_protocols(user_proto) & {"LL", "LL128"}
+                if risky:
+                    raise LossyConfigError(
+                        f"the profile corrupts data (effects {sorted(self._corrupting())}), which "
+                        f"hangs NCCL's {'/'.join(sorted(risky))} protocol, but NCCL_PROTO="
+                        f"{user_proto} allows it: unset NCCL_PROTO or set it to Simple"
+                    )
+        return env
+
+    def _corrupting(self) -> Set[str]:
+        return profile_effects(self.profile, self.overrides) & CORRUPTING_EFFECTS
+
+    def apply(self) -> Dict[str, str]:
+        """Puts :meth:`env` into ``os.environ`` (call before ``torch.distributed`` starts NCCL).
+
+        Removes inherited ``NCCL_LOSSY_PROFILE/SET/STATS`` this object does not set. Refuses
+        with :class:`NcclAlreadyInitializedError` when NCCL is already running here."""
+        reason = nccl_started_reason()
+        if reason:
+            raise NcclAlreadyInitializedError(
+                f"cannot switch NCCL to the lossy plugin: {reason}. NCCL reads its plugin "
+                "settings once; call LossyNetwork.apply() before torch.distributed."
+                "init_process_group, or pass LossyNetwork.env() to the launcher (torchrun)."
+            )
+        env = self.env()
+        for name in OWNED_VARIABLES:
+            if name not in env and name in os.environ:
+                log.info("unsetting inherited %s=%s", name, os.environ[name])
+                del os.environ[name]
+        os.environ.update(env)
+        log.info("lossy network environment: %s", " ".join(f"{k}={v}" for k, v in env.items()))
+        return env
+
+
+def nccl_started_reason() -> Optional[str]:
+    """Why NCCL counts as started in this process, or None when it has not started."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None:
+        try:
+            if dist.is_available() and dist.is_initialized():
+                backend = str(dist.get_backend()).lower()
+                if "nccl" in backend:
+                    return f"torch.distributed is initialised with the {backend} backend"
+        except Exception as err:  # a half-initialised torch: say what we saw, don't guess
+            log.debug("could not query torch.distributed: %s", err)
+    from . import control as _control_module
+
+    ours = _control_module._control
+    for path in mapped_library_paths():
+        if ours is not None and ours.source != "mapped":
+            continue  # we loaded it ourselves for the control API; NCCL has not
+        return f"the plugin library {path} is already loaded in this process"
+    return None

@@ -1,0 +1,160 @@
+import os
+import textwrap
+
+import pytest
+
+import nccl_lossy
+from nccl_lossy import LossyConfigError, LossyNetwork
+from nccl_lossy.network import allowed_protocols, profile_effects
+from conftest import clean_env, run_harness, run_python
+
+
+def profile(tmp_path, text, name="p.toml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_env_contents(tmp_path, lib_path):
+    prof = profile(tmp_path, 'seed = 3\neffect = "retransmit"\n[model]\nkind = "uniform"\nrate = 0.01\n')
+    net = LossyNetwork(profile=prof, set={"model.rate": 0.05, "seed": 7, "x.flag": True}, stats_dir=tmp_path / "run")
+    env = net.env(base={})
+    assert env == {
+        "NCCL_NET_PLUGIN": str(lib_path),
+        "NCCL_NET": "lossy",
+        "NCCL_LOSSY_PROFILE": str(prof.resolve()),
+        "NCCL_LOSSY_SET": "model.rate=0.05;seed=7;x.flag=true",
+        "NCCL_LOSSY_STATS": str((tmp_path / "run").resolve()),
+    }
+    assert os.path.isabs(env["NCCL_NET_PLUGIN"]) and os.path.isfile(env["NCCL_NET_PLUGIN"])
+
+
+def test_default_profile_needs_no_guard():
+    assert LossyNetwork().env(base={}) == {
+        "NCCL_NET_PLUGIN": str(nccl_lossy.library_path()),
+        "NCCL_NET": "lossy",
+    }
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[defaults]\neffect = "zero"\n',
+        'effect = "retransmit"\n[[rules]]\nop = "AllReduce"\neffect = "stale"\n',
+        '[defaults]\neffect = "retransmit"\n[[rules]]\nphase = "backward"\neffect = "bitflip"\n',
+        "seed = 1\n",  # no effect named: the engine's default (zero) applies
+    ],
+)
+def test_corrupting_profiles_force_simple(tmp_path, text):
+    env = LossyNetwork(profile=profile(tmp_path, text)).env(base={})
+    assert env["NCCL_PROTO"] == "Simple"
+
+
+def test_overrides_decide_the_guard_too(tmp_path):
+    assert LossyNetwork(set="effect=bitflip").env(base={})["NCCL_PROTO"] == "Simple"
+    zero = profile(tmp_path, '[defaults]\neffect = "zero"\n')
+    assert "NCCL_PROTO" not in LossyNetwork(zero, set={"defaults.effect": "retransmit"}).env(base={})
+    assert profile_effects(zero, "defaults.effect=retransmit;rules.0.effect=stale") == {"retransmit", "stale"}
+
+
+def test_user_nccl_proto_is_respected_or_refused(tmp_path):
+    net = LossyNetwork(profile=profile(tmp_path, '[defaults]\neffect = "zero"\n'))
+    assert "NCCL_PROTO" not in net.env(base={"NCCL_PROTO": "Simple"})
+    assert "NCCL_PROTO" not in net.env(base={"NCCL_PROTO": "^LL,LL128"})
+    with pytest.raises(LossyConfigError, match="NCCL_PROTO=LL128,Simple allows it"):
+        net.env(base={"NCCL_PROTO": "LL128,Simple"})
+    assert allowed_protocols("^LL") == {"LL128", "SIMPLE"}
+
+
+def test_bad_profiles_are_reported_with_their_path(tmp_path):
+    with pytest.raises(LossyConfigError, match="does not exist"):
+        LossyNetwork(profile=tmp_path / "nope.toml")
+    broken = profile(tmp_path, "effect = \n", "broken.toml")
+    with pytest.raises(LossyConfigError, match="broken.toml is not valid TOML"):
+        LossyNetwork(profile=broken).env(base={})
+    with pytest.raises(LossyConfigError):
+        LossyNetwork(set={"a;b": 1})
+
+
+def test_apply_sets_os_environ_and_drops_stale_variables(tmp_path):
+    code = (
+        "import logging, os, nccl_lossy\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "env = nccl_lossy.LossyNetwork(set={'seed': 9}).apply()\n"
+        "assert os.environ['NCCL_LOSSY_SET'] == 'seed=9'\n"
+        "assert 'NCCL_LOSSY_PROFILE' not in os.environ\n"
+        "assert all(os.environ[k] == v for k, v in env.items())\n"
+        "print('ok')\n"
+    )
+    proc = run_python(code, env=clean_env(NCCL_LOSSY_PROFILE=tmp_path / "old.toml"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+    assert "unsetting inherited NCCL_LOSSY_PROFILE" in proc.stderr
+    assert "lossy network environment: NCCL_NET_PLUGIN=" in proc.stderr
+
+
+def test_apply_refuses_once_the_plugin_is_loaded(lib_path):
+    code = (
+        "import ctypes, sys, nccl_lossy\n"
+        "ctypes.CDLL(sys.argv[1])  # what NCCL does when it initialises\n"
+        "try:\n"
+        "    nccl_lossy.LossyNetwork().apply()\n"
+        "except nccl_lossy.NcclAlreadyInitializedError as err:\n"
+        "    print(err)\n"
+    )
+    proc = run_python(code, args=(str(lib_path),))
+    assert proc.returncode == 0, proc.stderr
+    assert "already loaded in this process" in proc.stdout
+    assert "before torch.distributed.init_process_group" in proc.stdout
+
+
+def test_apply_refuses_after_torch_distributed_started_nccl(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch cannot create an NCCL process group without a CUDA device")
+    code = (
+        "import torch.distributed as dist, nccl_lossy\n"
+        "dist.init_process_group('cpu:gloo,cuda:nccl', init_method='file://' + __import__('sys').argv[1], rank=0, world_size=1)\n"
+        "try:\n"
+        "    nccl_lossy.LossyNetwork().apply()\n"
+        "except nccl_lossy.NcclAlreadyInitializedError as err:\n"
+        "    print(err)\n"
+        "dist.destroy_process_group()\n"
+    )
+    proc = run_python(code, args=(str(tmp_path / "store"),))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "torch.distributed is initialised with the cpu:gloo,cuda:nccl backend" in proc.stdout
+
+
+def test_apply_is_allowed_with_a_gloo_only_group(tmp_path):
+    pytest.importorskip("torch")
+    code = (
+        "import os, torch.distributed as dist, nccl_lossy\n"
+        "dist.init_process_group('gloo', init_method='file://' + __import__('sys').argv[1], rank=0, world_size=1)\n"
+        "nccl_lossy.LossyNetwork().apply()\n"
+        "print(os.environ['NCCL_NET'])\n"
+        "dist.destroy_process_group()\n"
+    )
+    proc = run_python(code, args=(str(tmp_path / "store"),))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "lossy"
+
+
+def test_env_makes_the_harness_load_our_plugin_and_stats_are_readable(tmp_path):
+    stats_dir = tmp_path / "run"
+    net = LossyNetwork(set={"seed": 7}, stats_dir=stats_dir)
+    out = run_harness(clean_env(RANK=1, **net.env(base={})), nbytes=256 * 1024)
+    assert out["loaded"] == str(nccl_lossy.library_path())
+    assert out["plugin_name"] == "lossy" and out["devices"] >= 1
+    assert out["intact"] == [True, True, True]  # the default profile never corrupts data
+    rows = nccl_lossy.read_stats(stats_dir)
+    files = {r["file"] for r in rows}
+    assert len(files) == 1 and "lossy-stats-rank1-" in files.pop()
+    assert {r["phase"]: (r["messages"], r["bytes"]) for r in rows} == {
+        "forward": (1, 256 * 1024),
+        "backward": (1, 256 * 1024),
+        "any": (1, 256 * 1024),
+    }
+    assert all(r["rank"] == 1 and r["connection"] == 0 and r["packets"] > 0 for r in rows)
+    total = nccl_lossy.summarize(rows, by=("rank",))
+    assert total[0]["messages"] == 3 and total[0]["bytes"] == 3 * 256 * 1024

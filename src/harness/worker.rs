@@ -1,0 +1,559 @@
+//! What one rank does: a [`Job`] in, a [`WorkerReport`] out. `lossy worker` runs this in its
+//! own process; tests may run it in theirs.
+
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::bootstrap::Bootstrap;
+use super::collectives::{
+    self, output_len, Collective, CollectiveSpec, DataType, Staging, DEFAULT_CHUNK,
+};
+use super::net::{PluginLink, RawTcpLink, RingLink, MAX_IN_FLIGHT};
+use super::plugin_client::{
+    establish, op, PluginClient, PluginLibrary, Posted, RecvItem, HANDLE_BYTES,
+};
+use crate::{Error, Result};
+
+/// Which ring channel a run goes through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LinkKind {
+    /// The plugin library.
+    Plugin,
+    /// Plain TCP over loopback, the baseline.
+    RawTcp,
+}
+
+/// One collective at one size, repeated.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunSpec {
+    /// Which collective.
+    pub collective: Collective,
+    /// Element type.
+    pub dtype: DataType,
+    /// Bytes of the full buffer (rounded down to whole elements).
+    pub bytes: usize,
+    /// Timed repetitions.
+    pub iters: usize,
+    /// Untimed repetitions first.
+    pub warmup: usize,
+}
+
+/// What a worker does.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Task {
+    /// Ring collectives, every run on every link kind listed.
+    Collectives {
+        /// Link kinds, each set up once and used for every run.
+        links: Vec<LinkKind>,
+        /// The runs, in order.
+        runs: Vec<RunSpec>,
+    },
+    /// Grouped receives: each rank sends `count` tagged messages to the next rank in reverse
+    /// tag order and receives them from the previous one with one `irecv` of `count` buffers.
+    Grouped {
+        /// Messages per group (at most 8).
+        count: usize,
+        /// Groups exchanged.
+        rounds: usize,
+    },
+    /// Point-to-point messages around the ring, posted as collective `op_bits`, with every
+    /// received packet classified (intact, zeroed, stale, one bit flipped), so what the
+    /// receiver got can be compared with the sender's statistics.
+    Messages {
+        /// Bytes per message.
+        bytes: usize,
+        /// Messages each rank sends.
+        count: usize,
+        /// Packet size to classify by (the profile's `mtu`).
+        mtu: usize,
+        /// `setNetAttr` op bits announced before sending (`1 << ncclFunc`).
+        op_bits: u32,
+    },
+}
+
+/// How the packets a rank received arrived (see [`Task::Messages`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PacketCensus {
+    /// Packets received.
+    pub packets: u64,
+    /// Packets exactly as sent.
+    pub intact: u64,
+    /// Packets that arrived as zeros.
+    pub zeroed: u64,
+    /// Packets whose bytes were never written (the receive buffer's previous content).
+    pub stale: u64,
+    /// Packets with exactly one bit flipped.
+    pub flipped: u64,
+    /// Packets damaged in any other way (must stay 0).
+    pub other: u64,
+}
+
+/// Everything a worker needs besides its rank.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    /// The plugin library to `dlopen`.
+    pub library: PathBuf,
+    /// `ncclNetPlugin_vN` version to use.
+    pub version: u32,
+    /// Largest message, bytes.
+    pub chunk: usize,
+    /// Requests in flight per connection and direction.
+    pub in_flight: usize,
+    /// Streams of the raw TCP baseline.
+    pub raw_streams: usize,
+    /// Check every result bit by bit.
+    pub verify: bool,
+    /// Turn loss injection off through the control API.
+    pub lossless: bool,
+    /// Seconds before any single wait gives up.
+    pub timeout_s: f64,
+    /// The work.
+    pub task: Task,
+}
+
+impl Job {
+    /// A collectives job with the harness defaults for `library`.
+    pub fn collectives(library: PathBuf, links: Vec<LinkKind>, runs: Vec<RunSpec>) -> Job {
+        Job {
+            library,
+            version: super::plugin_client::MAX_VERSION,
+            chunk: DEFAULT_CHUNK,
+            in_flight: MAX_IN_FLIGHT,
+            raw_streams: raw_streams_default(),
+            verify: true,
+            lossless: false,
+            timeout_s: 60.0,
+            task: Task::Collectives { links, runs },
+        }
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.timeout_s.clamp(0.1, 3600.0))
+    }
+}
+
+/// Streams per connection the plugin uses (`NCCL_LOSSY_NSOCKS`, else its default), so the
+/// baseline matches it.
+pub fn raw_streams_default() -> usize {
+    std::env::var("NCCL_LOSSY_NSOCKS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&n: &usize| (1..=16).contains(&n))
+        .unwrap_or(crate::transport::socket::DEFAULT_NSOCKS)
+}
+
+/// One run's outcome on one rank.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunResult {
+    /// Link kind.
+    pub link: LinkKind,
+    /// Collective.
+    pub collective: Collective,
+    /// Element type.
+    pub dtype: DataType,
+    /// Bytes of the full buffer.
+    pub bytes: usize,
+    /// Timed repetitions.
+    pub iters: usize,
+    /// Mean seconds per repetition on this rank.
+    pub seconds: f64,
+    /// Bit-exact (true when not verified).
+    pub ok: bool,
+    /// Elements that differed.
+    pub mismatches: usize,
+    /// First differing element.
+    pub first_mismatch: Option<usize>,
+}
+
+/// What a worker prints, as one JSON line on stdout.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WorkerReport {
+    /// The rank.
+    pub rank: usize,
+    /// Plugin name as the library reports it.
+    pub plugin: String,
+    /// ABI version used.
+    pub version: u32,
+    /// Collective runs, in job order (plugin first, then raw, per run).
+    pub results: Vec<RunResult>,
+    /// Grouped-receive groups checked.
+    pub groups_checked: usize,
+    /// What the received packets of a [`Task::Messages`] job looked like.
+    #[serde(default)]
+    pub census: PacketCensus,
+}
+
+/// Runs `job` as `rank` of the run whose bootstrap is `boot`.
+pub fn run_job(job: &Job, boot: &mut Bootstrap) -> Result<WorkerReport> {
+    let lib = PluginLibrary::open(&job.library)?;
+    if job.lossless {
+        lib.set_loss_enabled(false)?;
+    }
+    let mut report = WorkerReport {
+        rank: boot.rank(),
+        plugin: String::new(),
+        version: job.version,
+        results: Vec::new(),
+        groups_checked: 0,
+        census: PacketCensus::default(),
+    };
+    match &job.task {
+        Task::Collectives { links, runs } => {
+            run_collectives(job, &lib, boot, links, runs, &mut report)?
+        }
+        Task::Grouped { count, rounds } => {
+            report.groups_checked = grouped(job, &lib, boot, *count, *rounds, &mut report)?
+        }
+        Task::Messages {
+            bytes,
+            count,
+            mtu,
+            op_bits,
+        } => {
+            let shape = MessageShape {
+                bytes: *bytes,
+                count: *count,
+                mtu: (*mtu).max(1),
+                op_bits: *op_bits,
+            };
+            report.census = messages(job, &lib, boot, &shape, &mut report)?
+        }
+    }
+    boot.barrier()?;
+    Ok(report)
+}
+
+fn run_collectives(
+    job: &Job,
+    lib: &Rc<PluginLibrary>,
+    boot: &mut Bootstrap,
+    links: &[LinkKind],
+    runs: &[RunSpec],
+    report: &mut WorkerReport,
+) -> Result<()> {
+    let (rank, n) = (boot.rank(), boot.nranks());
+    let mut opened: Vec<(LinkKind, Box<dyn RingLink>)> = Vec::new();
+    for &kind in links {
+        let link: Box<dyn RingLink> = match kind {
+            LinkKind::Plugin => {
+                let link =
+                    PluginLink::connect_ring(lib, job.version, 0x10551, boot, job.timeout())?;
+                report.plugin = link.client().name();
+                Box::new(link)
+            }
+            LinkKind::RawTcp => Box::new(RawTcpLink::connect_ring(
+                boot,
+                job.raw_streams,
+                job.timeout(),
+            )?),
+        };
+        opened.push((kind, link));
+    }
+    let mut staging = Staging::new(job.chunk);
+    for run in runs {
+        let spec = CollectiveSpec {
+            collective: run.collective,
+            dtype: run.dtype,
+            count: run.bytes / run.dtype.size(),
+            chunk: job.chunk,
+            in_flight: job.in_flight,
+            timeout: job.timeout(),
+        };
+        let input = collectives::make_input(&spec, rank, n);
+        let mut output = vec![0u8; output_len(&spec, rank, n)];
+        for (_, link) in opened.iter_mut() {
+            for _ in 0..run.warmup {
+                collectives::run(
+                    link.as_mut(),
+                    &mut staging,
+                    &spec,
+                    rank,
+                    n,
+                    &input,
+                    &mut output,
+                )?;
+            }
+        }
+        // Iterations alternate between the links, each after a barrier, so a noisy neighbour
+        // on a shared machine slows both alike and the ratio stays meaningful.
+        let iters = run.iters.max(1);
+        let mut seconds = vec![0.0f64; opened.len()];
+        let mut verdicts = vec![collectives::Verdict::default(); opened.len()];
+        for iter in 0..iters {
+            for (i, (_, link)) in opened.iter_mut().enumerate() {
+                output.fill(0);
+                boot.barrier()?;
+                let start = Instant::now();
+                collectives::run(
+                    link.as_mut(),
+                    &mut staging,
+                    &spec,
+                    rank,
+                    n,
+                    &input,
+                    &mut output,
+                )?;
+                seconds[i] += start.elapsed().as_secs_f64();
+                if job.verify && iter + 1 == iters {
+                    verdicts[i] = collectives::verify(&spec, rank, n, &output);
+                }
+            }
+        }
+        for (i, (kind, _)) in opened.iter().enumerate() {
+            report.results.push(RunResult {
+                link: *kind,
+                collective: run.collective,
+                dtype: run.dtype,
+                bytes: spec.count * run.dtype.size(),
+                iters,
+                seconds: seconds[i] / iters as f64,
+                ok: verdicts[i].ok(),
+                mismatches: verdicts[i].mismatches,
+                first_mismatch: verdicts[i].first_mismatch,
+            });
+        }
+    }
+    // Close only once every rank is done: a sender's last requests complete before the next
+    // rank has read everything (see docs/harness.md, "Teardown").
+    boot.barrier()?;
+    for (_, link) in opened {
+        link.close()?;
+    }
+    Ok(())
+}
+
+/// Size of the message with `tag` from `rank` (distinct per tag, so a mix-up shows).
+fn grouped_size(rank: usize, tag: usize, round: usize) -> usize {
+    (tag * 4099 + rank * 17 + round * 3) % 20_000 + tag
+}
+
+fn grouped_byte(rank: usize, tag: usize, round: usize, i: usize) -> u8 {
+    (rank * 31 + tag * 7 + round * 13 + i) as u8
+}
+
+/// The grouped-receive exchange of [`Task::Grouped`]; returns the groups checked.
+fn grouped(
+    job: &Job,
+    lib: &Rc<PluginLibrary>,
+    boot: &mut Bootstrap,
+    count: usize,
+    rounds: usize,
+    report: &mut WorkerReport,
+) -> Result<usize> {
+    let (rank, n) = (boot.rank(), boot.nranks());
+    let prev = (rank + n - 1) % n;
+    let client = PluginClient::init(lib, job.version, 0x6209)?;
+    report.plugin = client.name();
+    let max_recvs = client.properties(0)?.max_recvs;
+    if count < 1 || count > max_recvs.max(1) as usize {
+        return Err(Error::invalid_argument(format!(
+            "groups of {count} but the plugin's maxRecvs is {max_recvs}"
+        )));
+    }
+    let (handle, mut listen) = client.listen(0)?;
+    let handles = boot.all_gather(&handle)?;
+    let next: [u8; HANDLE_BYTES] = handles[(rank + 1) % n]
+        .as_slice()
+        .try_into()
+        .map_err(|_| Error::remote("bad handle size"))?;
+    let (send, recv) = establish(client.connect(0, &next), &mut listen, job.timeout())?;
+    listen.close()?;
+    client.set_net_attr(op::SEND_RECV)?;
+    let deadline = Instant::now() + job.timeout();
+    let cap = 20_000 + count;
+    let mut checked = 0;
+    for round in 0..rounds {
+        let items = (0..count)
+            .map(|tag| {
+                let mut buf = vec![0u8; cap].into_boxed_slice();
+                let mr = recv.reg_mr(&mut buf)?;
+                Ok(RecvItem {
+                    buf,
+                    size: cap,
+                    tag: tag as i32,
+                    mr,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut rreq = match recv.irecv(items)? {
+            Posted::Started(r) => r,
+            Posted::Busy(_) => return Err(Error::internal("no receive slot for one request")),
+        };
+        let mut sreqs = Vec::new();
+        for tag in (0..count).rev() {
+            let size = grouped_size(rank, tag, round);
+            let mut buf: Vec<u8> = (0..size)
+                .map(|i| grouped_byte(rank, tag, round, i))
+                .collect();
+            let mr = send.reg_mr(&mut buf)?;
+            match send.isend(buf.into_boxed_slice(), size, tag as i32, mr)? {
+                Posted::Started(r) => sreqs.push(r),
+                Posted::Busy(_) => return Err(Error::internal("no send slot")),
+            }
+        }
+        while !(rreq.is_done() && sreqs.iter().all(|r| r.is_done())) {
+            rreq.test()?;
+            for r in sreqs.iter_mut() {
+                r.test()?;
+            }
+            if Instant::now() > deadline {
+                return Err(Error::remote("grouped exchange timed out"));
+            }
+            std::thread::yield_now();
+        }
+        for r in sreqs {
+            r.finish()?;
+        }
+        let (bufs, sizes) = rreq.finish()?;
+        for (tag, (buf, size)) in bufs.iter().zip(&sizes).enumerate() {
+            let want = grouped_size(prev, tag, round);
+            if *size != want {
+                return Err(Error::remote(format!(
+                    "round {round}: buffer with tag {tag} got {size} bytes, expected {want}"
+                )));
+            }
+            if let Some(i) = (0..want).find(|&i| buf[i] != grouped_byte(prev, tag, round, i)) {
+                return Err(Error::remote(format!(
+                    "round {round}: buffer with tag {tag} differs at byte {i}"
+                )));
+            }
+        }
+        checked += 1;
+    }
+    boot.barrier()?;
+    send.close()?;
+    recv.close()?;
+    client.finalize()?;
+    Ok(checked)
+}
+
+/// What [`Task::Messages`] sends.
+struct MessageShape {
+    bytes: usize,
+    count: usize,
+    mtu: usize,
+    op_bits: u32,
+}
+
+/// Payload byte `i` of message `msg` from `rank`: never 0 and never [`STALE_BYTE`], so a
+/// zeroed or unwritten packet cannot look intact.
+fn message_byte(rank: usize, msg: usize, i: usize) -> u8 {
+    (1 + (rank * 131 + msg * 31 + i * 7) % 250) as u8
+}
+
+/// What a receive buffer holds before the message lands.
+const STALE_BYTE: u8 = 0xFF;
+
+fn classify(got: &[u8], want: impl Fn(usize) -> u8, offset: usize) -> Classification {
+    if got.iter().enumerate().all(|(i, &b)| b == want(offset + i)) {
+        return Classification::Intact;
+    }
+    if got.iter().all(|&b| b == 0) {
+        return Classification::Zeroed;
+    }
+    if got.iter().all(|&b| b == STALE_BYTE) {
+        return Classification::Stale;
+    }
+    let flipped_bits: u32 = got
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| (b ^ want(offset + i)).count_ones())
+        .sum();
+    if flipped_bits == 1 {
+        Classification::Flipped
+    } else {
+        Classification::Other
+    }
+}
+
+enum Classification {
+    Intact,
+    Zeroed,
+    Stale,
+    Flipped,
+    Other,
+}
+
+/// The exchange of [`Task::Messages`]: one message in flight each way at a time.
+fn messages(
+    job: &Job,
+    lib: &Rc<PluginLibrary>,
+    boot: &mut Bootstrap,
+    shape: &MessageShape,
+    report: &mut WorkerReport,
+) -> Result<PacketCensus> {
+    let (rank, n) = (boot.rank(), boot.nranks());
+    let prev = (rank + n - 1) % n;
+    let client = PluginClient::init(lib, job.version, 0x3e55)?;
+    report.plugin = client.name();
+    let (handle, mut listen) = client.listen(0)?;
+    let handles = boot.all_gather(&handle)?;
+    let next: [u8; HANDLE_BYTES] = handles[(rank + 1) % n]
+        .as_slice()
+        .try_into()
+        .map_err(|_| Error::remote("bad handle size"))?;
+    let (send, recv) = establish(client.connect(0, &next), &mut listen, job.timeout())?;
+    listen.close()?;
+    client.set_net_attr(shape.op_bits)?;
+    let mut census = PacketCensus::default();
+    for msg in 0..shape.count {
+        let mut rbuf = vec![STALE_BYTE; shape.bytes].into_boxed_slice();
+        let rmr = recv.reg_mr(&mut rbuf)?;
+        let mut rreq = match recv.irecv(vec![RecvItem {
+            buf: rbuf,
+            size: shape.bytes,
+            tag: 0,
+            mr: rmr,
+        }])? {
+            Posted::Started(r) => r,
+            Posted::Busy(_) => return Err(Error::internal("no receive slot")),
+        };
+        let mut sbuf: Vec<u8> = (0..shape.bytes)
+            .map(|i| message_byte(rank, msg, i))
+            .collect();
+        let smr = send.reg_mr(&mut sbuf)?;
+        let mut sreq = match send.isend(sbuf.into_boxed_slice(), shape.bytes, 0, smr)? {
+            Posted::Started(r) => r,
+            Posted::Busy(_) => return Err(Error::internal("no send slot")),
+        };
+        let deadline = Instant::now() + job.timeout();
+        while !(rreq.is_done() && sreq.is_done()) {
+            rreq.test()?;
+            sreq.test()?;
+            if Instant::now() > deadline {
+                return Err(Error::remote(format!("message {msg} timed out")));
+            }
+            std::thread::yield_now();
+        }
+        sreq.finish()?;
+        let (bufs, sizes) = rreq.finish()?;
+        let (buf, size) = (&bufs[0], sizes[0]);
+        if size != shape.bytes {
+            return Err(Error::remote(format!(
+                "message {msg}: got {size} bytes, expected {}",
+                shape.bytes
+            )));
+        }
+        for (p, packet) in buf[..size].chunks(shape.mtu).enumerate() {
+            census.packets += 1;
+            let want = |i: usize| message_byte(prev, msg, i);
+            match classify(packet, want, p * shape.mtu) {
+                Classification::Intact => census.intact += 1,
+                Classification::Zeroed => census.zeroed += 1,
+                Classification::Stale => census.stale += 1,
+                Classification::Flipped => census.flipped += 1,
+                Classification::Other => census.other += 1,
+            }
+        }
+    }
+    boot.barrier()?;
+    send.close()?;
+    recv.close()?;
+    client.finalize()?;
+    Ok(census)
+}

@@ -1,0 +1,445 @@
+//! Which messages a profile rule applies to: the match criteria, what a message looks like to
+//! the matcher ([`MatchContext`]), and what a matching rule does ([`Action`]).
+//! Rules form an ordered list and the first one that matches decides; a criterion a rule
+//! leaves out matches everything, and a rule's criteria must all hold.
+
+use std::time::Duration;
+
+use crate::loss::model::ModelSpec;
+use crate::loss::plan::Effect;
+
+pub use crate::control::Phase;
+
+/// An NCCL collective, numbered as `ncclFunc_t` (see the stats module's names).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Collective {
+    /// Not known (old NCCL, or a function this enum does not name).
+    Unknown,
+    /// ncclFunc 0.
+    Broadcast,
+    /// ncclFunc 1.
+    Reduce,
+    /// ncclFunc 2.
+    AllGather,
+    /// ncclFunc 3.
+    ReduceScatter,
+    /// ncclFunc 4.
+    AllReduce,
+    /// ncclFunc 5.
+    SendRecv,
+    /// ncclFunc 6.
+    Send,
+    /// ncclFunc 7.
+    Recv,
+}
+
+impl Collective {
+    /// Every collective, `Unknown` first, then in `ncclFunc_t` order.
+    pub const ALL: [Collective; 9] = [
+        Collective::Unknown,
+        Collective::Broadcast,
+        Collective::Reduce,
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::AllReduce,
+        Collective::SendRecv,
+        Collective::Send,
+        Collective::Recv,
+    ];
+
+    /// The collective for an `ncclFunc_t` value.
+    pub fn from_func_index(i: u32) -> Collective {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| Collective::ALL.get(i + 1))
+            .copied()
+            .unwrap_or(Collective::Unknown)
+    }
+
+    /// The collective of NCCL's op bitmask (`1 << ncclFunc`; the lowest set bit counts).
+    pub fn from_op_mask(bits: u32) -> Collective {
+        if bits == 0 {
+            Collective::Unknown
+        } else {
+            Collective::from_func_index(bits.trailing_zeros())
+        }
+    }
+
+    /// The name as NCCL and the profiles write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Collective::Unknown => "Unknown",
+            Collective::Broadcast => "Broadcast",
+            Collective::Reduce => "Reduce",
+            Collective::AllGather => "AllGather",
+            Collective::ReduceScatter => "ReduceScatter",
+            Collective::AllReduce => "AllReduce",
+            Collective::SendRecv => "SendRecv",
+            Collective::Send => "Send",
+            Collective::Recv => "Recv",
+        }
+    }
+
+    /// Parses a name, ignoring case.
+    pub fn parse(name: &str) -> Option<Collective> {
+        Collective::ALL
+            .into_iter()
+            .find(|c| c.name().eq_ignore_ascii_case(name))
+    }
+}
+
+/// Which side of a connection a stream is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Direction {
+    /// The sending side.
+    Send,
+    /// The receiving side.
+    Recv,
+}
+
+impl Direction {
+    /// Lower-case name, as in profiles.
+    pub fn name(self) -> &'static str {
+        match self {
+            Direction::Send => "send",
+            Direction::Recv => "recv",
+        }
+    }
+}
+
+/// What the matcher knows about a message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatchContext {
+    /// The collective the message belongs to, if NCCL told us.
+    pub collective: Collective,
+    /// The communicator's traffic class, if set.
+    pub traffic_class: Option<i32>,
+    /// Number of ranks in the communicator, if known.
+    pub comm_size: Option<u32>,
+    /// Which side is deciding (the plugin's sender: always `Send` there).
+    pub direction: Direction,
+    /// The rank at the other end of the connection (for a sender: the receiver), if known.
+    pub peer: Option<u32>,
+    /// This process's rank (for a sender: the message's source), if known.
+    pub local_rank: Option<u32>,
+    /// The training phase the script set.
+    pub phase: Phase,
+    /// The training step the script set.
+    pub step: u64,
+}
+
+impl Default for MatchContext {
+    fn default() -> Self {
+        MatchContext {
+            collective: Collective::Unknown,
+            traffic_class: None,
+            comm_size: None,
+            direction: Direction::Send,
+            peer: None,
+            local_rank: None,
+            phase: Phase::Any,
+            step: 0,
+        }
+    }
+}
+
+/// What happens to a matched message's packets.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Action {
+    /// What a lost packet does.
+    pub effect: Effect,
+    /// Which packets are lost.
+    pub model: ModelSpec,
+    /// Delay per loss event under `retransmit`.
+    pub retransmit_timeout: Duration,
+    /// Packet size in bytes.
+    pub mtu: u32,
+}
+
+/// A rule's criteria; `None` matches anything.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Match {
+    /// Collectives the rule applies to.
+    pub collectives: Option<Vec<Collective>>,
+    /// Traffic classes the rule applies to.
+    pub traffic_classes: Option<Vec<i32>>,
+    /// Communicator sizes the rule applies to.
+    pub comm_sizes: Option<Vec<u32>>,
+    /// The side the rule applies to.
+    pub direction: Option<Direction>,
+    /// Peer ranks the rule applies to.
+    pub peers: Option<Vec<u32>>,
+    /// Phase the rule applies in; `Phase::Any` matches every phase.
+    pub phase: Phase,
+    /// Steps `[from, until)` the rule applies in (`until` open when `None`).
+    pub steps: Option<(u64, Option<u64>)>,
+}
+
+impl Default for Match {
+    fn default() -> Self {
+        Match {
+            collectives: None,
+            traffic_classes: None,
+            comm_sizes: None,
+            direction: None,
+            peers: None,
+            phase: Phase::Any,
+            steps: None,
+        }
+    }
+}
+
+fn listed<T: PartialEq>(list: &Option<Vec<T>>, value: Option<T>) -> bool {
+    match list {
+        None => true,
+        Some(list) => value.is_some_and(|v| list.contains(&v)),
+    }
+}
+
+impl Match {
+    /// True when every criterion holds for `ctx`. A criterion on something the context does
+    /// not know (no traffic class, no peer) does not hold.
+    pub fn matches(&self, ctx: &MatchContext) -> bool {
+        listed(&self.collectives, Some(ctx.collective))
+            && listed(&self.traffic_classes, ctx.traffic_class)
+            && listed(&self.comm_sizes, ctx.comm_size)
+            && self.side_holds(ctx)
+            && (self.phase == Phase::Any || self.phase == ctx.phase)
+            && self.steps.map_or(true, |(from, until)| {
+                ctx.step >= from && until.map_or(true, |u| ctx.step < u)
+            })
+    }
+
+    /// The `direction` and `peer` criteria. The sender decides every loss, on behalf of both
+    /// ends: a `recv` rule describes the message as its receiver sees it, so its `peer` is
+    /// the message's source (the deciding rank itself); a `send` rule's `peer` is the
+    /// destination.
+    fn side_holds(&self, ctx: &MatchContext) -> bool {
+        let (side_holds, peer) = match self.direction {
+            None => (true, ctx.peer),
+            Some(Direction::Send) => (ctx.direction == Direction::Send, ctx.peer),
+            Some(Direction::Recv) if ctx.direction == Direction::Send => (true, ctx.local_rank),
+            // A receiver deciding for itself: its peer is the source.
+            Some(Direction::Recv) => (true, ctx.peer),
+        };
+        side_holds && listed(&self.peers, peer)
+    }
+
+    /// Short description of the criteria, for summaries ("all" when there are none).
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(c) = &self.collectives {
+            parts.push(format!(
+                "collective={}",
+                c.iter().map(|c| c.name()).collect::<Vec<_>>().join("|")
+            ));
+        }
+        let join = |v: &[String]| v.join("|");
+        if let Some(t) = &self.traffic_classes {
+            parts.push(format!(
+                "traffic_class={}",
+                join(&t.iter().map(|x| x.to_string()).collect::<Vec<_>>())
+            ));
+        }
+        if let Some(t) = &self.comm_sizes {
+            parts.push(format!(
+                "comm_size={}",
+                join(&t.iter().map(|x| x.to_string()).collect::<Vec<_>>())
+            ));
+        }
+        if let Some(d) = self.direction {
+            parts.push(format!("direction={}", d.name()));
+        }
+        if let Some(t) = &self.peers {
+            parts.push(format!(
+                "peer={}",
+                join(&t.iter().map(|x| x.to_string()).collect::<Vec<_>>())
+            ));
+        }
+        match self.phase {
+            Phase::Any => {}
+            Phase::Forward => parts.push("phase=forward".into()),
+            Phase::Backward => parts.push("phase=backward".into()),
+        }
+        if let Some((from, until)) = self.steps {
+            parts.push(match until {
+                Some(u) => format!("steps=[{from},{u})"),
+                None => format!("steps=[{from},∞)"),
+            });
+        }
+        if parts.is_empty() {
+            "all".into()
+        } else {
+            parts.join(" ")
+        }
+    }
+}
+
+/// One profile rule: criteria and the action taken on matching messages.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rule {
+    /// Optional name, for summaries and statistics.
+    pub name: Option<String>,
+    /// When the rule applies.
+    pub when: Match,
+    /// What it does.
+    pub action: Action,
+}
+
+/// Index of the first rule in `rules` that matches `ctx`.
+pub fn first_match(rules: &[Rule], ctx: &MatchContext) -> Option<usize> {
+    rules.iter().position(|rule| rule.when.matches(ctx))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::loss::plan::DEFAULT_RETRANSMIT_TIMEOUT;
+
+    fn rule(when: Match) -> Rule {
+        Rule {
+            name: None,
+            when,
+            action: Action {
+                effect: Effect::Zero,
+                model: ModelSpec::None,
+                retransmit_timeout: DEFAULT_RETRANSMIT_TIMEOUT,
+                mtu: 4096,
+            },
+        }
+    }
+
+    #[test]
+    fn collective_numbering_matches_the_stats_names() {
+        for i in 0..8u32 {
+            let c = Collective::from_func_index(i);
+            assert_eq!(c.name(), crate::stats::op_name(i as usize + 1));
+            assert_eq!(Collective::from_op_mask(1 << i), c);
+            assert_eq!(Collective::parse(&c.name().to_uppercase()), Some(c));
+        }
+        assert_eq!(Collective::from_func_index(4), Collective::AllReduce);
+        assert_eq!(Collective::from_op_mask(0), Collective::Unknown);
+        // Lowest set bit decides.
+        assert_eq!(
+            Collective::from_op_mask((1 << 4) | (1 << 6)),
+            Collective::AllReduce
+        );
+        assert_eq!(Collective::from_func_index(8), Collective::Unknown);
+        assert_eq!(Collective::from_op_mask(1 << 31), Collective::Unknown);
+        assert_eq!(Collective::parse("allreduse"), None);
+    }
+
+    #[test]
+    fn first_match_decides() {
+        let rules = vec![
+            rule(Match {
+                collectives: Some(vec![Collective::AllReduce]),
+                phase: Phase::Backward,
+                steps: Some((100, Some(200))),
+                ..Match::default()
+            }),
+            rule(Match {
+                collectives: Some(vec![Collective::AllReduce, Collective::AllGather]),
+                ..Match::default()
+            }),
+            rule(Match {
+                peers: Some(vec![3]),
+                direction: Some(Direction::Recv),
+                ..Match::default()
+            }),
+        ];
+        let ctx = |collective, phase, step| MatchContext {
+            collective,
+            phase,
+            step,
+            ..MatchContext::default()
+        };
+        assert_eq!(
+            first_match(&rules, &ctx(Collective::AllReduce, Phase::Backward, 100)),
+            Some(0)
+        );
+        assert_eq!(
+            first_match(&rules, &ctx(Collective::AllReduce, Phase::Backward, 199)),
+            Some(0)
+        );
+        // The window is half-open, and outside it the next rule decides.
+        assert_eq!(
+            first_match(&rules, &ctx(Collective::AllReduce, Phase::Backward, 200)),
+            Some(1)
+        );
+        assert_eq!(
+            first_match(&rules, &ctx(Collective::AllReduce, Phase::Backward, 99)),
+            Some(1)
+        );
+        assert_eq!(
+            first_match(&rules, &ctx(Collective::AllReduce, Phase::Forward, 150)),
+            Some(1)
+        );
+        // A phase the script never set is not "backward".
+        assert_eq!(
+            first_match(&rules, &ctx(Collective::AllReduce, Phase::Any, 150)),
+            Some(1)
+        );
+        assert_eq!(
+            first_match(&rules, &ctx(Collective::AllGather, Phase::Backward, 150)),
+            Some(1)
+        );
+        assert_eq!(
+            first_match(&rules, &ctx(Collective::Broadcast, Phase::Backward, 150)),
+            None
+        );
+        // A peer criterion needs a known peer. Rule 2 is "messages received from rank 3":
+        // deciding at the sender, that is a message whose source (this rank) is 3, whatever
+        // its destination.
+        let mut c = ctx(Collective::Unknown, Phase::Any, 0);
+        assert_eq!(first_match(&rules, &c), None);
+        c.peer = Some(3);
+        assert_eq!(first_match(&rules, &c), None);
+        c.local_rank = Some(3);
+        c.peer = Some(0);
+        assert_eq!(first_match(&rules, &c), Some(2));
+        c.local_rank = Some(2);
+        assert_eq!(first_match(&rules, &c), None);
+        // A `send` rule's peer is the destination.
+        let to_three = Match {
+            peers: Some(vec![3]),
+            direction: Some(Direction::Send),
+            ..Match::default()
+        };
+        c.peer = Some(3);
+        assert!(to_three.matches(&c));
+        c.peer = Some(1);
+        assert!(!to_three.matches(&c));
+        // A rule with no criteria matches everything.
+        assert!(Match::default().matches(&c));
+    }
+
+    #[test]
+    fn open_windows_and_comm_criteria() {
+        let m = Match {
+            steps: Some((10, None)),
+            traffic_classes: Some(vec![2]),
+            comm_sizes: Some(vec![8, 16]),
+            ..Match::default()
+        };
+        let mut c = MatchContext {
+            step: 1_000_000,
+            traffic_class: Some(2),
+            comm_size: Some(16),
+            ..MatchContext::default()
+        };
+        assert!(m.matches(&c));
+        c.comm_size = Some(4);
+        assert!(!m.matches(&c));
+        c.comm_size = None;
+        assert!(!m.matches(&c));
+        c.comm_size = Some(8);
+        c.step = 9;
+        assert!(!m.matches(&c));
+        c.step = 10;
+        c.traffic_class = None;
+        assert!(!m.matches(&c));
+        assert!(m.describe().contains("steps=[10,∞)"));
+    }
+}

@@ -1,0 +1,315 @@
+//! Recorded drop patterns: parsing the two trace file formats and replaying them as runs.
+//!
+//! Formats (chosen per model with `format`):
+//! - `indices`: one lost packet index (0-based, decimal) per line, in any order; duplicates
+//!   are merged. The trace is `length` packets long (default: the largest index + 1).
+//! - `bitmap`: one character per packet, `1` lost and `0` received, in order; line breaks
+//!   and other whitespace are ignored. The trace is as long as the number of `0`/`1`s.
+//!
+//! In both, `#` starts a comment that runs to the end of the line, and blank lines are ignored.
+
+use std::path::Path;
+
+use crate::loss::rng::NEVER;
+
+/// How the file lists the drops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TraceFormat {
+    /// One lost packet index per line.
+    #[default]
+    Indices,
+    /// `0`/`1` per packet.
+    Bitmap,
+}
+
+/// What happens after the trace's last packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TraceEnd {
+    /// Start over from packet 0 (a periodic pattern).
+    #[default]
+    Wrap,
+    /// Lose nothing more.
+    Stop,
+}
+
+/// Where each stream starts in the trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TraceStart {
+    /// At an offset drawn from the stream's own generator, so two connections replaying the
+    /// same trace do not lose the same packets at the same time.
+    #[default]
+    Random,
+    /// At packet 0 on every stream (an exact replay).
+    Beginning,
+}
+
+/// A loaded trace: its lost packets as sorted, disjoint, non-adjacent runs `(start, len)`.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct TraceData {
+    /// Lost runs, sorted; adjacent indices are merged into one run.
+    pub runs: Vec<(u64, u64)>,
+    /// Length of the trace in packets (every run ends at or before it).
+    pub length: u64,
+}
+
+/// Largest trace we accept, in packets: far beyond any recording, small enough for `u64` sums.
+const MAX_TRACE_PACKETS: u64 = 1 << 48;
+
+impl TraceData {
+    /// Reads and parses the trace at `path`; errors name the file and line.
+    pub fn load(
+        path: &Path,
+        format: TraceFormat,
+        length: Option<u64>,
+    ) -> Result<TraceData, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|err| format!("cannot read trace {}: {err}", path.display()))?;
+        TraceData::parse(&text, format, length, &path.display().to_string())
+    }
+
+    /// Parses trace text; `name` labels errors.
+    pub fn parse(
+        text: &str,
+        format: TraceFormat,
+        length: Option<u64>,
+        name: &str,
+    ) -> Result<TraceData, String> {
+        let strip = |line: &str| line.split('#').next().unwrap_or("").trim().to_string();
+        let mut lost: Vec<u64> = Vec::new();
+        let mut packets = 0u64;
+        match format {
+            TraceFormat::Indices => {
+                for (i, line) in text.lines().enumerate() {
+                    let body = strip(line);
+                    if body.is_empty() {
+                        continue;
+                    }
+                    let index: u64 = body.parse().map_err(|_| {
+                        format!(
+                            "{name}:{}: \"{body}\" is not a packet index (a non-negative integer)",
+                            i + 1
+                        )
+                    })?;
+                    if index >= MAX_TRACE_PACKETS {
+                        return Err(format!(
+                            "{name}:{}: packet index {index} is too large (at most {})",
+                            i + 1,
+                            MAX_TRACE_PACKETS - 1
+                        ));
+                    }
+                    lost.push(index);
+                }
+                lost.sort_unstable();
+                lost.dedup();
+                packets = lost.last().map_or(0, |&last| last + 1);
+                if let Some(len) = length {
+                    if len < packets {
+                        return Err(format!(
+                            "{name}: length = {len} but the trace loses packet {}: length must be larger than every index",
+                            packets - 1
+                        ));
+                    }
+                    packets = len;
+                }
+            }
+            TraceFormat::Bitmap => {
+                if length.is_some() {
+                    return Err(format!(
+                        "{name}: length applies to the indices format only; a bitmap's length is its number of 0/1 characters"
+                    ));
+                }
+                for (i, line) in text.lines().enumerate() {
+                    for c in strip(line).chars() {
+                        match c {
+                            '0' => packets += 1,
+                            '1' => {
+                                lost.push(packets);
+                                packets += 1;
+                            }
+                            c if c.is_whitespace() => {}
+                            c => {
+                                return Err(format!(
+                                    "{name}:{}: '{c}' is not allowed in a bitmap trace (only 0, 1, whitespace and # comments)",
+                                    i + 1
+                                ))
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for index in lost {
+            match runs.last_mut() {
+                Some((start, len)) if *start + *len == index => *len += 1,
+                _ => runs.push((index, 1)),
+            }
+        }
+        Ok(TraceData {
+            runs,
+            length: packets,
+        })
+    }
+
+    /// Lost packets in one pass.
+    pub fn lost_packets(&self) -> u64 {
+        self.runs.iter().map(|r| r.1).sum()
+    }
+
+    /// Fraction of the trace's packets that are lost (0 for an empty trace).
+    pub fn loss_rate(&self) -> f64 {
+        if self.length == 0 {
+            0.0
+        } else {
+            self.lost_packets() as f64 / self.length as f64
+        }
+    }
+
+    /// Mean loss burst in one pass; when wrapping, a run at the end joins one at the start.
+    pub fn mean_burst(&self, end: TraceEnd) -> f64 {
+        let lost = self.lost_packets();
+        let mut bursts = self.runs.len() as u64;
+        if end == TraceEnd::Wrap && bursts > 1 {
+            let first = self.runs[0];
+            let last = self.runs[self.runs.len() - 1];
+            if first.0 == 0 && last.0 + last.1 == self.length {
+                bursts -= 1;
+            }
+        }
+        if bursts == 0 {
+            0.0
+        } else {
+            lost as f64 / bursts as f64
+        }
+    }
+}
+
+/// A stream's position in a trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TraceCursor {
+    /// Next run that has not been passed.
+    run: usize,
+    /// Packet position in the trace.
+    pos: u64,
+}
+
+impl TraceCursor {
+    /// A cursor at packet `pos` (taken modulo the trace length).
+    pub fn at(data: &TraceData, pos: u64) -> TraceCursor {
+        let pos = if data.length == 0 {
+            0
+        } else {
+            pos % data.length
+        };
+        let run = data.runs.partition_point(|r| r.0 + r.1 <= pos);
+        TraceCursor { run, pos }
+    }
+
+    /// The next segment of the replay: (packets, lost?). Segments of one kind may follow each
+    /// other; the caller merges them.
+    pub fn next_segment(&mut self, data: &TraceData, end: TraceEnd) -> (u64, bool) {
+        if data.runs.is_empty() {
+            return (NEVER, false);
+        }
+        if let Some(&(start, len)) = data.runs.get(self.run) {
+            if self.pos < start {
+                let gap = start - self.pos;
+                self.pos = start;
+                return (gap, false);
+            }
+            let left = start + len - self.pos;
+            self.pos = start + len;
+            self.run += 1;
+            return (left, true);
+        }
+        // Past the last run.
+        match end {
+            TraceEnd::Stop => (NEVER, false),
+            TraceEnd::Wrap => {
+                let tail = data.length - self.pos;
+                self.pos = 0;
+                self.run = 0;
+                if tail > 0 {
+                    (tail, false)
+                } else {
+                    (0, false)
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn indices_are_sorted_merged_and_commented() {
+        let t = TraceData::parse(
+            "# header\n5\n3\n\n4 # three in a row\n9\n5\n",
+            TraceFormat::Indices,
+            None,
+            "t",
+        )
+        .unwrap();
+        assert_eq!(t.runs, vec![(3, 3), (9, 1)]);
+        assert_eq!(t.length, 10);
+        assert_eq!(t.lost_packets(), 4);
+        assert!((t.loss_rate() - 0.4).abs() < 1e-12);
+        assert!((t.mean_burst(TraceEnd::Stop) - 2.0).abs() < 1e-12);
+        let t = TraceData::parse("1\n", TraceFormat::Indices, Some(100), "t").unwrap();
+        assert_eq!(t.length, 100);
+    }
+
+    #[test]
+    fn bitmap_parses_and_wrap_joins_edge_runs() {
+        let t = TraceData::parse("1100\n0011 # c\n", TraceFormat::Bitmap, None, "t").unwrap();
+        assert_eq!(t.runs, vec![(0, 2), (6, 2)]);
+        assert_eq!(t.length, 8);
+        assert!((t.mean_burst(TraceEnd::Stop) - 2.0).abs() < 1e-12);
+        // Wrapping, the run at the end continues into the run at the start: one burst of 4.
+        assert!((t.mean_burst(TraceEnd::Wrap) - 4.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn bad_traces_name_file_and_line() {
+        let err = TraceData::parse("1\nx\n", TraceFormat::Indices, None, "drops.txt").unwrap_err();
+        assert!(err.starts_with("drops.txt:2:"), "{err}");
+        let err = TraceData::parse("10\n12\n", TraceFormat::Indices, Some(5), "d").unwrap_err();
+        assert!(err.contains("length = 5"), "{err}");
+        let err = TraceData::parse("01\n0a1\n", TraceFormat::Bitmap, None, "b").unwrap_err();
+        assert!(err.starts_with("b:2:") && err.contains("'a'"), "{err}");
+    }
+
+    fn replay(data: &TraceData, end: TraceEnd, start: u64, packets: u64) -> Vec<bool> {
+        let mut c = TraceCursor::at(data, start);
+        let mut out = Vec::new();
+        while (out.len() as u64) < packets {
+            let (n, lost) = c.next_segment(data, end);
+            for _ in 0..n.min(packets - out.len() as u64) {
+                out.push(lost);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn cursor_wraps_stops_and_starts_mid_run() {
+        let t = TraceData::parse("0110", TraceFormat::Bitmap, None, "t").unwrap();
+        let f = false;
+        let l = true;
+        assert_eq!(
+            replay(&t, TraceEnd::Wrap, 0, 9),
+            vec![f, l, l, f, f, l, l, f, f]
+        );
+        assert_eq!(replay(&t, TraceEnd::Stop, 0, 7), vec![f, l, l, f, f, f, f]);
+        // Starting inside a run replays only its remainder.
+        assert_eq!(replay(&t, TraceEnd::Wrap, 2, 5), vec![l, f, f, l, l]);
+        assert_eq!(replay(&t, TraceEnd::Wrap, 6, 3), vec![l, f, f]);
+        let empty = TraceData::parse("", TraceFormat::Bitmap, None, "t").unwrap();
+        assert_eq!(replay(&empty, TraceEnd::Wrap, 0, 3), vec![f, f, f]);
+    }
+}

@@ -1,0 +1,65 @@
+//! The user-facing commands run and print their tables.
+
+mod common;
+
+use std::process::Command;
+
+use common::lossy_exe;
+use nccl_net_lossy::harness::plugin_client::{PluginLibrary, NCCL_LIBRARY_NAME};
+
+fn lossy(args: &[&str]) -> String {
+    let out = Command::new(lossy_exe())
+        .args(args)
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .output()
+        .expect("run lossy");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "lossy {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn demo_prints_a_bit_exact_table_and_the_loss_per_collective() {
+    let out = lossy(&["demo", "--sizes", "small"]);
+    for name in ["all_reduce", "all_gather", "reduce_scatter"] {
+        assert_eq!(
+            out.lines()
+                .filter(|l| l.starts_with(name) && l.ends_with("bit-exact"))
+                .count(),
+            3,
+            "{out}"
+        );
+    }
+    for op in ["AllReduce", "AllGather", "ReduceScatter"] {
+        assert!(out.lines().any(|l| l.starts_with(op)), "{out}");
+    }
+}
+
+#[test]
+fn bench_prints_plugin_and_raw_tcp_side_by_side() {
+    let out = lossy(&["bench", "--sizes", "small", "--iters", "2", "--lossless"]);
+    let rows: Vec<&str> = out.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(rows.len(), 3, "{out}");
+    assert!(rows.iter().all(|r| r.trim_end().ends_with("ok")), "{out}");
+    assert!(out.contains("raw us") && out.contains("ratio"), "{out}");
+}
+
+#[test]
+fn install_puts_the_library_under_the_nccl_name_with_all_five_tables() {
+    let prefix = std::env::temp_dir().join(format!("lossy-install-test-{}", std::process::id()));
+    let out = lossy(&["install", "--prefix", prefix.to_str().expect("utf-8 path")]);
+    let lib = prefix.join("lib").join(NCCL_LIBRARY_NAME);
+    assert!(out.contains("NCCL_NET_PLUGIN=lossy"), "{out}");
+    assert!(prefix.join("bin").join("lossy").is_file());
+    let loaded = PluginLibrary::open(&lib).expect("dlopen the installed library");
+    assert_eq!(loaded.net_versions(), vec![12, 11, 10, 9, 8]);
+    for v in 8..=12 {
+        assert!(loaded.exports(&format!("ncclNetPlugin_v{v}")));
+    }
+    drop(loaded);
+    std::fs::remove_dir_all(&prefix).expect("clean up");
+}
