@@ -19,7 +19,7 @@ use std::io;
 use std::net::Shutdown;
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -44,6 +44,10 @@ const RUN_BATCH: usize = 4096;
 /// Stack of an I/O thread: its calls are shallow, and connections are many.
 const IO_THREAD_STACK: usize = 256 << 10;
 
+/// Most bytes one `send`/`recv` call moves, so a large chunk still marks progress often
+/// enough for the no-progress timeout (a few more system calls per 64 MiB, no measurable cost).
+const IO_PIECE: usize = 4 << 20;
+
 const FREE: u8 = 0;
 const PENDING: u8 = 1;
 const DONE: u8 = 2;
@@ -66,13 +70,50 @@ fn roles(seq: u64, s: usize, n: usize) -> (usize, usize) {
     (h, (s + n - h) % n)
 }
 
-fn send_all(sock: &Socket, mut bytes: &[u8], more: bool) -> io::Result<()> {
-    // MSG_NOSIGNAL: a dead peer must give EPIPE, not kill a host process that kept SIGPIPE.
-    let flags = libc::MSG_NOSIGNAL | if more { libc::MSG_MORE } else { 0 };
+/// When a connection last moved bytes, for the no-progress timeout (`NCCL_LOSSY_TIMEOUT`).
+struct Progress {
+    epoch: Instant,
+    last_ns: AtomicU64,
+}
+
+impl Progress {
+    fn new() -> Self {
+        Progress {
+            epoch: Instant::now(),
+            last_ns: AtomicU64::new(0),
+        }
+    }
+
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Records that bytes moved (or that the clock starts now).
+    fn touch(&self) {
+        self.last_ns.store(self.now_ns(), Ordering::Relaxed);
+    }
+
+    /// How long since bytes last moved.
+    fn idle_for(&self) -> Duration {
+        Duration::from_nanos(
+            self.now_ns()
+                .saturating_sub(self.last_ns.load(Ordering::Relaxed)),
+        )
+    }
+}
+
+fn send_all(sock: &Socket, mut bytes: &[u8], more: bool, progress: &Progress) -> io::Result<()> {
     while !bytes.is_empty() {
-        match sock.send_with_flags(bytes, flags) {
+        let piece = bytes.len().min(IO_PIECE);
+        // MSG_NOSIGNAL: a dead peer must give EPIPE, not kill a host process that kept SIGPIPE.
+        let more = more || piece < bytes.len();
+        let flags = libc::MSG_NOSIGNAL | if more { libc::MSG_MORE } else { 0 };
+        match sock.send_with_flags(&bytes[..piece], flags) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => bytes = &bytes[n..],
+            Ok(n) => {
+                bytes = &bytes[n..];
+                progress.touch();
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
@@ -81,17 +122,21 @@ fn send_all(sock: &Socket, mut bytes: &[u8], more: bool) -> io::Result<()> {
 }
 
 /// Fills `buf` unless the peer closes first; returns how many bytes arrived.
-fn recv_until_eof(sock: &Socket, buf: &mut [u8]) -> io::Result<usize> {
+fn recv_until_eof(sock: &Socket, buf: &mut [u8], progress: &Progress) -> io::Result<usize> {
     let mut got = 0;
     while got < buf.len() {
-        let rest = &mut buf[got..];
+        let end = buf.len().min(got + IO_PIECE);
+        let rest = &mut buf[got..end];
         // SAFETY: `MaybeUninit<u8>` has the layout of `u8`, and `recv` only stores initialised
         // bytes into the slice, so viewing initialised bytes as possibly uninitialised is sound.
         let rest = unsafe { &mut *(rest as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
         // MSG_WAITALL: one call (one wake-up) per chunk instead of one per arriving segment.
         match sock.recv_with_flags(rest, libc::MSG_WAITALL) {
             Ok(0) => break,
-            Ok(n) => got += n,
+            Ok(n) => {
+                got += n;
+                progress.touch();
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
@@ -99,8 +144,8 @@ fn recv_until_eof(sock: &Socket, buf: &mut [u8]) -> io::Result<usize> {
     Ok(got)
 }
 
-fn recv_all(sock: &Socket, buf: &mut [u8]) -> io::Result<()> {
-    if recv_until_eof(sock, buf)? < buf.len() {
+fn recv_all(sock: &Socket, buf: &mut [u8], progress: &Progress) -> io::Result<()> {
+    if recv_until_eof(sock, buf, progress)? < buf.len() {
         return Err(io::Error::new(
             io::ErrorKind::UnexpectedEof,
             "peer closed the connection",
@@ -115,9 +160,6 @@ enum Exit {
     Stopped,
     /// This thread hit the failure that brings the connection down.
     Failed(Error),
-    /// The peer closed the connection while nothing was expected: a failure for later
-    /// calls, but not worth a warning (it is how every connection ends).
-    Closed(Error),
 }
 
 /// Connection state guarded by the lock.
@@ -135,13 +177,18 @@ struct Core<S> {
     wake: Condvar,
     slot_state: [AtomicU8; MAX_REQUESTS],
     failed: AtomicBool,
+    progress: Progress,
+    /// Fail the connection when a request is outstanding and no byte moved for this long.
+    timeout: Option<Duration>,
 }
 
 type Guard<'a, S> = MutexGuard<'a, Locked<S>>;
 
 impl<S> Core<S> {
-    fn new(sockets: Vec<Socket>, peer: String, side: S) -> Self {
+    fn new(sockets: Vec<Socket>, peer: String, side: S, timeout: Option<Duration>) -> Self {
         Core {
+            progress: Progress::new(),
+            timeout,
             sockets,
             peer,
             locked: Mutex::new(Locked {
@@ -215,7 +262,11 @@ impl<S> Core<S> {
 
     /// Records the connection's first failure and wakes every thread so they exit.
     fn fail(&self, err: Error, warn: bool) {
-        let mut g = self.lock();
+        self.fail_locked(self.lock(), err, warn);
+    }
+
+    /// As [`Core::fail`], with the lock already held.
+    fn fail_locked(&self, mut g: Guard<'_, S>, err: Error, warn: bool) {
         if g.stopping || g.failed.is_some() {
             return;
         }
@@ -259,6 +310,16 @@ impl<S> Core<S> {
         Ok(())
     }
 
+    fn timeout_error(&self, limit: Duration) -> Error {
+        Error::remote(format!(
+            "no progress with {} for {:.1} s while a request was outstanding \
+             (NCCL_LOSSY_TIMEOUT={}): the peer is stalled, unreachable or gone",
+            self.peer,
+            self.progress.idle_for().as_secs_f64(),
+            limit.as_secs_f64()
+        ))
+    }
+
     fn free_slot(&self) -> Option<usize> {
         (0..MAX_REQUESTS).find(|&i| self.slot_state[i].load(Ordering::Acquire) == FREE)
     }
@@ -276,9 +337,18 @@ impl<S> Core<S> {
             )));
         }
         let not_in_flight = || Error::invalid_argument(format!("request {id} is not in flight"));
-        match self.slot_state[slot].load(Ordering::Acquire) {
-            // The common case while polling: one atomic load, no lock.
-            PENDING if !self.failed.load(Ordering::Acquire) => Ok(None),
+        let state = self.slot_state[slot].load(Ordering::Acquire);
+        if state == PENDING && !self.failed.load(Ordering::Acquire) {
+            // The common case while polling: one atomic load (and a clock read when a
+            // timeout is set), no lock.
+            match self.timeout {
+                Some(limit) if self.progress.idle_for() > limit => {
+                    self.fail(self.timeout_error(limit), true)
+                }
+                _ => return Ok(None),
+            }
+        }
+        match state {
             PENDING | DONE => {
                 // Slot states change only under the lock: look again now that we hold it.
                 let g = self.lock();
@@ -345,7 +415,6 @@ fn run_io<S>(core: &Core<S>, s: usize, body: fn(&Core<S>, usize) -> Exit) {
     match catch_unwind(AssertUnwindSafe(|| body(core, s))) {
         Ok(Exit::Stopped) => {}
         Ok(Exit::Failed(err)) => core.fail(err, true),
-        Ok(Exit::Closed(err)) => core.fail(err, false),
         Err(_) => core.fail(
             Error::internal(format!("I/O thread of socket {s} panicked")),
             true,
@@ -417,8 +486,13 @@ pub struct SocketSendConn {
 }
 
 impl SocketSendConn {
-    /// Starts the I/O threads over connected `sockets` (index order = socket order).
-    pub(crate) fn start(sockets: Vec<Socket>, peer: String) -> Result<Self> {
+    /// Starts the I/O threads over connected `sockets` (index order = socket order); with
+    /// `timeout`, requests fail when no byte moves for that long.
+    pub(crate) fn start(
+        sockets: Vec<Socket>,
+        peer: String,
+        timeout: Option<Duration>,
+    ) -> Result<Self> {
         let side = SendSide {
             slots: (0..MAX_REQUESTS)
                 .map(|_| SendSlot {
@@ -435,7 +509,7 @@ impl SocketSendConn {
             posted: VecDeque::with_capacity(MAX_REQUESTS),
             next_seq: 0,
         };
-        let core = Core::new(sockets, peer, side);
+        let core = Core::new(sockets, peer, side, timeout);
         Ok(SocketSendConn {
             running: Running::start(core, "lossy-tx", send_loop)?,
         })
@@ -460,6 +534,10 @@ impl SendConn for SocketSendConn {
         let n = core.sockets.len();
         let side = &mut g.side;
         let seq = side.next_seq;
+        if side.posted.is_empty() {
+            // The connection was idle: the no-progress clock starts now.
+            core.progress.touch();
+        }
         let s = &mut side.slots[slot];
         s.buf = buf;
         s.tag = tag;
@@ -569,17 +647,23 @@ fn send_chunk(
         wire_buf.clear();
         wire_buf.extend_from_slice(&header.encode());
         wire::encode_runs(runs, wire_buf);
-        send_all(sock, wire_buf, !job.span.is_empty()).map_err(io)?;
+        send_all(sock, wire_buf, !job.span.is_empty(), &core.progress).map_err(io)?;
     }
     let span = job.span.clone();
     match job.effect {
         Effect::Zero | Effect::Stale => {
             for r in effect::kept_ranges(runs, job.mtu, size, span) {
-                send_all(sock, job.buf.slice(r.start, r.end), false).map_err(io)?;
+                send_all(sock, job.buf.slice(r.start, r.end), false, &core.progress).map_err(io)?;
             }
         }
         Effect::Retransmit => {
-            send_all(sock, job.buf.slice(span.start, span.end), false).map_err(io)?;
+            send_all(
+                sock,
+                job.buf.slice(span.start, span.end),
+                false,
+                &core.progress,
+            )
+            .map_err(io)?;
             if effect::lost_ranges(runs, job.mtu, size, span.clone())
                 .next()
                 .is_some()
@@ -588,13 +672,21 @@ fn send_chunk(
                 // its own retransmission timer; only this socket's stream waits.
                 let events = u32::try_from(job.events).unwrap_or(u32::MAX);
                 core.sleep(job.retransmit.saturating_mul(events))?;
+                core.progress.touch();
                 for r in effect::lost_ranges(runs, job.mtu, size, span) {
-                    send_all(sock, job.buf.slice(r.start, r.end), false).map_err(io)?;
+                    send_all(sock, job.buf.slice(r.start, r.end), false, &core.progress)
+                        .map_err(io)?;
                 }
             }
         }
         Effect::Bitflip => {
-            send_all(sock, job.buf.slice(span.start, span.end), false).map_err(io)?;
+            send_all(
+                sock,
+                job.buf.slice(span.start, span.end),
+                false,
+                &core.progress,
+            )
+            .map_err(io)?;
         }
     }
     Ok(())
@@ -686,9 +778,45 @@ struct RecvSide {
     /// Slots with messages still arriving, oldest first.
     posted: VecDeque<usize>,
     next_seq: u64,
+    /// Per socket: the peer closed it cleanly after the chunks of messages before this one,
+    /// so it carries nothing for this message or any later one.
+    closed_from: Vec<Option<u64>>,
+    /// Some entry of `closed_from` is set.
+    any_closed: bool,
 }
 
 impl RecvSide {
+    /// A closed socket that still owes a chunk of a posted message, and that message: the
+    /// receive can never complete. An unknown message owes at least its chunk 0, on socket
+    /// `seq mod n`; a known one owes a chunk on each of the sockets its size spreads it over.
+    /// A socket closed at `c` received its chunks of every message before `c` (it reads
+    /// them in stream order), and none at or after it.
+    fn owed_by_closed(&self, n: usize) -> Option<(usize, u64)> {
+        if !self.any_closed {
+            return None;
+        }
+        let closed = |s: usize, seq: u64| self.closed_from[s].is_some_and(|c| c <= seq);
+        for &slot in &self.posted {
+            let r = &self.slots[slot];
+            for (i, m) in r.msgs[..r.n].iter().enumerate() {
+                let seq = r.first_seq + i as u64;
+                let (first, _) = roles(seq, 0, n);
+                let chunks = match (m.known, m.chunks_left) {
+                    (false, _) => 1,
+                    (true, 0) => 0,
+                    (true, _) => chunk_count(m.size, n),
+                };
+                if let Some(s) = (0..chunks)
+                    .map(|j| (first + j) % n)
+                    .find(|&s| closed(s, seq))
+                {
+                    return Some((s, seq));
+                }
+            }
+        }
+        None
+    }
+
     fn find(&self, seq: u64) -> Option<(usize, usize)> {
         self.posted.iter().find_map(|&slot| {
             let r = &self.slots[slot];
@@ -718,9 +846,16 @@ pub struct SocketRecvConn {
 }
 
 impl SocketRecvConn {
-    /// Starts the I/O threads over accepted `sockets` (index order = socket order).
-    pub(crate) fn start(sockets: Vec<Socket>, peer: String) -> Result<Self> {
+    /// Starts the I/O threads over accepted `sockets` (index order = socket order); with
+    /// `timeout`, requests fail when no byte moves for that long.
+    pub(crate) fn start(
+        sockets: Vec<Socket>,
+        peer: String,
+        timeout: Option<Duration>,
+    ) -> Result<Self> {
         let side = RecvSide {
+            closed_from: vec![None; sockets.len()],
+            any_closed: false,
             slots: (0..MAX_REQUESTS)
                 .map(|_| RecvSlot {
                     n: 0,
@@ -736,7 +871,7 @@ impl SocketRecvConn {
             posted: VecDeque::with_capacity(MAX_REQUESTS),
             next_seq: 0,
         };
-        let core = Core::new(sockets, peer, side);
+        let core = Core::new(sockets, peer, side, timeout);
         Ok(SocketRecvConn {
             running: Running::start(core, "lossy-rx", recv_loop)?,
         })
@@ -758,7 +893,12 @@ impl RecvConn for SocketRecvConn {
         let Some(slot) = core.free_slot() else {
             return Ok(None);
         };
+        let nsocks = core.sockets.len();
         let side = &mut g.side;
+        if side.posted.is_empty() {
+            // The connection was idle: the no-progress clock starts now.
+            core.progress.touch();
+        }
         let r = &mut side.slots[slot];
         r.n = n;
         r.first_seq = side.next_seq;
@@ -771,6 +911,12 @@ impl RecvConn for SocketRecvConn {
         side.posted.push_back(slot);
         side.next_seq += n as u64;
         core.slot_state[slot].store(PENDING, Ordering::Release);
+        if let Some((s, seq)) = side.owed_by_closed(nsocks) {
+            // The peer already closed a socket this receive needs: it can never complete.
+            let err = owed_error(core, s, seq);
+            core.fail_locked(g, err.clone(), true);
+            return Err(err);
+        }
         core.wake.notify_all();
         Ok(Some(slot as RequestId))
     }
@@ -787,8 +933,12 @@ impl RecvConn for SocketRecvConn {
 }
 
 /// Reads a chunk header; `Ok(false)` when the peer closed the connection between messages.
-fn recv_header(sock: &Socket, raw: &mut [u8; HEADER_SIZE]) -> io::Result<bool> {
-    match recv_until_eof(sock, raw)? {
+fn recv_header(
+    sock: &Socket,
+    raw: &mut [u8; HEADER_SIZE],
+    progress: &Progress,
+) -> io::Result<bool> {
+    match recv_until_eof(sock, raw, progress)? {
         0 => Ok(false),
         HEADER_SIZE => Ok(true),
         got => Err(io::Error::new(
@@ -806,9 +956,9 @@ fn recv_loop(core: &Core<RecvSide>, s: usize) -> Exit {
     let mut min_seq = 0u64;
     loop {
         let mut raw = [0u8; HEADER_SIZE];
-        match recv_header(sock, &mut raw) {
+        match recv_header(sock, &mut raw, &core.progress) {
             Ok(true) => {}
-            Ok(false) => return peer_closed(core),
+            Ok(false) => return peer_closed(core, s, min_seq),
             Err(e) => return core.io_exit(e, format_args!("receiving a header on socket {s}")),
         }
         let job = match accept_header(core, s, &raw, min_seq) {
@@ -840,18 +990,28 @@ fn recv_loop(core: &Core<RecvSide>, s: usize) -> Exit {
     }
 }
 
-/// The peer closed between two messages: normal at teardown, a failure if data was expected.
-fn peer_closed(core: &Core<RecvSide>) -> Exit {
-    let g = core.lock();
+/// The peer closed socket `s` cleanly after the chunks of the messages before `from`. That
+/// is how every connection ends, and it fails nothing by itself: only a posted receive that
+/// needs a chunk this socket will now never carry fails (now, or when the receive is posted
+/// or its message's size becomes known). The other sockets go on delivering their chunks.
+fn peer_closed(core: &Core<RecvSide>, s: usize, from: u64) -> Exit {
+    let mut g = core.lock();
     if g.stopping || g.failed.is_some() {
         return Exit::Stopped;
     }
-    let err = Error::remote(format!("{} closed the connection", core.peer));
-    if g.side.posted.is_empty() {
-        Exit::Closed(err)
-    } else {
-        Exit::Failed(err)
+    g.side.closed_from[s] = Some(from);
+    g.side.any_closed = true;
+    match g.side.owed_by_closed(core.sockets.len()) {
+        Some((owing, seq)) => Exit::Failed(owed_error(core, owing, seq)),
+        None => Exit::Stopped,
     }
+}
+
+fn owed_error<S>(core: &Core<S>, s: usize, seq: u64) -> Error {
+    Error::remote(format!(
+        "{} closed socket {s} of the connection before sending its part of message {seq}",
+        core.peer
+    ))
 }
 
 /// Checks a chunk header against the connection's state, records what it says about its
@@ -919,6 +1079,10 @@ fn accept_header(
         };
         // Sockets waiting for this message's tag to match their own message can go on.
         core.wake.notify_all();
+        // Now that its size is known: a socket the peer already closed may owe a chunk.
+        if let Some((owing, seq)) = g.side.owed_by_closed(n) {
+            return Err(Exit::Failed(owed_error(core, owing, seq)));
+        }
     }
     let b = loop {
         match g.side.slots[slot].match_buffer(i) {
@@ -966,7 +1130,7 @@ fn read_runs(
     while left > 0 {
         let take = left.min(RUN_BATCH);
         let bytes = &mut run_bytes[..take * RUN_SIZE];
-        recv_all(&core.sockets[s], bytes)
+        recv_all(&core.sockets[s], bytes, &core.progress)
             .map_err(|e| core.io_exit(e, format_args!("receiving message {seq} on socket {s}")))?;
         let before = runs.len();
         wire::decode_runs(bytes, runs);
@@ -995,21 +1159,21 @@ fn recv_chunk(
     match job.effect {
         Effect::Zero | Effect::Stale => {
             for r in effect::kept_ranges(runs, mtu, size, span.clone()) {
-                recv_all(sock, job.buf.slice_mut(r.start, r.end)).map_err(io)?;
+                recv_all(sock, job.buf.slice_mut(r.start, r.end), &core.progress).map_err(io)?;
             }
             if job.effect == Effect::Zero {
                 effect::zero_lost(whole(), span.start, runs, mtu, size);
             }
         }
         Effect::Retransmit => {
-            recv_all(sock, whole()).map_err(io)?;
+            recv_all(sock, whole(), &core.progress).map_err(io)?;
             // The lost packets come again after the sender's timeout: same bytes, same place.
             for r in effect::lost_ranges(runs, mtu, size, span) {
-                recv_all(sock, job.buf.slice_mut(r.start, r.end)).map_err(io)?;
+                recv_all(sock, job.buf.slice_mut(r.start, r.end), &core.progress).map_err(io)?;
             }
         }
         Effect::Bitflip => {
-            recv_all(sock, whole()).map_err(io)?;
+            recv_all(sock, whole(), &core.progress).map_err(io)?;
             effect::flip_lost(whole(), span.start, runs, mtu, size, job.flip_seed);
         }
     }

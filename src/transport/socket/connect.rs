@@ -20,6 +20,10 @@ const CONNECT_RETRIES: u32 = 20;
 /// Pause before trying a refused connect again.
 const RETRY_DELAY: Duration = Duration::from_millis(100);
 
+/// How long connecting may take when `NCCL_LOSSY_TIMEOUT` is off: about as long as the
+/// kernel retries an unanswered SYN, so a vanished host fails the connect instead of hanging.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(120);
+
 enum Stage {
     /// Waiting to try (again) at this time.
     Retry(Instant),
@@ -42,6 +46,9 @@ struct Conn {
 pub struct SocketConnector {
     addr: SocketAddr,
     sockbuf: Option<usize>,
+    timeout: Option<Duration>,
+    deadline: Instant,
+    connect_limit: Duration,
     conns: Vec<Conn>,
     finished: bool,
 }
@@ -54,12 +61,23 @@ fn is_refusal(err: &io::Error) -> bool {
 }
 
 impl SocketConnector {
-    /// Prepares `hellos.len()` sockets to `addr`; nothing blocks until `poll`.
-    pub(crate) fn new(addr: SocketAddr, hellos: &[Hello], sockbuf: Option<usize>) -> Self {
+    /// Prepares `hellos.len()` sockets to `addr`; nothing blocks until `poll`. Connecting
+    /// fails after `timeout` (else [`DEFAULT_CONNECT_TIMEOUT`]); the connection it makes
+    /// fails requests that make no progress for `timeout`.
+    pub(crate) fn new(
+        addr: SocketAddr,
+        hellos: &[Hello],
+        sockbuf: Option<usize>,
+        timeout: Option<Duration>,
+    ) -> Self {
         let now = Instant::now();
+        let connect_limit = timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
         SocketConnector {
             addr,
             sockbuf,
+            timeout,
+            deadline: now + connect_limit,
+            connect_limit,
             conns: hellos
                 .iter()
                 .map(|h| Conn {
@@ -180,6 +198,13 @@ impl Connector for SocketConnector {
             }
         }
         self.conns = conns;
+        if outcome.is_ok() && !ready && now > self.deadline {
+            outcome = Err(Error::remote(format!(
+                "connecting to {}: not connected after {:.1} s (NCCL_LOSSY_TIMEOUT)",
+                self.addr,
+                self.connect_limit.as_secs_f64()
+            )));
+        }
         if let Err(e) = outcome {
             self.finished = true;
             self.conns.clear();
@@ -196,6 +221,7 @@ impl Connector for SocketConnector {
         Ok(Some(Box::new(SocketSendConn::start(
             socks,
             self.addr.to_string(),
+            self.timeout,
         )?)))
     }
 }

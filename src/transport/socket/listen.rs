@@ -41,17 +41,25 @@ pub struct SocketListener {
     pending: Vec<Pending>,
     hello_timeout: Duration,
     rejected: u64,
+    /// `NCCL_LOSSY_TIMEOUT`: how long `poll_accept` may go without a complete connection,
+    /// and the no-progress limit of the connections it makes.
+    timeout: Option<Duration>,
+    /// First `poll_accept` since the last connection was handed out.
+    waiting_since: Option<Instant>,
 }
 
 impl SocketListener {
     /// Wraps a bound, listening, non-blocking socket whose peers must present `nonce`.
-    pub(crate) fn new(sock: Socket, nonce: [u8; NONCE_SIZE]) -> Self {
+    /// With `timeout`, accepting fails when no peer completes a connection for that long.
+    pub(crate) fn new(sock: Socket, nonce: [u8; NONCE_SIZE], timeout: Option<Duration>) -> Self {
         SocketListener {
             sock,
             nonce,
             pending: Vec::new(),
             hello_timeout: HELLO_TIMEOUT,
             rejected: 0,
+            timeout,
+            waiting_since: None,
         }
     }
 
@@ -198,14 +206,29 @@ impl SocketListener {
 
 impl Listener for SocketListener {
     fn poll_accept(&mut self) -> Result<Option<Box<dyn RecvConn>>> {
+        let now = Instant::now();
+        let since = *self.waiting_since.get_or_insert(now);
         self.accept_new()?;
-        self.read_hellos(Instant::now());
+        self.read_hellos(now);
         let Some((socks, peer)) = self.take_complete() else {
-            return Ok(None);
+            return match self.timeout {
+                Some(limit) if now.duration_since(since) > limit => Err(Error::remote(format!(
+                    "no peer completed a connection within {:.1} s (NCCL_LOSSY_TIMEOUT); \
+                     {} rejected so far",
+                    limit.as_secs_f64(),
+                    self.rejected
+                ))),
+                _ => Ok(None),
+            };
         };
+        self.waiting_since = None;
         for s in &socks {
             prepare(s).map_err(|e| Error::from(e).context("configuring an accepted socket"))?;
         }
-        Ok(Some(Box::new(SocketRecvConn::start(socks, peer)?)))
+        Ok(Some(Box::new(SocketRecvConn::start(
+            socks,
+            peer,
+            self.timeout,
+        )?)))
     }
 }

@@ -22,13 +22,14 @@ mod tests;
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use rand::rngs::OsRng;
 use rand::RngCore;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 pub use conn::{chunk_count, chunk_span, SocketRecvConn, SocketSendConn, MIN_CHUNK};
-pub use connect::SocketConnector;
+pub use connect::{SocketConnector, DEFAULT_CONNECT_TIMEOUT};
 pub use iface::{Family, IfaceAddr, IfaceFilter, MAX_DEVICES};
 pub use listen::{SocketListener, HELLO_TIMEOUT, MAX_PENDING};
 pub use wire::{Handle, Hello, MAX_SOCKETS};
@@ -66,6 +67,9 @@ pub struct SocketConfig {
     pub speed_mbps: Option<i32>,
     /// Socket buffer sizes in bytes; `None` leaves the kernel's autotuning on.
     pub sockbuf: Option<usize>,
+    /// `NCCL_LOSSY_TIMEOUT`: a connection whose outstanding requests move no byte for this
+    /// long fails them, and accepting/connecting give up after it; `None`: off.
+    pub timeout: Option<Duration>,
 }
 
 impl Default for SocketConfig {
@@ -76,7 +80,25 @@ impl Default for SocketConfig {
             nsocks: DEFAULT_NSOCKS,
             speed_mbps: None,
             sockbuf: None,
+            timeout: None,
         }
+    }
+}
+
+/// Longest `NCCL_LOSSY_TIMEOUT` accepted, in seconds (a week; longer is a typo).
+pub const MAX_TIMEOUT_SECS: f64 = 7.0 * 24.0 * 3600.0;
+
+/// Reads an `NCCL_LOSSY_TIMEOUT` value: seconds, a decimal number from 0 (off) to
+/// [`MAX_TIMEOUT_SECS`]. The error names the variable and what it accepts.
+pub fn parse_timeout(value: &str) -> Result<Option<Duration>> {
+    let secs = value.trim().parse::<f64>().ok().filter(|s| s.is_finite());
+    match secs {
+        Some(s) if s == 0.0 => Ok(None),
+        Some(s) if s > 0.0 && s <= MAX_TIMEOUT_SECS => Ok(Some(Duration::from_secs_f64(s))),
+        _ => Err(Error::invalid_argument(format!(
+            "NCCL_LOSSY_TIMEOUT={value} is not valid: expected a number of seconds from 0 to \
+             {MAX_TIMEOUT_SECS} (0 or unset: off; e.g. 600 or 2.5)"
+        ))),
     }
 }
 
@@ -122,7 +144,12 @@ impl SocketConfig {
             (4096..=1 << 30).contains(b)
         })
         .map_err(|v| invalid("NCCL_LOSSY_SOCKBUF", &v))?;
+        let timeout = match text("NCCL_LOSSY_TIMEOUT") {
+            Some(v) => parse_timeout(&v)?,
+            None => None,
+        };
         Ok(SocketConfig {
+            timeout,
             ifname: text("NCCL_SOCKET_IFNAME"),
             family,
             nsocks: nsocks.unwrap_or(DEFAULT_NSOCKS),
@@ -237,7 +264,7 @@ impl SocketTransport {
             setup().map_err(|e| Error::from(e).context(format_args!("listening on {bind}")))?;
         let nonce = random_bytes::<16>()?;
         Handle { addr: local, nonce }.encode(handle);
-        Ok(SocketListener::new(sock, nonce))
+        Ok(SocketListener::new(sock, nonce, self.config.timeout))
     }
 
     /// Starts connecting to the listener of `handle`; the concrete type.
@@ -254,7 +281,12 @@ impl SocketTransport {
                 count,
             })
             .collect();
-        Ok(SocketConnector::new(h.addr, &hellos, self.config.sockbuf))
+        Ok(SocketConnector::new(
+            h.addr,
+            &hellos,
+            self.config.sockbuf,
+            self.config.timeout,
+        ))
     }
 }
 

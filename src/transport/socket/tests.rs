@@ -1087,3 +1087,281 @@ fn random_traffic_with_grouped_receives_and_every_effect() {
         }
     }
 }
+
+#[test]
+fn timeout_variable_is_parsed_and_bad_values_name_it() {
+    let c = SocketConfig::from_lookup(env(&[("NCCL_LOSSY_TIMEOUT", " 2.5 ")])).expect("valid");
+    assert_eq!(c.timeout, Some(Duration::from_millis(2500)));
+    let c = SocketConfig::from_lookup(env(&[("NCCL_LOSSY_TIMEOUT", "0")])).expect("off");
+    assert_eq!(c.timeout, None);
+    assert_eq!(SocketConfig::default().timeout, None, "off by default");
+    for bad in ["-1", "ten", "1e9", "inf", "NaN", "5s"] {
+        let err = SocketConfig::from_lookup(env(&[("NCCL_LOSSY_TIMEOUT", bad)]))
+            .expect_err("bad timeout");
+        assert_eq!(err.kind, ErrorKind::InvalidArgument);
+        assert!(
+            err.message.contains("NCCL_LOSSY_TIMEOUT") && err.message.contains("0 or unset: off"),
+            "{err}"
+        );
+    }
+}
+
+/// Messages of mixed sizes (some spread over several sockets) with the receives posted only
+/// after the sender closed: every socket saw EOF first, and none of them owed anything.
+#[test]
+fn a_sender_that_closes_after_its_last_message_does_not_fail_the_receiver() {
+    // 0 and odd sizes; 150_001 bytes is 2 chunks, 200_000 is 3 (of at most 70 KB each, so
+    // they fit the sockets' buffers before the receiver reads).
+    let sizes = [0usize, 7, 150_001, 1, 200_000, 65_535, 3];
+    for nsocks in [1, 2, 4] {
+        let t = loopback(nsocks);
+        let (send, recv) = connect_pair(&t);
+        let mut data: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| pattern(n, 100 + i as u64))
+            .collect();
+        for d in data.iter_mut() {
+            let id = send
+                .isend(HostBuf::from_slice(d), 3, &LossPlan::lossless())
+                .expect("isend")
+                .expect("slot");
+            wait("send", || send.test(id)).expect("send completes");
+        }
+        drop(send);
+        // Let every receive thread read its socket's EOF before anything is posted.
+        std::thread::sleep(Duration::from_millis(200));
+        for (i, d) in data.iter().enumerate() {
+            let mut into = vec![0xeeu8; d.len() + 5];
+            let id = recv
+                .irecv(&[HostBuf::from_slice(&mut into)], &[3])
+                .expect("irecv after a clean close")
+                .expect("slot");
+            let done = wait("recv", || recv.test(id)).expect("message delivered");
+            assert_eq!(done.sizes(), &[d.len()], "{nsocks} sockets, message {i}");
+            assert!(into[..d.len()] == d[..], "{nsocks} sockets, message {i}");
+        }
+        // The peer is gone: a receive for a message it never sent fails at once.
+        let mut more = [0u8; 8];
+        let err = recv
+            .irecv(&[HostBuf::from_slice(&mut more)], &[3])
+            .expect_err("nothing more can come");
+        assert_eq!(err.kind, ErrorKind::Remote, "{err}");
+        assert!(err.message.contains("closed socket"), "{err}");
+    }
+}
+
+/// The same with receives posted first, and the last message big enough to keep the other
+/// sockets busy while the socket of a small message already reads EOF.
+#[test]
+fn posted_receives_survive_a_clean_close_on_sockets_that_owe_nothing() {
+    for round in 0..20u64 {
+        let t = loopback(4);
+        let (send, recv) = connect_pair(&t);
+        let sizes = [3usize << 20, 5, 0, 1 << 20];
+        let mut data: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| pattern(n, round * 10 + i as u64))
+            .collect();
+        let mut into: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n]).collect();
+        let rids: Vec<_> = into
+            .iter_mut()
+            .map(|b| {
+                recv.irecv(&[HostBuf::from_slice(b)], &[0])
+                    .expect("irecv")
+                    .expect("slot")
+            })
+            .collect();
+        for d in data.iter_mut() {
+            let id = send
+                .isend(HostBuf::from_slice(d), 0, &LossPlan::lossless())
+                .expect("isend")
+                .expect("slot");
+            wait("send", || send.test(id)).expect("send");
+        }
+        drop(send);
+        for (i, &r) in rids.iter().enumerate() {
+            let done = wait("recv", || recv.test(r)).expect("delivered despite the close");
+            assert_eq!(done.sizes(), &[sizes[i]]);
+        }
+        assert!(into == data, "round {round}");
+    }
+}
+
+/// A raw peer with `count` sockets that said hello; the test writes the data streams.
+fn raw_peer(t: &SocketTransport, count: u16) -> (Box<dyn RecvConn>, Vec<TcpStream>) {
+    let (mut listener, h) = raw_listener(t);
+    let socks: Vec<TcpStream> = (0..count)
+        .map(|i| {
+            let mut c = TcpStream::connect(h.addr).expect("connect");
+            c.write_all(&hello_bytes(&h, 5, i, count)).expect("hello");
+            c
+        })
+        .collect();
+    let recv = wait("accept", || listener.poll_accept()).expect("accept");
+    (recv, socks)
+}
+
+fn chunk_header(seq: u64, chunk: u8, size: u64) -> [u8; wire::HEADER_SIZE] {
+    Header {
+        seq,
+        chunk,
+        ..header(size, 0)
+    }
+    .encode()
+}
+
+#[test]
+fn a_clean_close_on_a_socket_that_still_owes_a_chunk_is_an_error() {
+    let t = loopback(2);
+    // Message 0 of 200_000 bytes has chunk 0 on socket 0 and chunk 1 on socket 1. Socket 0
+    // delivers its chunk; socket 1 closes cleanly without sending its chunk.
+    for post_first in [true, false] {
+        let (recv, mut socks) = raw_peer(&t, 2);
+        let mut into = vec![0u8; 200_000];
+        let mut posted = None;
+        if post_first {
+            posted = Some(
+                recv.irecv(&[HostBuf::from_slice(&mut into)], &[0])
+                    .expect("irecv")
+                    .expect("slot"),
+            );
+        }
+        let s1 = socks.pop().expect("socket 1");
+        s1.shutdown(std::net::Shutdown::Write).expect("half-close");
+        std::thread::sleep(Duration::from_millis(50));
+        let mut s0 = socks.pop().expect("socket 0");
+        s0.write_all(&chunk_header(0, 0, 200_000)).expect("header");
+        s0.write_all(&pattern(100_000, 1)).expect("chunk");
+        let outcome = match posted {
+            Some(id) => wait("failure", || recv.test(id)).map(|_| ()),
+            None => match recv.irecv(&[HostBuf::from_slice(&mut into)], &[0]) {
+                Err(e) => Err(e),
+                Ok(id) => wait("failure", || recv.test(id.expect("slot"))).map(|_| ()),
+            },
+        };
+        let err = outcome.expect_err("chunk 1 never comes");
+        assert_eq!(err.kind, ErrorKind::Remote, "{err}");
+        assert!(
+            err.message.contains("closed socket 1") && err.message.contains("message 0"),
+            "{err}"
+        );
+        drop((s0, s1));
+    }
+    // An unknown message owes its chunk 0: message 1's is on socket 1, which closed.
+    let (recv, mut socks) = raw_peer(&t, 2);
+    socks[1]
+        .shutdown(std::net::Shutdown::Write)
+        .expect("half-close");
+    socks[0].write_all(&chunk_header(0, 0, 10)).expect("header");
+    socks[0].write_all(&[9; 10]).expect("data");
+    let (mut a, mut b) = (vec![0u8; 10], vec![0u8; 10]);
+    let ra = recv
+        .irecv(&[HostBuf::from_slice(&mut a)], &[0])
+        .expect("irecv")
+        .expect("slot");
+    assert_eq!(
+        wait("a", || recv.test(ra)).expect("message 0").sizes(),
+        &[10]
+    );
+    assert_eq!(a, vec![9; 10]);
+    std::thread::sleep(Duration::from_millis(50));
+    let err = match recv.irecv(&[HostBuf::from_slice(&mut b)], &[0]) {
+        Err(e) => e,
+        Ok(id) => wait("b", || recv.test(id.expect("slot"))).expect_err("message 1 never comes"),
+    };
+    assert!(err.message.contains("closed socket 1"), "{err}");
+    // EOF in the middle of a chunk is an error too.
+    let (recv, mut socks) = raw_peer(&t, 1);
+    let mut c = vec![0u8; 1000];
+    let rc = recv
+        .irecv(&[HostBuf::from_slice(&mut c)], &[0])
+        .expect("irecv")
+        .expect("slot");
+    socks[0]
+        .write_all(&chunk_header(0, 0, 1000))
+        .expect("header");
+    socks[0].write_all(&[1; 400]).expect("part");
+    drop(socks);
+    let err = wait("c", || recv.test(rc)).expect_err("truncated chunk");
+    assert_eq!(err.kind, ErrorKind::Remote, "{err}");
+}
+
+fn with_timeout(nsocks: usize, timeout: Duration) -> SocketTransport {
+    let lo = IfaceAddr {
+        name: "lo".into(),
+        ip: "127.0.0.1".parse().expect("ip"),
+        scope_id: 0,
+        is_loopback: true,
+    };
+    let config = SocketConfig {
+        nsocks,
+        timeout: Some(timeout),
+        ..SocketConfig::default()
+    };
+    SocketTransport::with_interfaces(config, vec![lo])
+}
+
+#[test]
+fn a_silent_peer_fails_outstanding_requests_after_the_timeout() {
+    let limit = Duration::from_millis(500);
+    let t = with_timeout(2, limit);
+    // Receiver: the peer connected, sent half a message, and went silent (socket open).
+    let (recv, mut socks) = raw_peer(&t, 1);
+    let mut into = vec![0u8; 1 << 20];
+    // An idle connection does not time out: wait past the limit before posting.
+    std::thread::sleep(limit * 2);
+    let r = recv
+        .irecv(&[HostBuf::from_slice(&mut into)], &[0])
+        .expect("irecv on an idle connection")
+        .expect("slot");
+    socks[0]
+        .write_all(&chunk_header(0, 0, 1 << 20))
+        .expect("header");
+    socks[0].write_all(&[1; 1000]).expect("part");
+    let start = Instant::now();
+    let err = wait("timeout", || recv.test(r)).expect_err("stalled peer");
+    let took = start.elapsed();
+    assert_eq!(err.kind, ErrorKind::Remote, "{err}");
+    assert!(err.message.contains("NCCL_LOSSY_TIMEOUT"), "{err}");
+    assert!(
+        took >= limit && took < limit + Duration::from_secs(3),
+        "{took:?}"
+    );
+    drop(socks);
+
+    // Sender: the receiving side accepted but never reads; the send blocks in the kernel.
+    let mut handle = [0u8; HANDLE_WIRE_SIZE];
+    let mut listener = t.listen(0, &mut handle).expect("listen");
+    let mut connector = t.connect(0, &handle).expect("connect");
+    let send = wait("connect", || connector.poll()).expect("connected");
+    let _recv = wait("accept", || listener.poll_accept()).expect("accepted");
+    let mut big = vec![7u8; 256 << 20];
+    let s = send
+        .isend(HostBuf::from_slice(&mut big), 0, &LossPlan::lossless())
+        .expect("isend")
+        .expect("slot");
+    let start = Instant::now();
+    let err = wait("send timeout", || send.test(s)).expect_err("nobody reads");
+    assert!(err.message.contains("NCCL_LOSSY_TIMEOUT"), "{err}");
+    assert!(start.elapsed() < limit + Duration::from_secs(5));
+    drop(send);
+
+    // Accepting: no peer ever connects.
+    let mut handle = [0u8; HANDLE_WIRE_SIZE];
+    let mut listener = t.listen(0, &mut handle).expect("listen");
+    let start = Instant::now();
+    let err = loop {
+        match listener.poll_accept() {
+            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+            Ok(Some(_)) => panic!("nobody connected"),
+            Err(e) => break e,
+        }
+        assert!(
+            start.elapsed() < limit + Duration::from_secs(5),
+            "accept never gave up"
+        );
+    };
+    assert!(err.message.contains("NCCL_LOSSY_TIMEOUT"), "{err}");
+}
