@@ -101,6 +101,16 @@ pub struct Peer {
 impl Peer {
     /// Starts the peer playing `role`, with `env` added to its environment.
     pub fn spawn(child_test: &str, role: &str, env: &[(&str, &str)]) -> Peer {
+        Peer::spawn_with_stderr(child_test, role, env, Stdio::inherit())
+    }
+
+    /// As [`Peer::spawn`], with the peer's stderr (the plugin's log) going to `stderr`.
+    pub fn spawn_with_stderr(
+        child_test: &str,
+        role: &str,
+        env: &[(&str, &str)],
+        stderr: Stdio,
+    ) -> Peer {
         let exe = std::env::current_exe().expect("test binary");
         let mut cmd = Command::new(exe);
         cmd.args([
@@ -113,7 +123,7 @@ impl Peer {
         .env(ROLE_ENV, role)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+        .stderr(stderr);
         for (k, v) in env {
             cmd.env(k, v);
         }
