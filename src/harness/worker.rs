@@ -74,6 +74,37 @@ pub enum Task {
         /// `setNetAttr` op bits announced before sending (`1 << ncclFunc`).
         op_bits: u32,
     },
+    /// Many communicators at once, driven from one thread as NCCL's proxy drives them: each
+    /// has its own context and ring connection, up to `in_flight` requests per direction,
+    /// grouped receives of 1 to 8 buffers (some sharing a tag), message sizes from 0 to
+    /// 256 KiB + 3 (odd ones included), every byte checked.
+    Stress {
+        /// Communicators per rank.
+        comms: usize,
+        /// Groups each communicator sends to the next rank.
+        groups: usize,
+        /// Requests in flight per connection and direction (at most 8).
+        in_flight: usize,
+    },
+}
+
+/// What a [`Task::Stress`] rank received, all verified bit-exact.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StressCounts {
+    /// Communicators driven at once.
+    pub comms: u64,
+    /// Grouped receives completed.
+    pub groups: u64,
+    /// Messages received.
+    pub messages: u64,
+    /// Of which zero-byte messages.
+    pub zero_byte: u64,
+    /// Bytes received.
+    pub bytes: u64,
+    /// Most requests that were in flight at once on this rank.
+    pub peak_in_flight: u64,
+    /// Seconds from the first post to the last completion.
+    pub seconds: f64,
 }
 
 /// How the packets a rank received arrived (see [`Task::Messages`]).
@@ -186,6 +217,9 @@ pub struct WorkerReport {
     /// What the received packets of a [`Task::Messages`] job looked like.
     #[serde(default)]
     pub census: PacketCensus,
+    /// What a [`Task::Stress`] job moved.
+    #[serde(default)]
+    pub stress: StressCounts,
 }
 
 /// Runs `job` as `rank` of the run whose bootstrap is `boot`.
@@ -201,6 +235,7 @@ pub fn run_job(job: &Job, boot: &mut Bootstrap) -> Result<WorkerReport> {
         results: Vec::new(),
         groups_checked: 0,
         census: PacketCensus::default(),
+        stress: StressCounts::default(),
     };
     match &job.task {
         Task::Collectives { links, runs } => {
@@ -222,6 +257,18 @@ pub fn run_job(job: &Job, boot: &mut Bootstrap) -> Result<WorkerReport> {
                 op_bits: *op_bits,
             };
             report.census = messages(job, &lib, boot, &shape, &mut report)?
+        }
+        Task::Stress {
+            comms,
+            groups,
+            in_flight,
+        } => {
+            let shape = StressShape {
+                comms: *comms,
+                groups: *groups,
+                in_flight: (*in_flight).clamp(1, MAX_IN_FLIGHT),
+            };
+            report.stress = stress(job, &lib, boot, &shape, &mut report)?
         }
     }
     boot.barrier()?;
@@ -554,4 +601,258 @@ fn messages(
     recv.close()?;
     client.finalize()?;
     Ok(census)
+}
+
+/// What [`Task::Stress`] runs.
+struct StressShape {
+    comms: usize,
+    groups: usize,
+    in_flight: usize,
+}
+
+fn mix(a: u64, b: u64, c: u64, d: u64) -> u64 {
+    let mut x = a
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .wrapping_add(b.wrapping_mul(0xc2b2_ae3d_27d4_eb4f))
+        .wrapping_add(c.wrapping_mul(0x1656_67b1_9e37_79f9))
+        .wrapping_add(d);
+    x ^= x >> 31;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^ (x >> 29)
+}
+
+/// Messages in group `g` of communicator `c` (the same on both ends): 1 to 8.
+fn stress_group_len(c: usize, g: usize) -> usize {
+    1 + (mix(c as u64, g as u64, 1, 0) % 8) as usize
+}
+
+/// Tag of message `m` of a group: every third group reuses tags, so several buffers of one
+/// grouped receive share a tag.
+fn stress_tag(g: usize, m: usize) -> i32 {
+    if g % 3 == 0 {
+        (m % 2) as i32
+    } else {
+        m as i32
+    }
+}
+
+/// Size of message `m` of group `g` of communicator `c` from `rank`: 0, small odd and even
+/// sizes, sizes around the 64 KiB chunk boundary, and a few of 256 KiB + 3.
+fn stress_size(rank: usize, c: usize, g: usize, m: usize) -> usize {
+    const SIZES: [usize; 16] = [
+        0, 1, 3, 17, 255, 1000, 4095, 4096, 4097, 65_535, 65_536, 65_537, 100_001, 131_073,
+        199_999, 262_147,
+    ];
+    SIZES[(mix(rank as u64, c as u64, g as u64, m as u64) % 16) as usize]
+}
+
+fn stress_byte(seed: u64, i: usize) -> u8 {
+    (seed.wrapping_add((i as u64).wrapping_mul(0x2545_f491)) >> 13) as u8 ^ i as u8
+}
+
+fn stress_seed(rank: usize, c: usize, g: usize, m: usize) -> u64 {
+    mix(rank as u64 + 7, c as u64, g as u64, m as u64 + 11)
+}
+
+/// For buffer `b` of a group of `k`: the message that lands in it. Buffers are posted with
+/// the messages' tags in reverse order; the `j`-th buffer with a tag gets the `j`-th message
+/// with that tag.
+fn stress_message_for_buffer(g: usize, k: usize, b: usize) -> usize {
+    let tag = stress_tag(g, k - 1 - b);
+    let j = (0..b).filter(|&x| stress_tag(g, k - 1 - x) == tag).count();
+    (0..k)
+        .filter(|&m| stress_tag(g, m) == tag)
+        .nth(j)
+        .unwrap_or(k - 1 - b)
+}
+
+struct StressComm {
+    send: super::plugin_client::SendComm,
+    recv: super::plugin_client::RecvComm,
+    sends: std::collections::VecDeque<super::plugin_client::Request>,
+    recvs: std::collections::VecDeque<(super::plugin_client::Request, usize)>,
+    next_send: (usize, usize),
+    next_recv: usize,
+}
+
+/// The exchange of [`Task::Stress`].
+fn stress(
+    job: &Job,
+    lib: &Rc<PluginLibrary>,
+    boot: &mut Bootstrap,
+    shape: &StressShape,
+    report: &mut WorkerReport,
+) -> Result<StressCounts> {
+    let (rank, n) = (boot.rank(), boot.nranks());
+    let prev = (rank + n - 1) % n;
+    let clients = (0..shape.comms)
+        .map(|c| PluginClient::init(lib, job.version, 0x5700 + c as u64))
+        .collect::<Result<Vec<_>>>()?;
+    if let Some(first) = clients.first() {
+        report.plugin = first.name();
+    }
+    let mut handles = Vec::with_capacity(shape.comms * HANDLE_BYTES);
+    let mut listens = Vec::with_capacity(shape.comms);
+    for client in &clients {
+        let (handle, listen) = client.listen(0)?;
+        handles.extend_from_slice(&handle);
+        listens.push(listen);
+    }
+    let all = boot.all_gather(&handles)?;
+    let next = &all[(rank + 1) % n];
+    if next.len() != handles.len() {
+        return Err(Error::remote("the next rank has another number of comms"));
+    }
+    let mut comms = Vec::with_capacity(shape.comms);
+    for (c, (client, mut listen)) in clients.iter().zip(listens).enumerate() {
+        let h: [u8; HANDLE_BYTES] = next[c * HANDLE_BYTES..(c + 1) * HANDLE_BYTES]
+            .try_into()
+            .map_err(|_| Error::remote("bad handle size"))?;
+        let (send, recv) = establish(client.connect(0, &h), &mut listen, job.timeout())?;
+        listen.close()?;
+        client.set_net_attr(op::SEND_RECV)?;
+        comms.push(StressComm {
+            send,
+            recv,
+            sends: Default::default(),
+            recvs: Default::default(),
+            next_send: (0, 0),
+            next_recv: 0,
+        });
+    }
+    let mut counts = StressCounts {
+        comms: shape.comms as u64,
+        ..StressCounts::default()
+    };
+    let start = Instant::now();
+    let deadline = start + job.timeout();
+    let mut idle_since = Instant::now();
+    loop {
+        let mut progress = false;
+        let mut busy = false;
+        let mut in_flight = 0;
+        for (c, comm) in comms.iter_mut().enumerate() {
+            // Receives: one grouped irecv per group.
+            while comm.recvs.len() < shape.in_flight && comm.next_recv < shape.groups {
+                let g = comm.next_recv;
+                let k = stress_group_len(c, g);
+                let items = (0..k)
+                    .map(|b| {
+                        let m = stress_message_for_buffer(g, k, b);
+                        let cap = stress_size(prev, c, g, m) + b % 5;
+                        let mut buf = vec![0xa5u8; cap].into_boxed_slice();
+                        let mr = comm.recv.reg_mr(&mut buf)?;
+                        Ok(RecvItem {
+                            buf,
+                            size: cap,
+                            tag: stress_tag(g, k - 1 - b),
+                            mr,
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                match comm.recv.irecv(items)? {
+                    Posted::Started(r) => {
+                        comm.recvs.push_back((r, g));
+                        comm.next_recv += 1;
+                        progress = true;
+                    }
+                    Posted::Busy(_) => break,
+                }
+            }
+            // Sends: one request per message.
+            while comm.sends.len() < shape.in_flight && comm.next_send.0 < shape.groups {
+                let (g, m) = comm.next_send;
+                let size = stress_size(rank, c, g, m);
+                let seed = stress_seed(rank, c, g, m);
+                let mut buf: Vec<u8> = (0..size).map(|i| stress_byte(seed, i)).collect();
+                let mr = comm.send.reg_mr(&mut buf)?;
+                match comm
+                    .send
+                    .isend(buf.into_boxed_slice(), size, stress_tag(g, m), mr)?
+                {
+                    Posted::Started(r) => {
+                        comm.sends.push_back(r);
+                        comm.next_send = if m + 1 == stress_group_len(c, g) {
+                            (g + 1, 0)
+                        } else {
+                            (g, m + 1)
+                        };
+                        progress = true;
+                    }
+                    Posted::Busy(_) => break,
+                }
+            }
+            in_flight += comm.sends.len() + comm.recvs.len();
+            // Only the oldest request of each queue is tested, as NCCL's proxy does.
+            while let Some(r) = comm.sends.front_mut() {
+                if r.test()?.is_none() {
+                    break;
+                }
+                if let Some(r) = comm.sends.pop_front() {
+                    r.finish()?;
+                }
+                progress = true;
+            }
+            while let Some((r, _)) = comm.recvs.front_mut() {
+                if r.test()?.is_none() {
+                    break;
+                }
+                let Some((r, g)) = comm.recvs.pop_front() else {
+                    break;
+                };
+                let (bufs, sizes) = r.finish()?;
+                let k = bufs.len();
+                for (b, (buf, &size)) in bufs.iter().zip(&sizes).enumerate() {
+                    let m = stress_message_for_buffer(g, k, b);
+                    let want = stress_size(prev, c, g, m);
+                    if size != want {
+                        return Err(Error::remote(format!(
+                            "comm {c} group {g} buffer {b}: {size} bytes, expected {want}"
+                        )));
+                    }
+                    let seed = stress_seed(prev, c, g, m);
+                    if let Some(i) = (0..size).find(|&i| buf[i] != stress_byte(seed, i)) {
+                        return Err(Error::remote(format!(
+                            "comm {c} group {g} buffer {b}: byte {i} differs"
+                        )));
+                    }
+                    counts.messages += 1;
+                    counts.zero_byte += u64::from(size == 0);
+                    counts.bytes += size as u64;
+                }
+                counts.groups += 1;
+                progress = true;
+            }
+            busy |= comm.next_recv < shape.groups
+                || comm.next_send.0 < shape.groups
+                || !comm.sends.is_empty()
+                || !comm.recvs.is_empty();
+        }
+        counts.peak_in_flight = counts.peak_in_flight.max(in_flight as u64);
+        if !busy {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(Error::remote(format!(
+                "stress run not done within {:?} (idle for {:?})",
+                job.timeout(),
+                idle_since.elapsed()
+            )));
+        }
+        if progress {
+            idle_since = Instant::now();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    counts.seconds = start.elapsed().as_secs_f64();
+    // Closed at once, no barrier: the next rank may still be reading our last messages.
+    for comm in comms {
+        comm.send.close()?;
+        comm.recv.close()?;
+    }
+    for client in clients {
+        client.finalize()?;
+    }
+    Ok(counts)
 }
