@@ -557,6 +557,7 @@ impl Drop for SendComm {
                 .bursts
                 .finish(|op, len| self.stats.record_burst(op, len));
         }
+        stats::registry().close(&self.stats);
         comm_closed();
         // Each closed connection refreshes the file, so a run that ends without finalize
         // (NCCL v8-v10 have none) still leaves its statistics behind.

@@ -321,23 +321,57 @@ pub struct ConnectionSnapshot {
 }
 
 /// Every connection this process has opened, live or closed, so a snapshot covers the run.
+/// A closed connection keeps only its compact snapshot (non-empty cells and recorded bins,
+/// typically a few hundred bytes instead of tens of KiB of live histograms), and one that
+/// never sent anything keeps nothing: opening and closing connections does not grow memory
+/// beyond what the statistics file must report.
 #[derive(Default)]
 pub struct Registry {
-    connections: Mutex<Vec<Arc<ConnectionStats>>>,
+    connections: Mutex<Vec<Entry>>,
+}
+
+enum Entry {
+    Live(Arc<ConnectionStats>),
+    Closed(ConnectionSnapshot),
 }
 
 impl Registry {
     /// Adds a connection (once, when it opens).
     pub fn register(&self, stats: Arc<ConnectionStats>) {
         if let Ok(mut list) = self.connections.lock() {
-            list.push(stats);
+            list.push(Entry::Live(stats));
+        }
+    }
+
+    /// Freezes a connection that closed: its snapshot replaces it, in place, or it goes
+    /// when it recorded nothing.
+    pub fn close(&self, stats: &Arc<ConnectionStats>) {
+        let snap = stats.snapshot();
+        let keep = snap.total.messages > 0 || !snap.histograms.is_empty();
+        if let Ok(mut list) = self.connections.lock() {
+            if let Some(i) = list
+                .iter()
+                .position(|e| matches!(e, Entry::Live(c) if Arc::ptr_eq(c, stats)))
+            {
+                if keep {
+                    list[i] = Entry::Closed(snap);
+                } else {
+                    list.remove(i);
+                }
+            }
         }
     }
 
     /// Reads every connection's statistics.
     pub fn snapshot(&self) -> Vec<ConnectionSnapshot> {
         match self.connections.lock() {
-            Ok(list) => list.iter().map(|c| c.snapshot()).collect(),
+            Ok(list) => list
+                .iter()
+                .map(|e| match e {
+                    Entry::Live(c) => c.snapshot(),
+                    Entry::Closed(s) => s.clone(),
+                })
+                .collect(),
             Err(_) => Vec::new(),
         }
     }
