@@ -159,6 +159,10 @@ fn dl_error() -> String {
 /// Rust cannot define; this plugin always logs with a single `%s` argument, so the harness
 /// takes exactly one pointer after the format (the calling convention passes the first
 /// variadic pointer where a sixth fixed pointer argument goes on x86-64 and AArch64 Linux).
+///
+/// # Safety
+/// `fmt` is NULL or a NUL-terminated string; when it holds exactly one `%s`, `arg` is NULL or
+/// a NUL-terminated string (NCCL's logger contract, which the plugin follows).
 unsafe extern "C" fn log_line(
     level: ncclDebugLogLevel,
     _flags: c_ulong,
