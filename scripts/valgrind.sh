@@ -40,8 +40,8 @@ for log in "$out"/vg.*.log; do
   errors=$(grep -oE 'ERROR SUMMARY: [0-9]+ errors' "$log" | grep -oE '[0-9]+' | tail -1)
   definite=$(grep -oE 'definitely lost: [0-9,]+ bytes' "$log" | tail -1 || true)
   invalid=$(grep -cE 'Invalid (read|write|free)|uninitialised|Mismatched free' "$log" || true)
-  ours=$(grep -cE 'nccl_net_lossy' "$log" || true)
-  echo "$(basename "$log"): ${cmd}: errors ${errors:-?}, invalid accesses ${invalid}, ${definite:-definitely lost: 0 bytes}, frames in our library ${ours}"
+  ours=$(grep -cE '^==[0-9]+== +(at|by) 0x.*(nccl_net_lossy|libnccl)' "$log" || true)
+  echo "$(basename "$log"): ${cmd}: errors ${errors:-?}, invalid accesses ${invalid}, ${definite:-definitely lost: 0 bytes}, stack frames in our library ${ours}"
   if [ "${errors:-1}" != "0" ]; then fail=1; fi
 done
 echo "valgrind: ${procs} processes checked; demo exit status ${status}"
