@@ -9,7 +9,8 @@
 //! `NCCL_SOCKET_IFNAME`, `NCCL_SOCKET_FAMILY` as in NCCL; `NCCL_LOSSY_NSOCKS` sockets per
 //! connection (1 to 16, default [`DEFAULT_NSOCKS`]); `NCCL_LOSSY_SPEED_MBPS` overrides the
 //! reported link speed; `NCCL_LOSSY_SOCKBUF` sets SO_SNDBUF/SO_RCVBUF in bytes (default: the
-//! kernel's autotuning).
+//! kernel's autotuning); `NCCL_LOSSY_TIMEOUT` fails requests of a connection that moves no
+//! byte for that many seconds, and bounds accept and connect (default 0: off).
 
 mod conn;
 mod connect;
