@@ -9,7 +9,7 @@
 
 mod common;
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::rc::Rc;
 use std::sync::Once;
 use std::time::{Duration, Instant};
@@ -388,7 +388,7 @@ fn fault_peer() {
                 index: 0,
                 count: 4,
             };
-            let mut s = TcpStream::connect(SocketAddr::from(h.addr)).expect("connect");
+            let mut s = TcpStream::connect(h.addr).expect("connect");
             std::io::Write::write_all(&mut s, &hello.encode()).expect("hello");
             say("READY");
             park();

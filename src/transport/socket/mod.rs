@@ -94,7 +94,7 @@ pub const MAX_TIMEOUT_SECS: f64 = 7.0 * 24.0 * 3600.0;
 pub fn parse_timeout(value: &str) -> Result<Option<Duration>> {
     let secs = value.trim().parse::<f64>().ok().filter(|s| s.is_finite());
     match secs {
-        Some(s) if s == 0.0 => Ok(None),
+        Some(0.0) => Ok(None),
         Some(s) if s > 0.0 && s <= MAX_TIMEOUT_SECS => Ok(Some(Duration::from_secs_f64(s))),
         _ => Err(Error::invalid_argument(format!(
             "NCCL_LOSSY_TIMEOUT={value} is not valid: expected a number of seconds from 0 to \
