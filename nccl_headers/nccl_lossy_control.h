@@ -17,7 +17,7 @@ extern "C" {
 #endif
 
 /* Version of this control API; bumped when a function changes. */
-#define NCCL_LOSSY_CONTROL_VERSION 1
+#define NCCL_LOSSY_CONTROL_VERSION 2
 
 /* Training phases that profile rules can match (`phase = "forward"` ...). */
 #define NCCL_LOSSY_PHASE_ANY 0
@@ -44,6 +44,13 @@ int64_t ncclLossyStatsJson(char* buf, size_t cap);
 /* Writes the statistics file into NCCL_LOSSY_STATS now. Returns 0 on success, 1 when
  * NCCL_LOSSY_STATS is not set, -1 on error (logged). */
 int ncclLossyWriteStats(void);
+
+/* Loads a profile exactly as the plugin would (path NULL: the embedded default; overrides
+ * NULL or NCCL_LOSSY_SET text) and writes a NUL-terminated JSON answer into buf, like
+ * ncclLossyStatsJson: {"ok": true, "origin", "summary", "corrupts_data", "lossless",
+ * "profile"} or {"ok": false, "error": "<file:line: key: what is allowed>"}. Lets launchers
+ * decide the protocol guard without parsing profiles themselves. Added in version 2. */
+int64_t ncclLossyCheckProfile(const char* path, const char* overrides, char* buf, size_t cap);
 
 #ifdef __cplusplus
 }

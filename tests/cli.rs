@@ -40,6 +40,33 @@ fn demo_prints_a_bit_exact_table_and_the_loss_per_collective() {
 }
 
 #[test]
+fn demo_under_a_zeroing_profile_marks_damage_as_expected_and_succeeds() {
+    // 1% uniform loss with zeros: a 1 MiB message is 256 packets of 4 KiB, so a message is
+    // untouched with probability 0.99^256 = 7.6%; each collective moves many messages per
+    // iteration, so every row is damaged with overwhelming probability (and the seed is fixed).
+    let out = Command::new(lossy_exe())
+        .args(["demo", "--sizes", "1M"])
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .env("NCCL_LOSSY_PROFILE", "configs/uniform-1pct.toml")
+        .env_remove("NCCL_LOSSY_STATS")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run lossy");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let damaged = stdout
+        .lines()
+        .filter(|l| l.trim_end().ends_with("damaged"))
+        .count();
+    assert_eq!(damaged, 3, "{stdout}");
+    assert!(!stdout.contains("WRONG"), "{stdout}");
+}
+
+#[test]
 fn bench_prints_plugin_and_raw_tcp_side_by_side() {
     let out = lossy(&["bench", "--sizes", "small", "--iters", "2", "--lossless"]);
     let rows: Vec<&str> = out.lines().filter(|l| !l.starts_with('#')).collect();

@@ -47,6 +47,22 @@ fn every_shipped_profile_validates() {
 }
 
 #[test]
+fn validate_without_a_file_checks_the_embedded_default() {
+    let out = lossy(&["validate", "--set", "effect=zero"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.starts_with("embedded default: ")
+            && stdout.contains("uniform(rate=0.01), effect zero"),
+        "{stdout}"
+    );
+}
+
+#[test]
 fn broken_profile_exits_2_naming_file_line_and_key() {
     let dir = std::env::temp_dir().join(format!("lossy-cli-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
