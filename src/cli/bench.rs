@@ -7,6 +7,7 @@ use crate::harness::collectives::{Collective, DataType};
 use crate::harness::launch::{self, Launch};
 use crate::harness::plugin_client::default_library_path;
 use crate::harness::worker::{raw_streams_default, Job, LinkKind, RunSpec, WorkerReport};
+use crate::profile::Profile;
 use crate::Result;
 
 /// Arguments of `lossy bench`.
@@ -135,6 +136,8 @@ fn bench(args: &Args) -> Result<()> {
     job.verify = true;
     let streams = raw_streams_default();
     job.raw_streams = streams;
+    // Damage is the expected outcome of a profile whose effects change data (and loss is on).
+    let corrupts_data = !args.lossless && Profile::from_env()?.corrupts_data();
     let reports = launch::run(&Launch::new(args.ranks, job)?)?;
     let n = args.ranks;
     let factor = Collective::AllReduce.bus_factor(n);
@@ -169,7 +172,7 @@ fn bench(args: &Args) -> Result<()> {
                 .get(2 * i..2 * i + 2)
                 .is_some_and(|rs| rs.iter().all(|x| x.ok))
         });
-        all_ok &= ok;
+        all_ok &= ok || corrupts_data;
         let algbw = |t: f64| if t > 0.0 { bytes as f64 / t / 1e9 } else { 0.0 };
         println!(
             "  {:>10} {:>10} | {:>10.1} {:>8.2} {:>8.2} | {:>10.1} {:>8.2} {:>8.2} | {:>5.0}% {:>5}",
@@ -182,8 +185,15 @@ fn bench(args: &Args) -> Result<()> {
             algbw(raw),
             algbw(raw) * factor,
             if raw > 0.0 { 100.0 * raw / plugin.max(1e-12) } else { 0.0 },
-            if ok { "ok" } else { "WRONG" }
+            match (ok, corrupts_data) {
+                (true, _) => "ok",
+                (false, true) => "dmg",
+                (false, false) => "WRONG",
+            }
         );
+    }
+    if corrupts_data {
+        println!("# dmg: the profile's effect changed data, as it is meant to");
     }
     if all_ok {
         Ok(())
