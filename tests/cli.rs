@@ -76,6 +76,30 @@ fn bench_prints_plugin_and_raw_tcp_side_by_side() {
 }
 
 #[test]
+fn bench_vs_lossless_switches_loss_off_for_the_baseline_only() {
+    // Under 1% zero loss a 4 MiB all-reduce (1024 packets of 4 KiB per message) is damaged
+    // with probability 1 - 0.99^1024 ~ 1 - 3e-5; the interleaved lossless link must stay
+    // bit-exact, or the row says WRONG and the command fails.
+    let out = Command::new(lossy_exe())
+        .args(["bench", "--vs-lossless", "--sizes", "4M", "--iters", "2"])
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .env("NCCL_LOSSY_PROFILE", "configs/uniform-1pct.toml")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run lossy");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<&str> = stdout.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(rows.len(), 1, "{stdout}");
+    assert!(rows[0].trim_end().ends_with("dmg"), "{stdout}");
+    assert_eq!(rows[0].matches('%').count(), 2, "{stdout}");
+}
+
+#[test]
 fn install_puts_the_library_under_the_nccl_name_with_all_five_tables() {
     let prefix = std::env::temp_dir().join(format!("lossy-install-test-{}", std::process::id()));
     let out = lossy(&["install", "--prefix", prefix.to_str().expect("utf-8 path")]);
