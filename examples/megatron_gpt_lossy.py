@@ -94,6 +94,7 @@ def rank_env(rank: int, world: int, port: int, base=None) -> dict:
     env["NCCL_HOSTID"] = f"fakehost{rank}"
     env.setdefault("NCCL_SOCKET_IFNAME", "lo")
     env.setdefault("NCCL_MULTI_RANK_GPU_ENABLE", "1")  # NCCL 2.30+; older versions ignore it
+    env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # megatron-core's advice for sequence parallelism
     return env
 
 
