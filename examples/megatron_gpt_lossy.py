@@ -336,7 +336,10 @@ def worker(args) -> None:
         warm = tps[min(5, len(tps) - 1):]  # leave the first steps (allocation, NCCL setup) out
         log.write(json.dumps({"event": "end", "setting": args.setting, "final_loss": finite(losses[-1]),
                               "mean_loss_last10": finite(sum(losses[-10:]) / len(losses[-10:])),
-                              "tokens_per_s": sum(warm) / len(warm), "plugin_total_rank0": plugin_total}) + "\n")
+                              "tokens_per_s": sum(warm) / len(warm), "plugin_total_rank0": plugin_total,
+                              "integration_step": integ.step_number if integ is not None else None,
+                              "megatron_patch_applied": sum(1 for r in (integ.patch_results if integ else [])
+                                                            if getattr(r, "status", "") == "applied")}) + "\n")
         log.close()
     if integ is not None:
         integ.detach()
