@@ -198,3 +198,24 @@ def test_megatron_example_two_steps_on_cpu_and_results_page(tmp_path, lib_path):
     text = md.read_text()
     assert "| uniform_0.01_all | uniform | 0.01 | all | 2 |" in text
     assert "CPU/gloo dry run" in text
+
+
+CHECKS = REPO / "bench" / "gpu" / "nccl_checks.py"
+
+
+def test_nccl_checks_dry_run_on_gloo(tmp_path, lib_path):
+    # gloo carries no plugin traffic, so this exercises the checks' data conditions (an
+    # all-gather-only rule must leave all-reduce and reduce-scatter exact, the local part of the
+    # all-gather must be the input) and the report, not the plugin.
+    out = tmp_path / "checks"
+    proc = subprocess.run(
+        [sys.executable, str(CHECKS), "--cpu", "--only", "isolation,forced-ll", "--out", str(out)],
+        env=run_env(tmp_path, lib_path), capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    rows = {r["check"]: r for r in json.loads((out / "checks.json").read_text())}
+    assert rows["isolation"]["passed"] is True and rows["isolation"]["exit_codes"] == [0, 0]
+    assert rows["isolation"]["ranks"][0]["allgather_received_zero_fraction"] == 0.0
+    assert rows["forced-ll"]["passed"] is None  # needs NCCL
+    assert "| isolation | pass |" in (out / "checks.md").read_text()
+    # the forced-LL check hands the plugin a zero profile with NCCL_PROTO=LL
+    assert 'effect = "zero"' in (out / "forced-ll.toml").read_text()
