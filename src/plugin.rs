@@ -18,7 +18,7 @@ use crate::stats::writer::{launcher_rank, StatsFile, STATS_DIR_ENV};
 use crate::stats::{self, BurstTracker, ConnectionStats, MessageRecord};
 use crate::transport::socket::SocketTransport;
 use crate::transport::{
-    Completion, Connector, DeviceProps, HostBuf, Listener, RecvConn, RequestId, SendConn,
+    Completion, Connector, DeviceProps, HostBuf, Listener, MrHandle, RecvConn, RequestId, SendConn,
     Transport, WireHandle, MAX_REQUESTS,
 };
 use crate::{log, Error, Result};
@@ -536,6 +536,16 @@ impl SendComm {
         Ok(Some(id))
     }
 
+    /// Registers host memory for later sends (NCCL's `regMr`).
+    pub fn register(&self, buf: HostBuf) -> Result<MrHandle> {
+        self.conn.register(buf)
+    }
+
+    /// Releases a registration made by [`SendComm::register`].
+    pub fn deregister(&self, mr: MrHandle) -> Result<()> {
+        self.conn.deregister(mr)
+    }
+
     /// Reports whether request `id` is done.
     pub fn test(&self, id: RequestId) -> Result<Option<Completion>> {
         let done = self.conn.test(id)?;
@@ -609,6 +619,16 @@ impl RecvComm {
     /// Reports whether request `id` is done and the size each buffer got.
     pub fn test(&self, id: RequestId) -> Result<Option<Completion>> {
         self.conn.test(id)
+    }
+
+    /// Registers host memory for later receives (NCCL's `regMr`).
+    pub fn register(&self, buf: HostBuf) -> Result<MrHandle> {
+        self.conn.register(buf)
+    }
+
+    /// Releases a registration made by [`RecvComm::register`].
+    pub fn deregister(&self, mr: MrHandle) -> Result<()> {
+        self.conn.deregister(mr)
     }
 }
 
