@@ -931,6 +931,12 @@ impl Profile {
             .any(|a| a.effect.corrupts_data() && a.model.can_lose())
     }
 
+    /// True when some action has `effect` (with a model that can lose packets).
+    pub fn uses_effect(&self, effect: Effect) -> bool {
+        self.actions()
+            .any(|a| a.effect == effect && a.model.can_lose())
+    }
+
     /// True when a rule matches on the collective (which old NCCL versions do not report).
     pub fn matches_on_collective(&self) -> bool {
         self.rules.iter().any(|r| r.when.collectives.is_some())

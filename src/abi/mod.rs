@@ -75,9 +75,20 @@ fn device_index(dev: c_int) -> Result<usize> {
 
 // ---- logging -------------------------------------------------------------------------------
 
+/// The logger NCCL gave the latest `init`, which a wrapped plugin gets too.
+static NCCL_LOGGER: Mutex<ncclDebugLogger_t> = Mutex::new(None);
+
+/// NCCL's logger, when an `init` gave one.
+pub(crate) fn nccl_logger() -> ncclDebugLogger_t {
+    NCCL_LOGGER.lock().map_or(None, |l| *l)
+}
+
 /// Routes our log lines to NCCL's logger (kept until the next init replaces it).
 pub(crate) fn install_logger(logger: ncclDebugLogger_t) {
     let Some(logger) = logger else { return };
+    if let Ok(mut slot) = NCCL_LOGGER.lock() {
+        *slot = Some(logger);
+    }
     log::set_sink(Box::new(move |level, message| {
         let level = match level {
             log::Level::Warn => ncclDebugLogLevel::NCCL_LOG_WARN,
