@@ -74,7 +74,7 @@ impl Core {
             core.rank = None;
             return Ok(core);
         }
-        let profile = Profile::from_env()?;
+        let mut profile = Profile::from_env()?;
         check_forced_protocol(&profile, std::env::var("NCCL_PROTO").ok().as_deref())?;
         let inner_env = std::env::var(INNER_ENV)
             .ok()
@@ -82,6 +82,9 @@ impl Core {
         let transport: Box<dyn Transport> = match wrap_target(&profile, inner_env)? {
             None => Box::new(SocketTransport::from_env()?),
             Some(inner) => {
+                // Statistics files and the init log say which transport really ran.
+                profile.transport = Some(TransportKind::Wrap);
+                profile.inner = Some(inner.clone());
                 let options = WrapOptions {
                     keep_stale_copy: profile.uses_effect(Effect::Stale),
                 };

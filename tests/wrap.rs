@@ -1,0 +1,193 @@
+//! Wrap mode end to end: worker processes load the built library, which loads a second copy
+//! of itself (the same file copied under another name, `dlopen`ed privately) as its inner
+//! net plugin. The outer copy injects loss and sends side messages; the inner copy carries
+//! the bytes on its sockets.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{assert_all_exact, every, library, lossy_exe};
+use nccl_net_lossy::harness::collectives::DataType;
+use nccl_net_lossy::harness::launch::{self, Launch};
+use nccl_net_lossy::harness::plugin_client::op;
+use nccl_net_lossy::harness::worker::{Job, LinkKind, PacketCensus, Task, WorkerReport};
+use nccl_net_lossy::stats::report::load_run;
+
+fn repo_file(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+fn fresh_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("lossy-wrap-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// A copy of the built library under another file name, as a wrapped plugin would be.
+fn inner_copy(dir: &Path) -> PathBuf {
+    let copy = dir.join("libnccl-net-innercopy.so");
+    std::fs::copy(library(), &copy).expect("copy the plugin library");
+    copy
+}
+
+fn launch_env(
+    nranks: usize,
+    job: Job,
+    env: Vec<(String, String)>,
+) -> nccl_net_lossy::Result<Vec<WorkerReport>> {
+    let mut all = vec![("NCCL_SOCKET_IFNAME".to_string(), "lo".to_string())];
+    all.extend(env);
+    launch::run(&Launch {
+        exe: lossy_exe(),
+        nranks,
+        job,
+        env: all,
+        timeout: Duration::from_secs(120),
+    })
+}
+
+fn total_census(reports: &[WorkerReport]) -> PacketCensus {
+    let mut sum = PacketCensus::default();
+    for c in reports.iter().map(|r| r.census) {
+        sum.packets += c.packets;
+        sum.intact += c.intact;
+        sum.zeroed += c.zeroed;
+        sum.stale += c.stale;
+        sum.flipped += c.flipped;
+        sum.other += c.other;
+    }
+    sum
+}
+
+#[test]
+fn wrapped_collectives_are_bit_exact_at_zero_loss_on_every_abi_version() {
+    let dir = fresh_dir("exact");
+    let inner = inner_copy(&dir);
+    for version in [8, 10, 12] {
+        let runs = every(&[0, 7, 4096, (1 << 20) + 3], &[DataType::F32, DataType::U8]);
+        let n = runs.len();
+        let mut job = Job::collectives(library(), vec![LinkKind::Plugin], runs);
+        job.version = version;
+        job.timeout_s = 60.0;
+        let reports = launch_env(
+            3,
+            job,
+            vec![
+                (
+                    "NCCL_LOSSY_PROFILE".into(),
+                    repo_file("configs/lossless.toml").display().to_string(),
+                ),
+                ("NCCL_LOSSY_INNER".into(), inner.display().to_string()),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("v{version}: run failed: {e}"));
+        assert_all_exact(&reports, n);
+        assert!(
+            reports.iter().all(|r| r.plugin == "lossy"),
+            "our name stays"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// 2 ranks x 40 messages of 1 MiB (256 packets each), under a loss profile, with statistics.
+fn lossy_messages(effect: &str, inner: Option<&Path>, stats: &Path) -> Vec<WorkerReport> {
+    let mut job = Job::collectives(library(), vec![LinkKind::Plugin], Vec::new());
+    job.task = Task::Messages {
+        bytes: 1 << 20,
+        count: 40,
+        mtu: 4096,
+        op_bits: op::SEND_RECV,
+    };
+    job.timeout_s = 60.0;
+    let mut env = vec![
+        (
+            "NCCL_LOSSY_PROFILE".into(),
+            repo_file("configs/uniform-1pct.toml").display().to_string(),
+        ),
+        ("NCCL_LOSSY_SET".into(), format!("effect={effect};seed=11")),
+        ("NCCL_LOSSY_STATS".into(), stats.display().to_string()),
+    ];
+    if let Some(inner) = inner {
+        env.push(("NCCL_LOSSY_INNER".into(), inner.display().to_string()));
+    }
+    launch_env(2, job, env).unwrap_or_else(|e| panic!("run failed: {e}"))
+}
+
+#[test]
+fn wrapped_loss_matches_the_direct_transport_packet_for_packet() {
+    let dir = fresh_dir("stats");
+    let inner = inner_copy(&dir);
+    for effect in ["zero", "stale", "bitflip", "retransmit"] {
+        let direct_stats = dir.join(format!("direct-{effect}"));
+        let wrapped_stats = dir.join(format!("wrapped-{effect}"));
+        let direct = total_census(&lossy_messages(effect, None, &direct_stats));
+        let wrapped = total_census(&lossy_messages(effect, Some(&inner), &wrapped_stats));
+        // Same seed, same messages: the same packets are lost and damaged the same way.
+        assert_eq!(wrapped, direct, "{effect}");
+        let d = load_run(&direct_stats).expect("direct statistics");
+        let w = load_run(&wrapped_stats).expect("wrapped statistics");
+        // One file per rank: the inner copy writes none.
+        assert_eq!((d.ranks, w.ranks), (2, 2), "{effect}");
+        assert_eq!(w.total.counts, d.total.counts, "{effect}");
+        assert_eq!(w.total.bursts, d.total.bursts, "{effect}");
+        assert!(
+            d.total.counts.lost_packets > 0,
+            "{effect}: the profile loses packets"
+        );
+        let damaged = match effect {
+            "zero" => wrapped.zeroed,
+            "stale" => wrapped.stale,
+            "bitflip" => wrapped.flipped,
+            _ => 0,
+        };
+        let expected = if effect == "retransmit" {
+            0
+        } else {
+            w.total.counts.lost_packets
+        };
+        assert_eq!(damaged, expected, "{effect}: {wrapped:?}");
+        assert_eq!(
+            wrapped.intact + damaged,
+            wrapped.packets,
+            "{effect}: {wrapped:?}"
+        );
+        assert_eq!(w.profile["transport"], "wrap", "{effect}");
+        assert_eq!(w.profile["inner"], inner.display().to_string(), "{effect}");
+        assert_eq!(d.profile["transport"], "socket", "{effect}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs 2 lossless ranks with `inner`, expecting the workers to fail; returns the error text.
+fn failing_run(inner: &str) -> String {
+    let runs = every(&[4096], &[DataType::F32]);
+    let mut job = Job::collectives(library(), vec![LinkKind::Plugin], runs);
+    job.timeout_s = 20.0;
+    match launch_env(2, job, vec![("NCCL_LOSSY_INNER".into(), inner.into())]) {
+        Ok(_) => panic!("a run wrapping {inner:?} succeeded"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn a_missing_or_broken_inner_library_fails_init_clearly() {
+    let dir = fresh_dir("broken");
+    let missing = dir.join("libnccl-net-missing.so");
+    let err = failing_run(&missing.display().to_string());
+    assert!(
+        err.contains("cannot load the inner net plugin") && err.contains("libnccl-net-missing.so"),
+        "{err}"
+    );
+    let garbage = dir.join("libnccl-net-garbage.so");
+    std::fs::write(&garbage, b"this is not an ELF file").expect("write");
+    let err = failing_run(&garbage.display().to_string());
+    assert!(err.contains("cannot load the inner net plugin"), "{err}");
+    // Wrapping the very file that is loaded would recurse into itself.
+    let err = failing_run(&library().display().to_string());
+    assert!(err.contains("is this library itself"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
