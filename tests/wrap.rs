@@ -191,3 +191,129 @@ fn a_missing_or_broken_inner_library_fails_init_clearly() {
     assert!(err.contains("is this library itself"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Drives `WrapTransport` in this process over a private copy of the library, using the
+/// inner table of API `version`: regMr, side + data messages, every effect.
+fn in_process_round_trip(version: u32, dir: &Path) {
+    use nccl_net_lossy::loss::plan::{Effect, LossPlan, PacketRun};
+    use nccl_net_lossy::transport::wrap::{WrapOptions, WrapTransport};
+    use nccl_net_lossy::transport::{HostBuf, Transport, HANDLE_WIRE_SIZE};
+
+    // A copy per version: each file is its own image with its own (inner-mode) state.
+    let inner = dir.join(format!("libnccl-net-inner-v{version}.so"));
+    std::fs::copy(library(), &inner).expect("copy");
+    let options = WrapOptions {
+        keep_stale_copy: true,
+    };
+    let t = WrapTransport::open_up_to(&inner.display().to_string(), None, options, version)
+        .unwrap_or_else(|e| panic!("v{version}: {e}"));
+    assert_eq!(t.inner_version(), version);
+    let props = t.properties(0).expect("device 0");
+    assert!(props.name.starts_with("lossy:"), "{}", props.name);
+    assert_eq!(props.max_recvs, 1);
+    let mut handle = [0u8; HANDLE_WIRE_SIZE];
+    let mut listener = t.listen(0, &mut handle).expect("listen");
+    let mut connector = t.connect(0, &handle).expect("connect");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let (mut send, mut recv) = (None, None);
+    while send.is_none() || recv.is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "v{version}: connect timed out"
+        );
+        if send.is_none() {
+            send = connector.poll().expect("connect poll");
+        }
+        if recv.is_none() {
+            recv = listener.poll_accept().expect("accept");
+        }
+    }
+    let (send, recv) = (send.unwrap(), recv.unwrap());
+    const LEN: usize = 64 * 1024; // 16 packets of 4096
+    let payload: Vec<u8> = (0..LEN).map(|i| (i * 7 + 1) as u8).collect();
+    let mut src = payload.clone();
+    let mut dst = vec![0xeeu8; LEN];
+    let src_mr = send
+        .register(HostBuf::from_slice(&mut src))
+        .expect("regMr send");
+    let dst_mr = recv
+        .register(HostBuf::from_slice(&mut dst))
+        .expect("regMr recv");
+    for (effect, lost) in [
+        (Effect::Zero, vec![PacketRun { start: 1, len: 2 }]),
+        (Effect::Stale, vec![PacketRun { start: 15, len: 1 }]),
+        (
+            Effect::Bitflip,
+            vec![
+                PacketRun { start: 0, len: 1 },
+                PacketRun { start: 4, len: 1 },
+            ],
+        ),
+        (Effect::Retransmit, vec![PacketRun { start: 3, len: 1 }]),
+        (Effect::Zero, Vec::new()),
+    ] {
+        dst.fill(0xee);
+        let plan = LossPlan {
+            effect,
+            lost: lost.clone(),
+            flip_seed: 99,
+            ..LossPlan::lossless()
+        };
+        let rbuf = HostBuf::from_slice(&mut dst).with_mr(dst_mr);
+        let rid = recv
+            .irecv(&[rbuf], &[5])
+            .expect("irecv")
+            .expect("a free slot");
+        let sbuf = HostBuf::from_slice(&mut src).with_mr(src_mr);
+        let sid = send
+            .isend(sbuf, 5, &plan)
+            .expect("isend")
+            .expect("a free slot");
+        let (mut sent, mut got) = (None, None);
+        while sent.is_none() || got.is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "v{version}: transfer timed out"
+            );
+            if sent.is_none() {
+                sent = send.test(sid).expect("test send");
+            }
+            if got.is_none() {
+                got = recv.test(rid).expect("test recv");
+            }
+        }
+        assert_eq!(got.unwrap().sizes(), [LEN]);
+        let lost_bytes: Vec<usize> = lost
+            .iter()
+            .flat_map(|r| (r.start as usize * 4096)..(r.end() as usize * 4096))
+            .collect();
+        for (i, (&got, &want)) in dst.iter().zip(&payload).enumerate() {
+            let in_lost = lost_bytes.contains(&i);
+            match effect {
+                Effect::Zero if in_lost => assert_eq!(got, 0, "v{version} {effect:?} @{i}"),
+                Effect::Stale if in_lost => assert_eq!(got, 0xee, "v{version} {effect:?} @{i}"),
+                Effect::Bitflip if in_lost => {}
+                _ => assert_eq!(got, want, "v{version} {effect:?} @{i}"),
+            }
+        }
+        if effect == Effect::Bitflip {
+            let flipped: u32 = dst
+                .iter()
+                .zip(&payload)
+                .map(|(a, b)| (a ^ b).count_ones())
+                .sum();
+            assert_eq!(flipped, 2, "v{version}: one bit per lost packet");
+        }
+    }
+    send.deregister(src_mr).expect("deregMr");
+    recv.deregister(dst_mr).expect("deregMr");
+}
+
+#[test]
+fn every_inner_api_version_carries_side_and_data_messages() {
+    let dir = fresh_dir("versions");
+    for version in 8..=12 {
+        in_process_round_trip(version, &dir);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

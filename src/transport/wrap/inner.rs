@@ -151,6 +151,12 @@ impl InnerPlugin {
     /// Loads the plugin named by `spec` (a path, or a name like "ib"), tells it that it runs
     /// wrapped when it is a copy of this library (`ncclLossyInnerMode`), and initialises it.
     pub fn open(spec: &str, logger: ncclDebugLogger_t) -> Result<InnerPlugin> {
+        Self::open_up_to(spec, logger, 12)
+    }
+
+    /// As [`InnerPlugin::open`], using no table newer than `ncclNetPlugin_v{newest}` (tests
+    /// drive the older version adapters with it).
+    pub fn open_up_to(spec: &str, logger: ncclDebugLogger_t, newest: u32) -> Result<InnerPlugin> {
         let mut tried = Vec::new();
         let mut loaded = None;
         for name in candidates(spec) {
@@ -174,7 +180,7 @@ impl InnerPlugin {
             )));
         };
         let mut found = None;
-        for version in (8..=12u32).rev() {
+        for version in (8..=newest.min(12)).rev() {
             let name = CString::new(format!("ncclNetPlugin_v{version}")).unwrap_or_default();
             let ptr = symbol(handle, &name);
             if !ptr.is_null() {

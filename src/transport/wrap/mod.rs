@@ -44,7 +44,17 @@ impl WrapTransport {
     /// Loads and initialises the plugin named by `spec` (a path, or a name like "ib"),
     /// passing it NCCL's `logger`, and reads its devices.
     pub fn open(spec: &str, logger: ncclDebugLogger_t, options: WrapOptions) -> Result<Self> {
-        let plugin = InnerPlugin::open(spec, logger)?;
+        Self::open_up_to(spec, logger, options, 12)
+    }
+
+    /// As [`WrapTransport::open`], using no inner table newer than `ncclNetPlugin_v{newest}`.
+    pub fn open_up_to(
+        spec: &str,
+        logger: ncclDebugLogger_t,
+        options: WrapOptions,
+        newest: u32,
+    ) -> Result<Self> {
+        let plugin = InnerPlugin::open_up_to(spec, logger, newest)?;
         let count = plugin.devices()?;
         let mut devices = Vec::with_capacity(count);
         for dev in 0..count {
@@ -88,6 +98,13 @@ impl WrapTransport {
             devices,
             options,
         })
+    }
+}
+
+impl WrapTransport {
+    /// The inner plugin's API version in use (8 to 12).
+    pub fn inner_version(&self) -> u32 {
+        self.plugin.version
     }
 }
 
