@@ -504,6 +504,13 @@ impl RecvConn for WrapRecvConn {
                 "wrap receive slot finished without a buffer",
             ));
         };
+        if size > buf.len() {
+            return Err(Error::internal(format!(
+                "inner net plugin {}: a receive of {} bytes reported {size} bytes",
+                self.plugin.name,
+                buf.len()
+            )));
+        }
         if slot.ready_at.is_none() {
             let (_, bytes) = self.side.slot(id as usize);
             let info = side::decode(
