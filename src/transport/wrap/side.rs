@@ -280,7 +280,9 @@ mod tests {
     fn damaged_or_impossible_side_messages_are_refused() {
         let mut buf = vec![0u8; CAPACITY];
         let p = plan(Effect::Zero, 4096, &[(1, 2)]);
-        let n = encode(&p, 16384, 0, 0, &mut buf).unwrap();
+        // 256 packets: one run (8 bytes) is smaller than the bitmap (32 bytes).
+        let n = encode(&p, 1 << 20, 0, 0, &mut buf).unwrap();
+        assert_eq!(buf[6], RUNS);
         let mut cases: Vec<(Vec<u8>, &str)> = Vec::new();
         let mut b = buf[..n].to_vec();
         b[0] = b'X';
@@ -289,7 +291,7 @@ mod tests {
         b[5] = 9;
         cases.push((b, "unknown effect"));
         let mut b = buf[..n].to_vec();
-        b[HEADER] = 3; // run 3..5 of a 4-packet message
+        b[HEADER] = 255; // run 255..257 of a 256-packet message
         cases.push((b, "inside"));
         cases.push((buf[..n - 1].to_vec(), "payload"));
         cases.push((buf[..10].to_vec(), "shorter"));
