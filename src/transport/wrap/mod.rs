@@ -411,12 +411,15 @@ struct RecvSlot {
     old: Vec<u8>,
     ready_at: Option<Instant>,
     runs: Vec<PacketRun>,
+    /// Number of the message this slot receives (receives match in posting order).
+    seq: u64,
 }
 
 #[derive(Default)]
 struct RecvState {
     slots: [RecvSlot; SLOTS],
     half_posted: Option<usize>,
+    /// Number of the next message a side receive is posted for.
     seq: u64,
     warned_stale: bool,
 }
@@ -454,6 +457,8 @@ impl RecvConn for WrapRecvConn {
                     return Ok(None);
                 };
                 let slot = &mut state.slots[id];
+                slot.seq = state.seq;
+                state.seq += 1;
                 slot.busy = true;
                 slot.side = Half::Pending(req);
                 slot.data = Half::Unposted;
@@ -517,14 +522,13 @@ impl RecvConn for WrapRecvConn {
                 &bytes[..side_len.min(side::CAPACITY)],
                 std::mem::take(&mut slot.runs),
             )?;
-            if info.seq != state.seq || info.tag != slot.tag || info.size != size as u64 {
+            if info.seq != slot.seq || info.tag != slot.tag || info.size != size as u64 {
                 return Err(Error::remote(format!(
                     "wrap mode: side message says message {} (tag {}, {} bytes) but the data \
                      is message {} (tag {}, {size} bytes): the peer is out of step",
-                    info.seq, info.tag, info.size, state.seq, slot.tag
+                    info.seq, info.tag, info.size, slot.seq, slot.tag
                 )));
             }
-            state.seq += 1;
             let plan = info.plan;
             let delay = apply(
                 &plan,
