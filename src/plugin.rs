@@ -87,6 +87,7 @@ impl Core {
                 profile.inner = Some(inner.clone());
                 let options = WrapOptions {
                     keep_stale_copy: profile.uses_effect(Effect::Stale),
+                    ..WrapOptions::default()
                 };
                 Box::new(
                     WrapTransport::open(&inner, crate::abi::nccl_logger(), options)

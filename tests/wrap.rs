@@ -204,6 +204,7 @@ fn in_process_round_trip(version: u32, dir: &Path) {
     std::fs::copy(library(), &inner).expect("copy");
     let options = WrapOptions {
         keep_stale_copy: true,
+        ..WrapOptions::default()
     };
     let t = WrapTransport::open_up_to(&inner.display().to_string(), None, options, version)
         .unwrap_or_else(|e| panic!("v{version}: {e}"));

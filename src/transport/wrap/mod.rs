@@ -15,22 +15,34 @@ use crate::loss::effect::{flip_lost, lost_ranges, zero_lost};
 use crate::loss::plan::{Effect, LossPlan, PacketRun};
 use crate::transport::{
     Completion, Connector, DeviceProps, HostBuf, Listener, MrHandle, RecvConn, RequestId, SendConn,
-    Transport, WireHandle, HANDLE_SIZE, HANDLE_WIRE_SIZE,
+    Transport, WireHandle, HANDLE_SIZE, HANDLE_WIRE_SIZE, MAX_REQUESTS,
 };
 use crate::{log, Error, Result};
 
 use inner::{InnerPlugin, Opaque};
 
-/// Requests one wrapped connection keeps in flight per direction: NCCL's proxy posts at most
-/// 8 (`NCCL_STEPS`); each costs two inner requests (side + data).
+/// Requests one wrapped connection keeps in flight per direction by default: NCCL's proxy
+/// posts at most 8 (`NCCL_STEPS`); each costs two inner requests (side + data).
 pub const SLOTS: usize = 8;
 
-/// Options of wrap mode that come from the profile.
-#[derive(Clone, Copy, Debug, Default)]
+/// Options of wrap mode.
+#[derive(Clone, Copy, Debug)]
 pub struct WrapOptions {
     /// Keep a copy of each receive buffer before the inner plugin writes it, so the `stale`
     /// effect can put the old bytes back (costs one memcpy per received message).
     pub keep_stale_copy: bool,
+    /// Requests in flight per connection and direction, 1 to [`MAX_REQUESTS`] (default
+    /// [`SLOTS`]); more only make sense to test an inner plugin running out of requests.
+    pub slots: usize,
+}
+
+impl Default for WrapOptions {
+    fn default() -> Self {
+        WrapOptions {
+            keep_stale_copy: false,
+            slots: SLOTS,
+        }
+    }
 }
 
 /// Another net plugin, presented through the [`Transport`] trait with loss on top.
@@ -54,6 +66,12 @@ impl WrapTransport {
         options: WrapOptions,
         newest: u32,
     ) -> Result<Self> {
+        if !(1..=MAX_REQUESTS).contains(&options.slots) {
+            return Err(Error::invalid_argument(format!(
+                "wrap mode: {} request slots per connection (allowed 1..={MAX_REQUESTS})",
+                options.slots
+            )));
+        }
         let plugin = InnerPlugin::open_up_to(spec, logger, newest)?;
         let count = plugin.devices()?;
         let mut devices = Vec::with_capacity(count);
@@ -146,6 +164,7 @@ impl Transport for WrapTransport {
             plugin: Arc::clone(&self.plugin),
             dev,
             handle: full,
+            slots: self.options.slots,
         }))
     }
 }
@@ -155,6 +174,7 @@ struct WrapConnector {
     plugin: Arc<InnerPlugin>,
     dev: usize,
     handle: Box<[u8; HANDLE_SIZE]>,
+    slots: usize,
 }
 
 impl Connector for WrapConnector {
@@ -162,14 +182,18 @@ impl Connector for WrapConnector {
         let Some(comm) = self.plugin.connect(self.dev, &mut self.handle)? else {
             return Ok(None);
         };
-        let side = SideArea::new(&self.plugin, comm).inspect_err(|_| {
+        let side = SideArea::new(&self.plugin, comm, self.slots).inspect_err(|_| {
             let _ = self.plugin.close_send(comm);
         })?;
         Ok(Some(Box::new(WrapSendConn {
             plugin: Arc::clone(&self.plugin),
             comm,
             side,
-            state: Mutex::new(SendState::default()),
+            state: Mutex::new(SendState {
+                slots: (0..self.slots).map(|_| SendSlot::default()).collect(),
+                half_posted: None,
+                seq: 0,
+            }),
         })))
     }
 }
@@ -186,7 +210,7 @@ impl Listener for WrapListener {
         let Some(comm) = self.plugin.accept(self.comm)? else {
             return Ok(None);
         };
-        let side = SideArea::new(&self.plugin, comm).inspect_err(|_| {
+        let side = SideArea::new(&self.plugin, comm, self.options.slots).inspect_err(|_| {
             let _ = self.plugin.close_recv(comm);
         })?;
         Ok(Some(Box::new(WrapRecvConn {
@@ -194,7 +218,14 @@ impl Listener for WrapListener {
             comm,
             side,
             options: self.options,
-            state: Mutex::new(RecvState::default()),
+            state: Mutex::new(RecvState {
+                slots: (0..self.options.slots)
+                    .map(|_| RecvSlot::default())
+                    .collect(),
+                half_posted: None,
+                seq: 0,
+                warned_stale: false,
+            }),
         })))
     }
 }
@@ -207,7 +238,8 @@ impl Drop for WrapListener {
     }
 }
 
-/// [`SLOTS`] side-message buffers of one connection, registered once with its inner comm.
+/// The side-message buffers of one connection (one per slot), registered once with its
+/// inner comm.
 struct SideArea {
     _memory: Vec<u8>,
     buf: HostBuf,
@@ -215,8 +247,8 @@ struct SideArea {
 }
 
 impl SideArea {
-    fn new(plugin: &InnerPlugin, comm: Opaque) -> Result<SideArea> {
-        let mut memory = vec![0u8; SLOTS * side::CAPACITY];
+    fn new(plugin: &InnerPlugin, comm: Opaque, slots: usize) -> Result<SideArea> {
+        let mut memory = vec![0u8; slots * side::CAPACITY];
         let buf = HostBuf::from_slice(&mut memory);
         let mr = plugin.reg_mr(comm, buf.as_ptr(), buf.len())?;
         Ok(SideArea {
@@ -267,9 +299,8 @@ struct SendSlot {
     ready_at: Option<Instant>,
 }
 
-#[derive(Default)]
 struct SendState {
-    slots: [SendSlot; SLOTS],
+    slots: Vec<SendSlot>,
     /// A message whose side message is posted but whose data the inner plugin refused for
     /// now: NCCL posts the same message again and only the data goes out then.
     half_posted: Option<usize>,
@@ -415,9 +446,8 @@ struct RecvSlot {
     seq: u64,
 }
 
-#[derive(Default)]
 struct RecvState {
-    slots: [RecvSlot; SLOTS],
+    slots: Vec<RecvSlot>,
     half_posted: Option<usize>,
     /// Number of the next message a side receive is posted for.
     seq: u64,
