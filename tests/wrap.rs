@@ -379,3 +379,114 @@ fn every_inner_api_version_carries_side_and_data_messages() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// With more wrap slots than the inner plugin has requests (32 per connection), the inner
+/// plugin refuses requests: a message whose side message went out but whose data was
+/// refused is finished by NCCL's retry of the same message, and every byte arrives in order.
+#[test]
+fn an_inner_plugin_out_of_requests_gets_the_data_on_the_retry() {
+    use nccl_net_lossy::loss::plan::LossPlan;
+    use nccl_net_lossy::transport::wrap::{WrapOptions, WrapTransport};
+    use nccl_net_lossy::transport::{HostBuf, Transport, HANDLE_WIRE_SIZE};
+
+    let dir = fresh_dir("retry");
+    let inner = dir.join("libnccl-net-inner-retry.so");
+    std::fs::copy(library(), &inner).expect("copy");
+    let options = WrapOptions {
+        slots: 20,
+        ..WrapOptions::default()
+    };
+    let t = WrapTransport::open(&inner.display().to_string(), None, options).expect("open");
+    let mut handle = [0u8; HANDLE_WIRE_SIZE];
+    let mut listener = t.listen(0, &mut handle).expect("listen");
+    let mut connector = t.connect(0, &handle).expect("connect");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let (mut send, mut recv) = (None, None);
+    while send.is_none() || recv.is_none() {
+        assert!(std::time::Instant::now() < deadline, "connect timed out");
+        if send.is_none() {
+            send = connector.poll().expect("connect poll");
+        }
+        if recv.is_none() {
+            recv = listener.poll_accept().expect("accept");
+        }
+    }
+    let (send, recv) = (send.unwrap(), recv.unwrap());
+    // Message 0 is large and has no receive yet: its data stays in flight while its side
+    // message completes, so the inner plugin holds an odd number of send requests.
+    const BIG: usize = 64 << 20;
+    const SMALL: usize = 4096;
+    let mut srcs: Vec<Vec<u8>> = std::iter::once(vec![1u8; BIG])
+        .chain((1..=16u8).map(|k| vec![k + 1; SMALL]))
+        .collect();
+    let smrs: Vec<usize> = srcs
+        .iter_mut()
+        .map(|b| send.register(HostBuf::from_slice(b)).expect("regMr"))
+        .collect();
+    let plan = LossPlan::lossless();
+    let post = |k: usize, srcs: &mut Vec<Vec<u8>>| {
+        let b = HostBuf::from_slice(&mut srcs[k]).with_mr(smrs[k]);
+        send.isend(b, 3, &plan).expect("isend")
+    };
+    let big = post(0, &mut srcs).expect("slot for the big message");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        send.test(big).expect("test").is_none(),
+        "no receive posted yet"
+    );
+    // 1 inner request (big data) + 15 messages x 2 = 31; message 16's side message takes
+    // the 32nd and its data is refused.
+    let mut sids = vec![big];
+    for k in 1..=15 {
+        sids.push(post(k, &mut srcs).unwrap_or_else(|| panic!("message {k} refused")));
+    }
+    assert_eq!(
+        post(16, &mut srcs),
+        None,
+        "the inner plugin must run out of requests"
+    );
+    // Receive everything, in order, at most 15 messages (30 inner requests) at a time.
+    let mut dsts: Vec<Vec<u8>> = std::iter::once(vec![0u8; BIG])
+        .chain((1..=16).map(|_| vec![0u8; SMALL]))
+        .collect();
+    let dmrs: Vec<usize> = dsts
+        .iter_mut()
+        .map(|b| recv.register(HostBuf::from_slice(b)).expect("regMr"))
+        .collect();
+    let mut next_recv = 0;
+    let mut rids: Vec<(usize, u32)> = Vec::new();
+    let mut last_sent = false;
+    let mut received = 0;
+    while received < 17 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "transfer timed out ({received} received)"
+        );
+        while next_recv < 17 && rids.len() < 15 {
+            let b = HostBuf::from_slice(&mut dsts[next_recv]).with_mr(dmrs[next_recv]);
+            let id = recv.irecv(&[b], &[3]).expect("irecv").expect("slot");
+            rids.push((next_recv, id));
+            next_recv += 1;
+        }
+        sids.retain(|&id| send.test(id).expect("test send").is_none());
+        if !last_sent {
+            if let Some(id) = post(16, &mut srcs) {
+                sids.push(id);
+                last_sent = true;
+            }
+        }
+        rids.retain(|&(k, id)| match recv.test(id).expect("test recv") {
+            Some(done) => {
+                assert_eq!(done.sizes(), [if k == 0 { BIG } else { SMALL }]);
+                received += 1;
+                false
+            }
+            None => true,
+        });
+    }
+    assert!(last_sent);
+    for (k, d) in dsts.iter().enumerate() {
+        assert!(d.iter().all(|&x| x == k as u8 + 1), "message {k}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
