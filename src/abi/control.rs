@@ -25,6 +25,15 @@ pub extern "C" fn ncclLossyControlVersion() -> c_int {
     CONTROL_VERSION
 }
 
+/// Called by another copy of this library that loads this one as its inner plugin (wrap
+/// mode), before `init`: this copy then only carries bytes (sockets, no loss, no statistics
+/// files, never wraps). Returns 0.
+#[no_mangle]
+pub extern "C" fn ncclLossyInnerMode() -> c_int {
+    control::set_inner_mode();
+    0
+}
+
 /// Turns loss injection on or off.
 #[no_mangle]
 pub extern "C" fn ncclLossySetEnabled(enabled: c_int) -> c_int {
