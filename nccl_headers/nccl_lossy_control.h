@@ -45,6 +45,11 @@ int64_t ncclLossyStatsJson(char* buf, size_t cap);
  * NCCL_LOSSY_STATS is not set, -1 on error (logged). */
 int ncclLossyWriteStats(void);
 
+/* Wrap mode: a copy of this library that loads another copy as its inner plugin calls this on
+ * the inner one before init, so that the inner copy only carries bytes (sockets, no loss, no
+ * statistics files, never wraps in turn). Not for training scripts. Returns 0. */
+int ncclLossyInnerMode(void);
+
 /* Loads a profile exactly as the plugin would (path NULL: the embedded default; overrides
  * NULL or NCCL_LOSSY_SET text) and writes a NUL-terminated JSON answer into buf, like
  * ncclLossyStatsJson: {"ok": true, "origin", "summary", "corrupts_data", "lossless",
