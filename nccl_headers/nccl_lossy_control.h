@@ -17,7 +17,7 @@ extern "C" {
 #endif
 
 /* Version of this control API; bumped when a function changes. */
-#define NCCL_LOSSY_CONTROL_VERSION 1
+#define NCCL_LOSSY_CONTROL_VERSION 2
 
 /* Training phases that profile rules can match (`phase = "forward"` ...). */
 #define NCCL_LOSSY_PHASE_ANY 0
@@ -44,6 +44,18 @@ int64_t ncclLossyStatsJson(char* buf, size_t cap);
 /* Writes the statistics file into NCCL_LOSSY_STATS now. Returns 0 on success, 1 when
  * NCCL_LOSSY_STATS is not set, -1 on error (logged). */
 int ncclLossyWriteStats(void);
+
+/* Wrap mode: a copy of this library that loads another copy as its inner plugin calls this on
+ * the inner one before init, so that the inner copy only carries bytes (sockets, no loss, no
+ * statistics files, never wraps in turn). Not for training scripts. Returns 0. */
+int ncclLossyInnerMode(void);
+
+/* Loads a profile exactly as the plugin would (path NULL: the embedded default; overrides
+ * NULL or NCCL_LOSSY_SET text) and writes a NUL-terminated JSON answer into buf, like
+ * ncclLossyStatsJson: {"ok": true, "origin", "summary", "corrupts_data", "lossless",
+ * "profile"} or {"ok": false, "error": "<file:line: key: what is allowed>"}. Lets launchers
+ * decide the protocol guard without parsing profiles themselves. Added in version 2. */
+int64_t ncclLossyCheckProfile(const char* path, const char* overrides, char* buf, size_t cap);
 
 #ifdef __cplusplus
 }

@@ -3,7 +3,7 @@
 #
 # Keeps a virtualenv at .venv-ci in the repository root (ignored by git) and rebuilds it only
 # when python/requirements-ci.txt or the Python version changes. Builds the plugin library
-# (cargo build --release --lib) when it is missing, installs this package with it, runs pytest.
+# (cargo build --release --lib), installs this package with it, runs pytest.
 #   NCCL_LOSSY_CI_VENV   another place for the virtualenv
 #   PYTHON               the interpreter to build it with (default: python3)
 set -euo pipefail
@@ -24,9 +24,8 @@ if [ ! -x "$VENV/bin/python" ] || [ "$(cat "$VENV/.ci-stamp" 2>/dev/null)" != "$
   echo "python/ci.sh: virtualenv ready in $((SECONDS - start)) s"
 fi
 
-if [ ! -f "$ROOT/target/release/libnccl_net_lossy.so" ]; then
-  (cd "$ROOT" && cargo build --release --lib)
-fi
+# Always (incremental, seconds when nothing changed): a stale library would test old code.
+(cd "$ROOT" && cargo build --release --lib)
 # Reinstall every run: the package carries the library just built.
 "$VENV/bin/python" -m pip install -q --force-reinstall --no-deps "$ROOT/python"
 rm -rf "$ROOT/python/build"

@@ -27,6 +27,18 @@ impl Phase {
 }
 
 static ENABLED: AtomicBool = AtomicBool::new(true);
+static INNER: AtomicBool = AtomicBool::new(false);
+
+/// Marks this copy of the library as the inner plugin of another copy running in wrap mode:
+/// it then carries bytes on its sockets only (no loss, no statistics files, no wrapping).
+pub fn set_inner_mode() {
+    INNER.store(true, Ordering::Relaxed);
+}
+
+/// True when this copy of the library runs wrapped inside another (see [`set_inner_mode`]).
+pub fn inner_mode() -> bool {
+    INNER.load(Ordering::Relaxed)
+}
 static PHASE: AtomicU8 = AtomicU8::new(Phase::Any as u8);
 static STEP: AtomicU64 = AtomicU64::new(0);
 

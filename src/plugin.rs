@@ -12,13 +12,14 @@ use crate::control;
 use crate::loss::engine::{ConnectionLoss, LossEngine, StreamKey};
 use crate::loss::plan::{Effect, LossPlan};
 use crate::loss::rules::{Collective, Direction, MatchContext};
-use crate::profile::Profile;
+use crate::profile::{Profile, TransportKind};
 use crate::stats::periodic::PeriodicWriter;
 use crate::stats::writer::{launcher_rank, StatsFile, STATS_DIR_ENV};
 use crate::stats::{self, BurstTracker, ConnectionStats, MessageRecord};
 use crate::transport::socket::SocketTransport;
+use crate::transport::wrap::{WrapOptions, WrapTransport};
 use crate::transport::{
-    Completion, Connector, DeviceProps, HostBuf, Listener, RecvConn, RequestId, SendConn,
+    Completion, Connector, DeviceProps, HostBuf, Listener, MrHandle, RecvConn, RequestId, SendConn,
     Transport, WireHandle, MAX_REQUESTS,
 };
 use crate::{log, Error, Result};
@@ -64,10 +65,37 @@ impl Core {
     /// Builds the core from the environment: the profile (`NCCL_LOSSY_PROFILE`,
     /// `NCCL_LOSSY_SET`), the protocol the user forces, the transport's interfaces.
     pub fn from_env() -> Result<Core> {
-        let profile = Profile::from_env()?;
+        if control::inner_mode() {
+            // Wrapped inside another copy of this library: carry bytes, nothing else. The
+            // environment's profile and NCCL_LOSSY_INNER belong to the outer copy.
+            let profile =
+                Profile::parse(INNER_PROFILE, "inner mode (wrapped by another copy)", "")?;
+            let mut core = Core::new(Box::new(SocketTransport::from_env()?), profile)?;
+            core.rank = None;
+            return Ok(core);
+        }
+        let mut profile = Profile::from_env()?;
         check_forced_protocol(&profile, std::env::var("NCCL_PROTO").ok().as_deref())?;
-        let transport = SocketTransport::from_env()?;
-        Core::new(Box::new(transport), profile)
+        let inner_env = std::env::var(INNER_ENV)
+            .ok()
+            .filter(|v| !v.trim().is_empty());
+        let transport: Box<dyn Transport> = match wrap_target(&profile, inner_env)? {
+            None => Box::new(SocketTransport::from_env()?),
+            Some(inner) => {
+                // Statistics files and the init log say which transport really ran.
+                profile.transport = Some(TransportKind::Wrap);
+                profile.inner = Some(inner.clone());
+                let options = WrapOptions {
+                    keep_stale_copy: profile.uses_effect(Effect::Stale),
+                    ..WrapOptions::default()
+                };
+                Box::new(
+                    WrapTransport::open(&inner, crate::abi::nccl_logger(), options)
+                        .map_err(|e| e.context(format!("wrap mode (inner {inner:?})")))?,
+                )
+            }
+        };
+        Core::new(transport, profile)
     }
 
     /// The process-wide core, built on first use; a failure is remembered and returned on
@@ -161,6 +189,35 @@ impl Core {
             index,
             stats_interval: self.stats_interval,
         })
+    }
+}
+
+/// Environment variable naming the net plugin to wrap; overrides the profile's `inner`.
+pub const INNER_ENV: &str = "NCCL_LOSSY_INNER";
+
+/// The profile of a copy running as another copy's inner plugin: nothing is ever lost.
+const INNER_PROFILE: &str = "model = { kind = \"none\" }\n";
+
+/// The plugin to wrap, if any: `NCCL_LOSSY_INNER` (`inner_env`) wins over the profile's
+/// `inner`; `transport = "wrap"` without either, or `transport = "socket"` with
+/// `NCCL_LOSSY_INNER`, is an error.
+pub fn wrap_target(profile: &Profile, inner_env: Option<String>) -> Result<Option<String>> {
+    match (profile.transport, inner_env) {
+        (Some(TransportKind::Socket), Some(inner)) => Err(Error::invalid_argument(format!(
+            "{INNER_ENV}={inner} asks to wrap a net plugin, but the profile ({}) says \
+             transport = \"socket\"; unset one of them",
+            profile.origin
+        ))),
+        (_, Some(inner)) => Ok(Some(inner)),
+        (Some(TransportKind::Wrap), None) => match &profile.inner {
+            Some(inner) => Ok(Some(inner.clone())),
+            None => Err(Error::invalid_argument(format!(
+                "the profile ({}) says transport = \"wrap\" but names no plugin to wrap: set \
+                 `inner` in the profile or {INNER_ENV} (a path, or a name like \"ib\")",
+                profile.origin
+            ))),
+        },
+        _ => Ok(None),
     }
 }
 
@@ -536,6 +593,16 @@ impl SendComm {
         Ok(Some(id))
     }
 
+    /// Registers host memory for later sends (NCCL's `regMr`).
+    pub fn register(&self, buf: HostBuf) -> Result<MrHandle> {
+        self.conn.register(buf)
+    }
+
+    /// Releases a registration made by [`SendComm::register`].
+    pub fn deregister(&self, mr: MrHandle) -> Result<()> {
+        self.conn.deregister(mr)
+    }
+
     /// Reports whether request `id` is done.
     pub fn test(&self, id: RequestId) -> Result<Option<Completion>> {
         let done = self.conn.test(id)?;
@@ -577,6 +644,10 @@ pub fn stats_file() -> StatsFile {
 }
 
 fn stats_dir() -> Option<std::ffi::OsString> {
+    if control::inner_mode() {
+        // The outer copy writes this rank's statistics; a second file would clobber them.
+        return None;
+    }
     std::env::var_os(STATS_DIR_ENV).filter(|dir| !dir.is_empty())
 }
 
@@ -611,6 +682,16 @@ impl RecvComm {
     pub fn test(&self, id: RequestId) -> Result<Option<Completion>> {
         self.conn.test(id)
     }
+
+    /// Registers host memory for later receives (NCCL's `regMr`).
+    pub fn register(&self, buf: HostBuf) -> Result<MrHandle> {
+        self.conn.register(buf)
+    }
+
+    /// Releases a registration made by [`RecvComm::register`].
+    pub fn deregister(&self, mr: MrHandle) -> Result<()> {
+        self.conn.deregister(mr)
+    }
 }
 
 impl Drop for RecvComm {
@@ -638,5 +719,26 @@ mod tests {
         assert_eq!(forced_ll_protocol("^LL,LL128"), None);
         assert_eq!(forced_ll_protocol("^LL128"), None);
         assert_eq!(forced_ll_protocol(""), None);
+    }
+
+    #[test]
+    fn the_plugin_to_wrap_comes_from_the_environment_or_the_profile() {
+        let p = |text: &str| Profile::parse(text, "p.toml", "").unwrap();
+        let none = p("");
+        assert_eq!(wrap_target(&none, None), Ok(None));
+        assert_eq!(wrap_target(&none, Some("ib".into())), Ok(Some("ib".into())));
+        let wrap = p("transport = \"wrap\"\ninner = \"ib\"\n");
+        assert_eq!(wrap_target(&wrap, None), Ok(Some("ib".into())));
+        assert_eq!(
+            wrap_target(&wrap, Some("/x/ofi.so".into())),
+            Ok(Some("/x/ofi.so".into()))
+        );
+        let bare = p("transport = \"wrap\"\n");
+        let err = wrap_target(&bare, None).unwrap_err();
+        assert!(err.message.contains("names no plugin to wrap") && err.message.contains("p.toml"));
+        let socket = p("transport = \"socket\"\n");
+        assert_eq!(wrap_target(&socket, None), Ok(None));
+        let err = wrap_target(&socket, Some("ib".into())).unwrap_err();
+        assert!(err.message.contains("NCCL_LOSSY_INNER=ib"), "{err}");
     }
 }

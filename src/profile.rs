@@ -37,6 +37,8 @@ const TOP_KEYS: &[&str] = &[
     "model",
     "retransmit_timeout_us",
     "rules",
+    "transport",
+    "inner",
 ];
 const RULE_KEYS: &[&str] = &[
     "name",
@@ -75,6 +77,25 @@ const EFFECTS: &str = "\"zero\", \"stale\", \"retransmit\", \"bitflip\"";
 /// Longest timeout or interval we accept, in seconds: keeps `Duration` conversions in range.
 const MAX_SECONDS: f64 = 1e6;
 
+/// Which transport carries the bytes (profile key `transport`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportKind {
+    /// The plugin's own TCP sockets (the default).
+    Socket,
+    /// Another NCCL net plugin, named by `inner`, with loss injected on top.
+    Wrap,
+}
+
+impl TransportKind {
+    /// The name used in profiles.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Socket => "socket",
+            TransportKind::Wrap => "wrap",
+        }
+    }
+}
+
 /// A resolved loss profile.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Profile {
@@ -94,6 +115,10 @@ pub struct Profile {
     pub overrides: String,
     /// The profile's own description, if it has one.
     pub description: Option<String>,
+    /// The transport the profile asks for (`None`: not set, which means sockets).
+    pub transport: Option<TransportKind>,
+    /// The net plugin to wrap under `transport = "wrap"` (a path or a name like "ib").
+    pub inner: Option<String>,
 }
 
 /// Where a value came from: a line of the profile, or an override.
@@ -677,6 +702,31 @@ impl Checker<'_> {
             Some(n) => Some(self.string(n, "description")?),
             None => None,
         };
+        let transport = match root.get("transport") {
+            Some(n) => match self.string(n, "transport")?.as_str() {
+                "socket" => Some(TransportKind::Socket),
+                "wrap" => Some(TransportKind::Wrap),
+                _ => return Err(self.bad(n, "transport", "allowed: \"socket\", \"wrap\"")),
+            },
+            None => None,
+        };
+        let inner = match root.get("inner") {
+            Some(n) => {
+                let inner = self.string(n, "inner")?;
+                if inner.trim().is_empty() {
+                    return Err(self.bad(
+                        n,
+                        "inner",
+                        "must name a net plugin library (a path, or a name like \"ib\")",
+                    ));
+                }
+                if transport != Some(TransportKind::Wrap) {
+                    return Err(self.bad(n, "inner", "only used with transport = \"wrap\""));
+                }
+                Some(inner)
+            }
+            None => None,
+        };
         let base_action = Action {
             effect: Effect::Retransmit,
             model: ModelSpec::None,
@@ -702,6 +752,8 @@ impl Checker<'_> {
             origin: self.origin.to_string(),
             overrides: String::new(),
             description,
+            transport,
+            inner,
         })
     }
 }
@@ -863,6 +915,8 @@ impl Profile {
             "stats_interval_s": self.stats_interval.map(|d| d.as_secs_f64()),
             "defaults": action_json(&self.defaults),
             "rules": rules,
+            "transport": self.transport.unwrap_or(TransportKind::Socket).name(),
+            "inner": self.inner,
         })
     }
 
@@ -875,6 +929,12 @@ impl Profile {
     pub fn corrupts_data(&self) -> bool {
         self.actions()
             .any(|a| a.effect.corrupts_data() && a.model.can_lose())
+    }
+
+    /// True when some action has `effect` (with a model that can lose packets).
+    pub fn uses_effect(&self, effect: Effect) -> bool {
+        self.actions()
+            .any(|a| a.effect == effect && a.model.can_lose())
     }
 
     /// True when a rule matches on the collective (which old NCCL versions do not report).
@@ -906,6 +966,12 @@ impl Profile {
                 " [{} -> {}]",
                 rule.when.describe(),
                 describe_action(&rule.action)
+            ));
+        }
+        if let Some(TransportKind::Wrap) = self.transport {
+            line.push_str(&format!(
+                "; transport wrap (inner {})",
+                self.inner.as_deref().unwrap_or("from NCCL_LOSSY_INNER")
             ));
         }
         if !self.overrides.is_empty() {
@@ -1008,6 +1074,27 @@ kind = "none"
     }
 
     #[test]
+    fn transport_and_inner_are_read_and_shown() {
+        let p = parse("transport = \"wrap\"\ninner = \"ib\"\n").unwrap();
+        assert_eq!(p.transport, Some(TransportKind::Wrap));
+        assert_eq!(p.inner.as_deref(), Some("ib"));
+        assert!(
+            p.summary().contains("; transport wrap (inner ib)"),
+            "{}",
+            p.summary()
+        );
+        assert_eq!(p.to_json()["transport"], "wrap");
+        assert_eq!(p.to_json()["inner"], "ib");
+        let p = parse("transport = \"socket\"\n").unwrap();
+        assert_eq!((p.transport, p.inner), (Some(TransportKind::Socket), None));
+        let p = parse("").unwrap();
+        assert_eq!((p.transport, p.inner.clone()), (None, None));
+        assert_eq!(p.to_json()["transport"], "socket");
+        let p = Profile::parse("", "configs/x.toml", "transport=\"wrap\"").unwrap();
+        assert!(p.summary().contains("inner from NCCL_LOSSY_INNER"));
+    }
+
+    #[test]
     fn omitted_keys_take_the_documented_defaults() {
         let p = parse("").unwrap();
         assert_eq!(
@@ -1057,6 +1144,9 @@ kind = "none"
             ("[[rules]]\ndirection = \"up\"\n", "configs/x.toml:2: rules.0.direction = \"up\": allowed: \"send\", \"recv\""),
             ("[[rules]]\npeer = -1\n", "configs/x.toml:2: rules.0.peer = -1: must be an integer in [0, 4294967295]"),
             ("stats_interval = 0\n", "configs/x.toml:1: stats_interval = 0: must be a number > 0"),
+            ("transport = \"ib\"\n", "configs/x.toml:1: transport = \"ib\": allowed: \"socket\", \"wrap\""),
+            ("inner = \"ib\"\n", "configs/x.toml:1: inner = \"ib\": only used with transport = \"wrap\""),
+            ("transport = \"wrap\"\ninner = \" \"\n", "configs/x.toml:2: inner = \" \": must name a net plugin library"),
             ("retransmit_timeout_us = -5\n", "configs/x.toml:1: retransmit_timeout_us = -5: must be a number >= 0"),
             ("rules = 3\n", "configs/x.toml:1: rules = 3: must be a list of tables"),
             ("model = { kind = \"markov4\", p13 = 0.6, p14 = 0.6 }\n", "configs/x.toml:1: model.p14 = 0.6: p13 + p14 = 1.2 must be at most 1"),

@@ -40,12 +40,63 @@ fn demo_prints_a_bit_exact_table_and_the_loss_per_collective() {
 }
 
 #[test]
+fn demo_under_a_zeroing_profile_marks_damage_as_expected_and_succeeds() {
+    // 1% uniform loss with zeros: a 1 MiB message is 256 packets of 4 KiB, so a message is
+    // untouched with probability 0.99^256 = 7.6%; each collective moves many messages per
+    // iteration, so every row is damaged with overwhelming probability (and the seed is fixed).
+    let out = Command::new(lossy_exe())
+        .args(["demo", "--sizes", "1M"])
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .env("NCCL_LOSSY_PROFILE", "configs/uniform-1pct.toml")
+        .env_remove("NCCL_LOSSY_STATS")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run lossy");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let damaged = stdout
+        .lines()
+        .filter(|l| l.trim_end().ends_with("damaged"))
+        .count();
+    assert_eq!(damaged, 3, "{stdout}");
+    assert!(!stdout.contains("WRONG"), "{stdout}");
+}
+
+#[test]
 fn bench_prints_plugin_and_raw_tcp_side_by_side() {
     let out = lossy(&["bench", "--sizes", "small", "--iters", "2", "--lossless"]);
     let rows: Vec<&str> = out.lines().filter(|l| !l.starts_with('#')).collect();
     assert_eq!(rows.len(), 3, "{out}");
     assert!(rows.iter().all(|r| r.trim_end().ends_with("ok")), "{out}");
     assert!(out.contains("raw us") && out.contains("ratio"), "{out}");
+}
+
+#[test]
+fn bench_vs_lossless_switches_loss_off_for_the_baseline_only() {
+    // Under 1% zero loss a 4 MiB all-reduce (1024 packets of 4 KiB per message) is damaged
+    // with probability 1 - 0.99^1024 ~ 1 - 3e-5; the interleaved lossless link must stay
+    // bit-exact, or the row says WRONG and the command fails.
+    let out = Command::new(lossy_exe())
+        .args(["bench", "--vs-lossless", "--sizes", "4M", "--iters", "2"])
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .env("NCCL_LOSSY_PROFILE", "configs/uniform-1pct.toml")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run lossy");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<&str> = stdout.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(rows.len(), 1, "{stdout}");
+    assert!(rows[0].trim_end().ends_with("dmg"), "{stdout}");
+    assert_eq!(rows[0].matches('%').count(), 2, "{stdout}");
 }
 
 #[test]

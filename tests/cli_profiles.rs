@@ -47,6 +47,22 @@ fn every_shipped_profile_validates() {
 }
 
 #[test]
+fn validate_without_a_file_checks_the_embedded_default() {
+    let out = lossy(&["validate", "--set", "effect=zero"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.starts_with("embedded default: ")
+            && stdout.contains("uniform(rate=0.01), effect zero"),
+        "{stdout}"
+    );
+}
+
+#[test]
 fn broken_profile_exits_2_naming_file_line_and_key() {
     let dir = std::env::temp_dir().join(format!("lossy-cli-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
@@ -149,4 +165,29 @@ fn simulate_matches_the_closed_forms() {
     );
     let out = lossy(&["simulate", "configs/does-not-exist.toml"]);
     assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn validate_shows_the_transport_and_names_a_bad_one() {
+    let dir = std::env::temp_dir().join(format!("lossy-validate-wrap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let good = dir.join("wrap.toml");
+    std::fs::write(&good, "transport = \"wrap\"\ninner = \"ofi\"\n").expect("write");
+    let out = lossy(&["validate", &good.display().to_string()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("; transport wrap (inner ofi)"), "{stdout}");
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "seed = 3\ntransport = \"rdma\"\n").expect("write");
+    let out = lossy(&["validate", &bad.display().to_string()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{}:2: transport = \"rdma\": allowed: \"socket\", \"wrap\"",
+            bad.display()
+        )),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

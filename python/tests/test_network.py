@@ -5,7 +5,7 @@ import pytest
 
 import nccl_lossy
 from nccl_lossy import LossyConfigError, LossyNetwork
-from nccl_lossy.network import allowed_protocols, profile_effects
+from nccl_lossy.network import allowed_protocols, check_profile, format_overrides
 from conftest import clean_env, run_harness, run_python
 
 
@@ -17,13 +17,13 @@ def profile(tmp_path, text, name="p.toml"):
 
 def test_env_contents(tmp_path, lib_path):
     prof = profile(tmp_path, 'seed = 3\neffect = "retransmit"\n[model]\nkind = "uniform"\nrate = 0.01\n')
-    net = LossyNetwork(profile=prof, set={"model.rate": 0.05, "seed": 7, "x.flag": True}, stats_dir=tmp_path / "run")
+    net = LossyNetwork(profile=prof, set={"model.rate": 0.05, "seed": 7}, stats_dir=tmp_path / "run")
     env = net.env(base={})
     assert env == {
         "NCCL_NET_PLUGIN": str(lib_path),
         "NCCL_NET": "lossy",
         "NCCL_LOSSY_PROFILE": str(prof.resolve()),
-        "NCCL_LOSSY_SET": "model.rate=0.05;seed=7;x.flag=true",
+        "NCCL_LOSSY_SET": "model.rate=0.05;seed=7",
         "NCCL_LOSSY_STATS": str((tmp_path / "run").resolve()),
     }
     assert os.path.isabs(env["NCCL_NET_PLUGIN"]) and os.path.isfile(env["NCCL_NET_PLUGIN"])
@@ -36,13 +36,16 @@ def test_default_profile_needs_no_guard():
     }
 
 
+UNIFORM = 'model = { kind = "uniform", rate = 0.01 }\n'
+
+
 @pytest.mark.parametrize(
     "text",
     [
-        '[defaults]\neffect = "zero"\n',
-        'effect = "retransmit"\n[[rules]]\nop = "AllReduce"\neffect = "stale"\n',
-        '[defaults]\neffect = "retransmit"\n[[rules]]\nphase = "backward"\neffect = "bitflip"\n',
-        "seed = 1\n",  # no effect named: the engine's default (zero) applies
+        'effect = "zero"\n' + UNIFORM,
+        'effect = "retransmit"\n' + UNIFORM + '[[rules]]\ncollective = "AllReduce"\neffect = "stale"\n',
+        'model = { kind = "none" }\n[[rules]]\nphase = "backward"\neffect = "bitflip"\n'
+        'model = { kind = "gilbert_elliott", rate = 0.01, mean_burst = 4 }\n',
     ],
 )
 def test_corrupting_profiles_force_simple(tmp_path, text):
@@ -50,15 +53,36 @@ def test_corrupting_profiles_force_simple(tmp_path, text):
     assert env["NCCL_PROTO"] == "Simple"
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "seed = 1\n",  # no model: lossless (and the engine's default effect is retransmit)
+        'effect = "zero"\nmodel = { kind = "none" }\n',  # a corrupting effect that never fires
+        UNIFORM,  # loses packets, but the default effect (retransmit) never corrupts data
+    ],
+)
+def test_profiles_that_cannot_corrupt_leave_the_protocol_alone(tmp_path, text):
+    assert "NCCL_PROTO" not in LossyNetwork(profile=profile(tmp_path, text)).env(base={})
+
+
 def test_overrides_decide_the_guard_too(tmp_path):
     assert LossyNetwork(set="effect=bitflip").env(base={})["NCCL_PROTO"] == "Simple"
-    zero = profile(tmp_path, '[defaults]\neffect = "zero"\n')
-    assert "NCCL_PROTO" not in LossyNetwork(zero, set={"defaults.effect": "retransmit"}).env(base={})
-    assert profile_effects(zero, "defaults.effect=retransmit;rules.0.effect=stale") == {"retransmit", "stale"}
+    zero = profile(tmp_path, 'effect = "zero"\n' + UNIFORM)
+    assert "NCCL_PROTO" not in LossyNetwork(zero, set={"effect": "retransmit"}).env(base={})
+    answer = check_profile(zero, "effect=stale;model.rate=0.02")
+    assert answer["corrupts_data"] and answer["profile"]["defaults"]["effect"] == "stale"
+    assert "expected loss 2%" in answer["summary"]
+
+
+def test_the_embedded_default_is_read_from_the_library():
+    answer = check_profile(None)
+    assert answer["origin"] == "embedded default"
+    assert (answer["corrupts_data"], answer["lossless"]) == (False, False)
+    assert "uniform(rate=0.01), effect retransmit" in answer["summary"]
 
 
 def test_user_nccl_proto_is_respected_or_refused(tmp_path):
-    net = LossyNetwork(profile=profile(tmp_path, '[defaults]\neffect = "zero"\n'))
+    net = LossyNetwork(profile=profile(tmp_path, 'effect = "zero"\n' + UNIFORM))
     assert "NCCL_PROTO" not in net.env(base={"NCCL_PROTO": "Simple"})
     assert "NCCL_PROTO" not in net.env(base={"NCCL_PROTO": "^LL,LL128"})
     with pytest.raises(LossyConfigError, match="NCCL_PROTO=LL128,Simple allows it"):
@@ -66,12 +90,23 @@ def test_user_nccl_proto_is_respected_or_refused(tmp_path):
     assert allowed_protocols("^LL") == {"LL128", "SIMPLE"}
 
 
+def test_overrides_are_formatted_as_the_plugin_reads_them():
+    assert format_overrides({"model.rate": 0.05, "rules.0.enabled": True}) == "model.rate=0.05;rules.0.enabled=true"
+    assert format_overrides([("seed", 7)]) == "seed=7"
+    assert format_overrides(" seed=7; ") == "seed=7"
+
+
 def test_bad_profiles_are_reported_with_their_path(tmp_path):
     with pytest.raises(LossyConfigError, match="does not exist"):
         LossyNetwork(profile=tmp_path / "nope.toml")
     broken = profile(tmp_path, "effect = \n", "broken.toml")
-    with pytest.raises(LossyConfigError, match="broken.toml is not valid TOML"):
+    with pytest.raises(LossyConfigError, match="broken.toml:1: not valid TOML"):
         LossyNetwork(profile=broken).env(base={})
+    wrong = profile(tmp_path, 'effect = "drop"\n' + UNIFORM, "wrong.toml")
+    with pytest.raises(LossyConfigError, match='wrong.toml:1: effect = "drop": unknown effect; allowed: "zero"'):
+        LossyNetwork(profile=wrong).env(base={})
+    with pytest.raises(LossyConfigError, match="model.rat"):
+        LossyNetwork(set={"model.rat": 0.1}).env(base={})
     with pytest.raises(LossyConfigError):
         LossyNetwork(set={"a;b": 1})
 

@@ -1,13 +1,15 @@
 //! The run-time control API declared in `nccl_headers/nccl_lossy_control.h`.
 
-use std::ffi::{c_char, c_int};
+use std::ffi::{c_char, c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
 
 use crate::control::{self, Phase};
+use crate::profile::Profile;
 use crate::{log, plugin};
 
 /// Version of the control API (`NCCL_LOSSY_CONTROL_VERSION`).
-pub const CONTROL_VERSION: c_int = 1;
+pub const CONTROL_VERSION: c_int = 2;
 
 /// Runs a control call, turning a panic into `on_panic` instead of unwinding into the caller.
 fn shielded<T>(what: &str, on_panic: T, body: impl FnOnce() -> T) -> T {
@@ -21,6 +23,15 @@ fn shielded<T>(what: &str, on_panic: T, body: impl FnOnce() -> T) -> T {
 #[no_mangle]
 pub extern "C" fn ncclLossyControlVersion() -> c_int {
     CONTROL_VERSION
+}
+
+/// Called by another copy of this library that loads this one as its inner plugin (wrap
+/// mode), before `init`: this copy then only carries bytes (sockets, no loss, no statistics
+/// files, never wraps). Returns 0.
+#[no_mangle]
+pub extern "C" fn ncclLossyInnerMode() -> c_int {
+    control::set_inner_mode();
+    0
 }
 
 /// Turns loss injection on or off.
@@ -68,15 +79,81 @@ pub unsafe extern "C" fn ncclLossyStatsJson(buf: *mut c_char, cap: usize) -> i64
                 return -1;
             }
         };
-        if !buf.is_null() && cap > 0 {
-            let n = json.len().min(cap - 1);
-            // SAFETY: the caller gives `cap` writable bytes at `buf`; we write n + 1 <= cap.
-            unsafe {
-                std::ptr::copy_nonoverlapping(json.as_ptr(), buf.cast::<u8>(), n);
-                *buf.add(n) = 0;
-            }
+        // SAFETY: the caller's contract is ours (NULL or `cap` writable bytes).
+        unsafe { copy_out(&json, buf, cap) }
+    })
+}
+
+/// Copies `text` NUL-terminated into `buf` (truncated to `cap - 1` bytes); returns its length.
+///
+/// # Safety
+/// `buf` must be NULL or point to `cap` writable bytes.
+unsafe fn copy_out(text: &str, buf: *mut c_char, cap: usize) -> i64 {
+    if !buf.is_null() && cap > 0 {
+        let n = text.len().min(cap - 1);
+        // SAFETY: the caller gives `cap` writable bytes at `buf`; we write n + 1 <= cap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
+            *buf.add(n) = 0;
         }
-        i64::try_from(json.len()).unwrap_or(i64::MAX)
+    }
+    i64::try_from(text.len()).unwrap_or(i64::MAX)
+}
+
+/// Reads an optional C string argument; `what` names it in the error.
+///
+/// # Safety
+/// `text` must be NULL or a NUL-terminated string.
+unsafe fn optional_str<'a>(text: *const c_char, what: &str) -> Result<Option<&'a str>, String> {
+    if text.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: the caller passes a NUL-terminated string.
+    let text = unsafe { CStr::from_ptr(text) };
+    text.to_str()
+        .map(Some)
+        .map_err(|_| format!("{what} is not valid UTF-8"))
+}
+
+/// The answer of [`ncclLossyCheckProfile`] for a profile file (None: the embedded default)
+/// and `NCCL_LOSSY_SET`-style overrides.
+pub fn check_profile_json(path: Option<&str>, overrides: &str) -> serde_json::Value {
+    match Profile::load(path.map(Path::new), overrides) {
+        Ok(profile) => serde_json::json!({
+            "ok": true,
+            "origin": profile.origin,
+            "summary": profile.summary(),
+            "corrupts_data": profile.corrupts_data(),
+            "lossless": profile.is_lossless(),
+            "profile": profile.to_json(),
+        }),
+        Err(err) => serde_json::json!({ "ok": false, "error": err.to_string() }),
+    }
+}
+
+/// Loads a profile the way the plugin would and describes it as JSON (see the header).
+///
+/// # Safety
+/// `path` and `overrides` must be NULL or NUL-terminated strings; `buf` NULL or `cap`
+/// writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn ncclLossyCheckProfile(
+    path: *const c_char,
+    overrides: *const c_char,
+    buf: *mut c_char,
+    cap: usize,
+) -> i64 {
+    shielded("ncclLossyCheckProfile", -1, || {
+        // SAFETY: the caller passes NULL or NUL-terminated strings.
+        let args = unsafe {
+            optional_str(path, "path").and_then(|p| Ok((p, optional_str(overrides, "overrides")?)))
+        };
+        let answer = match args {
+            Ok((path, overrides)) => check_profile_json(path, overrides.unwrap_or("")),
+            Err(err) => serde_json::json!({ "ok": false, "error": err }),
+        };
+        // SAFETY: the caller's contract is ours (NULL or `cap` writable bytes).
+        unsafe { copy_out(&answer.to_string(), buf, cap) }
     })
 }
 
@@ -91,4 +168,72 @@ pub extern "C" fn ncclLossyWriteStats() -> c_int {
             -1
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(path: Option<&str>, overrides: &str) -> serde_json::Value {
+        let path = path.map(|p| std::ffi::CString::new(p).expect("no NUL"));
+        let overrides = std::ffi::CString::new(overrides).expect("no NUL");
+        let path_ptr = path.as_ref().map_or(std::ptr::null(), |p| p.as_ptr());
+        // SAFETY: NULL for a length query; the strings are NUL-terminated.
+        let len =
+            unsafe { ncclLossyCheckProfile(path_ptr, overrides.as_ptr(), std::ptr::null_mut(), 0) };
+        let mut buf = vec![0 as c_char; usize::try_from(len).expect("length") + 1];
+        // SAFETY: `buf` holds `buf.len()` writable bytes.
+        let again = unsafe {
+            ncclLossyCheckProfile(path_ptr, overrides.as_ptr(), buf.as_mut_ptr(), buf.len())
+        };
+        assert_eq!(len, again);
+        // SAFETY: the call NUL-terminated `buf`.
+        let text = unsafe { CStr::from_ptr(buf.as_ptr()) };
+        serde_json::from_str(text.to_str().expect("utf-8")).expect("JSON")
+    }
+
+    #[test]
+    fn check_profile_reads_the_embedded_default_and_overrides() {
+        let answer = check(None, "");
+        assert_eq!(answer["ok"], true);
+        assert_eq!(answer["corrupts_data"], false);
+        assert_eq!(answer["origin"], crate::profile::EMBEDDED_ORIGIN);
+        let answer = check(None, "effect=zero");
+        assert_eq!(
+            (&answer["ok"], &answer["corrupts_data"]),
+            (&true.into(), &true.into())
+        );
+    }
+
+    #[test]
+    fn check_profile_reports_the_file_and_key_of_an_error() {
+        let dir = std::env::temp_dir().join(format!("lossy-check-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let file = dir.join("bad.toml");
+        std::fs::write(&file, "effect = \"drop\"\n").expect("write");
+        let answer = check(file.to_str(), "");
+        std::fs::remove_dir_all(&dir).ok();
+        assert_eq!(answer["ok"], false);
+        let error = answer["error"].as_str().expect("error text");
+        assert!(
+            error.contains("bad.toml:1: effect = \"drop\": unknown effect; allowed:"),
+            "{error}"
+        );
+        let answer = check(Some("/nonexistent/x.toml"), "");
+        assert!(answer["error"].as_str().expect("error").contains("x.toml"));
+    }
+
+    #[test]
+    fn a_short_buffer_gets_a_terminated_prefix_and_the_full_length() {
+        let mut buf = [1 as c_char; 8];
+        // SAFETY: `buf` holds 8 writable bytes.
+        let n = unsafe { copy_out("0123456789", buf.as_mut_ptr(), buf.len()) };
+        assert_eq!(n, 10);
+        assert_eq!(buf[7], 0);
+        // SAFETY: NUL-terminated just above.
+        assert_eq!(
+            unsafe { CStr::from_ptr(buf.as_ptr()) }.to_bytes(),
+            b"0123456"
+        );
+    }
 }

@@ -11,9 +11,10 @@ pub mod ffi;
 pub mod tables;
 pub mod tuner;
 
+use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use ffi::{ncclDebugLogLevel, ncclDebugLogger_t, ncclResult_t};
 
@@ -74,9 +75,20 @@ fn device_index(dev: c_int) -> Result<usize> {
 
 // ---- logging -------------------------------------------------------------------------------
 
+/// The logger NCCL gave the latest `init`, which a wrapped plugin gets too.
+static NCCL_LOGGER: Mutex<ncclDebugLogger_t> = Mutex::new(None);
+
+/// NCCL's logger, when an `init` gave one.
+pub(crate) fn nccl_logger() -> ncclDebugLogger_t {
+    NCCL_LOGGER.lock().map_or(None, |l| *l)
+}
+
 /// Routes our log lines to NCCL's logger (kept until the next init replaces it).
 pub(crate) fn install_logger(logger: ncclDebugLogger_t) {
     let Some(logger) = logger else { return };
+    if let Ok(mut slot) = NCCL_LOGGER.lock() {
+        *slot = Some(logger);
+    }
     log::set_sink(Box::new(move |level, message| {
         let level = match level {
             log::Level::Warn => ncclDebugLogLevel::NCCL_LOG_WARN,
@@ -219,11 +231,7 @@ pub(crate) fn common_props(dev: c_int) -> Result<CommonProps> {
 
 // ---- listen, connect, accept --------------------------------------------------------------
 
-/// Marks the handle's private tail as holding a connect in progress.
-const PENDING_CONNECT_MAGIC: u64 = 0x4c4f_5353_5943_4f4e; // "LOSSYCON"
-
-/// Splits NCCL's 128-byte handle into our wire part and the private tail where a connect in
-/// progress is parked between calls (NCCL passes the same handle memory every time).
+/// Splits NCCL's 128-byte handle: the transport's wire part, then the listener's rank.
 ///
 /// # Safety
 /// `handle` must point to `HANDLE_SIZE` writable bytes, unaliased during the call.
@@ -248,11 +256,17 @@ fn write_u64(bytes: &mut [u8; HANDLE_SIZE], at: usize, value: u64) {
     bytes[at..at + 8].copy_from_slice(&value.to_ne_bytes());
 }
 
-const MAGIC_AT: usize = HANDLE_WIRE_SIZE;
-const POINTER_AT: usize = HANDLE_WIRE_SIZE + 8;
 /// Where the listener writes its launcher rank + 1 (0: unknown), so the connecting side
 /// knows its peer for rules that match on `peer`. NCCL ships all 128 bytes to the peer.
-const PEER_RANK_AT: usize = HANDLE_SIZE - 8;
+const PEER_RANK_AT: usize = HANDLE_WIRE_SIZE;
+
+/// Connects in progress, keyed by the address of the handle NCCL passes to every `connect`
+/// call of one connection until a comm comes back. Kept here rather than inside the handle
+/// so that a transport may use the handle's first `HANDLE_WIRE_SIZE` bytes in full.
+fn pending_connects() -> &'static Mutex<HashMap<usize, Box<Connecting>>> {
+    static PENDING: OnceLock<Mutex<HashMap<usize, Box<Connecting>>>> = OnceLock::new();
+    PENDING.get_or_init(Mutex::default)
+}
 
 fn listen(
     ctx: &Arc<Context>,
@@ -287,27 +301,26 @@ fn connect(
     unsafe { *send_comm = std::ptr::null_mut() };
     // SAFETY: NCCL hands us the handle it received from the peer, HANDLE_SIZE bytes.
     let bytes = unsafe { handle_bytes(handle)? };
-    let pending: *mut Connecting = if read_u64(bytes, MAGIC_AT) == PENDING_CONNECT_MAGIC {
-        read_u64(bytes, POINTER_AT) as usize as *mut Connecting
-    } else {
-        let peer = u32::try_from(read_u64(bytes, PEER_RANK_AT))
-            .ok()
-            .and_then(|rank| rank.checked_sub(1));
-        let connecting =
-            Core::global()?.connect(ctx, device_index(dev)?, wire_part(bytes), peer)?;
-        let raw = Box::into_raw(Box::new(connecting));
-        write_u64(bytes, POINTER_AT, raw as usize as u64);
-        write_u64(bytes, MAGIC_AT, PENDING_CONNECT_MAGIC);
-        raw
+    let key = bytes.as_ptr() as usize;
+    let parked = pending_connects()
+        .lock()
+        .map_err(|_| Error::internal("pending connects poisoned by an earlier panic"))?
+        .remove(&key);
+    let mut connecting = match parked {
+        Some(connecting) => connecting,
+        None => {
+            let peer = u32::try_from(read_u64(bytes, PEER_RANK_AT))
+                .ok()
+                .and_then(|rank| rank.checked_sub(1));
+            Box::new(Core::global()?.connect(ctx, device_index(dev)?, wire_part(bytes), peer)?)
+        }
     };
-    // SAFETY: `pending` was parked in this handle by an earlier call (magic checked) or just
-    // created; it stays alive until the poll below finishes it.
-    let outcome = unsafe { (*pending).poll() };
-    if !matches!(outcome, Ok(None)) {
-        write_u64(bytes, MAGIC_AT, 0);
-        write_u64(bytes, POINTER_AT, 0);
-        // SAFETY: the connect is over (done or failed); nobody else refers to it.
-        drop(unsafe { Box::from_raw(pending) });
+    let outcome = connecting.poll();
+    if matches!(outcome, Ok(None)) {
+        pending_connects()
+            .lock()
+            .map_err(|_| Error::internal("pending connects poisoned by an earlier panic"))?
+            .insert(key, connecting);
     }
     if let Some(comm) = outcome? {
         let comm = AbiSendComm::new(comm);
@@ -352,14 +365,27 @@ trait TestRequest {
     fn test(&self, id: RequestId) -> Result<Option<Completion>>;
 }
 
+/// First word of every comm we hand to NCCL, so `regMr`/`deregMr` (which get either kind
+/// as `void*`) know which one they were given.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u64)]
+enum CommKind {
+    Send = 0x4c53_5345_4e44_434d, // "LSSENDCM"
+    Recv = 0x4c53_5245_4356_434d, // "LSRECVCM"
+}
+
 /// A sendComm as NCCL holds it: the safe comm plus its request slots.
+#[repr(C)]
 pub(crate) struct AbiSendComm {
+    kind: CommKind,
     comm: SendComm,
     slots: Box<[RequestSlot]>,
 }
 
 /// A recvComm as NCCL holds it.
+#[repr(C)]
 pub(crate) struct AbiRecvComm {
+    kind: CommKind,
     comm: RecvComm,
     slots: Box<[RequestSlot]>,
 }
@@ -397,13 +423,27 @@ fn with_slots<T: TestRequest + 'static>(
 
 impl AbiSendComm {
     fn new(comm: SendComm) -> Box<Self> {
-        with_slots(|slots| AbiSendComm { comm, slots }, |c| &mut c.slots)
+        with_slots(
+            |slots| AbiSendComm {
+                kind: CommKind::Send,
+                comm,
+                slots,
+            },
+            |c| &mut c.slots,
+        )
     }
 }
 
 impl AbiRecvComm {
     fn new(comm: RecvComm) -> Box<Self> {
-        with_slots(|slots| AbiRecvComm { comm, slots }, |c| &mut c.slots)
+        with_slots(
+            |slots| AbiRecvComm {
+                kind: CommKind::Recv,
+                comm,
+                slots,
+            },
+            |c| &mut c.slots,
+        )
     }
 }
 
@@ -428,6 +468,7 @@ fn isend(
     data: *mut c_void,
     size: usize,
     tag: c_int,
+    mhandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> Result<()> {
     let request = non_null(request, "request")?;
@@ -439,7 +480,7 @@ fn isend(
     }
     // SAFETY: NCCL lends `size` bytes at `data` (registered host memory) until `test`
     // reports this request done, and does not touch them meanwhile.
-    let buf = unsafe { HostBuf::new(data.cast(), size) };
+    let buf = unsafe { HostBuf::new(data.cast(), size) }.with_mr(mhandle as usize);
     let id = comm.comm.isend(buf, tag)?;
     hand_out(&comm.slots, id, request)
 }
@@ -452,6 +493,7 @@ fn irecv(
     data: *mut *mut c_void,
     size_of: impl Fn(usize) -> usize,
     tags: *mut c_int,
+    mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> Result<()> {
     let request = non_null(request, "request")?;
@@ -469,12 +511,18 @@ fn irecv(
     for i in 0..count {
         // SAFETY: NCCL passes arrays of `n` entries for data, sizes and tags.
         let (ptr, tag) = unsafe { (*data.add(i), *tags.add(i)) };
+        let mr = if mhandles.is_null() {
+            0
+        } else {
+            // SAFETY: a non-NULL mhandles array has `n` entries, like data.
+            unsafe { *mhandles.add(i) as usize }
+        };
         let size = size_of(i);
         if size > 0 {
             non_null(ptr, "receive buffer")?;
         }
         // SAFETY: NCCL lends `size` bytes at `ptr` until `test` reports the request done.
-        bufs[i] = unsafe { HostBuf::new(ptr.cast(), size) };
+        bufs[i] = unsafe { HostBuf::new(ptr.cast(), size) }.with_mr(mr);
         tag_values[i] = tag;
     }
     // SAFETY: NCCL passes back the recvComm our accept returned; alive until closeRecv.
@@ -522,20 +570,76 @@ fn close_recv(recv_comm: *mut c_void) -> Result<()> {
 
 // ---- memory registration ------------------------------------------------------------------
 
-/// Host memory needs no registration with sockets; NCCL still wants a non-NULL handle.
-static MR_TOKEN: u8 = 0;
+/// Reads the kind word every comm we hand out starts with.
+///
+/// # Safety
+/// `comm` must be a sendComm or recvComm our connect/accept returned, not yet closed.
+unsafe fn comm_kind(comm: *mut c_void) -> Result<CommKind> {
+    let comm = non_null(comm, "comm")?;
+    // SAFETY: per this function's contract both comm types are #[repr(C)] and start with the
+    // kind word; read it as a plain integer so a foreign pointer gives an error, not UB on
+    // an invalid enum value.
+    let word = unsafe { *(comm as *const u64) };
+    match word {
+        w if w == CommKind::Send as u64 => Ok(CommKind::Send),
+        w if w == CommKind::Recv as u64 => Ok(CommKind::Recv),
+        _ => Err(Error::invalid_argument(
+            "regMr/deregMr on something that is not one of our comms",
+        )),
+    }
+}
 
-fn reg_mr(comm: *mut c_void, kind: c_int, mhandle: *mut *mut c_void) -> Result<()> {
-    non_null(comm, "comm")?;
+/// `regMr`: registers host memory with the comm's transport (sockets need nothing; a
+/// wrapped plugin registers it with its own comm).
+fn reg_mr(
+    comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    kind: c_int,
+    mhandle: *mut *mut c_void,
+) -> Result<()> {
     let mhandle = non_null(mhandle, "mhandle")?;
     if kind != ffi::NCCL_PTR_HOST as c_int {
         return Err(Error::invalid_argument(format!(
             "regMr of memory type {kind}: this plugin handles host memory only (NCCL_PTR_HOST)"
         )));
     }
+    if size > 0 {
+        non_null(data, "data")?;
+    }
+    // SAFETY: NCCL registers memory it owns for as long as the registration lives; the
+    // transport only records (or forwards) the address.
+    let buf = unsafe { HostBuf::new(data.cast(), size) };
+    // SAFETY: NCCL passes one of the comms our connect/accept returned.
+    let mr = match unsafe { comm_kind(comm)? } {
+        // SAFETY: the kind word says this is an AbiSendComm, alive until closeSend.
+        CommKind::Send => unsafe { &*(comm as *const AbiSendComm) }
+            .comm
+            .register(buf)?,
+        // SAFETY: the kind word says this is an AbiRecvComm, alive until closeRecv.
+        CommKind::Recv => unsafe { &*(comm as *const AbiRecvComm) }
+            .comm
+            .register(buf)?,
+    };
     // SAFETY: valid out-pointer (checked non-NULL).
-    unsafe { *mhandle = (&MR_TOKEN as *const u8).cast_mut().cast() };
+    unsafe { *mhandle = mr as *mut c_void };
     Ok(())
+}
+
+/// `deregMr`: releases what [`reg_mr`] made.
+fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> Result<()> {
+    let mr = mhandle as usize;
+    // SAFETY: NCCL passes one of the comms our connect/accept returned.
+    match unsafe { comm_kind(comm)? } {
+        // SAFETY: the kind word says this is an AbiSendComm, alive until closeSend.
+        CommKind::Send => unsafe { &*(comm as *const AbiSendComm) }
+            .comm
+            .deregister(mr),
+        // SAFETY: the kind word says this is an AbiRecvComm, alive until closeRecv.
+        CommKind::Recv => unsafe { &*(comm as *const AbiRecvComm) }
+            .comm
+            .deregister(mr),
+    }
 }
 
 /// Host plugins are never asked to flush; answer "nothing to wait for".

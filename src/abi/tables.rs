@@ -40,16 +40,16 @@ extern "C" fn accept(
 
 extern "C" fn reg_mr(
     comm: *mut c_void,
-    _data: *mut c_void,
-    _size: usize,
+    data: *mut c_void,
+    size: usize,
     kind: c_int,
     mhandle: *mut *mut c_void,
 ) -> ncclResult_t {
-    guard("regMr", || super::reg_mr(comm, kind, mhandle))
+    guard("regMr", || super::reg_mr(comm, data, size, kind, mhandle))
 }
 
-extern "C" fn dereg_mr(_comm: *mut c_void, _mhandle: *mut c_void) -> ncclResult_t {
-    ncclResult_t::ncclSuccess
+extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> ncclResult_t {
+    guard("deregMr", || super::dereg_mr(comm, mhandle))
 }
 
 extern "C" fn iflush(
@@ -249,14 +249,14 @@ extern "C" fn isend_v8(
     data: *mut c_void,
     size: c_int,
     tag: c_int,
-    _mhandle: *mut c_void,
+    mhandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
     guard("isend", || {
         let size = usize::try_from(size).map_err(|_| {
             crate::Error::invalid_argument(format!("isend of negative size {size}"))
         })?;
-        super::isend(send_comm, data, size, tag, request)
+        super::isend(send_comm, data, size, tag, mhandle, request)
     })
 }
 
@@ -265,11 +265,11 @@ extern "C" fn isend_v9(
     data: *mut c_void,
     size: usize,
     tag: c_int,
-    _mhandle: *mut c_void,
+    mhandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
     guard("isend", || {
-        super::isend(send_comm, data, size, tag, request)
+        super::isend(send_comm, data, size, tag, mhandle, request)
     })
 }
 
@@ -278,12 +278,12 @@ extern "C" fn isend_v10(
     data: *mut c_void,
     size: usize,
     tag: c_int,
-    _mhandle: *mut c_void,
+    mhandle: *mut c_void,
     _phandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
     guard("isend", || {
-        super::isend(send_comm, data, size, tag, request)
+        super::isend(send_comm, data, size, tag, mhandle, request)
     })
 }
 
@@ -293,12 +293,20 @@ extern "C" fn irecv_v8(
     data: *mut *mut c_void,
     sizes: *mut c_int,
     tags: *mut c_int,
-    _mhandles: *mut *mut c_void,
+    mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
     guard("irecv", || {
         let sizes = non_null(sizes, "sizes")?;
-        super::irecv(recv_comm, n, data, |i| int_size(sizes, i), tags, request)
+        super::irecv(
+            recv_comm,
+            n,
+            data,
+            |i| int_size(sizes, i),
+            tags,
+            mhandles,
+            request,
+        )
     })
 }
 
@@ -308,12 +316,20 @@ extern "C" fn irecv_v9(
     data: *mut *mut c_void,
     sizes: *mut usize,
     tags: *mut c_int,
-    _mhandles: *mut *mut c_void,
+    mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
     guard("irecv", || {
         let sizes = non_null(sizes, "sizes")?;
-        super::irecv(recv_comm, n, data, |i| size_t_size(sizes, i), tags, request)
+        super::irecv(
+            recv_comm,
+            n,
+            data,
+            |i| size_t_size(sizes, i),
+            tags,
+            mhandles,
+            request,
+        )
     })
 }
 
@@ -324,13 +340,21 @@ extern "C" fn irecv_v10(
     data: *mut *mut c_void,
     sizes: *mut usize,
     tags: *mut c_int,
-    _mhandles: *mut *mut c_void,
+    mhandles: *mut *mut c_void,
     _phandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
     guard("irecv", || {
         let sizes = non_null(sizes, "sizes")?;
-        super::irecv(recv_comm, n, data, |i| size_t_size(sizes, i), tags, request)
+        super::irecv(
+            recv_comm,
+            n,
+            data,
+            |i| size_t_size(sizes, i),
+            tags,
+            mhandles,
+            request,
+        )
     })
 }
 

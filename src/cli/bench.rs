@@ -7,6 +7,7 @@ use crate::harness::collectives::{Collective, DataType};
 use crate::harness::launch::{self, Launch};
 use crate::harness::plugin_client::default_library_path;
 use crate::harness::worker::{raw_streams_default, Job, LinkKind, RunSpec, WorkerReport};
+use crate::profile::Profile;
 use crate::Result;
 
 /// Arguments of `lossy bench`.
@@ -21,6 +22,10 @@ pub struct Args {
     /// Turn loss injection off (through the plugin's control API).
     #[arg(long)]
     pub lossless: bool,
+    /// Also time the plugin with loss switched off, interleaved in the same run, and print
+    /// lossy/lossless: what the profile's loss costs in bandwidth.
+    #[arg(long, conflicts_with = "lossless")]
+    pub vs_lossless: bool,
     /// Timed iterations per size (default: more for small sizes).
     #[arg(long)]
     pub iters: Option<usize>,
@@ -124,17 +129,20 @@ fn bench(args: &Args) -> Result<()> {
             warmup: args.warmup,
         })
         .collect();
-    let mut job = Job::collectives(
-        default_library_path()?,
-        vec![LinkKind::Plugin, LinkKind::RawTcp],
-        runs,
-    );
+    let mut links = vec![LinkKind::Plugin, LinkKind::RawTcp];
+    if args.vs_lossless {
+        links.push(LinkKind::PluginLossless);
+    }
+    let per_size = links.len();
+    let mut job = Job::collectives(default_library_path()?, links, runs);
     job.chunk = chunk.max(dtype.size());
     job.version = args.net_version;
     job.lossless = args.lossless;
     job.verify = true;
     let streams = raw_streams_default();
     job.raw_streams = streams;
+    // Damage is the expected outcome of a profile whose effects change data (and loss is on).
+    let corrupts_data = !args.lossless && Profile::from_env()?.corrupts_data();
     let reports = launch::run(&Launch::new(args.ranks, job)?)?;
     let n = args.ranks;
     let factor = Collective::AllReduce.bus_factor(n);
@@ -143,8 +151,16 @@ fn bench(args: &Args) -> Result<()> {
         fmt_bytes(chunk),
         if args.lossless { "off" } else { "as profiled" }
     );
+    let (extra_head, extra_units) = if args.vs_lossless {
+        (
+            format!(" | {:>10} {:>8} {:>8}", "lossless", "busbw", "vs"),
+            format!(" | {:>10} {:>8} {:>8}", "us", "(GB/s)", "lossless"),
+        )
+    } else {
+        (String::new(), String::new())
+    };
     println!(
-        "# {:>10} {:>10} | {:>10} {:>8} {:>8} | {:>10} {:>8} {:>8} | {:>6} {:>5}",
+        "# {:>10} {:>10} | {:>10} {:>8} {:>8} | {:>10} {:>8} {:>8} | {:>6}{extra_head} | {:>5}",
         "size",
         "count",
         "plugin us",
@@ -157,22 +173,44 @@ fn bench(args: &Args) -> Result<()> {
         "check"
     );
     println!(
-        "# {:>10} {:>10} | {:>10} {:>8} {:>8} | {:>10} {:>8} {:>8} | {:>6} {:>5}",
-        "(B)", "(elems)", "", "(GB/s)", "(GB/s)", "", "(GB/s)", "(GB/s)", "", ""
+        "# {:>10} {:>10} | {:>10} {:>8} {:>8} | {:>10} {:>8} {:>8} | {:>6}{extra_units} | {:>5}",
+        "(B)", "(elems)", "", "(GB/s)", "(GB/s)", "", "(GB/s)", "(GB/s)", "vs raw", ""
     );
     let mut all_ok = true;
     for (i, &bytes) in sizes.iter().enumerate() {
         let bytes = bytes / dtype.size() * dtype.size();
-        let (plugin, raw) = (slowest(&reports, 2 * i), slowest(&reports, 2 * i + 1));
-        let ok = reports.iter().all(|r| {
-            r.results
-                .get(2 * i..2 * i + 2)
-                .is_some_and(|rs| rs.iter().all(|x| x.ok))
-        });
-        all_ok &= ok;
+        let first = per_size * i;
+        let (plugin, raw) = (slowest(&reports, first), slowest(&reports, first + 1));
+        // Damage is judged on the lossy plugin link only; the others must be bit-exact.
+        let exact = |k: usize| {
+            reports
+                .iter()
+                .all(|r| r.results.get(first + k).is_some_and(|x| x.ok))
+        };
+        let ok = exact(0);
+        let baselines_ok = (1..per_size).all(exact);
+        all_ok &= (ok || corrupts_data) && baselines_ok;
         let algbw = |t: f64| if t > 0.0 { bytes as f64 / t / 1e9 } else { 0.0 };
+        let ratio = |base: f64, t: f64| {
+            if base > 0.0 {
+                100.0 * base / t.max(1e-12)
+            } else {
+                0.0
+            }
+        };
+        let extra = if args.vs_lossless {
+            let lossless = slowest(&reports, first + 2);
+            format!(
+                " | {:>10.1} {:>8.2} {:>7.0}%",
+                lossless * 1e6,
+                algbw(lossless) * factor,
+                ratio(lossless, plugin)
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "  {:>10} {:>10} | {:>10.1} {:>8.2} {:>8.2} | {:>10.1} {:>8.2} {:>8.2} | {:>5.0}% {:>5}",
+            "  {:>10} {:>10} | {:>10.1} {:>8.2} {:>8.2} | {:>10.1} {:>8.2} {:>8.2} | {:>5.0}%{extra} | {:>5}",
             bytes,
             bytes / dtype.size(),
             plugin * 1e6,
@@ -181,9 +219,16 @@ fn bench(args: &Args) -> Result<()> {
             raw * 1e6,
             algbw(raw),
             algbw(raw) * factor,
-            if raw > 0.0 { 100.0 * raw / plugin.max(1e-12) } else { 0.0 },
-            if ok { "ok" } else { "WRONG" }
+            ratio(raw, plugin),
+            match (ok && baselines_ok, corrupts_data && baselines_ok) {
+                (true, _) => "ok",
+                (false, true) => "dmg",
+                (false, false) => "WRONG",
+            }
         );
+    }
+    if corrupts_data {
+        println!("# dmg: the profile's effect changed data, as it is meant to");
     }
     if all_ok {
         Ok(())

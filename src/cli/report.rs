@@ -291,7 +291,7 @@ fn draw_bursts<DB: DrawingBackend>(
         .configure_series_labels()
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
+        .position(SeriesLabelPosition::LowerLeft)
         .draw()
 }
 

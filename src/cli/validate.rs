@@ -8,8 +8,7 @@ use crate::profile::Profile;
 /// Arguments of `lossy validate`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Profile files (TOML) to check.
-    #[arg(required = true)]
+    /// Profile files (TOML) to check; none: the embedded default profile.
     pub files: Vec<PathBuf>,
     /// Override a dotted key, as NCCL_LOSSY_SET does (repeatable): --set model.rate=0.02
     #[arg(long = "set", value_name = "KEY=VALUE")]
@@ -20,8 +19,15 @@ pub struct Args {
 pub fn run(args: Args) -> ExitCode {
     let overrides = args.set.join(";");
     let mut failed = false;
-    for file in &args.files {
-        match Profile::load(Some(file), &overrides) {
+    // No file names the embedded default, so that `lossy validate --set ...` previews what a
+    // run without NCCL_LOSSY_PROFILE would do.
+    let files: Vec<Option<&PathBuf>> = if args.files.is_empty() {
+        vec![None]
+    } else {
+        args.files.iter().map(Some).collect()
+    };
+    for file in files {
+        match Profile::load(file.map(PathBuf::as_path), &overrides) {
             Ok(profile) => println!("{}", profile.summary()),
             Err(err) => {
                 eprintln!("lossy validate: {err}");

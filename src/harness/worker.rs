@@ -25,6 +25,9 @@ pub enum LinkKind {
     Plugin,
     /// Plain TCP over loopback, the baseline.
     RawTcp,
+    /// The plugin library again, on its own connections, with loss injection switched off
+    /// for its iterations: the lossless baseline measured in the same run, interleaved.
+    PluginLossless,
 }
 
 /// One collective at one size, repeated.
@@ -275,6 +278,11 @@ pub fn run_job(job: &Job, boot: &mut Bootstrap) -> Result<WorkerReport> {
     Ok(report)
 }
 
+/// Whether loss injection is on while `kind` runs.
+fn loss_on(job: &Job, kind: LinkKind) -> bool {
+    !job.lossless && kind != LinkKind::PluginLossless
+}
+
 fn run_collectives(
     job: &Job,
     lib: &Rc<PluginLibrary>,
@@ -287,9 +295,14 @@ fn run_collectives(
     let mut opened: Vec<(LinkKind, Box<dyn RingLink>)> = Vec::new();
     for &kind in links {
         let link: Box<dyn RingLink> = match kind {
-            LinkKind::Plugin => {
+            LinkKind::Plugin | LinkKind::PluginLossless => {
+                let comm_id = if kind == LinkKind::Plugin {
+                    0x10551
+                } else {
+                    0x10552
+                };
                 let link =
-                    PluginLink::connect_ring(lib, job.version, 0x10551, boot, job.timeout())?;
+                    PluginLink::connect_ring(lib, job.version, comm_id, boot, job.timeout())?;
                 report.plugin = link.client().name();
                 Box::new(link)
             }
@@ -313,7 +326,8 @@ fn run_collectives(
         };
         let input = collectives::make_input(&spec, rank, n);
         let mut output = vec![0u8; output_len(&spec, rank, n)];
-        for (_, link) in opened.iter_mut() {
+        for (kind, link) in opened.iter_mut() {
+            lib.set_loss_enabled(loss_on(job, *kind))?;
             for _ in 0..run.warmup {
                 collectives::run(
                     link.as_mut(),
@@ -332,8 +346,10 @@ fn run_collectives(
         let mut seconds = vec![0.0f64; opened.len()];
         let mut verdicts = vec![collectives::Verdict::default(); opened.len()];
         for iter in 0..iters {
-            for (i, (_, link)) in opened.iter_mut().enumerate() {
+            for (i, (kind, link)) in opened.iter_mut().enumerate() {
                 output.fill(0);
+                // Senders decide drops, so every rank switches before the barrier.
+                lib.set_loss_enabled(loss_on(job, *kind))?;
                 boot.barrier()?;
                 let start = Instant::now();
                 collectives::run(

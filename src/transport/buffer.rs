@@ -8,6 +8,7 @@ use std::ptr::NonNull;
 pub struct HostBuf {
     ptr: NonNull<u8>,
     len: usize,
+    mr: usize,
 }
 
 // SAFETY: a HostBuf is only an address and a length; the lending contract of `HostBuf::new`
@@ -26,6 +27,7 @@ impl HostBuf {
         HostBuf {
             ptr: NonNull::new(ptr).unwrap_or(NonNull::dangling()),
             len,
+            mr: 0,
         }
     }
 
@@ -35,7 +37,23 @@ impl HostBuf {
         HostBuf {
             ptr: NonNull::new(slice.as_mut_ptr()).unwrap_or(NonNull::dangling()),
             len: slice.len(),
+            mr: 0,
         }
+    }
+
+    /// The same buffer, carrying the transport registration (`mhandle`) NCCL gave with it.
+    pub fn with_mr(self, mr: usize) -> Self {
+        HostBuf { mr, ..self }
+    }
+
+    /// The registration NCCL gave with the buffer (0: none).
+    pub fn mr(&self) -> usize {
+        self.mr
+    }
+
+    /// Address of the first byte (dangling for an empty buffer).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
     }
 
     /// Length in bytes.

@@ -1,5 +1,5 @@
 //! Moving bytes between ranks. The ABI layer talks to one [`Transport`] and never knows
-//! which: our own TCP sockets ([`socket`]) or, later, another NCCL plugin wrapped.
+//! which: our own TCP sockets ([`socket`]) or another NCCL net plugin wrapped ([`wrap`]).
 //!
 //! Everything here is non-blocking from the caller's point of view: `listen` returns at once,
 //! `connect`/`accept` are polled state machines, and `isend`/`irecv`/`test` only queue work or
@@ -7,6 +7,7 @@
 
 pub mod buffer;
 pub mod socket;
+pub mod wrap;
 
 use crate::loss::plan::LossPlan;
 use crate::Result;
@@ -17,8 +18,8 @@ pub use buffer::HostBuf;
 pub const HANDLE_SIZE: usize = 128;
 
 /// Leading bytes of the handle a transport may fill for its peer. The ABI layer keeps the
-/// rest for its own bookkeeping (the state of a connect in progress).
-pub const HANDLE_WIRE_SIZE: usize = 96;
+/// last 8 for the listener's rank (see `docs/abi.md`).
+pub const HANDLE_WIRE_SIZE: usize = 120;
 
 /// The part of the connection handle a transport writes in `listen` and reads in `connect`.
 pub type WireHandle = [u8; HANDLE_WIRE_SIZE];
@@ -28,6 +29,13 @@ pub const MAX_REQUESTS: usize = 32;
 
 /// Most buffers one grouped receive may carry (the `maxRecvs` we advertise).
 pub const MAX_RECVS: usize = 8;
+
+/// A transport's memory registration, opaque to everyone else (NCCL keeps it as `mhandle`).
+/// Never 0 for a registration that succeeded.
+pub type MrHandle = usize;
+
+/// What transports that need no registration hand out: any non-zero value will do.
+pub const NO_REGISTRATION: MrHandle = 1;
 
 /// Index of an outstanding request within its connection, below [`MAX_REQUESTS`].
 pub type RequestId = u32;
@@ -108,6 +116,16 @@ pub trait SendConn: Send + Sync {
     /// `Ok(None)` means every request slot is busy: the caller retries later.
     fn isend(&self, buf: HostBuf, tag: i32, plan: &LossPlan) -> Result<Option<RequestId>>;
 
+    /// Registers host memory that later sends use (NCCL's `regMr`); the default needs none.
+    fn register(&self, _buf: HostBuf) -> Result<MrHandle> {
+        Ok(NO_REGISTRATION)
+    }
+
+    /// Releases a registration made by [`SendConn::register`].
+    fn deregister(&self, _mr: MrHandle) -> Result<()> {
+        Ok(())
+    }
+
     /// Reports whether request `id` is done; a finished request's slot is freed.
     fn test(&self, id: RequestId) -> Result<Option<Completion>>;
 }
@@ -117,6 +135,16 @@ pub trait RecvConn: Send + Sync {
     /// Posts a (possibly grouped) receive: message `i` with tag `tags[i]` lands in `bufs[i]`.
     /// `Ok(None)` means every request slot is busy: the caller retries later.
     fn irecv(&self, bufs: &[HostBuf], tags: &[i32]) -> Result<Option<RequestId>>;
+
+    /// Registers host memory that later receives use (NCCL's `regMr`); the default needs none.
+    fn register(&self, _buf: HostBuf) -> Result<MrHandle> {
+        Ok(NO_REGISTRATION)
+    }
+
+    /// Releases a registration made by [`RecvConn::register`].
+    fn deregister(&self, _mr: MrHandle) -> Result<()> {
+        Ok(())
+    }
 
     /// Reports whether request `id` is done and how many bytes each buffer got.
     fn test(&self, id: RequestId) -> Result<Option<Completion>>;

@@ -31,7 +31,7 @@ from ._library import (
 log = logging.getLogger("nccl_lossy")
 
 #: Version of the control API this module speaks (``NCCL_LOSSY_CONTROL_VERSION``).
-CONTROL_VERSION = 1
+CONTROL_VERSION = 2
 
 PHASE_ANY = 0
 PHASE_FORWARD = 1

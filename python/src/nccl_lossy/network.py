@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
 
 from ._library import library_path, mapped_library_paths
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python < 3.11 only
-    import tomli as tomllib
-
 log = logging.getLogger("nccl_lossy")
 
-#: Effects that change the data a receiver gets; NCCL's LL/LL128 would hang on them.
-CORRUPTING_EFFECTS = frozenset({"zero", "stale", "bitflip"})
-#: The effect of the embedded default profile (used when no profile is given).
-DEFAULT_PROFILE_EFFECT = "retransmit"
-#: The loss engine's effect when a profile names none (``Effect::default()`` in ``src/loss``).
-ENGINE_DEFAULT_EFFECT = "zero"
 
 #: Variables :meth:`LossyNetwork.apply` owns: set from the object, or removed when it has none.
 OWNED_VARIABLES = ("NCCL_LOSSY_PROFILE", "NCCL_LOSSY_SET", "NCCL_LOSSY_STATS")
@@ -77,60 +68,67 @@ def parse_overrides(text: str) -> List[Tuple[str, str]]:
     return pairs
 
 
-def _collect_effects(node: Any, found: List[str]) -> None:
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key == "effect" and isinstance(value, str):
-                found.append(value.lower())
-            else:
-                _collect_effects(value, found)
-    elif isinstance(node, list):
-        for item in node:
-            _collect_effects(item, found)
+# Runs in a child interpreter so that the launcher's process never maps the plugin (NCCL
+# must be the one to load it; see nccl_started_reason) and a crash there cannot take it down.
+_CHECK_SCRIPT = """
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+if not hasattr(lib, "ncclLossyCheckProfile"):
+    sys.exit(3)
+fn = lib.ncclLossyCheckProfile
+fn.restype = ctypes.c_int64
+fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+path = sys.argv[2].encode() or None
+cap = 1 << 16
+while True:
+    buf = ctypes.create_string_buffer(cap)
+    n = fn(path, sys.argv[3].encode(), buf, cap)
+    if n < 0:
+        sys.exit(4)
+    if n < cap:
+        sys.stdout.write(buf.raw[:n].decode())
+        break
+    cap = n + 1
+"""
 
 
-def profile_effects(profile: Optional[Union[str, Path]], overrides: SetLike = None) -> Set[str]:
-    """Every effect a profile (plus overrides) can apply to a message.
+def check_profile(
+    profile: Optional[Union[str, Path]],
+    overrides: SetLike = None,
+    library: Optional[Union[str, Path]] = None,
+) -> Dict[str, Any]:
+    """Loads a profile (None: the embedded default) with overrides exactly as the plugin will.
 
-    No profile means the embedded default (``retransmit``). A profile that names no default
-    effect (top level or ``[defaults]``) gets the engine's default, ``zero``.
-    """
-    effects: List[str] = []
-    if profile is None:
-        default: Optional[str] = DEFAULT_PROFILE_EFFECT
-    else:
-        path = Path(profile)
-        try:
-            with open(path, "rb") as fh:
-                doc = tomllib.load(fh)
-        except OSError as err:
-            raise LossyConfigError(f"cannot read profile {path}: {err}") from err
-        except tomllib.TOMLDecodeError as err:
-            raise LossyConfigError(f"profile {path} is not valid TOML: {err}") from err
-        defaults = doc.get("defaults") if isinstance(doc.get("defaults"), dict) else {}
-        default = doc.get("effect", defaults.get("effect"))
-        default = default.lower() if isinstance(default, str) else None
-        # The default effect is tracked on its own (overrides may replace it); every other
-        # `effect` key (rules, ...) is collected as it stands.
-        rest = {k: v for k, v in doc.items() if k not in ("effect", "defaults")}
-        rest_defaults = {k: v for k, v in defaults.items() if k != "effect"}
-        _collect_effects([rest, rest_defaults], effects)
-    text = format_overrides(overrides)
-    for key, value in parse_overrides(text) if text else []:
-        parts = key.split(".")
-        if parts[-1] != "effect":
-            continue
-        if parts in (["effect"], ["defaults", "effect"]):
-            default = value.lower()
-        else:
-            effects.append(value.lower())
-    effects.append(default if default is not None else ENGINE_DEFAULT_EFFECT)
-    return set(effects)
+    Asks the plugin library itself (``ncclLossyCheckProfile``), so the answer follows its schema
+    and defaults. Returns ``{"origin", "summary", "corrupts_data", "lossless", "profile"}``;
+    raises :class:`LossyConfigError` with the plugin's message (file, line, key, allowed
+    values) when the profile is wrong."""
+    lib = Path(library) if library is not None else library_path()
+    args = [sys.executable, "-c", _CHECK_SCRIPT, str(lib), str(profile or ""), format_overrides(overrides)]
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise LossyConfigError(f"cannot check the profile with {lib}: {err}") from err
+    if proc.returncode == 3:
+        raise LossyConfigError(f"{lib} predates ncclLossyCheckProfile: install matching versions")
+    if proc.returncode != 0:
+        raise LossyConfigError(f"checking the profile with {lib} failed: {proc.stderr.strip()[-2000:]}")
+    try:
+        answer = json.loads(proc.stdout)
+    except ValueError as err:
+        raise LossyConfigError(f"{lib} answered the profile check with bad JSON: {err}") from err
+    if not answer.get("ok"):
+        raise LossyConfigError(str(answer.get("error")))
+    return answer
 
 
-def protocol_guard_needed(profile: Optional[Union[str, Path]], overrides: SetLike = None) -> bool:
+def protocol_guard_needed(
+    profile: Optional[Union[str, Path]],
+    overrides: SetLike = None,
+    library: Optional[Union[str, Path]] = None,
+) -> bool:
     """True when the profile (plus overrides) can corrupt data, so NCCL must use Simple only."""
-    return bool(profile_effects(profile, overrides) & CORRUPTING_EFFECTS)
+    return bool(check_profile(profile, overrides, library)["corrupts_data"])
 
 
 def allowed_protocols(nccl_proto: str) -> Set[str]:
@@ -162,6 +160,7 @@ class LossyNetwork:
         self.library = Path(library).expanduser().resolve() if library is not None else None
         if self.profile is not None and not self.profile.is_file():
             raise LossyConfigError(f"profile {self.profile} does not exist")
+        self._checked: Optional[Dict[str, Any]] = None
 
     def __repr__(self) -> str:
         return (
@@ -169,10 +168,16 @@ class LossyNetwork:
             f"stats_dir={self.stats_dir!s})"
         )
 
+    def check(self) -> Dict[str, Any]:
+        """The plugin's reading of the profile (see :func:`check_profile`), computed once."""
+        if self._checked is None:
+            self._checked = check_profile(self.profile, self.overrides, self.library)
+        return self._checked
+
     @property
     def corrupts_data(self) -> bool:
         """True when the profile can corrupt data (the protocol guard applies)."""
-        return protocol_guard_needed(self.profile, self.overrides)
+        return bool(self.check()["corrupts_data"])
 
     def env(self, base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
         """Variables to add to a launcher's environment (``base``: the environment they join,
@@ -194,14 +199,11 @@ class LossyNetwork:
                 risky = allowed_protocols(user_proto) & {"LL", "LL128"}
                 if risky:
                     raise LossyConfigError(
-                        f"the profile corrupts data (effects {sorted(self._corrupting())}), which "
+                        f"the profile corrupts data ({self.check()['summary']}), which "
                         f"hangs NCCL's {'/'.join(sorted(risky))} protocol, but NCCL_PROTO="
                         f"{user_proto} allows it: unset NCCL_PROTO or set it to Simple"
                     )
         return env
-
-    def _corrupting(self) -> Set[str]:
-        return profile_effects(self.profile, self.overrides) & CORRUPTING_EFFECTS
 
     def apply(self) -> Dict[str, str]:
         """Puts :meth:`env` into ``os.environ`` (call before ``torch.distributed`` starts NCCL).

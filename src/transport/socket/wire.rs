@@ -71,9 +71,10 @@ pub struct Handle {
     pub nonce: [u8; NONCE_SIZE],
 }
 
-// Handle layout (96 bytes): 0 magic u64 | 8 version u16 | 10 family u8 (4 or 6) | 11 zero |
+// Handle layout (HANDLE_WIRE_SIZE = 120 bytes):
+// 0 magic u64 | 8 version u16 | 10 family u8 (4 or 6) | 11 zero |
 // 12 port u16 | 14 zero u16 | 16 address, 16 bytes (IPv4: 4 then zeros) | 32 scope id u32 |
-// 36 flow info u32 | 40 nonce, 16 bytes | 56..96 zeros.
+// 36 flow info u32 | 40 nonce, 16 bytes | 56..120 zeros.
 impl Handle {
     /// Writes the handle into the wire bytes of an NCCL connection handle.
     pub fn encode(&self, out: &mut WireHandle) {

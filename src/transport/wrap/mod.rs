@@ -1,0 +1,652 @@
+//! Wrap mode: another NCCL net plugin (InfiniBand, EFA, any vendor's) carries the bytes, and
+//! loss is injected on top. Each data message is preceded, on the same inner connection, by
+//! a small side message with the sender's [`LossPlan`]; the receiver posts a side receive
+//! and the data receive together, and applies the plan's effect to the data once both have
+//! arrived. Design and costs: `docs/wrap.md`.
+
+pub mod inner;
+pub mod side;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::abi::ffi::ncclDebugLogger_t;
+use crate::loss::effect::{flip_lost, lost_ranges, zero_lost};
+use crate::loss::plan::{Effect, LossPlan, PacketRun};
+use crate::transport::{
+    Completion, Connector, DeviceProps, HostBuf, Listener, MrHandle, RecvConn, RequestId, SendConn,
+    Transport, WireHandle, HANDLE_SIZE, HANDLE_WIRE_SIZE, MAX_REQUESTS,
+};
+use crate::{log, Error, Result};
+
+use inner::{InnerPlugin, Opaque};
+
+/// Requests one wrapped connection keeps in flight per direction by default: NCCL's proxy
+/// posts at most 8 (`NCCL_STEPS`); each costs two inner requests (side + data).
+pub const SLOTS: usize = 8;
+
+/// Options of wrap mode.
+#[derive(Clone, Copy, Debug)]
+pub struct WrapOptions {
+    /// Keep a copy of each receive buffer before the inner plugin writes it, so the `stale`
+    /// effect can put the old bytes back (costs one memcpy per received message).
+    pub keep_stale_copy: bool,
+    /// Requests in flight per connection and direction, 1 to [`MAX_REQUESTS`] (default
+    /// [`SLOTS`]); more only make sense to test an inner plugin running out of requests.
+    pub slots: usize,
+}
+
+impl Default for WrapOptions {
+    fn default() -> Self {
+        WrapOptions {
+            keep_stale_copy: false,
+            slots: SLOTS,
+        }
+    }
+}
+
+/// Another net plugin, presented through the [`Transport`] trait with loss on top.
+pub struct WrapTransport {
+    plugin: Arc<InnerPlugin>,
+    devices: Vec<DeviceProps>,
+    options: WrapOptions,
+}
+
+impl WrapTransport {
+    /// Loads and initialises the plugin named by `spec` (a path, or a name like "ib"),
+    /// passing it NCCL's `logger`, and reads its devices.
+    pub fn open(spec: &str, logger: ncclDebugLogger_t, options: WrapOptions) -> Result<Self> {
+        Self::open_up_to(spec, logger, options, 12)
+    }
+
+    /// As [`WrapTransport::open`], using no inner table newer than `ncclNetPlugin_v{newest}`.
+    pub fn open_up_to(
+        spec: &str,
+        logger: ncclDebugLogger_t,
+        options: WrapOptions,
+        newest: u32,
+    ) -> Result<Self> {
+        if !(1..=MAX_REQUESTS).contains(&options.slots) {
+            return Err(Error::invalid_argument(format!(
+                "wrap mode: {} request slots per connection (allowed 1..={MAX_REQUESTS})",
+                options.slots
+            )));
+        }
+        let plugin = InnerPlugin::open_up_to(spec, logger, newest)?;
+        let count = plugin.devices()?;
+        let mut devices = Vec::with_capacity(count);
+        for dev in 0..count {
+            let p = plugin.properties(dev)?;
+            if p.ptr_support & crate::abi::ffi::NCCL_PTR_HOST as i32 == 0 {
+                return Err(Error::invalid_argument(format!(
+                    "inner net plugin {}: device {dev} ({}) does not accept host memory, \
+                     which wrap mode needs",
+                    plugin.name, p.name
+                )));
+            }
+            devices.push(DeviceProps {
+                name: format!("{}:{}", plugin.name, p.name),
+                pci_path: p.pci_path,
+                guid: p.guid,
+                speed_mbps: p.speed,
+                port: p.port,
+                latency_us: p.latency,
+                max_comms: p.max_comms,
+                // Side and data messages interleave on the inner connection, so receives are
+                // never grouped (see docs/wrap.md).
+                max_recvs: 1,
+                max_p2p_bytes: p.max_p2p_bytes,
+                max_coll_bytes: p.max_coll_bytes,
+            });
+        }
+        log::info(&format!(
+            "wrap mode: inner net plugin {} (API v{}) from {}, {} device(s): {}",
+            plugin.name,
+            plugin.version,
+            plugin.path.display(),
+            devices.len(),
+            devices
+                .iter()
+                .map(|d| d.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        Ok(WrapTransport {
+            plugin: Arc::new(plugin),
+            devices,
+            options,
+        })
+    }
+}
+
+impl WrapTransport {
+    /// The inner plugin's API version in use (8 to 12).
+    pub fn inner_version(&self) -> u32 {
+        self.plugin.version
+    }
+}
+
+impl Transport for WrapTransport {
+    fn device_count(&self) -> usize {
+        self.devices.len()
+    }
+
+    fn properties(&self, dev: usize) -> Result<DeviceProps> {
+        self.devices
+            .get(dev)
+            .cloned()
+            .ok_or_else(|| Error::invalid_argument(format!("no device {dev}")))
+    }
+
+    fn listen(&self, dev: usize, handle: &mut WireHandle) -> Result<Box<dyn Listener>> {
+        let mut full = [0u8; HANDLE_SIZE];
+        let comm = self.plugin.listen(dev, &mut full)?;
+        if full[HANDLE_WIRE_SIZE..].iter().any(|&b| b != 0) {
+            let _ = self.plugin.close_listen(comm);
+            return Err(Error::invalid_argument(format!(
+                "inner net plugin {}: its connection handle uses more than the {} bytes \
+                 wrap mode can forward",
+                self.plugin.name, HANDLE_WIRE_SIZE
+            )));
+        }
+        handle.copy_from_slice(&full[..HANDLE_WIRE_SIZE]);
+        Ok(Box::new(WrapListener {
+            plugin: Arc::clone(&self.plugin),
+            comm,
+            options: self.options,
+        }))
+    }
+
+    fn connect(&self, dev: usize, handle: &WireHandle) -> Result<Box<dyn Connector>> {
+        let mut full = Box::new([0u8; HANDLE_SIZE]);
+        full[..HANDLE_WIRE_SIZE].copy_from_slice(handle);
+        Ok(Box::new(WrapConnector {
+            plugin: Arc::clone(&self.plugin),
+            dev,
+            handle: full,
+            slots: self.options.slots,
+        }))
+    }
+}
+
+/// A connect in progress; the inner plugin's handle lives in a box at a fixed address.
+struct WrapConnector {
+    plugin: Arc<InnerPlugin>,
+    dev: usize,
+    handle: Box<[u8; HANDLE_SIZE]>,
+    slots: usize,
+}
+
+impl Connector for WrapConnector {
+    fn poll(&mut self) -> Result<Option<Box<dyn SendConn>>> {
+        let Some(comm) = self.plugin.connect(self.dev, &mut self.handle)? else {
+            return Ok(None);
+        };
+        let side = SideArea::new(&self.plugin, comm, self.slots).inspect_err(|_| {
+            let _ = self.plugin.close_send(comm);
+        })?;
+        Ok(Some(Box::new(WrapSendConn {
+            plugin: Arc::clone(&self.plugin),
+            comm,
+            side,
+            state: Mutex::new(SendState {
+                slots: (0..self.slots).map(|_| SendSlot::default()).collect(),
+                half_posted: None,
+                seq: 0,
+            }),
+        })))
+    }
+}
+
+/// A listening inner comm.
+struct WrapListener {
+    plugin: Arc<InnerPlugin>,
+    comm: Opaque,
+    options: WrapOptions,
+}
+
+impl Listener for WrapListener {
+    fn poll_accept(&mut self) -> Result<Option<Box<dyn RecvConn>>> {
+        let Some(comm) = self.plugin.accept(self.comm)? else {
+            return Ok(None);
+        };
+        let side = SideArea::new(&self.plugin, comm, self.options.slots).inspect_err(|_| {
+            let _ = self.plugin.close_recv(comm);
+        })?;
+        Ok(Some(Box::new(WrapRecvConn {
+            plugin: Arc::clone(&self.plugin),
+            comm,
+            side,
+            options: self.options,
+            state: Mutex::new(RecvState {
+                slots: (0..self.options.slots)
+                    .map(|_| RecvSlot::default())
+                    .collect(),
+                half_posted: None,
+                seq: 0,
+                warned_stale: false,
+            }),
+        })))
+    }
+}
+
+impl Drop for WrapListener {
+    fn drop(&mut self) {
+        if let Err(err) = self.plugin.close_listen(self.comm) {
+            log::warn(&err.to_string());
+        }
+    }
+}
+
+/// The side-message buffers of one connection (one per slot), registered once with its
+/// inner comm.
+struct SideArea {
+    _memory: Vec<u8>,
+    buf: HostBuf,
+    mr: Opaque,
+}
+
+impl SideArea {
+    fn new(plugin: &InnerPlugin, comm: Opaque, slots: usize) -> Result<SideArea> {
+        let mut memory = vec![0u8; slots * side::CAPACITY];
+        let buf = HostBuf::from_slice(&mut memory);
+        let mr = plugin.reg_mr(comm, buf.as_ptr(), buf.len())?;
+        Ok(SideArea {
+            _memory: memory,
+            buf,
+            mr,
+        })
+    }
+
+    fn slot(&self, i: usize) -> (*mut u8, &mut [u8]) {
+        let range = i * side::CAPACITY..(i + 1) * side::CAPACITY;
+        let bytes = self.buf.slice_mut(range.start, range.end);
+        (bytes.as_mut_ptr(), bytes)
+    }
+}
+
+/// Where one half (side or data) of a message is.
+#[derive(Clone, Copy, Debug, Default)]
+enum Half {
+    /// Not handed to the inner plugin yet.
+    #[default]
+    Unposted,
+    /// Posted; the inner request.
+    Pending(Opaque),
+    /// Done, with the size the inner plugin reported.
+    Done(usize),
+}
+
+impl Half {
+    /// Tests a pending half; true once done.
+    fn advance(&mut self, plugin: &InnerPlugin) -> Result<bool> {
+        if let Half::Pending(req) = *self {
+            if let Some(size) = plugin.test(req)? {
+                *self = Half::Done(size);
+            }
+        }
+        Ok(matches!(self, Half::Done(_)))
+    }
+}
+
+#[derive(Default)]
+struct SendSlot {
+    busy: bool,
+    side: Half,
+    data: Half,
+    size: usize,
+    delay: Duration,
+    ready_at: Option<Instant>,
+}
+
+struct SendState {
+    slots: Vec<SendSlot>,
+    /// A message whose side message is posted but whose data the inner plugin refused for
+    /// now: NCCL posts the same message again and only the data goes out then.
+    half_posted: Option<usize>,
+    seq: u64,
+}
+
+/// The sending half of a wrapped connection.
+struct WrapSendConn {
+    plugin: Arc<InnerPlugin>,
+    comm: Opaque,
+    side: SideArea,
+    state: Mutex<SendState>,
+}
+
+fn locked<T>(m: &Mutex<T>) -> Result<MutexGuard<'_, T>> {
+    m.lock()
+        .map_err(|_| Error::internal("wrap connection state poisoned by an earlier panic"))
+}
+
+impl SendConn for WrapSendConn {
+    fn isend(&self, buf: HostBuf, tag: i32, plan: &LossPlan) -> Result<Option<RequestId>> {
+        let mut state = locked(&self.state)?;
+        let state = &mut *state;
+        let id = match state.half_posted {
+            Some(id) => {
+                if state.slots[id].size != buf.len() {
+                    return Err(Error::internal(format!(
+                        "wrap mode: a {}-byte message was half posted, then NCCL posted {} bytes",
+                        state.slots[id].size,
+                        buf.len()
+                    )));
+                }
+                id
+            }
+            None => {
+                let Some(id) = state.slots.iter().position(|s| !s.busy) else {
+                    return Ok(None);
+                };
+                let (ptr, bytes) = self.side.slot(id);
+                let len = side::encode(plan, buf.len() as u64, tag, state.seq, bytes)?;
+                let Some(req) = self.plugin.isend(self.comm, ptr, len, tag, self.side.mr)? else {
+                    return Ok(None);
+                };
+                state.seq += 1;
+                let delay = if plan.effect == Effect::Retransmit {
+                    plan.retransmit_timeout * plan.loss_events() as u32
+                } else {
+                    Duration::ZERO
+                };
+                state.slots[id] = SendSlot {
+                    busy: true,
+                    side: Half::Pending(req),
+                    data: Half::Unposted,
+                    size: buf.len(),
+                    delay,
+                    ready_at: None,
+                };
+                id
+            }
+        };
+        let mr = Opaque::from_addr(buf.mr());
+        match self
+            .plugin
+            .isend(self.comm, buf.as_ptr(), buf.len(), tag, mr)?
+        {
+            Some(req) => {
+                state.slots[id].data = Half::Pending(req);
+                state.half_posted = None;
+                Ok(Some(id as RequestId))
+            }
+            None => {
+                state.half_posted = Some(id);
+                Ok(None)
+            }
+        }
+    }
+
+    fn test(&self, id: RequestId) -> Result<Option<Completion>> {
+        let mut state = locked(&self.state)?;
+        let slot = state
+            .slots
+            .get_mut(id as usize)
+            .filter(|s| s.busy)
+            .ok_or_else(|| Error::invalid_argument(format!("test of unknown request {id}")))?;
+        let side_done = slot.side.advance(&self.plugin)?;
+        let data_done = slot.data.advance(&self.plugin)?;
+        if !(side_done && data_done) {
+            return Ok(None);
+        }
+        // Retransmit: the sender's request ends after the resends, as on our own sockets.
+        let ready_at = *slot
+            .ready_at
+            .get_or_insert_with(|| Instant::now() + slot.delay);
+        if Instant::now() < ready_at {
+            return Ok(None);
+        }
+        let size = slot.size;
+        *slot = SendSlot::default();
+        let mut done = Completion {
+            count: 1,
+            ..Completion::default()
+        };
+        done.sizes[0] = size;
+        Ok(Some(done))
+    }
+
+    fn register(&self, buf: HostBuf) -> Result<MrHandle> {
+        Ok(self
+            .plugin
+            .reg_mr(self.comm, buf.as_ptr(), buf.len())?
+            .addr())
+    }
+
+    fn deregister(&self, mr: MrHandle) -> Result<()> {
+        self.plugin.dereg_mr(self.comm, Opaque::from_addr(mr))
+    }
+}
+
+impl Drop for WrapSendConn {
+    fn drop(&mut self) {
+        let outcome = self
+            .plugin
+            .dereg_mr(self.comm, self.side.mr)
+            .and(self.plugin.close_send(self.comm));
+        if let Err(err) = outcome {
+            log::warn(&err.to_string());
+        }
+    }
+}
+
+#[derive(Default)]
+struct RecvSlot {
+    busy: bool,
+    side: Half,
+    data: Half,
+    buf: Option<HostBuf>,
+    tag: i32,
+    /// The buffer's bytes before the inner plugin wrote it (stale effect only).
+    old: Vec<u8>,
+    ready_at: Option<Instant>,
+    runs: Vec<PacketRun>,
+    /// Number of the message this slot receives (receives match in posting order).
+    seq: u64,
+}
+
+struct RecvState {
+    slots: Vec<RecvSlot>,
+    half_posted: Option<usize>,
+    /// Number of the next message a side receive is posted for.
+    seq: u64,
+    warned_stale: bool,
+}
+
+/// The receiving half of a wrapped connection.
+struct WrapRecvConn {
+    plugin: Arc<InnerPlugin>,
+    comm: Opaque,
+    side: SideArea,
+    options: WrapOptions,
+    state: Mutex<RecvState>,
+}
+
+impl RecvConn for WrapRecvConn {
+    fn irecv(&self, bufs: &[HostBuf], tags: &[i32]) -> Result<Option<RequestId>> {
+        let (&[buf], &[tag]) = (bufs, tags) else {
+            return Err(Error::invalid_usage(format!(
+                "wrap mode receives one buffer at a time (maxRecvs = 1), got {}",
+                bufs.len()
+            )));
+        };
+        let mut state = locked(&self.state)?;
+        let state = &mut *state;
+        let id = match state.half_posted {
+            Some(id) => id,
+            None => {
+                let Some(id) = state.slots.iter().position(|s| !s.busy) else {
+                    return Ok(None);
+                };
+                let (ptr, _) = self.side.slot(id);
+                let Some(req) =
+                    self.plugin
+                        .irecv(self.comm, ptr, side::CAPACITY, tag, self.side.mr)?
+                else {
+                    return Ok(None);
+                };
+                let slot = &mut state.slots[id];
+                slot.seq = state.seq;
+                state.seq += 1;
+                slot.busy = true;
+                slot.side = Half::Pending(req);
+                slot.data = Half::Unposted;
+                slot.ready_at = None;
+                id
+            }
+        };
+        let slot = &mut state.slots[id];
+        slot.buf = Some(buf);
+        slot.tag = tag;
+        slot.old.clear();
+        if self.options.keep_stale_copy {
+            slot.old.extend_from_slice(buf.slice(0, buf.len()));
+        }
+        let mr = Opaque::from_addr(buf.mr());
+        match self
+            .plugin
+            .irecv(self.comm, buf.as_ptr(), buf.len(), tag, mr)?
+        {
+            Some(req) => {
+                slot.data = Half::Pending(req);
+                state.half_posted = None;
+                Ok(Some(id as RequestId))
+            }
+            None => {
+                state.half_posted = Some(id);
+                Ok(None)
+            }
+        }
+    }
+
+    fn test(&self, id: RequestId) -> Result<Option<Completion>> {
+        let mut guard = locked(&self.state)?;
+        let state = &mut *guard;
+        let slot = state
+            .slots
+            .get_mut(id as usize)
+            .filter(|s| s.busy)
+            .ok_or_else(|| Error::invalid_argument(format!("test of unknown request {id}")))?;
+        let side_done = slot.side.advance(&self.plugin)?;
+        let data_done = slot.data.advance(&self.plugin)?;
+        if !(side_done && data_done) {
+            return Ok(None);
+        }
+        let (Half::Done(side_len), Half::Done(size), Some(buf)) = (slot.side, slot.data, slot.buf)
+        else {
+            return Err(Error::internal(
+                "wrap receive slot finished without a buffer",
+            ));
+        };
+        if size > buf.len() {
+            return Err(Error::internal(format!(
+                "inner net plugin {}: a receive of {} bytes reported {size} bytes",
+                self.plugin.name,
+                buf.len()
+            )));
+        }
+        if slot.ready_at.is_none() {
+            let (_, bytes) = self.side.slot(id as usize);
+            let info = side::decode(
+                &bytes[..side_len.min(side::CAPACITY)],
+                std::mem::take(&mut slot.runs),
+            )?;
+            if info.seq != slot.seq || info.tag != slot.tag || info.size != size as u64 {
+                return Err(Error::remote(format!(
+                    "wrap mode: side message says message {} (tag {}, {} bytes) but the data \
+                     is message {} (tag {}, {size} bytes): the peer is out of step",
+                    info.seq, info.tag, info.size, slot.seq, slot.tag
+                )));
+            }
+            let plan = info.plan;
+            let delay = apply(
+                &plan,
+                buf,
+                size,
+                &slot.old,
+                self.options.keep_stale_copy,
+                &mut state.warned_stale,
+            );
+            slot.runs = plan.lost;
+            slot.ready_at = Some(Instant::now() + delay);
+        }
+        if slot.ready_at.is_some_and(|at| Instant::now() < at) {
+            return Ok(None);
+        }
+        slot.busy = false;
+        slot.buf = None;
+        slot.side = Half::Unposted;
+        slot.data = Half::Unposted;
+        let mut done = Completion {
+            count: 1,
+            ..Completion::default()
+        };
+        done.sizes[0] = size;
+        Ok(Some(done))
+    }
+
+    fn register(&self, buf: HostBuf) -> Result<MrHandle> {
+        Ok(self
+            .plugin
+            .reg_mr(self.comm, buf.as_ptr(), buf.len())?
+            .addr())
+    }
+
+    fn deregister(&self, mr: MrHandle) -> Result<()> {
+        self.plugin.dereg_mr(self.comm, Opaque::from_addr(mr))
+    }
+}
+
+/// Applies `plan` to the `size` bytes that arrived in `buf`; returns how long the request
+/// must still wait (retransmit).
+fn apply(
+    plan: &LossPlan,
+    buf: HostBuf,
+    size: usize,
+    old: &[u8],
+    have_old: bool,
+    warned_stale: &mut bool,
+) -> Duration {
+    if plan.lost.is_empty() {
+        return Duration::ZERO;
+    }
+    let data = buf.slice_mut(0, size);
+    match plan.effect {
+        Effect::Zero => zero_lost(data, 0, &plan.lost, plan.mtu, size),
+        Effect::Stale if have_old && old.len() >= size => {
+            for range in lost_ranges(&plan.lost, plan.mtu, size, 0..size) {
+                data[range.clone()].copy_from_slice(&old[range]);
+            }
+        }
+        Effect::Stale => {
+            if !*warned_stale {
+                *warned_stale = true;
+                log::warn(
+                    "wrap mode: the peer sent a `stale` loss but this rank's profile has no \
+                     stale effect, so it kept no copy of the old bytes: lost bytes are zeroed",
+                );
+            }
+            zero_lost(data, 0, &plan.lost, plan.mtu, size);
+        }
+        Effect::Bitflip => {
+            flip_lost(data, 0, &plan.lost, plan.mtu, size, plan.flip_seed);
+        }
+        Effect::Retransmit => {
+            return plan.retransmit_timeout * plan.loss_events() as u32;
+        }
+    }
+    Duration::ZERO
+}
+
+impl Drop for WrapRecvConn {
+    fn drop(&mut self) {
+        let outcome = self
+            .plugin
+            .dereg_mr(self.comm, self.side.mr)
+            .and(self.plugin.close_recv(self.comm));
+        if let Err(err) = outcome {
+            log::warn(&err.to_string());
+        }
+    }
+}
