@@ -315,6 +315,36 @@ fn stopped_receiver_times_out() {
     drop(p);
 }
 
+#[test]
+fn a_malformed_timeout_fails_init_loudly_naming_the_variable() {
+    let exe = std::env::current_exe().expect("test binary");
+    let out = std::process::Command::new(exe)
+        .args([
+            "--exact",
+            CHILD,
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(ROLE_ENV, "init_only")
+        .env("NCCL_LOSSY_TIMEOUT", "ten")
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .output()
+        .expect("run the peer");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stdout.contains("INIT failed"),
+        "init succeeded:\n{stdout}\n{stderr}"
+    );
+    // On stderr whatever NCCL does with its log: a silent fallback cannot hide it.
+    assert!(
+        stderr.contains("NCCL_LOSSY_TIMEOUT=ten is not valid")
+            && stderr.contains("0 or unset: off"),
+        "{stderr}"
+    );
+}
+
 /// Sizes the `send_three` peers send: odd, zero and multi-socket.
 const THREE: [usize; 3] = [1001, 0, 300_001];
 
@@ -326,6 +356,13 @@ fn fault_peer() {
         return;
     };
     let lib = PluginLibrary::open(&library()).expect("dlopen");
+    if role == "init_only" {
+        match PluginClient::init(&lib, 12, 900) {
+            Ok(_) => say("INIT ok"),
+            Err(e) => say(&format!("INIT failed: {e}")),
+        }
+        return;
+    }
     let client = PluginClient::init(&lib, 12, 900).expect("init");
     let wait = Duration::from_secs(60);
     match role.as_str() {
