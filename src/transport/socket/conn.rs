@@ -708,6 +708,8 @@ struct RecvMsg {
     mtu: u32,
     flip_seed: u64,
     chunks_left: usize,
+    /// Sockets whose chunk header for this message has arrived (bit `s`).
+    got: u16,
 }
 
 const UNKNOWN_MSG: RecvMsg = RecvMsg {
@@ -719,6 +721,7 @@ const UNKNOWN_MSG: RecvMsg = RecvMsg {
     mtu: 0,
     flip_seed: 0,
     chunks_left: 0,
+    got: 0,
 };
 
 struct RecvSlot {
@@ -783,6 +786,9 @@ struct RecvSide {
     closed_from: Vec<Option<u64>>,
     /// Some entry of `closed_from` is set.
     any_closed: bool,
+    /// Per socket: the message after the last one whose chunk header it delivered. A socket
+    /// carries its chunks in stream order, so it will never carry one for an earlier message.
+    passed: Vec<u64>,
 }
 
 impl RecvSide {
@@ -856,6 +862,7 @@ impl SocketRecvConn {
         let side = RecvSide {
             closed_from: vec![None; sockets.len()],
             any_closed: false,
+            passed: vec![0; sockets.len()],
             slots: (0..MAX_REQUESTS)
                 .map(|_| RecvSlot {
                     n: 0,
@@ -1014,6 +1021,20 @@ fn owed_error<S>(core: &Core<S>, s: usize, seq: u64) -> Error {
     ))
 }
 
+/// A message before `seq` (and from `from` on) that socket `s` should have carried a chunk of,
+/// but went past: known, incomplete, with a chunk on `s` that never arrived.
+fn skipped_chunk(side: &RecvSide, s: usize, n: usize, from: u64, seq: u64) -> Option<u64> {
+    (from..seq).find(|&q| {
+        side.find(q).is_some_and(|(slot, i)| {
+            let m = &side.slots[slot].msgs[i];
+            m.known
+                && m.chunks_left > 0
+                && m.got & (1 << s) == 0
+                && roles(q, s, n).1 < chunk_count(m.size, n)
+        })
+    })
+}
+
 /// Checks a chunk header against the connection's state, records what it says about its
 /// message, and matches the message to a posted buffer; returns this socket's job.
 fn accept_header(
@@ -1060,12 +1081,23 @@ fn accept_header(
     let Some((slot, i)) = g.side.find(seq) else {
         return Err(bad("its message is already complete".into()));
     };
+    // This socket went past the messages before `seq`: any of them that is known and
+    // needs a chunk from it that never came can no longer complete (a peer that skips a
+    // chunk would otherwise leave the receive pending forever).
+    if let Some(q) = skipped_chunk(&g.side, s, n, min_seq, seq) {
+        return Err(Exit::Failed(Error::remote(format!(
+            "{} skipped the chunk of message {q} that socket {s} carries",
+            core.peer
+        ))));
+    }
+    g.side.passed[s] = seq + 1;
     let m = &mut g.side.slots[slot].msgs[i];
     let says = (size, h.tag, h.effect, h.mtu, h.flip_seed);
     if m.known {
         if (m.size, m.tag, m.effect, m.mtu, m.flip_seed) != says {
             return Err(bad("it disagrees with another chunk of the message".into()));
         }
+        m.got |= 1 << s;
     } else {
         *m = RecvMsg {
             known: true,
@@ -1076,9 +1108,21 @@ fn accept_header(
             mtu: h.mtu,
             flip_seed: h.flip_seed,
             chunks_left: chunks,
+            got: 1 << s,
         };
         // Sockets waiting for this message's tag to match their own message can go on.
         core.wake.notify_all();
+        // Now that its size is known: a socket that already went past it owes a chunk.
+        let first = roles(seq, 0, n).0;
+        if let Some(other) = (0..chunks)
+            .map(|j| (first + j) % n)
+            .find(|&o| o != s && g.side.passed[o] > seq)
+        {
+            return Err(Exit::Failed(Error::remote(format!(
+                "{} skipped the chunk of message {seq} that socket {other} carries",
+                core.peer
+            ))));
+        }
         // Now that its size is known: a socket the peer already closed may owe a chunk.
         if let Some((owing, seq)) = g.side.owed_by_closed(n) {
             return Err(Exit::Failed(owed_error(core, owing, seq)));

@@ -1365,3 +1365,45 @@ fn a_silent_peer_fails_outstanding_requests_after_the_timeout() {
     };
     assert!(err.message.contains("NCCL_LOSSY_TIMEOUT"), "{err}");
 }
+
+#[test]
+fn a_peer_that_skips_a_chunk_fails_the_receive_instead_of_hanging() {
+    // Message 0 (200_000 bytes) has chunk 0 on socket 0 and chunk 1 on socket 1; message 1
+    // (10 bytes) has its only chunk on socket 1. Socket 1 sends message 1 and never its chunk
+    // of message 0. Both orders: message 0 known before or after socket 1 went past it.
+    let t = loopback(2);
+    for known_first in [true, false] {
+        let (recv, mut socks) = raw_peer(&t, 2);
+        let (mut a, mut b) = (vec![0u8; 200_000], vec![0u8; 10]);
+        let ra = recv
+            .irecv(&[HostBuf::from_slice(&mut a)], &[0])
+            .expect("irecv")
+            .expect("slot");
+        let _rb = recv
+            .irecv(&[HostBuf::from_slice(&mut b)], &[0])
+            .expect("irecv")
+            .expect("slot");
+        let (first, second) = socks.split_at_mut(1);
+        let mut chunk0 = chunk_header(0, 0, 200_000).to_vec();
+        chunk0.extend_from_slice(&pattern(100_000, 3));
+        let mut msg1 = chunk_header(1, 0, 10).to_vec();
+        msg1.extend_from_slice(&[5; 10]);
+        if known_first {
+            first[0].write_all(&chunk0).expect("chunk 0");
+            std::thread::sleep(Duration::from_millis(50));
+            second[0].write_all(&msg1).expect("message 1");
+        } else {
+            second[0].write_all(&msg1).expect("message 1");
+            std::thread::sleep(Duration::from_millis(50));
+            first[0].write_all(&chunk0).expect("chunk 0");
+        }
+        let err = wait("failure", || recv.test(ra)).expect_err("chunk 1 was skipped");
+        assert_eq!(err.kind, ErrorKind::Remote, "{err}");
+        assert!(
+            err.message
+                .contains("skipped the chunk of message 0 that socket 1"),
+            "{err}"
+        );
+        drop(socks);
+    }
+}
