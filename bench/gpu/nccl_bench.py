@@ -341,38 +341,57 @@ def config_env(name: str, out: Path, proto: str, base: Optional[Dict[str, str]] 
     return env
 
 
+def run_ranks(nproc: int, env: Dict[str, str], command, log_of, timeout: float) -> tuple:
+    """Starts ``nproc`` ranks on one GPU (``command(r)``, output to ``log_of(r)``) and waits.
+
+    A rank that fails stops the others (they would wait for it forever), after a moment to
+    report their own error; so does the deadline. The rendezvous port is picked free and then
+    bound by rank 0: another process may take it in between, so a run whose logs say
+    EADDRINUSE is started again on another port (up to three times).
+    Returns (exit codes, timed out)."""
+    for _attempt in range(3):
+        port = free_port()
+        procs = []
+        for r in range(nproc):
+            renv = dict(env, RANK=str(r), WORLD_SIZE=str(nproc), LOCAL_RANK=str(r),
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_HOSTID=f"fakehost{r}")
+            log = open(log_of(r), "w")
+            procs.append((subprocess.Popen(command(r), env=renv, stdout=log, stderr=subprocess.STDOUT), log))
+        deadline = time.time() + timeout
+        timed_out = False
+        while any(p.poll() is None for p, _ in procs):
+            failed = any(p.returncode not in (None, 0) for p, _ in procs)
+            timed_out = time.time() > deadline
+            if failed or timed_out:
+                time.sleep(0 if timed_out else 2)
+                for p, _ in procs:
+                    if p.poll() is None:
+                        p.kill()
+                break
+            time.sleep(0.2)
+        for p, log in procs:
+            p.wait()
+            log.close()
+        if not any("EADDRINUSE" in Path(log_of(r)).read_text(errors="replace") for r in range(nproc)):
+            break
+    return [p.returncode for p, _ in procs], timed_out
+
+
 def run_config(name: str, args) -> Dict[str, Any]:
     out = Path(args.out)
     raw = out / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     env = config_env(name, out, args.proto)
-    port = free_port()
-    procs = []
     started = time.time()
-    for r in range(args.nproc):
-        renv = dict(env, RANK=str(r), WORLD_SIZE=str(args.nproc), LOCAL_RANK=str(r),
-                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), NCCL_HOSTID=f"fakehost{r}")
-        cmd = [sys.executable, str(Path(__file__).resolve()), "worker", "--result", str(raw / f"{name}.rank{r}.json"),
-               "--sizes", args.sizes, "--collectives", args.collectives, "--warmup", str(args.warmup),
-               "--budget", args.budget] + (["--cpu"] if args.cpu else [])
-        logf = open(raw / f"{name}.rank{r}.log", "w")
-        procs.append((subprocess.Popen(cmd, env=renv, stdout=logf, stderr=subprocess.STDOUT), logf))
-    rc = 0
-    deadline = started + args.timeout
-    while any(p.poll() is None for p, _ in procs):
-        failed = [p.returncode for p, _ in procs if p.returncode not in (None, 0)]
-        if failed or time.time() > deadline:
-            rc = failed[0] if failed else 124
-            for p, _ in procs:
-                if p.poll() is None:
-                    p.kill()
-            break
-        time.sleep(0.2)
-    for p, f in procs:
-        p.wait()
-        f.close()
-        rc = rc or p.returncode
-    if rc != 0:
+
+    def command(r: int) -> List[str]:
+        return [sys.executable, str(Path(__file__).resolve()), "worker", "--result", str(raw / f"{name}.rank{r}.json"),
+                "--sizes", args.sizes, "--collectives", args.collectives, "--warmup", str(args.warmup),
+                "--budget", args.budget] + (["--cpu"] if args.cpu else [])
+
+    codes, timed_out = run_ranks(args.nproc, env, command, lambda r: raw / f"{name}.rank{r}.log", args.timeout)
+    if timed_out or any(codes):
+        rc = 124 if timed_out else next(c for c in codes if c)
         tail = (raw / f"{name}.rank0.log").read_text(errors="replace")[-3000:]
         raise SystemExit(f"configuration {name} failed (rc {rc}); rank 0 log tail:\n{tail}")
     print(f"{name}: done in {time.time() - started:.1f} s", file=sys.stderr)

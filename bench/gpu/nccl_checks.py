@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -45,7 +44,7 @@ from typing import Any, Dict, List, Optional, Sequence
 REPO = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from nccl_bench import free_port, op_counters  # noqa: E402
+from nccl_bench import op_counters, run_ranks  # noqa: E402
 
 CHECKS = ("attribution", "isolation", "hang", "forced-ll")
 P2P_NAMES = {"SendRecv", "Send", "Recv"}
@@ -64,30 +63,16 @@ PROFILES = {
 }
 
 
-def ops_in(after: Dict[str, Any], before: Dict[str, Any]) -> Dict[str, int]:
-    """Messages per op name counted between two statistics documents (both ranks' sends)."""
+def grown_by_op(after: Dict[str, Any], before: Dict[str, Any], key: str) -> Dict[str, int]:
+    """How much counter ``key`` grew per op name between two statistics documents (every
+    connection of this rank, so both directions of its traffic); ops that did not grow are left
+    out."""
     names = set()
     for doc in (after, before):
         for conn in (doc or {}).get("connections", []):
             names.update(cell.get("op") for cell in conn.get("by_op", []))
-    out = {}
-    for name in sorted(n for n in names if n):
-        grown = op_counters(after, name)["messages"] - op_counters(before, name)["messages"]
-        if grown:
-            out[name] = grown
-    return out
-
-
-def lost_in(after: Dict[str, Any], before: Dict[str, Any]) -> Dict[str, int]:
-    names = set()
-    for conn in (after or {}).get("connections", []):
-        names.update(cell.get("op") for cell in conn.get("by_op", []))
-    out = {}
-    for name in sorted(n for n in names if n):
-        lost = op_counters(after, name)["lost_packets"] - op_counters(before, name)["lost_packets"]
-        if lost:
-            out[name] = lost
-    return out
+    grown = {name: op_counters(after, name)[key] - op_counters(before, name)[key] for name in names if name}
+    return {name: n for name, n in sorted(grown.items()) if n}
 
 
 # -- worker ------------------------------------------------------------------------------------
@@ -157,7 +142,7 @@ def worker(args) -> None:
         for name, body in kinds.items():
             before, after = window(body)
             if plugin:
-                seen[name] = ops_in(after, before)
+                seen[name] = grown_by_op(after, before, "messages")
                 names = set(seen[name])
                 want = P2P_NAMES if name == "SendRecv" else {name}
                 expect(bool(names) and names <= want, f"{name} alone: the plugin saw {seen[name]}")
@@ -169,7 +154,7 @@ def worker(args) -> None:
 
         before, after = window(back_to_back)
         if plugin:
-            seen["back-to-back"] = ops_in(after, before)
+            seen["back-to-back"] = grown_by_op(after, before, "messages")
             expect(
                 set(seen["back-to-back"]) == {"AllReduce", "AllGather", "ReduceScatter"},
                 f"back to back: the plugin saw {seen['back-to-back']}",
@@ -199,7 +184,7 @@ def worker(args) -> None:
         zeros = int((others == 0).sum())
         result["allgather_received_zero_fraction"] = zeros / others.numel()
         if plugin:
-            result["lost"] = lost_in(after, before)
+            result["lost"] = grown_by_op(after, before, "lost_packets")
             expect(zeros == others.numel(), f"all-gather: {zeros} of {others.numel()} received elements zero")
             expect(set(result["lost"]) == {"AllGather"}, f"lost packets by op: {result['lost']}")
     elif args.check == "hang":
@@ -249,51 +234,22 @@ def check_env(check: str, out: Path, cpu: bool) -> Dict[str, str]:
     return env
 
 
-def launch(check: str, env: Dict[str, str], args) -> tuple:
-    """Runs both ranks; a rank that fails stops the other (it would wait for it forever)."""
-    out = Path(args.out)
-    port = free_port()
-    procs = []
-    started = time.time()
-    for r in range(2):
-        (out / f"{check}.rank{r}.json").unlink(missing_ok=True)  # no result from an earlier try
-        renv = dict(env, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
-                    MASTER_PORT=str(port), NCCL_HOSTID=f"fakehost{r}")
-        cmd = [sys.executable, str(Path(__file__).resolve()), "worker", "--check", check,
-               "--result", str(out / f"{check}.rank{r}.json")] + (["--cpu"] if args.cpu else [])
-        log = open(out / f"{check}.rank{r}.log", "w")
-        procs.append((subprocess.Popen(cmd, env=renv, stdout=log, stderr=subprocess.STDOUT), log))
-    timed_out = False
-    while any(p.poll() is None for p, _ in procs):
-        failed = any(p.returncode not in (None, 0) for p, _ in procs)
-        timed_out = time.time() - started > args.timeout
-        if failed or timed_out:
-            time.sleep(2)  # let the other rank report its own error first
-            for p, _ in procs:
-                if p.poll() is None:
-                    p.kill()
-            break
-        time.sleep(0.2)
-    for p, log in procs:
-        p.wait()
-        log.close()
-    return procs, timed_out, started
-
-
 def run_check(check: str, args) -> Dict[str, Any]:
     out = Path(args.out)
     env = check_env(check, out, args.cpu)
     if check == "forced-ll" and args.cpu:
         return {"check": check, "seconds": 0, "exit_codes": [], "timed_out": False, "passed": None,
                 "detail": "skipped on the CPU (needs NCCL)"}
-    for attempt in range(3):
-        procs, timed_out, started = launch(check, env, args)
-        logs = [(out / f"{check}.rank{r}.log").read_text(errors="replace") for r in range(2)]
-        # The rendezvous port is picked free, then bound by the rank: another process may take
-        # it in between. That is the launcher's race, not a result: try another port.
-        if not any("EADDRINUSE" in text for text in logs):
-            break
-    codes = [p.returncode for p, _ in procs]
+    for r in range(2):
+        (out / f"{check}.rank{r}.json").unlink(missing_ok=True)  # no result from an earlier run
+
+    def command(r: int) -> List[str]:
+        return [sys.executable, str(Path(__file__).resolve()), "worker", "--check", check,
+                "--result", str(out / f"{check}.rank{r}.json")] + (["--cpu"] if args.cpu else [])
+
+    started = time.time()
+    codes, timed_out = run_ranks(2, env, command, lambda r: out / f"{check}.rank{r}.log", args.timeout)
+    logs = [(out / f"{check}.rank{r}.log").read_text(errors="replace") for r in range(2)]
     row: Dict[str, Any] = {"check": check, "seconds": round(time.time() - started, 1),
                            "exit_codes": codes, "timed_out": timed_out}
     if check == "forced-ll":

@@ -219,3 +219,18 @@ def test_nccl_checks_dry_run_on_gloo(tmp_path, lib_path):
     assert "| isolation | pass |" in (out / "checks.md").read_text()
     # the forced-LL check hands the plugin a zero profile with NCCL_PROTO=LL
     assert 'effect = "zero"' in (out / "forced-ll.toml").read_text()
+
+
+def test_checks_count_growth_per_op_across_connections():
+    sys.path.insert(0, str(CHECKS.parent))  # nccl_checks imports nccl_bench by name
+    checks = load(CHECKS, "nccl_checks")
+
+    def doc(*conns):
+        return {"connections": [{"by_op": [{"op": op, "messages": m, "lost_packets": lost} for op, m, lost in c]}
+                                for c in conns]}
+
+    before = doc([("AllReduce", 4, 1)], [("AllReduce", 2, 0), ("AllGather", 1, 0)])
+    after = doc([("AllReduce", 4, 1), ("SendRecv", 3, 0)], [("AllReduce", 5, 2), ("AllGather", 1, 0)])
+    assert checks.grown_by_op(after, before, "messages") == {"AllReduce": 3, "SendRecv": 3}
+    assert checks.grown_by_op(after, before, "lost_packets") == {"AllReduce": 2}
+    assert checks.grown_by_op(after, None, "messages") == {"AllGather": 1, "AllReduce": 9, "SendRecv": 3}
