@@ -766,22 +766,13 @@ fn join(path: &str, key: &str) -> String {
     }
 }
 
-fn effect_name(effect: Effect) -> &'static str {
-    match effect {
-        Effect::Zero => "zero",
-        Effect::Stale => "stale",
-        Effect::Retransmit => "retransmit",
-        Effect::Bitflip => "bitflip",
-    }
-}
-
 /// "model, effect E, expected loss X% (mean burst B)".
 fn describe_action(action: &Action) -> String {
     let loss = action.model.expected_loss_rate();
     let mut s = format!(
         "{}, effect {}, expected loss {}%",
         action.model.describe(),
-        effect_name(action.effect),
+        action.effect.name(),
         short(loss * 100.0)
     );
     if loss > 0.0 {
@@ -886,11 +877,6 @@ impl Profile {
             .iter()
             .map(|rule| {
                 let w = &rule.when;
-                let phase = match w.phase {
-                    Phase::Any => "any",
-                    Phase::Forward => "forward",
-                    Phase::Backward => "backward",
-                };
                 json!({
                     "name": rule.name,
                     "match": {
@@ -899,7 +885,7 @@ impl Profile {
                         "comm_size": w.comm_sizes,
                         "direction": w.direction.map(Direction::name),
                         "peer": w.peers,
-                        "phase": phase,
+                        "phase": w.phase.name(),
                         "steps": w.steps.map(|(from, until)| json!({"from": from, "until": until})),
                     },
                     "action": action_json(&rule.action),

@@ -257,10 +257,8 @@ impl Match {
                 join(&t.iter().map(|x| x.to_string()).collect::<Vec<_>>())
             ));
         }
-        match self.phase {
-            Phase::Any => {}
-            Phase::Forward => parts.push("phase=forward".into()),
-            Phase::Backward => parts.push("phase=backward".into()),
+        if self.phase != Phase::Any {
+            parts.push(format!("phase={}", self.phase.name()));
         }
         if let Some((from, until)) = self.steps {
             parts.push(match until {
