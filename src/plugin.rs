@@ -425,11 +425,6 @@ impl Context {
         self.op.load(Ordering::Relaxed)
     }
 
-    /// The collective NCCL last said it is posting, for rule matching.
-    pub fn collective(&self) -> Collective {
-        Collective::from_op_mask(self.op())
-    }
-
     /// Numbers this context's connections in the order they were opened, which NCCL keeps
     /// the same from run to run, so each gets its own reproducible loss stream.
     fn next_connection_index(&self) -> u32 {
@@ -541,13 +536,14 @@ impl SendComm {
     pub fn isend(&self, buf: HostBuf, tag: i32) -> Result<Option<RequestId>> {
         let mut guard = self.state()?;
         let state = &mut *guard;
+        // One read of the op serves both the statistics slot and rule matching.
         let op = stats::op_slot(self.ctx.op());
         let phase = control::phase();
         let step = control::step();
         if state.pending_len != Some(buf.len()) {
             if control::enabled() {
                 let matching = MatchContext {
-                    collective: self.ctx.collective(),
+                    collective: Collective::from_op_slot(op),
                     traffic_class: self.ctx.traffic_class,
                     comm_size: self.comm_size,
                     direction: Direction::Send,

@@ -47,22 +47,26 @@ impl Collective {
         Collective::Recv,
     ];
 
-    /// The collective for an `ncclFunc_t` value.
-    pub fn from_func_index(i: u32) -> Collective {
-        usize::try_from(i)
-            .ok()
-            .and_then(|i| Collective::ALL.get(i + 1))
+    /// The collective of a statistics op slot ([`crate::stats::op_slot`]: 0 for unknown, then
+    /// `ncclFunc_t` + 1); functions this enum does not name are `Unknown`.
+    pub fn from_op_slot(slot: usize) -> Collective {
+        Collective::ALL
+            .get(slot)
             .copied()
             .unwrap_or(Collective::Unknown)
     }
 
+    /// The collective for an `ncclFunc_t` value.
+    pub fn from_func_index(i: u32) -> Collective {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| i.checked_add(1))
+            .map_or(Collective::Unknown, Collective::from_op_slot)
+    }
+
     /// The collective of NCCL's op bitmask (`1 << ncclFunc`; the lowest set bit counts).
     pub fn from_op_mask(bits: u32) -> Collective {
-        if bits == 0 {
-            Collective::Unknown
-        } else {
-            Collective::from_func_index(bits.trailing_zeros())
-        }
+        Collective::from_op_slot(crate::stats::op_slot(bits))
     }
 
     /// The name as NCCL and the profiles write it.
