@@ -92,6 +92,12 @@ impl Collective {
     }
 }
 
+impl std::fmt::Display for Collective {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Which side of a connection a stream is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -232,35 +238,21 @@ impl Match {
 
     /// Short description of the criteria, for summaries ("all" when there are none).
     pub fn describe(&self) -> String {
-        let mut parts = Vec::new();
-        if let Some(c) = &self.collectives {
-            parts.push(format!(
-                "collective={}",
-                c.iter().map(|c| c.name()).collect::<Vec<_>>().join("|")
-            ));
+        /// `key=a|b|c` for a criterion that is set.
+        fn one_of<T: std::fmt::Display>(key: &str, values: Option<&[T]>) -> Option<String> {
+            let values: Vec<String> = values?.iter().map(T::to_string).collect();
+            Some(format!("{key}={}", values.join("|")))
         }
-        let join = |v: &[String]| v.join("|");
-        if let Some(t) = &self.traffic_classes {
-            parts.push(format!(
-                "traffic_class={}",
-                join(&t.iter().map(|x| x.to_string()).collect::<Vec<_>>())
-            ));
-        }
-        if let Some(t) = &self.comm_sizes {
-            parts.push(format!(
-                "comm_size={}",
-                join(&t.iter().map(|x| x.to_string()).collect::<Vec<_>>())
-            ));
-        }
-        if let Some(d) = self.direction {
-            parts.push(format!("direction={}", d.name()));
-        }
-        if let Some(t) = &self.peers {
-            parts.push(format!(
-                "peer={}",
-                join(&t.iter().map(|x| x.to_string()).collect::<Vec<_>>())
-            ));
-        }
+        let mut parts: Vec<String> = [
+            one_of("collective", self.collectives.as_deref()),
+            one_of("traffic_class", self.traffic_classes.as_deref()),
+            one_of("comm_size", self.comm_sizes.as_deref()),
+            self.direction.map(|d| format!("direction={}", d.name())),
+            one_of("peer", self.peers.as_deref()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         if self.phase != Phase::Any {
             parts.push(format!("phase={}", self.phase.name()));
         }
@@ -443,5 +435,19 @@ mod tests {
         c.traffic_class = None;
         assert!(!m.matches(&c));
         assert!(m.describe().contains("steps=[10,∞)"));
+        let every = Match {
+            collectives: Some(vec![Collective::AllReduce, Collective::Broadcast]),
+            direction: Some(Direction::Recv),
+            peers: Some(vec![1, 2]),
+            phase: Phase::Forward,
+            steps: Some((3, Some(5))),
+            ..m
+        };
+        assert_eq!(
+            every.describe(),
+            "collective=AllReduce|Broadcast traffic_class=2 comm_size=8|16 direction=recv \
+             peer=1|2 phase=forward steps=[3,5)"
+        );
+        assert_eq!(Match::default().describe(), "all");
     }
 }
