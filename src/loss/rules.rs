@@ -349,40 +349,27 @@ mod tests {
             step,
             ..MatchContext::default()
         };
-        assert_eq!(
-            first_match(&rules, &ctx(Collective::AllReduce, Phase::Backward, 100)),
-            Some(0)
-        );
-        assert_eq!(
-            first_match(&rules, &ctx(Collective::AllReduce, Phase::Backward, 199)),
-            Some(0)
-        );
-        // The window is half-open, and outside it the next rule decides.
-        assert_eq!(
-            first_match(&rules, &ctx(Collective::AllReduce, Phase::Backward, 200)),
-            Some(1)
-        );
-        assert_eq!(
-            first_match(&rules, &ctx(Collective::AllReduce, Phase::Backward, 99)),
-            Some(1)
-        );
-        assert_eq!(
-            first_match(&rules, &ctx(Collective::AllReduce, Phase::Forward, 150)),
-            Some(1)
-        );
-        // A phase the script never set is not "backward".
-        assert_eq!(
-            first_match(&rules, &ctx(Collective::AllReduce, Phase::Any, 150)),
-            Some(1)
-        );
-        assert_eq!(
-            first_match(&rules, &ctx(Collective::AllGather, Phase::Backward, 150)),
-            Some(1)
-        );
-        assert_eq!(
-            first_match(&rules, &ctx(Collective::Broadcast, Phase::Backward, 150)),
-            None
-        );
+        use Collective::{AllGather, AllReduce, Broadcast};
+        use Phase::{Any, Backward, Forward};
+        let cases = [
+            (AllReduce, Backward, 100, Some(0)),
+            (AllReduce, Backward, 199, Some(0)),
+            // The window is half-open, and outside it the next rule decides.
+            (AllReduce, Backward, 200, Some(1)),
+            (AllReduce, Backward, 99, Some(1)),
+            (AllReduce, Forward, 150, Some(1)),
+            // A phase the script never set is not "backward".
+            (AllReduce, Any, 150, Some(1)),
+            (AllGather, Backward, 150, Some(1)),
+            (Broadcast, Backward, 150, None),
+        ];
+        for (collective, phase, step, want) in cases {
+            assert_eq!(
+                first_match(&rules, &ctx(collective, phase, step)),
+                want,
+                "{collective} {phase:?} step {step}"
+            );
+        }
         // A peer criterion needs a known peer. Rule 2 is "messages received from rank 3":
         // deciding at the sender, that is a message whose source (this rank) is 3, whatever
         // its destination.
