@@ -226,8 +226,9 @@ pub fn wrap_target(profile: &Profile, inner_env: Option<String>) -> Result<Optio
 /// `lossy report` draws the measured bursts against.
 fn profile_with_expectation(profile: &Profile) -> serde_json::Value {
     let mut json = profile.to_json();
-    let lossy = std::iter::once(&profile.defaults.model)
-        .chain(profile.rules.iter().map(|rule| &rule.action.model))
+    let lossy = profile
+        .actions()
+        .map(|action| &action.model)
         .find(|model| model.expected_loss_rate() > 0.0);
     if let (Some(model), Some(object)) = (lossy, json.as_object_mut()) {
         object.insert(

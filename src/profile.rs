@@ -912,7 +912,8 @@ impl Profile {
         })
     }
 
-    fn actions(&self) -> impl Iterator<Item = &Action> {
+    /// Every action: the defaults', then each rule's in order.
+    pub fn actions(&self) -> impl Iterator<Item = &Action> {
         std::iter::once(&self.defaults).chain(self.rules.iter().map(|r| &r.action))
     }
 
