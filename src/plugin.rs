@@ -156,6 +156,7 @@ impl Core {
         Ok(ListenComm {
             ctx: Arc::clone(ctx),
             listener,
+            stats_interval: self.stats_interval,
         })
     }
 
@@ -437,6 +438,7 @@ impl Context {
 pub struct ListenComm {
     ctx: Arc<Context>,
     listener: Box<dyn Listener>,
+    stats_interval: Option<Duration>,
 }
 
 impl ListenComm {
@@ -445,7 +447,7 @@ impl ListenComm {
         let Some(conn) = self.listener.poll_accept()? else {
             return Ok(None);
         };
-        comm_opened(Core::global().ok().and_then(|core| core.stats_interval));
+        comm_opened(self.stats_interval);
         Ok(Some(RecvComm {
             _ctx: Arc::clone(&self.ctx),
             conn,
