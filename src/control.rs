@@ -24,6 +24,15 @@ impl Phase {
             _ => None,
         }
     }
+
+    /// Lower-case name, as in profiles and statistics files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Any => "any",
+            Phase::Forward => "forward",
+            Phase::Backward => "backward",
+        }
+    }
 }
 
 static ENABLED: AtomicBool = AtomicBool::new(true);

@@ -156,6 +156,7 @@ impl Core {
         Ok(ListenComm {
             ctx: Arc::clone(ctx),
             listener,
+            stats_interval: self.stats_interval,
         })
     }
 
@@ -226,8 +227,9 @@ pub fn wrap_target(profile: &Profile, inner_env: Option<String>) -> Result<Optio
 /// `lossy report` draws the measured bursts against.
 fn profile_with_expectation(profile: &Profile) -> serde_json::Value {
     let mut json = profile.to_json();
-    let lossy = std::iter::once(&profile.defaults.model)
-        .chain(profile.rules.iter().map(|rule| &rule.action.model))
+    let lossy = profile
+        .actions()
+        .map(|action| &action.model)
         .find(|model| model.expected_loss_rate() > 0.0);
     if let (Some(model), Some(object)) = (lossy, json.as_object_mut()) {
         object.insert(
@@ -425,11 +427,6 @@ impl Context {
         self.op.load(Ordering::Relaxed)
     }
 
-    /// The collective NCCL last said it is posting, for rule matching.
-    pub fn collective(&self) -> Collective {
-        Collective::from_op_mask(self.op())
-    }
-
     /// Numbers this context's connections in the order they were opened, which NCCL keeps
     /// the same from run to run, so each gets its own reproducible loss stream.
     fn next_connection_index(&self) -> u32 {
@@ -441,6 +438,7 @@ impl Context {
 pub struct ListenComm {
     ctx: Arc<Context>,
     listener: Box<dyn Listener>,
+    stats_interval: Option<Duration>,
 }
 
 impl ListenComm {
@@ -449,7 +447,7 @@ impl ListenComm {
         let Some(conn) = self.listener.poll_accept()? else {
             return Ok(None);
         };
-        comm_opened(Core::global().ok().and_then(|core| core.stats_interval));
+        comm_opened(self.stats_interval);
         Ok(Some(RecvComm {
             _ctx: Arc::clone(&self.ctx),
             conn,
@@ -541,13 +539,14 @@ impl SendComm {
     pub fn isend(&self, buf: HostBuf, tag: i32) -> Result<Option<RequestId>> {
         let mut guard = self.state()?;
         let state = &mut *guard;
+        // One read of the op serves both the statistics slot and rule matching.
         let op = stats::op_slot(self.ctx.op());
         let phase = control::phase();
         let step = control::step();
         if state.pending_len != Some(buf.len()) {
             if control::enabled() {
                 let matching = MatchContext {
-                    collective: self.ctx.collective(),
+                    collective: Collective::from_op_slot(op),
                     traffic_class: self.ctx.traffic_class,
                     comm_size: self.comm_size,
                     direction: Direction::Send,

@@ -485,9 +485,17 @@ impl Checker<'_> {
     }
 
     fn mtu(&self, node: &Node, key: &str) -> Result<u32> {
-        // Integers in [MIN_MTU, u32::MAX] always fit u32.
-        let v = self.integer(node, key, i64::from(MIN_MTU), i64::from(u32::MAX))?;
-        u32::try_from(v).map_err(|_| self.bad(node, key, "out of range"))
+        self.int_in(node, key, MIN_MTU, u32::MAX)
+    }
+
+    /// An integer in `[lo, hi]`, as `T`.
+    fn int_in<T>(&self, node: &Node, key: &str, lo: T, hi: T) -> Result<T>
+    where
+        T: Into<i64> + TryFrom<i64>,
+    {
+        let v = self.integer(node, key, lo.into(), hi.into())?;
+        // In [lo, hi], so always in T's range.
+        T::try_from(v).map_err(|_| self.bad(node, key, "out of range"))
     }
 
     /// A one-or-many criterion: a scalar or a non-empty list of them.
@@ -508,6 +516,14 @@ impl Checker<'_> {
                 .collect(),
             _ => Ok(vec![one(node, key)?]),
         }
+    }
+
+    /// A one-or-many integer criterion, each value in `[lo, hi]`.
+    fn int_list<T>(&self, node: &Node, key: &str, lo: T, hi: T) -> Result<Vec<T>>
+    where
+        T: Copy + Into<i64> + TryFrom<i64>,
+    {
+        self.list(node, key, |n, key| self.int_in(n, key, lo, hi))
     }
 
     fn model(&self, node: &Node, path: &str, base: Option<&Path>) -> Result<ModelSpec> {
@@ -617,20 +633,10 @@ impl Checker<'_> {
                     })?)
                 }
                 "traffic_class" => {
-                    when.traffic_classes = Some(self.list(value, &full, |n, key| {
-                        Ok(self.integer(n, key, i64::from(i32::MIN), i64::from(i32::MAX))? as i32)
-                    })?)
+                    when.traffic_classes = Some(self.int_list(value, &full, i32::MIN, i32::MAX)?)
                 }
-                "comm_size" => {
-                    when.comm_sizes = Some(self.list(value, &full, |n, key| {
-                        Ok(self.integer(n, key, 1, i64::from(u32::MAX))? as u32)
-                    })?)
-                }
-                "peer" => {
-                    when.peers = Some(self.list(value, &full, |n, key| {
-                        Ok(self.integer(n, key, 0, i64::from(u32::MAX))? as u32)
-                    })?)
-                }
+                "comm_size" => when.comm_sizes = Some(self.int_list(value, &full, 1, u32::MAX)?),
+                "peer" => when.peers = Some(self.int_list(value, &full, 0, u32::MAX)?),
                 "direction" => {
                     let s = self.string(value, &full)?;
                     when.direction = Some(match s.to_ascii_lowercase().as_str() {
@@ -766,22 +772,13 @@ fn join(path: &str, key: &str) -> String {
     }
 }
 
-fn effect_name(effect: Effect) -> &'static str {
-    match effect {
-        Effect::Zero => "zero",
-        Effect::Stale => "stale",
-        Effect::Retransmit => "retransmit",
-        Effect::Bitflip => "bitflip",
-    }
-}
-
 /// "model, effect E, expected loss X% (mean burst B)".
 fn describe_action(action: &Action) -> String {
     let loss = action.model.expected_loss_rate();
     let mut s = format!(
         "{}, effect {}, expected loss {}%",
         action.model.describe(),
-        effect_name(action.effect),
+        action.effect.name(),
         short(loss * 100.0)
     );
     if loss > 0.0 {
@@ -886,11 +883,6 @@ impl Profile {
             .iter()
             .map(|rule| {
                 let w = &rule.when;
-                let phase = match w.phase {
-                    Phase::Any => "any",
-                    Phase::Forward => "forward",
-                    Phase::Backward => "backward",
-                };
                 json!({
                     "name": rule.name,
                     "match": {
@@ -899,7 +891,7 @@ impl Profile {
                         "comm_size": w.comm_sizes,
                         "direction": w.direction.map(Direction::name),
                         "peer": w.peers,
-                        "phase": phase,
+                        "phase": w.phase.name(),
                         "steps": w.steps.map(|(from, until)| json!({"from": from, "until": until})),
                     },
                     "action": action_json(&rule.action),
@@ -920,7 +912,8 @@ impl Profile {
         })
     }
 
-    fn actions(&self) -> impl Iterator<Item = &Action> {
+    /// Every action: the defaults', then each rule's in order.
+    pub fn actions(&self) -> impl Iterator<Item = &Action> {
         std::iter::once(&self.defaults).chain(self.rules.iter().map(|r| &r.action))
     }
 

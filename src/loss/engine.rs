@@ -125,11 +125,6 @@ impl ConnectionLoss {
         }
         matched
     }
-
-    /// The profile this connection follows.
-    pub fn profile(&self) -> &Profile {
-        &self.profile
-    }
 }
 
 #[cfg(test)]

@@ -20,6 +20,16 @@ pub enum Effect {
 }
 
 impl Effect {
+    /// The name as profiles write it (and as it serialises).
+    pub fn name(self) -> &'static str {
+        match self {
+            Effect::Zero => "zero",
+            Effect::Stale => "stale",
+            Effect::Retransmit => "retransmit",
+            Effect::Bitflip => "bitflip",
+        }
+    }
+
     /// True when the receiver's data differs from what was sent (all but `Retransmit`).
     pub fn corrupts_data(self) -> bool {
         !matches!(self, Effect::Retransmit)
@@ -105,5 +115,25 @@ impl LossPlan {
     /// Number of packets a message of `len` bytes is cut into (0 for an empty message).
     pub fn packets_in(&self, len: usize) -> u64 {
         (len as u64).div_ceil(u64::from(self.mtu.max(1)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn effect_names_are_the_serialised_names() {
+        for effect in [
+            Effect::Zero,
+            Effect::Stale,
+            Effect::Retransmit,
+            Effect::Bitflip,
+        ] {
+            assert_eq!(
+                serde_json::to_value(effect).unwrap(),
+                serde_json::json!(effect.name())
+            );
+        }
     }
 }

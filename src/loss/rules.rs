@@ -47,22 +47,26 @@ impl Collective {
         Collective::Recv,
     ];
 
-    /// The collective for an `ncclFunc_t` value.
-    pub fn from_func_index(i: u32) -> Collective {
-        usize::try_from(i)
-            .ok()
-            .and_then(|i| Collective::ALL.get(i + 1))
+    /// The collective of a statistics op slot ([`crate::stats::op_slot`]: 0 for unknown, then
+    /// `ncclFunc_t` + 1); functions this enum does not name are `Unknown`.
+    pub fn from_op_slot(slot: usize) -> Collective {
+        Collective::ALL
+            .get(slot)
             .copied()
             .unwrap_or(Collective::Unknown)
     }
 
+    /// The collective for an `ncclFunc_t` value.
+    pub fn from_func_index(i: u32) -> Collective {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| i.checked_add(1))
+            .map_or(Collective::Unknown, Collective::from_op_slot)
+    }
+
     /// The collective of NCCL's op bitmask (`1 << ncclFunc`; the lowest set bit counts).
     pub fn from_op_mask(bits: u32) -> Collective {
-        if bits == 0 {
-            Collective::Unknown
-        } else {
-            Collective::from_func_index(bits.trailing_zeros())
-        }
+        Collective::from_op_slot(crate::stats::op_slot(bits))
     }
 
     /// The name as NCCL and the profiles write it.
@@ -85,6 +89,12 @@ impl Collective {
         Collective::ALL
             .into_iter()
             .find(|c| c.name().eq_ignore_ascii_case(name))
+    }
+}
+
+impl std::fmt::Display for Collective {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -228,39 +238,23 @@ impl Match {
 
     /// Short description of the criteria, for summaries ("all" when there are none).
     pub fn describe(&self) -> String {
-        let mut parts = Vec::new();
-        if let Some(c) = &self.collectives {
-            parts.push(format!(
-                "collective={}",
-                c.iter().map(|c| c.name()).collect::<Vec<_>>().join("|")
-            ));
+        /// `key=a|b|c` for a criterion that is set.
+        fn one_of<T: std::fmt::Display>(key: &str, values: Option<&[T]>) -> Option<String> {
+            let values: Vec<String> = values?.iter().map(T::to_string).collect();
+            Some(format!("{key}={}", values.join("|")))
         }
-        let join = |v: &[String]| v.join("|");
-        if let Some(t) = &self.traffic_classes {
-            parts.push(format!(
-                "traffic_class={}",
-                join(&t.iter().map(|x| x.to_string()).collect::<Vec<_>>())
-            ));
-        }
-        if let Some(t) = &self.comm_sizes {
-            parts.push(format!(
-                "comm_size={}",
-                join(&t.iter().map(|x| x.to_string()).collect::<Vec<_>>())
-            ));
-        }
-        if let Some(d) = self.direction {
-            parts.push(format!("direction={}", d.name()));
-        }
-        if let Some(t) = &self.peers {
-            parts.push(format!(
-                "peer={}",
-                join(&t.iter().map(|x| x.to_string()).collect::<Vec<_>>())
-            ));
-        }
-        match self.phase {
-            Phase::Any => {}
-            Phase::Forward => parts.push("phase=forward".into()),
-            Phase::Backward => parts.push("phase=backward".into()),
+        let mut parts: Vec<String> = [
+            one_of("collective", self.collectives.as_deref()),
+            one_of("traffic_class", self.traffic_classes.as_deref()),
+            one_of("comm_size", self.comm_sizes.as_deref()),
+            self.direction.map(|d| format!("direction={}", d.name())),
+            one_of("peer", self.peers.as_deref()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if self.phase != Phase::Any {
+            parts.push(format!("phase={}", self.phase.name()));
         }
         if let Some((from, until)) = self.steps {
             parts.push(match until {
@@ -355,40 +349,27 @@ mod tests {
             step,
             ..MatchContext::default()
         };
-        assert_eq!(
-            first_match(&rules, &ctx(Collective::AllReduce, Phase::Backward, 100)),
-            Some(0)
-        );
-        assert_eq!(
-            first_match(&rules, &ctx(Collective::AllReduce, Phase::Backward, 199)),
-            Some(0)
-        );
-        // The window is half-open, and outside it the next rule decides.
-        assert_eq!(
-            first_match(&rules, &ctx(Collective::AllReduce, Phase::Backward, 200)),
-            Some(1)
-        );
-        assert_eq!(
-            first_match(&rules, &ctx(Collective::AllReduce, Phase::Backward, 99)),
-            Some(1)
-        );
-        assert_eq!(
-            first_match(&rules, &ctx(Collective::AllReduce, Phase::Forward, 150)),
-            Some(1)
-        );
-        // A phase the script never set is not "backward".
-        assert_eq!(
-            first_match(&rules, &ctx(Collective::AllReduce, Phase::Any, 150)),
-            Some(1)
-        );
-        assert_eq!(
-            first_match(&rules, &ctx(Collective::AllGather, Phase::Backward, 150)),
-            Some(1)
-        );
-        assert_eq!(
-            first_match(&rules, &ctx(Collective::Broadcast, Phase::Backward, 150)),
-            None
-        );
+        use Collective::{AllGather, AllReduce, Broadcast};
+        use Phase::{Any, Backward, Forward};
+        let cases = [
+            (AllReduce, Backward, 100, Some(0)),
+            (AllReduce, Backward, 199, Some(0)),
+            // The window is half-open, and outside it the next rule decides.
+            (AllReduce, Backward, 200, Some(1)),
+            (AllReduce, Backward, 99, Some(1)),
+            (AllReduce, Forward, 150, Some(1)),
+            // A phase the script never set is not "backward".
+            (AllReduce, Any, 150, Some(1)),
+            (AllGather, Backward, 150, Some(1)),
+            (Broadcast, Backward, 150, None),
+        ];
+        for (collective, phase, step, want) in cases {
+            assert_eq!(
+                first_match(&rules, &ctx(collective, phase, step)),
+                want,
+                "{collective} {phase:?} step {step}"
+            );
+        }
         // A peer criterion needs a known peer. Rule 2 is "messages received from rank 3":
         // deciding at the sender, that is a message whose source (this rank) is 3, whatever
         // its destination.
@@ -441,5 +422,19 @@ mod tests {
         c.traffic_class = None;
         assert!(!m.matches(&c));
         assert!(m.describe().contains("steps=[10,∞)"));
+        let every = Match {
+            collectives: Some(vec![Collective::AllReduce, Collective::Broadcast]),
+            direction: Some(Direction::Recv),
+            peers: Some(vec![1, 2]),
+            phase: Phase::Forward,
+            steps: Some((3, Some(5))),
+            ..m
+        };
+        assert_eq!(
+            every.describe(),
+            "collective=AllReduce|Broadcast traffic_class=2 comm_size=8|16 direction=recv \
+             peer=1|2 phase=forward steps=[3,5)"
+        );
+        assert_eq!(Match::default().describe(), "all");
     }
 }

@@ -77,13 +77,12 @@ impl TraceData {
         length: Option<u64>,
         name: &str,
     ) -> Result<TraceData, String> {
-        let strip = |line: &str| line.split('#').next().unwrap_or("").trim().to_string();
         let mut lost: Vec<u64> = Vec::new();
         let mut packets = 0u64;
         match format {
             TraceFormat::Indices => {
                 for (i, line) in text.lines().enumerate() {
-                    let body = strip(line);
+                    let body = strip_comment(line);
                     if body.is_empty() {
                         continue;
                     }
@@ -122,7 +121,7 @@ impl TraceData {
                     ));
                 }
                 for (i, line) in text.lines().enumerate() {
-                    for c in strip(line).chars() {
+                    for c in strip_comment(line).chars() {
                         match c {
                             '0' => packets += 1,
                             '1' => {
@@ -187,6 +186,11 @@ impl TraceData {
     }
 }
 
+/// A line without its `#` comment and surrounding whitespace.
+fn strip_comment(line: &str) -> &str {
+    line.split('#').next().unwrap_or_default().trim()
+}
+
 /// A stream's position in a trace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TraceCursor {
@@ -232,11 +236,7 @@ impl TraceCursor {
                 let tail = data.length - self.pos;
                 self.pos = 0;
                 self.run = 0;
-                if tail > 0 {
-                    (tail, false)
-                } else {
-                    (0, false)
-                }
+                (tail, false)
             }
         }
     }

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use hdrhistogram::Histogram;
 
+use crate::control::Phase;
 use crate::loss::plan::PacketRun;
 use serde::{Deserialize, Serialize};
 
@@ -65,11 +66,10 @@ pub fn op_slot(op_bits: u32) -> usize {
 
 /// Name of phase slot `slot`.
 pub fn phase_name(slot: usize) -> &'static str {
-    match slot {
-        1 => "forward",
-        2 => "backward",
-        _ => "any",
-    }
+    i32::try_from(slot)
+        .ok()
+        .and_then(Phase::from_code)
+        .map_or(Phase::Any.name(), Phase::name)
 }
 
 #[derive(Default)]
