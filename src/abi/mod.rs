@@ -37,6 +37,19 @@ fn result_code(kind: ErrorKind) -> ncclResult_t {
     }
 }
 
+/// The error class of a code another net plugin returned (`None`: success); the inverse of
+/// [`result_code`].
+pub(crate) fn error_kind(code: ncclResult_t) -> Option<ErrorKind> {
+    Some(match code {
+        ncclResult_t::ncclSuccess => return None,
+        ncclResult_t::ncclSystemError => ErrorKind::System,
+        ncclResult_t::ncclInvalidArgument => ErrorKind::InvalidArgument,
+        ncclResult_t::ncclInvalidUsage => ErrorKind::InvalidUsage,
+        ncclResult_t::ncclRemoteError => ErrorKind::Remote,
+        _ => ErrorKind::Internal,
+    })
+}
+
 /// Runs one entry point: errors become codes (and a warning naming `what`), and a panic is
 /// caught here, logged and reported as an internal error instead of unwinding into NCCL.
 pub(crate) fn guard(what: &str, body: impl FnOnce() -> Result<()>) -> ncclResult_t {
