@@ -14,7 +14,7 @@ pub mod tuner;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use ffi::{ncclDebugLogLevel, ncclDebugLogger_t, ncclResult_t};
 
@@ -35,6 +35,19 @@ fn result_code(kind: ErrorKind) -> ncclResult_t {
         ErrorKind::InvalidUsage => ncclResult_t::ncclInvalidUsage,
         ErrorKind::Remote => ncclResult_t::ncclRemoteError,
     }
+}
+
+/// The error class of a code another net plugin returned (`None`: success); the inverse of
+/// [`result_code`].
+pub(crate) fn error_kind(code: ncclResult_t) -> Option<ErrorKind> {
+    Some(match code {
+        ncclResult_t::ncclSuccess => return None,
+        ncclResult_t::ncclSystemError => ErrorKind::System,
+        ncclResult_t::ncclInvalidArgument => ErrorKind::InvalidArgument,
+        ncclResult_t::ncclInvalidUsage => ErrorKind::InvalidUsage,
+        ncclResult_t::ncclRemoteError => ErrorKind::Remote,
+        _ => ErrorKind::Internal,
+    })
 }
 
 /// Runs one entry point: errors become codes (and a warning naming `what`), and a panic is
@@ -263,9 +276,12 @@ const PEER_RANK_AT: usize = HANDLE_WIRE_SIZE;
 /// Connects in progress, keyed by the address of the handle NCCL passes to every `connect`
 /// call of one connection until a comm comes back. Kept here rather than inside the handle
 /// so that a transport may use the handle's first `HANDLE_WIRE_SIZE` bytes in full.
-fn pending_connects() -> &'static Mutex<HashMap<usize, Box<Connecting>>> {
+fn pending_connects() -> Result<MutexGuard<'static, HashMap<usize, Box<Connecting>>>> {
     static PENDING: OnceLock<Mutex<HashMap<usize, Box<Connecting>>>> = OnceLock::new();
-    PENDING.get_or_init(Mutex::default)
+    PENDING
+        .get_or_init(Mutex::default)
+        .lock()
+        .map_err(|_| Error::internal("pending connects poisoned by an earlier panic"))
 }
 
 fn listen(
@@ -302,10 +318,7 @@ fn connect(
     // SAFETY: NCCL hands us the handle it received from the peer, HANDLE_SIZE bytes.
     let bytes = unsafe { handle_bytes(handle)? };
     let key = bytes.as_ptr() as usize;
-    let parked = pending_connects()
-        .lock()
-        .map_err(|_| Error::internal("pending connects poisoned by an earlier panic"))?
-        .remove(&key);
+    let parked = pending_connects()?.remove(&key);
     let mut connecting = match parked {
         Some(connecting) => connecting,
         None => {
@@ -317,10 +330,7 @@ fn connect(
     };
     let outcome = connecting.poll();
     if matches!(outcome, Ok(None)) {
-        pending_connects()
-            .lock()
-            .map_err(|_| Error::internal("pending connects poisoned by an earlier panic"))?
-            .insert(key, connecting);
+        pending_connects()?.insert(key, connecting);
     }
     if let Some(comm) = outcome? {
         let comm = AbiSendComm::new(comm);

@@ -282,9 +282,8 @@ extern "C" fn isend_v10(
     _phandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
-    guard("isend", || {
-        super::isend(send_comm, data, size, tag, mhandle, request)
-    })
+    // v10 only adds a profiler handle, which we do not use.
+    isend_v9(send_comm, data, size, tag, mhandle, request)
 }
 
 extern "C" fn irecv_v8(
@@ -344,18 +343,8 @@ extern "C" fn irecv_v10(
     _phandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
-    guard("irecv", || {
-        let sizes = non_null(sizes, "sizes")?;
-        super::irecv(
-            recv_comm,
-            n,
-            data,
-            |i| size_t_size(sizes, i),
-            tags,
-            mhandles,
-            request,
-        )
-    })
+    // v10 only adds profiler handles, which we do not use.
+    irecv_v9(recv_comm, n, data, sizes, tags, mhandles, request)
 }
 
 // ---- v11 and v12: one context per communicator ---------------------------------------------

@@ -23,7 +23,8 @@ use crate::abi::ffi::{
     ncclNet_v8_t, ncclNet_v9_t, ncclResult_t, NCCL_NET_HANDLE_MAXSIZE,
     NCCL_NET_TRAFFIC_CLASS_UNDEF, NCCL_PTR_HOST,
 };
-use crate::{Error, ErrorKind, Result};
+use crate::transport::wrap::inner::dl_error;
+use crate::{Error, Result};
 
 /// Bytes in a connection handle (`NCCL_NET_HANDLE_MAXSIZE`).
 pub const HANDLE_BYTES: usize = NCCL_NET_HANDLE_MAXSIZE as usize;
@@ -120,13 +121,8 @@ pub fn library_near(dir: &Path) -> Result<PathBuf> {
 
 /// Turns a plugin return code into a result naming the call.
 fn check(code: ncclResult_t, what: &str) -> Result<()> {
-    let kind = match code {
-        ncclResult_t::ncclSuccess => return Ok(()),
-        ncclResult_t::ncclSystemError => ErrorKind::System,
-        ncclResult_t::ncclInvalidArgument => ErrorKind::InvalidArgument,
-        ncclResult_t::ncclInvalidUsage => ErrorKind::InvalidUsage,
-        ncclResult_t::ncclRemoteError => ErrorKind::Remote,
-        _ => ErrorKind::Internal,
+    let Some(kind) = crate::abi::error_kind(code) else {
+        return Ok(());
     };
     Err(Error::new(
         kind,
@@ -137,20 +133,6 @@ fn check(code: ncclResult_t, what: &str) -> Result<()> {
 /// A function pointer from the table, or an error naming the missing entry.
 fn entry<F>(f: Option<F>, name: &str) -> Result<F> {
     f.ok_or_else(|| Error::internal(format!("the plugin's table has no `{name}`")))
-}
-
-/// The last `dlerror` message.
-fn dl_error() -> String {
-    // SAFETY: dlerror returns NULL or a NUL-terminated string valid until the next dl* call
-    // on this thread; we copy it at once.
-    unsafe {
-        let msg = libc::dlerror();
-        if msg.is_null() {
-            "unknown dl error".to_string()
-        } else {
-            CStr::from_ptr(msg).to_string_lossy().into_owned()
-        }
-    }
 }
 
 // ---- logging --------------------------------------------------------------------------------

@@ -75,6 +75,16 @@ pub struct Completion {
 }
 
 impl Completion {
+    /// A finished request of one buffer that got (or sent) `size` bytes.
+    pub fn single(size: usize) -> Completion {
+        let mut done = Completion {
+            count: 1,
+            ..Completion::default()
+        };
+        done.sizes[0] = size;
+        done
+    }
+
     /// The sizes that are meaningful.
     pub fn sizes(&self) -> &[usize] {
         &self.sizes[..self.count]

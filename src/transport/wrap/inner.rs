@@ -12,7 +12,7 @@ use crate::abi::ffi::{
     ncclNet_v9_t, ncclResult_t, NCCL_NET_TRAFFIC_CLASS_UNDEF, NCCL_PTR_HOST,
 };
 use crate::transport::HANDLE_SIZE;
-use crate::{Error, ErrorKind, Result};
+use crate::{Error, Result};
 
 /// Largest message NCCL's v9+ API allows a plugin to advertise (1 TiB).
 const MAX_BYTES: usize = 1 << 40;
@@ -102,6 +102,20 @@ fn entry<T>(f: Option<T>, what: &str) -> Result<T> {
     f.ok_or_else(|| Error::internal(format!("the inner plugin has no `{what}` function")))
 }
 
+/// Evaluates `$call` with `$t` bound to the loaded table, whatever its version: for the
+/// entries whose signature is the same in v8 to v12.
+macro_rules! any_table {
+    ($table:expr, $t:ident => $call:expr) => {
+        match $table {
+            Table::V8($t) => $call,
+            Table::V9($t) => $call,
+            Table::V10($t) => $call,
+            Table::V11($t) => $call,
+            Table::V12($t) => $call,
+        }
+    };
+}
+
 /// The file names tried for `spec`, as NCCL resolves `NCCL_NET_PLUGIN`: a path as given;
 /// a name as given, then as `libnccl-net-<name>.so`.
 pub fn candidates(spec: &str) -> Vec<String> {
@@ -113,8 +127,8 @@ pub fn candidates(spec: &str) -> Vec<String> {
     }
 }
 
-/// The text of the last `dlerror`.
-fn dl_error() -> String {
+/// The text of the last `dlerror` (also the harness's, which loads plugins the same way).
+pub(crate) fn dl_error() -> String {
     // SAFETY: dlerror returns NULL or a NUL-terminated string valid until the next dl* call
     // on this thread; we copy it at once.
     let msg = unsafe { libc::dlerror() };
@@ -219,14 +233,7 @@ impl InnerPlugin {
             let set: extern "C" fn() -> c_int = unsafe { std::mem::transmute(inner_mode) };
             set();
         }
-        let name_ptr = match table {
-            Table::V8(t) => t.name,
-            Table::V9(t) => t.name,
-            Table::V10(t) => t.name,
-            Table::V11(t) => t.name,
-            Table::V12(t) => t.name,
-        };
-        let name = c_string(name_ptr).unwrap_or_else(|| "unnamed".into());
+        let name = c_string(any_table!(table, t => t.name)).unwrap_or_else(|| "unnamed".into());
         let mut plugin = InnerPlugin {
             table,
             ctx: Opaque(std::ptr::null_mut()),
@@ -240,13 +247,8 @@ impl InnerPlugin {
 
     /// Turns an inner return code into a result whose message names the plugin and call.
     fn check(&self, code: ncclResult_t, what: &str) -> Result<()> {
-        let kind = match code {
-            ncclResult_t::ncclSuccess => return Ok(()),
-            ncclResult_t::ncclSystemError => ErrorKind::System,
-            ncclResult_t::ncclInvalidArgument => ErrorKind::InvalidArgument,
-            ncclResult_t::ncclInvalidUsage => ErrorKind::InvalidUsage,
-            ncclResult_t::ncclRemoteError => ErrorKind::Remote,
-            _ => ErrorKind::Internal,
+        let Some(kind) = crate::abi::error_kind(code) else {
+            return Ok(());
         };
         Err(Error::new(
             kind,
@@ -290,18 +292,8 @@ impl InnerPlugin {
     /// Number of devices.
     pub fn devices(&self) -> Result<usize> {
         let mut n: c_int = 0;
-        let code = match self.table {
-            // SAFETY: a valid int out-pointer.
-            Table::V8(t) => unsafe { entry(t.devices, "devices")?(&mut n) },
-            // SAFETY: as above.
-            Table::V9(t) => unsafe { entry(t.devices, "devices")?(&mut n) },
-            // SAFETY: as above.
-            Table::V10(t) => unsafe { entry(t.devices, "devices")?(&mut n) },
-            // SAFETY: as above.
-            Table::V11(t) => unsafe { entry(t.devices, "devices")?(&mut n) },
-            // SAFETY: as above.
-            Table::V12(t) => unsafe { entry(t.devices, "devices")?(&mut n) },
-        };
+        // SAFETY: a valid int out-pointer.
+        let code = any_table!(self.table, t => unsafe { entry(t.devices, "devices")?(&mut n) });
         self.check(code, "devices")?;
         Ok(usize::try_from(n).unwrap_or(0))
     }
@@ -453,19 +445,11 @@ impl InnerPlugin {
         let mut comm: *mut c_void = std::ptr::null_mut();
         let mut dev_comm: *mut ncclNetDeviceHandle_v8_t = std::ptr::null_mut();
         let l = listen.0;
-        let code = match self.table {
-            // SAFETY: `listen` came from this plugin's listen and is not closed; valid
-            // out-pointers.
-            Table::V8(t) => unsafe { entry(t.accept, "accept")?(l, &mut comm, &mut dev_comm) },
-            // SAFETY: as above.
-            Table::V9(t) => unsafe { entry(t.accept, "accept")?(l, &mut comm, &mut dev_comm) },
-            // SAFETY: as above.
-            Table::V10(t) => unsafe { entry(t.accept, "accept")?(l, &mut comm, &mut dev_comm) },
-            // SAFETY: as above.
-            Table::V11(t) => unsafe { entry(t.accept, "accept")?(l, &mut comm, &mut dev_comm) },
-            // SAFETY: as above.
-            Table::V12(t) => unsafe { entry(t.accept, "accept")?(l, &mut comm, &mut dev_comm) },
-        };
+        // SAFETY: `listen` came from this plugin's listen and is not closed; valid
+        // out-pointers.
+        let code = any_table!(self.table, t => unsafe {
+            entry(t.accept, "accept")?(l, &mut comm, &mut dev_comm)
+        });
         self.check(code, "accept")?;
         Ok((!comm.is_null()).then_some(Opaque(comm)))
     }
@@ -474,19 +458,10 @@ impl InnerPlugin {
     pub fn reg_mr(&self, comm: Opaque, data: *mut u8, len: usize) -> Result<Opaque> {
         let mut mh: *mut c_void = std::ptr::null_mut();
         let (c, p, k) = (comm.0, data.cast::<c_void>(), NCCL_PTR_HOST as c_int);
-        let code = match self.table {
-            // SAFETY: `comm` is a live comm of this plugin; `data..data+len` is host memory
-            // that stays allocated until the matching deregistration.
-            Table::V8(t) => unsafe { entry(t.regMr, "regMr")?(c, p, len, k, &mut mh) },
-            // SAFETY: as above.
-            Table::V9(t) => unsafe { entry(t.regMr, "regMr")?(c, p, len, k, &mut mh) },
-            // SAFETY: as above.
-            Table::V10(t) => unsafe { entry(t.regMr, "regMr")?(c, p, len, k, &mut mh) },
-            // SAFETY: as above.
-            Table::V11(t) => unsafe { entry(t.regMr, "regMr")?(c, p, len, k, &mut mh) },
-            // SAFETY: as above.
-            Table::V12(t) => unsafe { entry(t.regMr, "regMr")?(c, p, len, k, &mut mh) },
-        };
+        // SAFETY: `comm` is a live comm of this plugin; `data..data+len` is host memory
+        // that stays allocated until the matching deregistration.
+        let code =
+            any_table!(self.table, t => unsafe { entry(t.regMr, "regMr")?(c, p, len, k, &mut mh) });
         self.check(code, "regMr")?;
         Ok(Opaque(mh))
     }
@@ -494,18 +469,8 @@ impl InnerPlugin {
     /// Releases a registration of `comm`.
     pub fn dereg_mr(&self, comm: Opaque, mh: Opaque) -> Result<()> {
         let (c, m) = (comm.0, mh.0);
-        let code = match self.table {
-            // SAFETY: `mh` came from this comm's regMr and is released once.
-            Table::V8(t) => unsafe { entry(t.deregMr, "deregMr")?(c, m) },
-            // SAFETY: as above.
-            Table::V9(t) => unsafe { entry(t.deregMr, "deregMr")?(c, m) },
-            // SAFETY: as above.
-            Table::V10(t) => unsafe { entry(t.deregMr, "deregMr")?(c, m) },
-            // SAFETY: as above.
-            Table::V11(t) => unsafe { entry(t.deregMr, "deregMr")?(c, m) },
-            // SAFETY: as above.
-            Table::V12(t) => unsafe { entry(t.deregMr, "deregMr")?(c, m) },
-        };
+        // SAFETY: `mh` came from this comm's regMr and is released once.
+        let code = any_table!(self.table, t => unsafe { entry(t.deregMr, "deregMr")?(c, m) });
         self.check(code, "deregMr")
     }
 
@@ -599,19 +564,10 @@ impl InnerPlugin {
         let mut done: c_int = 0;
         let mut size: c_int = 0;
         let r = req.0;
-        let code = match self.table {
-            // SAFETY: `req` is a live request of this plugin with one buffer, so `sizes`
-            // needs one entry; valid out-pointers.
-            Table::V8(t) => unsafe { entry(t.test, "test")?(r, &mut done, &mut size) },
-            // SAFETY: as above.
-            Table::V9(t) => unsafe { entry(t.test, "test")?(r, &mut done, &mut size) },
-            // SAFETY: as above.
-            Table::V10(t) => unsafe { entry(t.test, "test")?(r, &mut done, &mut size) },
-            // SAFETY: as above.
-            Table::V11(t) => unsafe { entry(t.test, "test")?(r, &mut done, &mut size) },
-            // SAFETY: as above.
-            Table::V12(t) => unsafe { entry(t.test, "test")?(r, &mut done, &mut size) },
-        };
+        // SAFETY: `req` is a live request of this plugin with one buffer, so `sizes`
+        // needs one entry; valid out-pointers.
+        let code =
+            any_table!(self.table, t => unsafe { entry(t.test, "test")?(r, &mut done, &mut size) });
         self.check(code, "test")?;
         Ok((done != 0).then(|| usize::try_from(size).unwrap_or(0)))
     }
@@ -619,54 +575,24 @@ impl InnerPlugin {
     /// Closes a send comm.
     pub fn close_send(&self, comm: Opaque) -> Result<()> {
         let c = comm.0;
-        let code = match self.table {
-            // SAFETY: a live send comm of this plugin, closed once, no request outstanding.
-            Table::V8(t) => unsafe { entry(t.closeSend, "closeSend")?(c) },
-            // SAFETY: as above.
-            Table::V9(t) => unsafe { entry(t.closeSend, "closeSend")?(c) },
-            // SAFETY: as above.
-            Table::V10(t) => unsafe { entry(t.closeSend, "closeSend")?(c) },
-            // SAFETY: as above.
-            Table::V11(t) => unsafe { entry(t.closeSend, "closeSend")?(c) },
-            // SAFETY: as above.
-            Table::V12(t) => unsafe { entry(t.closeSend, "closeSend")?(c) },
-        };
+        // SAFETY: a live send comm of this plugin, closed once, no request outstanding.
+        let code = any_table!(self.table, t => unsafe { entry(t.closeSend, "closeSend")?(c) });
         self.check(code, "closeSend")
     }
 
     /// Closes a receive comm.
     pub fn close_recv(&self, comm: Opaque) -> Result<()> {
         let c = comm.0;
-        let code = match self.table {
-            // SAFETY: a live receive comm of this plugin, closed once.
-            Table::V8(t) => unsafe { entry(t.closeRecv, "closeRecv")?(c) },
-            // SAFETY: as above.
-            Table::V9(t) => unsafe { entry(t.closeRecv, "closeRecv")?(c) },
-            // SAFETY: as above.
-            Table::V10(t) => unsafe { entry(t.closeRecv, "closeRecv")?(c) },
-            // SAFETY: as above.
-            Table::V11(t) => unsafe { entry(t.closeRecv, "closeRecv")?(c) },
-            // SAFETY: as above.
-            Table::V12(t) => unsafe { entry(t.closeRecv, "closeRecv")?(c) },
-        };
+        // SAFETY: a live receive comm of this plugin, closed once.
+        let code = any_table!(self.table, t => unsafe { entry(t.closeRecv, "closeRecv")?(c) });
         self.check(code, "closeRecv")
     }
 
     /// Closes a listen comm.
     pub fn close_listen(&self, comm: Opaque) -> Result<()> {
         let c = comm.0;
-        let code = match self.table {
-            // SAFETY: a live listen comm of this plugin, closed once.
-            Table::V8(t) => unsafe { entry(t.closeListen, "closeListen")?(c) },
-            // SAFETY: as above.
-            Table::V9(t) => unsafe { entry(t.closeListen, "closeListen")?(c) },
-            // SAFETY: as above.
-            Table::V10(t) => unsafe { entry(t.closeListen, "closeListen")?(c) },
-            // SAFETY: as above.
-            Table::V11(t) => unsafe { entry(t.closeListen, "closeListen")?(c) },
-            // SAFETY: as above.
-            Table::V12(t) => unsafe { entry(t.closeListen, "closeListen")?(c) },
-        };
+        // SAFETY: a live listen comm of this plugin, closed once.
+        let code = any_table!(self.table, t => unsafe { entry(t.closeListen, "closeListen")?(c) });
         self.check(code, "closeListen")
     }
 }

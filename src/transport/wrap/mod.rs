@@ -182,13 +182,9 @@ impl Connector for WrapConnector {
         let Some(comm) = self.plugin.connect(self.dev, &mut self.handle)? else {
             return Ok(None);
         };
-        let side = SideArea::new(&self.plugin, comm, self.slots).inspect_err(|_| {
-            let _ = self.plugin.close_send(comm);
-        })?;
+        let conn = InnerConn::new(&self.plugin, comm, self.slots, InnerPlugin::close_send)?;
         Ok(Some(Box::new(WrapSendConn {
-            plugin: Arc::clone(&self.plugin),
-            comm,
-            side,
+            conn,
             state: Mutex::new(SendState {
                 slots: (0..self.slots).map(|_| SendSlot::default()).collect(),
                 half_posted: None,
@@ -210,13 +206,14 @@ impl Listener for WrapListener {
         let Some(comm) = self.plugin.accept(self.comm)? else {
             return Ok(None);
         };
-        let side = SideArea::new(&self.plugin, comm, self.options.slots).inspect_err(|_| {
-            let _ = self.plugin.close_recv(comm);
-        })?;
-        Ok(Some(Box::new(WrapRecvConn {
-            plugin: Arc::clone(&self.plugin),
+        let conn = InnerConn::new(
+            &self.plugin,
             comm,
-            side,
+            self.options.slots,
+            InnerPlugin::close_recv,
+        )?;
+        Ok(Some(Box::new(WrapRecvConn {
+            conn,
             options: self.options,
             state: Mutex::new(RecvState {
                 slots: (0..self.options.slots)
@@ -265,6 +262,57 @@ impl SideArea {
     }
 }
 
+/// What both halves of a wrapped connection hold: the inner comm and its side buffers.
+/// Dropping it releases the side buffers and closes the comm.
+struct InnerConn {
+    plugin: Arc<InnerPlugin>,
+    comm: Opaque,
+    side: SideArea,
+    /// [`InnerPlugin::close_send`] or [`InnerPlugin::close_recv`], as the comm is.
+    close: fn(&InnerPlugin, Opaque) -> Result<()>,
+}
+
+impl InnerConn {
+    /// Takes over `comm`, registering its side buffers; closes it when that fails.
+    fn new(
+        plugin: &Arc<InnerPlugin>,
+        comm: Opaque,
+        slots: usize,
+        close: fn(&InnerPlugin, Opaque) -> Result<()>,
+    ) -> Result<InnerConn> {
+        let side = SideArea::new(plugin, comm, slots).inspect_err(|_| {
+            let _ = close(plugin, comm);
+        })?;
+        Ok(InnerConn {
+            plugin: Arc::clone(plugin),
+            comm,
+            side,
+            close,
+        })
+    }
+
+    fn register(&self, buf: HostBuf) -> Result<MrHandle> {
+        let mr = self.plugin.reg_mr(self.comm, buf.as_ptr(), buf.len())?;
+        Ok(mr.addr())
+    }
+
+    fn deregister(&self, mr: MrHandle) -> Result<()> {
+        self.plugin.dereg_mr(self.comm, Opaque::from_addr(mr))
+    }
+}
+
+impl Drop for InnerConn {
+    fn drop(&mut self) {
+        let outcome = self
+            .plugin
+            .dereg_mr(self.comm, self.side.mr)
+            .and((self.close)(&self.plugin, self.comm));
+        if let Err(err) = outcome {
+            log::warn(&err.to_string());
+        }
+    }
+}
+
 /// Where one half (side or data) of a message is.
 #[derive(Clone, Copy, Debug, Default)]
 enum Half {
@@ -309,9 +357,7 @@ struct SendState {
 
 /// The sending half of a wrapped connection.
 struct WrapSendConn {
-    plugin: Arc<InnerPlugin>,
-    comm: Opaque,
-    side: SideArea,
+    conn: InnerConn,
     state: Mutex<SendState>,
 }
 
@@ -339,9 +385,13 @@ impl SendConn for WrapSendConn {
                 let Some(id) = state.slots.iter().position(|s| !s.busy) else {
                     return Ok(None);
                 };
-                let (ptr, bytes) = self.side.slot(id);
+                let (ptr, bytes) = self.conn.side.slot(id);
                 let len = side::encode(plan, buf.len() as u64, tag, state.seq, bytes)?;
-                let Some(req) = self.plugin.isend(self.comm, ptr, len, tag, self.side.mr)? else {
+                let Some(req) =
+                    self.conn
+                        .plugin
+                        .isend(self.conn.comm, ptr, len, tag, self.conn.side.mr)?
+                else {
                     return Ok(None);
                 };
                 state.seq += 1;
@@ -362,9 +412,10 @@ impl SendConn for WrapSendConn {
             }
         };
         let mr = Opaque::from_addr(buf.mr());
-        match self
+        let conn = &self.conn;
+        match conn
             .plugin
-            .isend(self.comm, buf.as_ptr(), buf.len(), tag, mr)?
+            .isend(conn.comm, buf.as_ptr(), buf.len(), tag, mr)?
         {
             Some(req) => {
                 state.slots[id].data = Half::Pending(req);
@@ -385,8 +436,8 @@ impl SendConn for WrapSendConn {
             .get_mut(id as usize)
             .filter(|s| s.busy)
             .ok_or_else(|| Error::invalid_argument(format!("test of unknown request {id}")))?;
-        let side_done = slot.side.advance(&self.plugin)?;
-        let data_done = slot.data.advance(&self.plugin)?;
+        let side_done = slot.side.advance(&self.conn.plugin)?;
+        let data_done = slot.data.advance(&self.conn.plugin)?;
         if !(side_done && data_done) {
             return Ok(None);
         }
@@ -399,35 +450,15 @@ impl SendConn for WrapSendConn {
         }
         let size = slot.size;
         *slot = SendSlot::default();
-        let mut done = Completion {
-            count: 1,
-            ..Completion::default()
-        };
-        done.sizes[0] = size;
-        Ok(Some(done))
+        Ok(Some(Completion::single(size)))
     }
 
     fn register(&self, buf: HostBuf) -> Result<MrHandle> {
-        Ok(self
-            .plugin
-            .reg_mr(self.comm, buf.as_ptr(), buf.len())?
-            .addr())
+        self.conn.register(buf)
     }
 
     fn deregister(&self, mr: MrHandle) -> Result<()> {
-        self.plugin.dereg_mr(self.comm, Opaque::from_addr(mr))
-    }
-}
-
-impl Drop for WrapSendConn {
-    fn drop(&mut self) {
-        let outcome = self
-            .plugin
-            .dereg_mr(self.comm, self.side.mr)
-            .and(self.plugin.close_send(self.comm));
-        if let Err(err) = outcome {
-            log::warn(&err.to_string());
-        }
+        self.conn.deregister(mr)
     }
 }
 
@@ -456,9 +487,7 @@ struct RecvState {
 
 /// The receiving half of a wrapped connection.
 struct WrapRecvConn {
-    plugin: Arc<InnerPlugin>,
-    comm: Opaque,
-    side: SideArea,
+    conn: InnerConn,
     options: WrapOptions,
     state: Mutex<RecvState>,
 }
@@ -479,10 +508,14 @@ impl RecvConn for WrapRecvConn {
                 let Some(id) = state.slots.iter().position(|s| !s.busy) else {
                     return Ok(None);
                 };
-                let (ptr, _) = self.side.slot(id);
-                let Some(req) =
-                    self.plugin
-                        .irecv(self.comm, ptr, side::CAPACITY, tag, self.side.mr)?
+                let (ptr, _) = self.conn.side.slot(id);
+                let Some(req) = self.conn.plugin.irecv(
+                    self.conn.comm,
+                    ptr,
+                    side::CAPACITY,
+                    tag,
+                    self.conn.side.mr,
+                )?
                 else {
                     return Ok(None);
                 };
@@ -504,9 +537,10 @@ impl RecvConn for WrapRecvConn {
             slot.old.extend_from_slice(buf.slice(0, buf.len()));
         }
         let mr = Opaque::from_addr(buf.mr());
-        match self
+        let conn = &self.conn;
+        match conn
             .plugin
-            .irecv(self.comm, buf.as_ptr(), buf.len(), tag, mr)?
+            .irecv(conn.comm, buf.as_ptr(), buf.len(), tag, mr)?
         {
             Some(req) => {
                 slot.data = Half::Pending(req);
@@ -528,8 +562,8 @@ impl RecvConn for WrapRecvConn {
             .get_mut(id as usize)
             .filter(|s| s.busy)
             .ok_or_else(|| Error::invalid_argument(format!("test of unknown request {id}")))?;
-        let side_done = slot.side.advance(&self.plugin)?;
-        let data_done = slot.data.advance(&self.plugin)?;
+        let side_done = slot.side.advance(&self.conn.plugin)?;
+        let data_done = slot.data.advance(&self.conn.plugin)?;
         if !(side_done && data_done) {
             return Ok(None);
         }
@@ -542,12 +576,12 @@ impl RecvConn for WrapRecvConn {
         if size > buf.len() {
             return Err(Error::internal(format!(
                 "inner net plugin {}: a receive of {} bytes reported {size} bytes",
-                self.plugin.name,
+                self.conn.plugin.name,
                 buf.len()
             )));
         }
         if slot.ready_at.is_none() {
-            let (_, bytes) = self.side.slot(id as usize);
+            let (_, bytes) = self.conn.side.slot(id as usize);
             let info = side::decode(
                 &bytes[..side_len.min(side::CAPACITY)],
                 std::mem::take(&mut slot.runs),
@@ -578,23 +612,15 @@ impl RecvConn for WrapRecvConn {
         slot.buf = None;
         slot.side = Half::Unposted;
         slot.data = Half::Unposted;
-        let mut done = Completion {
-            count: 1,
-            ..Completion::default()
-        };
-        done.sizes[0] = size;
-        Ok(Some(done))
+        Ok(Some(Completion::single(size)))
     }
 
     fn register(&self, buf: HostBuf) -> Result<MrHandle> {
-        Ok(self
-            .plugin
-            .reg_mr(self.comm, buf.as_ptr(), buf.len())?
-            .addr())
+        self.conn.register(buf)
     }
 
     fn deregister(&self, mr: MrHandle) -> Result<()> {
-        self.plugin.dereg_mr(self.comm, Opaque::from_addr(mr))
+        self.conn.deregister(mr)
     }
 }
 
@@ -637,16 +663,4 @@ fn apply(
         }
     }
     Duration::ZERO
-}
-
-impl Drop for WrapRecvConn {
-    fn drop(&mut self) {
-        let outcome = self
-            .plugin
-            .dereg_mr(self.comm, self.side.mr)
-            .and(self.plugin.close_recv(self.comm));
-        if let Err(err) = outcome {
-            log::warn(&err.to_string());
-        }
-    }
 }
