@@ -127,6 +127,18 @@ pub struct PacketCensus {
     pub other: u64,
 }
 
+impl PacketCensus {
+    /// Adds `other` into `self`.
+    pub fn add(&mut self, other: &PacketCensus) {
+        self.packets += other.packets;
+        self.intact += other.intact;
+        self.zeroed += other.zeroed;
+        self.stale += other.stale;
+        self.flipped += other.flipped;
+        self.other += other.other;
+    }
+}
+
 /// Everything a worker needs besides its rank.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Job {
