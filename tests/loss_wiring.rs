@@ -99,6 +99,7 @@ fn retransmit_delivers_intact_and_accounts_the_delay() {
         &stats,
     );
     let census = total_census(&reports);
+    assert_eq!(census.packets, 20_480, "{census:?}");
     assert_eq!(census.intact, census.packets, "{census:?}");
     let run = load_run(&stats).expect("statistics written");
     let counts = run.total.counts;
@@ -211,6 +212,7 @@ fn phase_rules_follow_the_control_api() {
         &stats,
     );
     let census = total_census(&reports);
+    assert_eq!(census.packets, 20_480, "{census:?}");
     assert_eq!(census.intact, census.packets);
     let run = load_run(&stats).expect("statistics written");
     assert_eq!(run.total.counts.lost_packets, 0);
