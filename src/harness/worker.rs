@@ -11,7 +11,7 @@ use super::bootstrap::Bootstrap;
 use super::collectives::{
     self, output_len, Collective, CollectiveSpec, DataType, Staging, DEFAULT_CHUNK,
 };
-use super::net::{PluginLink, RawTcpLink, RingLink, MAX_IN_FLIGHT};
+use super::net::{ring_comms, PluginLink, RawTcpLink, RingLink, MAX_IN_FLIGHT};
 use super::plugin_client::{
     establish, op, PluginClient, PluginLibrary, Posted, RecvItem, HANDLE_BYTES,
 };
@@ -430,14 +430,7 @@ fn grouped(
             "groups of {count} but the plugin's maxRecvs is {max_recvs}"
         )));
     }
-    let (handle, mut listen) = client.listen(0)?;
-    let handles = boot.all_gather(&handle)?;
-    let next: [u8; HANDLE_BYTES] = handles[(rank + 1) % n]
-        .as_slice()
-        .try_into()
-        .map_err(|_| Error::remote("bad handle size"))?;
-    let (send, recv) = establish(client.connect(0, &next), &mut listen, job.timeout())?;
-    listen.close()?;
+    let (send, recv) = ring_comms(&client, boot, job.timeout())?;
     client.set_net_attr(op::SEND_RECV)?;
     let deadline = Instant::now() + job.timeout();
     let cap = 20_000 + count;
@@ -565,14 +558,7 @@ fn messages(
     let prev = (rank + n - 1) % n;
     let client = PluginClient::init(lib, job.version, 0x3e55)?;
     report.plugin = client.name();
-    let (handle, mut listen) = client.listen(0)?;
-    let handles = boot.all_gather(&handle)?;
-    let next: [u8; HANDLE_BYTES] = handles[(rank + 1) % n]
-        .as_slice()
-        .try_into()
-        .map_err(|_| Error::remote("bad handle size"))?;
-    let (send, recv) = establish(client.connect(0, &next), &mut listen, job.timeout())?;
-    listen.close()?;
+    let (send, recv) = ring_comms(&client, boot, job.timeout())?;
     client.set_net_attr(shape.op_bits)?;
     let mut census = PacketCensus::default();
     for msg in 0..shape.count {
