@@ -338,18 +338,13 @@ fn run_collectives(
         };
         let input = collectives::make_input(&spec, rank, n);
         let mut output = vec![0u8; output_len(&spec, rank, n)];
+        let mut run_once = |link: &mut Box<dyn RingLink>, output: &mut [u8]| {
+            collectives::run(link.as_mut(), &mut staging, &spec, rank, n, &input, output)
+        };
         for (kind, link) in opened.iter_mut() {
             lib.set_loss_enabled(loss_on(job, *kind))?;
             for _ in 0..run.warmup {
-                collectives::run(
-                    link.as_mut(),
-                    &mut staging,
-                    &spec,
-                    rank,
-                    n,
-                    &input,
-                    &mut output,
-                )?;
+                run_once(link, &mut output)?;
             }
         }
         // Iterations alternate between the links, each after a barrier, so a noisy neighbour
@@ -364,15 +359,7 @@ fn run_collectives(
                 lib.set_loss_enabled(loss_on(job, *kind))?;
                 boot.barrier()?;
                 let start = Instant::now();
-                collectives::run(
-                    link.as_mut(),
-                    &mut staging,
-                    &spec,
-                    rank,
-                    n,
-                    &input,
-                    &mut output,
-                )?;
+                run_once(link, &mut output)?;
                 seconds[i] += start.elapsed().as_secs_f64();
                 if job.verify && iter + 1 == iters {
                     verdicts[i] = collectives::verify(&spec, rank, n, &output);
