@@ -15,6 +15,7 @@ use super::net::{ring_comms, PluginLink, RawTcpLink, RingLink, MAX_IN_FLIGHT};
 use super::plugin_client::{
     establish, op, PluginClient, PluginLibrary, Posted, RecvItem, HANDLE_BYTES,
 };
+use crate::transport::socket::{SocketConfig, DEFAULT_NSOCKS};
 use crate::{Error, Result};
 
 /// Which ring channel a run goes through.
@@ -183,14 +184,11 @@ impl Job {
     }
 }
 
-/// Streams per connection the plugin uses (`NCCL_LOSSY_NSOCKS`, else its default), so the
-/// baseline matches it.
+/// Streams per connection the plugin uses (`NCCL_LOSSY_NSOCKS`, else its default), read as
+/// the plugin reads it, so the baseline matches it. Settings the plugin would refuse give
+/// the default here (the plugin's init then fails loudly).
 pub fn raw_streams_default() -> usize {
-    std::env::var("NCCL_LOSSY_NSOCKS")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .filter(|&n: &usize| (1..=16).contains(&n))
-        .unwrap_or(crate::transport::socket::DEFAULT_NSOCKS)
+    SocketConfig::from_env().map_or(DEFAULT_NSOCKS, |config| config.nsocks)
 }
 
 /// One run's outcome on one rank.
