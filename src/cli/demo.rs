@@ -10,7 +10,7 @@ use crate::harness::collectives::{Collective, DataType};
 use crate::harness::launch::{self, Launch};
 use crate::harness::plugin_client::default_library_path;
 use crate::harness::worker::{Job, LinkKind, RunSpec};
-use crate::profile::Profile;
+use crate::profile::{Profile, PROFILE_ENV};
 use crate::stats::report::{load_run, RunSummary};
 use crate::stats::writer::STATS_DIR_ENV;
 use crate::Result;
@@ -81,7 +81,7 @@ fn demo(args: &Args) -> Result<bool> {
     // A profile whose effects damage data makes "not bit-exact" the expected outcome, not a
     // failure; read it as the plugin will (a broken profile stops the demo here, loudly).
     let corrupts_data = Profile::from_env()?.corrupts_data();
-    let profile = std::env::var("NCCL_LOSSY_PROFILE").unwrap_or_else(|_| "embedded default".into());
+    let profile = std::env::var(PROFILE_ENV).unwrap_or_else(|_| "embedded default".into());
     println!(
         "lossy demo: {} local ranks, ring collectives through the plugin, profile: {profile}",
         args.ranks
