@@ -179,7 +179,8 @@ impl Job {
         }
     }
 
-    fn timeout(&self) -> Duration {
+    /// How long any single wait may take: `timeout_s`, within 0.1 s to an hour.
+    pub fn timeout(&self) -> Duration {
         Duration::from_secs_f64(self.timeout_s.clamp(0.1, 3600.0))
     }
 }
