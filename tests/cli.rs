@@ -8,9 +8,18 @@ use common::lossy_exe;
 use nccl_net_lossy::harness::plugin_client::{PluginLibrary, NCCL_LIBRARY_NAME};
 
 fn lossy(args: &[&str]) -> String {
+    lossy_env(args, &[])
+}
+
+/// Runs `lossy args` from the repository's top with `env` added (and no statistics unless
+/// `env` asks); asserts it succeeded and returns its stdout.
+fn lossy_env(args: &[&str], env: &[(&str, &str)]) -> String {
     let out = Command::new(lossy_exe())
         .args(args)
         .env("NCCL_SOCKET_IFNAME", "lo")
+        .env_remove("NCCL_LOSSY_STATS")
+        .envs(env.iter().copied())
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("run lossy");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -44,19 +53,9 @@ fn demo_under_a_zeroing_profile_marks_damage_as_expected_and_succeeds() {
     // 1% uniform loss with zeros: a 1 MiB message is 256 packets of 4 KiB, so a message is
     // untouched with probability 0.99^256 = 7.6%; each collective moves many messages per
     // iteration, so every row is damaged with overwhelming probability (and the seed is fixed).
-    let out = Command::new(lossy_exe())
-        .args(["demo", "--sizes", "1M"])
-        .env("NCCL_SOCKET_IFNAME", "lo")
-        .env("NCCL_LOSSY_PROFILE", "configs/uniform-1pct.toml")
-        .env_remove("NCCL_LOSSY_STATS")
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("run lossy");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let stdout = lossy_env(
+        &["demo", "--sizes", "1M"],
+        &[("NCCL_LOSSY_PROFILE", "configs/uniform-1pct.toml")],
     );
     let damaged = stdout
         .lines()
@@ -80,18 +79,9 @@ fn bench_vs_lossless_switches_loss_off_for_the_baseline_only() {
     // Under 1% zero loss a 4 MiB all-reduce (1024 packets of 4 KiB per message) is damaged
     // with probability 1 - 0.99^1024 ~ 1 - 3e-5; the interleaved lossless link must stay
     // bit-exact, or the row says WRONG and the command fails.
-    let out = Command::new(lossy_exe())
-        .args(["bench", "--vs-lossless", "--sizes", "4M", "--iters", "2"])
-        .env("NCCL_SOCKET_IFNAME", "lo")
-        .env("NCCL_LOSSY_PROFILE", "configs/uniform-1pct.toml")
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("run lossy");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let stdout = lossy_env(
+        &["bench", "--vs-lossless", "--sizes", "4M", "--iters", "2"],
+        &[("NCCL_LOSSY_PROFILE", "configs/uniform-1pct.toml")],
     );
     let rows: Vec<&str> = stdout.lines().filter(|l| !l.starts_with('#')).collect();
     assert_eq!(rows.len(), 1, "{stdout}");

@@ -1,11 +1,15 @@
 //! The `lossy` binary on the shipped profiles: every one validates, a broken one fails with
 //! exit 2 and a message naming the file and key, and `simulate` agrees with the closed forms.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
+use common::{fresh_dir, lossy_exe, repo_file};
+
 fn lossy(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_lossy"))
+    Command::new(lossy_exe())
         .args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
@@ -13,7 +17,7 @@ fn lossy(args: &[&str]) -> Output {
 }
 
 fn configs() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
+    let dir = repo_file("configs");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("configs/")
         .map(|e| e.expect("entry").path())
@@ -64,8 +68,7 @@ fn validate_without_a_file_checks_the_embedded_default() {
 
 #[test]
 fn broken_profile_exits_2_naming_file_line_and_key() {
-    let dir = std::env::temp_dir().join(format!("lossy-cli-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = fresh_dir("cli-test");
     let bad = dir.join("broken.toml");
     std::fs::write(&bad, "seed = 1\n[[rules]]\ncollective = \"AllReduce\"\nmodel = { kind = \"uniform\", rate = 1.5 }\n")
         .expect("write");
@@ -169,8 +172,7 @@ fn simulate_matches_the_closed_forms() {
 
 #[test]
 fn validate_shows_the_transport_and_names_a_bad_one() {
-    let dir = std::env::temp_dir().join(format!("lossy-validate-wrap-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = fresh_dir("validate-wrap");
     let good = dir.join("wrap.toml");
     std::fs::write(&good, "transport = \"wrap\"\ninner = \"ofi\"\n").expect("write");
     let out = lossy(&["validate", &good.display().to_string()]);

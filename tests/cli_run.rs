@@ -3,17 +3,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
-use std::time::Duration;
 
-use common::{library, lossy_exe};
-use nccl_net_lossy::harness::launch::{self, Launch};
+use common::{fresh_dir, launch_env, library, lossy_exe, repo_file};
 use nccl_net_lossy::harness::worker::{Job, LinkKind};
-
-fn repo_file(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
-}
 
 fn lossy(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(lossy_exe());
@@ -93,8 +87,7 @@ fn retransmit_profiles_leave_the_protocol_alone() {
 
 #[test]
 fn run_refuses_a_broken_profile_before_starting_anything() {
-    let dir = std::env::temp_dir().join(format!("lossy-run-bad-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
+    let dir = fresh_dir("run-bad");
     let bad = dir.join("bad.toml");
     std::fs::write(
         &bad,
@@ -187,25 +180,15 @@ fn a_demo_under_run_writes_its_statistics_where_run_said() {
 /// Launches two plugin workers with `env` and returns the launch error.
 fn plugin_init_error(env: Vec<(String, String)>) -> String {
     let job = Job::collectives(library(), vec![LinkKind::Plugin], Vec::new());
-    let mut all = vec![("NCCL_SOCKET_IFNAME".to_string(), "lo".to_string())];
-    all.extend(env);
-    let launch = Launch {
-        exe: lossy_exe(),
-        nranks: 2,
-        job,
-        env: all,
-        timeout: Duration::from_secs(60),
-    };
-    match launch::run(&launch) {
-        Ok(_) => panic!("the plugin initialised with {launch:?}"),
+    match launch_env(2, job, env.clone()) {
+        Ok(_) => panic!("the plugin initialised with {env:?}"),
         Err(err) => err.to_string(),
     }
 }
 
 #[test]
 fn the_plugin_fails_init_loudly_on_a_broken_profile() {
-    let dir = std::env::temp_dir().join(format!("lossy-init-bad-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
+    let dir = fresh_dir("init-bad");
     let bad = dir.join("typo.toml");
     std::fs::write(&bad, "seed = 1\neffect = \"zeros\"\n").expect("write");
     let err = plugin_init_error(vec![(

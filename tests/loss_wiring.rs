@@ -9,24 +9,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{library, lossy_exe};
+use common::{fresh_dir, launch_env, library, lossy_exe, repo_file, total_census};
 use nccl_net_lossy::harness::collectives::{Collective, DataType};
-use nccl_net_lossy::harness::launch::{self, Launch};
 use nccl_net_lossy::harness::plugin_client::op;
-use nccl_net_lossy::harness::worker::{Job, LinkKind, PacketCensus, RunSpec, Task, WorkerReport};
+use nccl_net_lossy::harness::worker::{Job, LinkKind, RunSpec, Task, WorkerReport};
 use nccl_net_lossy::stats::report::{load_run, RunSummary};
 use nccl_net_lossy::stats::writer::StatsFile;
-
-fn repo_file(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
-}
-
-fn fresh_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lossy-wiring-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
-}
 
 /// Runs `task` on `nranks` workers with `profile` (+ `overrides`), statistics into `stats`.
 fn launch_with_profile(
@@ -39,33 +27,12 @@ fn launch_with_profile(
     let mut job = Job::collectives(library(), vec![LinkKind::Plugin], Vec::new());
     job.task = task;
     job.timeout_s = 60.0;
-    let launch = Launch {
-        exe: lossy_exe(),
-        nranks,
-        job,
-        env: vec![
-            ("NCCL_SOCKET_IFNAME".into(), "lo".into()),
-            ("NCCL_LOSSY_PROFILE".into(), profile.display().to_string()),
-            ("NCCL_LOSSY_SET".into(), overrides.into()),
-            ("NCCL_LOSSY_STATS".into(), stats.display().to_string()),
-        ],
-        timeout: Duration::from_secs(120),
-    };
-    launch::run(&launch).unwrap_or_else(|e| panic!("run failed: {e}"))
-}
-
-fn total_census(reports: &[WorkerReport]) -> PacketCensus {
-    let mut sum = PacketCensus::default();
-    for r in reports {
-        let c = r.census;
-        sum.packets += c.packets;
-        sum.intact += c.intact;
-        sum.zeroed += c.zeroed;
-        sum.stale += c.stale;
-        sum.flipped += c.flipped;
-        sum.other += c.other;
-    }
-    sum
+    let env = vec![
+        ("NCCL_LOSSY_PROFILE".into(), profile.display().to_string()),
+        ("NCCL_LOSSY_SET".into(), overrides.into()),
+        ("NCCL_LOSSY_STATS".into(), stats.display().to_string()),
+    ];
+    launch_env(nranks, job, env).unwrap_or_else(|e| panic!("run failed: {e}"))
 }
 
 const MIB: usize = 1 << 20;
@@ -132,6 +99,7 @@ fn retransmit_delivers_intact_and_accounts_the_delay() {
         &stats,
     );
     let census = total_census(&reports);
+    assert_eq!(census.packets, 20_480, "{census:?}");
     assert_eq!(census.intact, census.packets, "{census:?}");
     let run = load_run(&stats).expect("statistics written");
     let counts = run.total.counts;
@@ -244,6 +212,7 @@ fn phase_rules_follow_the_control_api() {
         &stats,
     );
     let census = total_census(&reports);
+    assert_eq!(census.packets, 20_480, "{census:?}");
     assert_eq!(census.intact, census.packets);
     let run = load_run(&stats).expect("statistics written");
     assert_eq!(run.total.counts.lost_packets, 0);

@@ -8,58 +8,17 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{assert_all_exact, every, library, lossy_exe};
+use common::{assert_all_exact, every, fresh_dir, launch_env, library, repo_file, total_census};
 use nccl_net_lossy::harness::collectives::DataType;
-use nccl_net_lossy::harness::launch::{self, Launch};
 use nccl_net_lossy::harness::plugin_client::op;
-use nccl_net_lossy::harness::worker::{Job, LinkKind, PacketCensus, Task, WorkerReport};
+use nccl_net_lossy::harness::worker::{Job, LinkKind, Task, WorkerReport};
 use nccl_net_lossy::stats::report::load_run;
-
-fn repo_file(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
-}
-
-fn fresh_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lossy-wrap-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
-}
 
 /// A copy of the built library under another file name, as a wrapped plugin would be.
 fn inner_copy(dir: &Path) -> PathBuf {
     let copy = dir.join("libnccl-net-innercopy.so");
     std::fs::copy(library(), &copy).expect("copy the plugin library");
     copy
-}
-
-fn launch_env(
-    nranks: usize,
-    job: Job,
-    env: Vec<(String, String)>,
-) -> nccl_net_lossy::Result<Vec<WorkerReport>> {
-    let mut all = vec![("NCCL_SOCKET_IFNAME".to_string(), "lo".to_string())];
-    all.extend(env);
-    launch::run(&Launch {
-        exe: lossy_exe(),
-        nranks,
-        job,
-        env: all,
-        timeout: Duration::from_secs(120),
-    })
-}
-
-fn total_census(reports: &[WorkerReport]) -> PacketCensus {
-    let mut sum = PacketCensus::default();
-    for c in reports.iter().map(|r| r.census) {
-        sum.packets += c.packets;
-        sum.intact += c.intact;
-        sum.zeroed += c.zeroed;
-        sum.stale += c.stale;
-        sum.flipped += c.flipped;
-        sum.other += c.other;
-    }
-    sum
 }
 
 #[test]

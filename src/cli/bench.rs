@@ -81,6 +81,35 @@ pub fn parse_dtype(text: &str) -> std::result::Result<DataType, String> {
     }
 }
 
+/// How a row's data came through: bit-exact, damaged by a profile whose effect is meant to
+/// change data, or wrong.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Check {
+    /// Every rank got exactly what was sent.
+    Exact,
+    /// Some data changed, as the profile's effect intends.
+    Damaged,
+    /// Some data changed that should not have.
+    Wrong,
+}
+
+impl Check {
+    /// The check of a result that was bit-exact or not, under a profile that corrupts data
+    /// or not.
+    pub fn of(exact: bool, corrupts_data: bool) -> Check {
+        match (exact, corrupts_data) {
+            (true, _) => Check::Exact,
+            (false, true) => Check::Damaged,
+            (false, false) => Check::Wrong,
+        }
+    }
+
+    /// False for [`Check::Wrong`].
+    pub fn passed(self) -> bool {
+        self != Check::Wrong
+    }
+}
+
 /// Human-readable bytes (`64 MiB`).
 pub fn fmt_bytes(bytes: usize) -> String {
     match bytes {
@@ -187,9 +216,12 @@ fn bench(args: &Args) -> Result<()> {
                 .iter()
                 .all(|r| r.results.get(first + k).is_some_and(|x| x.ok))
         };
-        let ok = exact(0);
-        let baselines_ok = (1..per_size).all(exact);
-        all_ok &= (ok || corrupts_data) && baselines_ok;
+        let check = if (1..per_size).all(exact) {
+            Check::of(exact(0), corrupts_data)
+        } else {
+            Check::Wrong
+        };
+        all_ok &= check.passed();
         let algbw = |t: f64| if t > 0.0 { bytes as f64 / t / 1e9 } else { 0.0 };
         let ratio = |base: f64, t: f64| {
             if base > 0.0 {
@@ -220,10 +252,10 @@ fn bench(args: &Args) -> Result<()> {
             algbw(raw),
             algbw(raw) * factor,
             ratio(raw, plugin),
-            match (ok && baselines_ok, corrupts_data && baselines_ok) {
-                (true, _) => "ok",
-                (false, true) => "dmg",
-                (false, false) => "WRONG",
+            match check {
+                Check::Exact => "ok",
+                Check::Damaged => "dmg",
+                Check::Wrong => "WRONG",
             }
         );
     }
@@ -240,6 +272,16 @@ fn bench(args: &Args) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn damage_passes_only_under_a_profile_that_corrupts_data() {
+        assert_eq!(Check::of(true, false), Check::Exact);
+        assert_eq!(Check::of(true, true), Check::Exact);
+        assert_eq!(Check::of(false, true), Check::Damaged);
+        assert_eq!(Check::of(false, false), Check::Wrong);
+        assert!(Check::Exact.passed() && Check::Damaged.passed());
+        assert!(!Check::Wrong.passed());
+    }
 
     #[test]
     fn sizes_parse_with_units_and_presets() {

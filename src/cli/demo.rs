@@ -5,12 +5,12 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use super::bench::{fmt_bytes, parse_sizes, slowest};
+use super::bench::{fmt_bytes, parse_sizes, slowest, Check};
 use crate::harness::collectives::{Collective, DataType};
 use crate::harness::launch::{self, Launch};
 use crate::harness::plugin_client::default_library_path;
 use crate::harness::worker::{Job, LinkKind, RunSpec};
-use crate::profile::Profile;
+use crate::profile::{Profile, PROFILE_ENV};
 use crate::stats::report::{load_run, RunSummary};
 use crate::stats::writer::STATS_DIR_ENV;
 use crate::Result;
@@ -81,7 +81,7 @@ fn demo(args: &Args) -> Result<bool> {
     // A profile whose effects damage data makes "not bit-exact" the expected outcome, not a
     // failure; read it as the plugin will (a broken profile stops the demo here, loudly).
     let corrupts_data = Profile::from_env()?.corrupts_data();
-    let profile = std::env::var("NCCL_LOSSY_PROFILE").unwrap_or_else(|_| "embedded default".into());
+    let profile = std::env::var(PROFILE_ENV).unwrap_or_else(|_| "embedded default".into());
     println!(
         "lossy demo: {} local ranks, ring collectives through the plugin, profile: {profile}",
         args.ranks
@@ -101,7 +101,8 @@ fn demo(args: &Args) -> Result<bool> {
         let ok = reports
             .iter()
             .all(|r| r.results.get(i).is_some_and(|x| x.ok));
-        all_ok &= ok || corrupts_data;
+        let check = Check::of(ok, corrupts_data);
+        all_ok &= check.passed();
         let algbw = if t > 0.0 {
             run.bytes as f64 / t / 1e9
         } else {
@@ -114,10 +115,10 @@ fn demo(args: &Args) -> Result<bool> {
             t * 1e6,
             algbw,
             algbw * run.collective.bus_factor(args.ranks),
-            match (ok, corrupts_data) {
-                (true, _) => "bit-exact",
-                (false, true) => "damaged",
-                (false, false) => "WRONG",
+            match check {
+                Check::Exact => "bit-exact",
+                Check::Damaged => "damaged",
+                Check::Wrong => "WRONG",
             }
         );
     }

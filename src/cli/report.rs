@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use plotters::coord::Shift;
+use plotters::coord::{CoordTranslate, Shift};
 use plotters::prelude::*;
 
 use crate::stats::report::{load_run, OpSummary, RunSummary};
@@ -287,11 +287,19 @@ fn draw_bursts<DB: DrawingBackend>(
                 });
         }
     }
+    draw_legend(&mut chart, SeriesLabelPosition::LowerLeft)
+}
+
+/// Draws the legend of `chart` at `position`, the same box on every plot.
+fn draw_legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    position: SeriesLabelPosition,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
     chart
         .configure_series_labels()
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
-        .position(SeriesLabelPosition::LowerLeft)
+        .position(position)
         .draw()
 }
 
@@ -354,12 +362,7 @@ fn draw_loss_per_collective<DB: DrawingBackend>(
             .label(run.run.clone())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
+    draw_legend(&mut chart, SeriesLabelPosition::UpperRight)
 }
 
 /// Loss rate per training step, one line per run (steps come from the control API).
@@ -412,10 +415,5 @@ fn draw_loss_per_step<DB: DrawingBackend>(
                 PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
             });
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
+    draw_legend(&mut chart, SeriesLabelPosition::UpperRight)
 }

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use crate::plugin::{check_forced_protocol, PLUGIN_NAME};
-use crate::profile::Profile;
+use crate::profile::{Profile, PROFILE_ENV, SET_ENV};
+use crate::stats::writer::STATS_DIR_ENV;
 
 /// Arguments of `lossy run`.
 #[derive(clap::Args, Debug)]
@@ -48,7 +49,7 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
     if args.command.is_empty() && !args.print_env {
         return Err("no command given: lossy run [OPTIONS] -- CMD ARGS...".into());
     }
-    let mut overrides: Vec<String> = std::env::var("NCCL_LOSSY_SET")
+    let mut overrides: Vec<String> = std::env::var(SET_ENV)
         .ok()
         .filter(|set| !set.trim().is_empty())
         .into_iter()
@@ -57,7 +58,7 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
     let overrides = overrides.join(";");
     let profile_path = match &args.profile {
         Some(path) => Some(absolute(path)?),
-        None => std::env::var_os("NCCL_LOSSY_PROFILE")
+        None => std::env::var_os(PROFILE_ENV)
             .filter(|p| !p.is_empty())
             .map(PathBuf::from),
     };
@@ -84,15 +85,15 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
         ("NCCL_NET".into(), PLUGIN_NAME.into()),
     ];
     if let Some(path) = profile_path {
-        env.push(("NCCL_LOSSY_PROFILE".into(), path.into_os_string()));
+        env.push((PROFILE_ENV.into(), path.into_os_string()));
     }
     if !overrides.is_empty() {
-        env.push(("NCCL_LOSSY_SET".into(), overrides.into()));
+        env.push((SET_ENV.into(), overrides.into()));
     }
     if let Some(dir) = &args.stats {
         std::fs::create_dir_all(dir)
             .map_err(|e| format!("cannot create stats directory {}: {e}", dir.display()))?;
-        env.push(("NCCL_LOSSY_STATS".into(), absolute(dir)?.into_os_string()));
+        env.push((STATS_DIR_ENV.into(), absolute(dir)?.into_os_string()));
     }
     // The tuner in our library already rules LL/LL128 out, but only when NCCL loads it
     // (a user's NCCL_TUNER_PLUGIN wins): pin Simple as well unless the user chose.

@@ -29,7 +29,7 @@ pub fn run(args: Args) -> ExitCode {
         .map_err(|e| crate::Error::invalid_argument(format!("bad job: {e}")))
         .and_then(|job| {
             let mut boot =
-                Bootstrap::connect(args.bootstrap, args.rank, args.nranks, job_timeout(&job))?;
+                Bootstrap::connect(args.bootstrap, args.rank, args.nranks, job.timeout())?;
             run_job(&job, &mut boot)
         })
         .and_then(|report| {
@@ -46,8 +46,4 @@ pub fn run(args: Args) -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn job_timeout(job: &Job) -> std::time::Duration {
-    std::time::Duration::from_secs_f64(job.timeout_s.clamp(0.1, 3600.0))
 }

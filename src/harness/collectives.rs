@@ -206,17 +206,22 @@ fn seg_bytes(spec: &CollectiveSpec, n: usize, s: usize) -> (usize, usize) {
     (a * es, b * es)
 }
 
-/// The rank's input for `spec` (deterministic from rank and element index).
-pub fn make_input(spec: &CollectiveSpec, rank: usize, n: usize) -> Vec<u8> {
-    let es = spec.dtype.size();
-    let (first, len) = match spec.collective {
+/// The elements the rank contributes, as (first, count): its own segment for all-gather,
+/// the whole buffer otherwise.
+fn input_elems(spec: &CollectiveSpec, rank: usize, n: usize) -> (usize, usize) {
+    match spec.collective {
         Collective::AllGather => {
             let (a, b) = segment(spec.count, n, rank);
             (a, b - a)
         }
         _ => (0, spec.count),
-    };
-    let mut input = vec![0u8; len * es];
+    }
+}
+
+/// The rank's input for `spec` (deterministic from rank and element index).
+pub fn make_input(spec: &CollectiveSpec, rank: usize, n: usize) -> Vec<u8> {
+    let (first, len) = input_elems(spec, rank, n);
+    let mut input = vec![0u8; len * spec.dtype.size()];
     spec.dtype.fill(rank, first, &mut input);
     input
 }
@@ -310,7 +315,8 @@ pub fn run(
     let seg_at = |r: usize, k: usize, extra: isize| -> usize {
         (r as isize - k as isize + shift + extra).rem_euclid(n as isize) as usize
     };
-    if input.len() != make_input_len(spec, rank, n) || output.len() != output_len(spec, rank, n) {
+    if input.len() != input_elems(spec, rank, n).1 * es || output.len() != output_len(spec, rank, n)
+    {
         return Err(Error::invalid_argument(format!(
             "{} buffers of {} and {} bytes do not match {} elements",
             spec.collective,
@@ -469,16 +475,6 @@ pub fn run(
             idle_rounds = idle_rounds.saturating_add(1);
             idle(idle_rounds);
         }
-    }
-}
-
-fn make_input_len(spec: &CollectiveSpec, rank: usize, n: usize) -> usize {
-    match spec.collective {
-        Collective::AllGather => {
-            let (a, b) = seg_bytes(spec, n, rank);
-            b - a
-        }
-        _ => spec.count * spec.dtype.size(),
     }
 }
 

@@ -80,18 +80,10 @@ impl PluginLink {
         timeout: Duration,
     ) -> Result<PluginLink> {
         let client = PluginClient::init(lib, version, comm_id)?;
-        let (rank, n) = (boot.rank(), boot.nranks());
         if client.devices()? < 1 {
             return Err(Error::system("the plugin reports no devices"));
         }
-        let (handle, mut listen) = client.listen(0)?;
-        let handles = boot.all_gather(&handle)?;
-        let next: [u8; HANDLE_BYTES] = handles[(rank + 1) % n]
-            .as_slice()
-            .try_into()
-            .map_err(|_| Error::remote("a rank sent a handle of the wrong size"))?;
-        let (send, recv) = establish(client.connect(0, &next), &mut listen, timeout)?;
-        listen.close()?;
+        let (send, recv) = ring_comms(&client, boot, timeout)?;
         Ok(PluginLink {
             client,
             send,
@@ -106,6 +98,38 @@ impl PluginLink {
     /// The client, e.g. to read properties.
     pub fn client(&self) -> &PluginClient {
         &self.client
+    }
+}
+
+/// Connects `client` into the ring on device 0: listens, all-gathers the handles, connects
+/// to the next rank's while accepting from the previous rank.
+pub(crate) fn ring_comms(
+    client: &PluginClient,
+    boot: &mut Bootstrap,
+    timeout: Duration,
+) -> Result<(SendComm, RecvComm)> {
+    let (handle, mut listen) = client.listen(0)?;
+    let handles = boot.all_gather(&handle)?;
+    let next: [u8; HANDLE_BYTES] = handles[(boot.rank() + 1) % boot.nranks()]
+        .as_slice()
+        .try_into()
+        .map_err(|_| Error::remote("a rank sent a handle of the wrong size"))?;
+    let (send, recv) = establish(client.connect(0, &next), &mut listen, timeout)?;
+    listen.close()?;
+    Ok((send, recv))
+}
+
+/// Takes the oldest request of `fifo` once it is done: its buffers and received sizes.
+fn pop_done(fifo: &mut VecDeque<Request>) -> Result<Option<(Vec<HostBuffer>, Vec<usize>)>> {
+    let Some(head) = fifo.front_mut() else {
+        return Ok(None);
+    };
+    if head.test()?.is_none() {
+        return Ok(None);
+    }
+    match fifo.pop_front() {
+        Some(req) => req.finish().map(Some),
+        None => Ok(None),
     }
 }
 
@@ -169,29 +193,12 @@ impl RingLink for PluginLink {
     }
 
     fn test_send(&mut self) -> Result<Option<HostBuffer>> {
-        let Some(head) = self.sends.front_mut() else {
-            return Ok(None);
-        };
-        if head.test()?.is_none() {
-            return Ok(None);
-        }
-        let (mut bufs, _) = match self.sends.pop_front() {
-            Some(req) => req.finish()?,
-            None => return Ok(None),
-        };
-        Ok(bufs.pop())
+        Ok(pop_done(&mut self.sends)?.and_then(|(mut bufs, _)| bufs.pop()))
     }
 
     fn test_recv(&mut self) -> Result<Option<(HostBuffer, usize)>> {
-        let Some(head) = self.recvs.front_mut() else {
+        let Some((mut bufs, sizes)) = pop_done(&mut self.recvs)? else {
             return Ok(None);
-        };
-        if head.test()?.is_none() {
-            return Ok(None);
-        }
-        let (mut bufs, sizes) = match self.recvs.pop_front() {
-            Some(req) => req.finish()?,
-            None => return Ok(None),
         };
         match (bufs.pop(), sizes.first()) {
             (Some(buf), Some(&size)) => Ok(Some((buf, size))),

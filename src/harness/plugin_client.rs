@@ -250,12 +250,16 @@ impl PluginLibrary {
             .collect()
     }
 
+    /// The control-API function `name`, or an error saying the library lacks it.
+    fn control_symbol(&self, name: &str) -> Result<*mut c_void> {
+        self.symbol(name)
+            .ok_or_else(|| Error::invalid_argument(format!("the library does not export {name}")))
+    }
+
     /// Turns loss injection on or off through the library's control API
     /// (`ncclLossySetEnabled`).
     pub fn set_loss_enabled(&self, enabled: bool) -> Result<()> {
-        let sym = self.symbol("ncclLossySetEnabled").ok_or_else(|| {
-            Error::invalid_argument("the library does not export ncclLossySetEnabled")
-        })?;
+        let sym = self.control_symbol("ncclLossySetEnabled")?;
         // SAFETY: the control header declares `int ncclLossySetEnabled(int)`.
         let f: extern "C" fn(c_int) -> c_int = unsafe { std::mem::transmute(sym) };
         match f(c_int::from(enabled)) {
@@ -269,9 +273,7 @@ impl PluginLibrary {
     /// Asks the library to write its statistics file now (`ncclLossyWriteStats`); `Ok(false)`
     /// when `NCCL_LOSSY_STATS` is not set.
     pub fn write_stats(&self) -> Result<bool> {
-        let sym = self.symbol("ncclLossyWriteStats").ok_or_else(|| {
-            Error::invalid_argument("the library does not export ncclLossyWriteStats")
-        })?;
+        let sym = self.control_symbol("ncclLossyWriteStats")?;
         // SAFETY: the control header declares `int ncclLossyWriteStats(void)`.
         let f: extern "C" fn() -> c_int = unsafe { std::mem::transmute(sym) };
         match f() {

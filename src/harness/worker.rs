@@ -11,10 +11,11 @@ use super::bootstrap::Bootstrap;
 use super::collectives::{
     self, output_len, Collective, CollectiveSpec, DataType, Staging, DEFAULT_CHUNK,
 };
-use super::net::{PluginLink, RawTcpLink, RingLink, MAX_IN_FLIGHT};
+use super::net::{ring_comms, PluginLink, RawTcpLink, RingLink, MAX_IN_FLIGHT};
 use super::plugin_client::{
     establish, op, PluginClient, PluginLibrary, Posted, RecvItem, HANDLE_BYTES,
 };
+use crate::transport::socket::{SocketConfig, DEFAULT_NSOCKS};
 use crate::{Error, Result};
 
 /// Which ring channel a run goes through.
@@ -127,6 +128,18 @@ pub struct PacketCensus {
     pub other: u64,
 }
 
+impl PacketCensus {
+    /// Adds `other` into `self`.
+    pub fn add(&mut self, other: &PacketCensus) {
+        self.packets += other.packets;
+        self.intact += other.intact;
+        self.zeroed += other.zeroed;
+        self.stale += other.stale;
+        self.flipped += other.flipped;
+        self.other += other.other;
+    }
+}
+
 /// Everything a worker needs besides its rank.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Job {
@@ -166,19 +179,17 @@ impl Job {
         }
     }
 
-    fn timeout(&self) -> Duration {
+    /// How long any single wait may take: `timeout_s`, within 0.1 s to an hour.
+    pub fn timeout(&self) -> Duration {
         Duration::from_secs_f64(self.timeout_s.clamp(0.1, 3600.0))
     }
 }
 
-/// Streams per connection the plugin uses (`NCCL_LOSSY_NSOCKS`, else its default), so the
-/// baseline matches it.
+/// Streams per connection the plugin uses (`NCCL_LOSSY_NSOCKS`, else its default), read as
+/// the plugin reads it, so the baseline matches it. Settings the plugin would refuse give
+/// the default here (the plugin's init then fails loudly).
 pub fn raw_streams_default() -> usize {
-    std::env::var("NCCL_LOSSY_NSOCKS")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .filter(|&n: &usize| (1..=16).contains(&n))
-        .unwrap_or(crate::transport::socket::DEFAULT_NSOCKS)
+    SocketConfig::from_env().map_or(DEFAULT_NSOCKS, |config| config.nsocks)
 }
 
 /// One run's outcome on one rank.
@@ -326,18 +337,13 @@ fn run_collectives(
         };
         let input = collectives::make_input(&spec, rank, n);
         let mut output = vec![0u8; output_len(&spec, rank, n)];
+        let mut run_once = |link: &mut Box<dyn RingLink>, output: &mut [u8]| {
+            collectives::run(link.as_mut(), &mut staging, &spec, rank, n, &input, output)
+        };
         for (kind, link) in opened.iter_mut() {
             lib.set_loss_enabled(loss_on(job, *kind))?;
             for _ in 0..run.warmup {
-                collectives::run(
-                    link.as_mut(),
-                    &mut staging,
-                    &spec,
-                    rank,
-                    n,
-                    &input,
-                    &mut output,
-                )?;
+                run_once(link, &mut output)?;
             }
         }
         // Iterations alternate between the links, each after a barrier, so a noisy neighbour
@@ -352,15 +358,7 @@ fn run_collectives(
                 lib.set_loss_enabled(loss_on(job, *kind))?;
                 boot.barrier()?;
                 let start = Instant::now();
-                collectives::run(
-                    link.as_mut(),
-                    &mut staging,
-                    &spec,
-                    rank,
-                    n,
-                    &input,
-                    &mut output,
-                )?;
+                run_once(link, &mut output)?;
                 seconds[i] += start.elapsed().as_secs_f64();
                 if job.verify && iter + 1 == iters {
                     verdicts[i] = collectives::verify(&spec, rank, n, &output);
@@ -418,14 +416,7 @@ fn grouped(
             "groups of {count} but the plugin's maxRecvs is {max_recvs}"
         )));
     }
-    let (handle, mut listen) = client.listen(0)?;
-    let handles = boot.all_gather(&handle)?;
-    let next: [u8; HANDLE_BYTES] = handles[(rank + 1) % n]
-        .as_slice()
-        .try_into()
-        .map_err(|_| Error::remote("bad handle size"))?;
-    let (send, recv) = establish(client.connect(0, &next), &mut listen, job.timeout())?;
-    listen.close()?;
+    let (send, recv) = ring_comms(&client, boot, job.timeout())?;
     client.set_net_attr(op::SEND_RECV)?;
     let deadline = Instant::now() + job.timeout();
     let cap = 20_000 + count;
@@ -553,14 +544,7 @@ fn messages(
     let prev = (rank + n - 1) % n;
     let client = PluginClient::init(lib, job.version, 0x3e55)?;
     report.plugin = client.name();
-    let (handle, mut listen) = client.listen(0)?;
-    let handles = boot.all_gather(&handle)?;
-    let next: [u8; HANDLE_BYTES] = handles[(rank + 1) % n]
-        .as_slice()
-        .try_into()
-        .map_err(|_| Error::remote("bad handle size"))?;
-    let (send, recv) = establish(client.connect(0, &next), &mut listen, job.timeout())?;
-    listen.close()?;
+    let (send, recv) = ring_comms(&client, boot, job.timeout())?;
     client.set_net_attr(shape.op_bits)?;
     let mut census = PacketCensus::default();
     for msg in 0..shape.count {

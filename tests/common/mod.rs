@@ -2,13 +2,13 @@
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use nccl_net_lossy::harness::collectives::{Collective, DataType};
 use nccl_net_lossy::harness::launch::{self, Launch};
 use nccl_net_lossy::harness::plugin_client::library_near;
-use nccl_net_lossy::harness::worker::{Job, LinkKind, RunSpec, WorkerReport};
+use nccl_net_lossy::harness::worker::{Job, LinkKind, PacketCensus, RunSpec, WorkerReport};
 
 /// The `lossy` binary Cargo built for these tests.
 pub fn lossy_exe() -> PathBuf {
@@ -32,14 +32,47 @@ pub fn run_ranks(nranks: usize, version: u32, runs: Vec<RunSpec>) -> Vec<WorkerR
 
 /// Launches `job` on `nranks` worker processes and returns the reports.
 pub fn launch_job(nranks: usize, job: Job) -> Vec<WorkerReport> {
-    let launch = Launch {
+    launch_env(nranks, job, Vec::new()).unwrap_or_else(|e| panic!("run failed: {e}"))
+}
+
+/// Launches `job` on `nranks` worker processes over loopback, with `env` added to their
+/// environment.
+pub fn launch_env(
+    nranks: usize,
+    job: Job,
+    env: Vec<(String, String)>,
+) -> nccl_net_lossy::Result<Vec<WorkerReport>> {
+    let mut all = vec![("NCCL_SOCKET_IFNAME".to_string(), "lo".to_string())];
+    all.extend(env);
+    launch::run(&Launch {
         exe: lossy_exe(),
         nranks,
         job,
-        env: vec![("NCCL_SOCKET_IFNAME".into(), "lo".into())],
+        env: all,
         timeout: Duration::from_secs(120),
-    };
-    launch::run(&launch).unwrap_or_else(|e| panic!("run failed: {e}"))
+    })
+}
+
+/// The census of every rank added up.
+pub fn total_census(reports: &[WorkerReport]) -> PacketCensus {
+    let mut sum = PacketCensus::default();
+    for r in reports {
+        sum.add(&r.census);
+    }
+    sum
+}
+
+/// A file of this repository, by its path from the top.
+pub fn repo_file(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+/// An empty scratch directory `lossy-{name}-{pid}` in the system's temporary directory.
+pub fn fresh_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("lossy-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
 }
 
 /// One run of each collective at each size, in both element types.
