@@ -649,21 +649,19 @@ fn send_chunk(
         wire::encode_runs(runs, wire_buf);
         send_all(sock, wire_buf, !job.span.is_empty(), &core.progress).map_err(io)?;
     }
+    // Sends the bytes of `r`, a range of the message.
+    let send = |r: Range<usize>| {
+        send_all(sock, job.buf.slice(r.start, r.end), false, &core.progress).map_err(io)
+    };
     let span = job.span.clone();
     match job.effect {
         Effect::Zero | Effect::Stale => {
             for r in effect::kept_ranges(runs, job.mtu, size, span) {
-                send_all(sock, job.buf.slice(r.start, r.end), false, &core.progress).map_err(io)?;
+                send(r)?;
             }
         }
         Effect::Retransmit => {
-            send_all(
-                sock,
-                job.buf.slice(span.start, span.end),
-                false,
-                &core.progress,
-            )
-            .map_err(io)?;
+            send(span.clone())?;
             if effect::lost_ranges(runs, job.mtu, size, span.clone())
                 .next()
                 .is_some()
@@ -674,20 +672,11 @@ fn send_chunk(
                 core.sleep(job.retransmit.saturating_mul(events))?;
                 core.progress.touch();
                 for r in effect::lost_ranges(runs, job.mtu, size, span) {
-                    send_all(sock, job.buf.slice(r.start, r.end), false, &core.progress)
-                        .map_err(io)?;
+                    send(r)?;
                 }
             }
         }
-        Effect::Bitflip => {
-            send_all(
-                sock,
-                job.buf.slice(span.start, span.end),
-                false,
-                &core.progress,
-            )
-            .map_err(io)?;
-        }
+        Effect::Bitflip => send(span)?,
     }
     Ok(())
 }
@@ -1200,10 +1189,14 @@ fn recv_chunk(
     let (size, mtu, span) = (job.size, job.mtu, job.span.clone());
     // This socket alone writes `span` of the buffer (chunks are disjoint).
     let whole = || job.buf.slice_mut(span.start, span.end);
+    // Receives the bytes of `r`, a range of the message.
+    let recv = |r: Range<usize>| {
+        recv_all(sock, job.buf.slice_mut(r.start, r.end), &core.progress).map_err(io)
+    };
     match job.effect {
         Effect::Zero | Effect::Stale => {
             for r in effect::kept_ranges(runs, mtu, size, span.clone()) {
-                recv_all(sock, job.buf.slice_mut(r.start, r.end), &core.progress).map_err(io)?;
+                recv(r)?;
             }
             if job.effect == Effect::Zero {
                 effect::zero_lost(whole(), span.start, runs, mtu, size);
@@ -1213,7 +1206,7 @@ fn recv_chunk(
             recv_all(sock, whole(), &core.progress).map_err(io)?;
             // The lost packets come again after the sender's timeout: same bytes, same place.
             for r in effect::lost_ranges(runs, mtu, size, span) {
-                recv_all(sock, job.buf.slice_mut(r.start, r.end), &core.progress).map_err(io)?;
+                recv(r)?;
             }
         }
         Effect::Bitflip => {
