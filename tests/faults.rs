@@ -90,6 +90,24 @@ fn send_until_error(send: &nccl_net_lossy::harness::plugin_client::SendComm) -> 
     }
 }
 
+/// Polls a connect or an accept until it fails; `success` is the panic message should it
+/// complete, `hang` the one should it still be pending after [`HANG`].
+fn poll_until_error<T>(
+    mut poll: impl FnMut() -> Result<Option<T>, Error>,
+    since: Instant,
+    success: &str,
+    hang: &str,
+) -> Error {
+    loop {
+        match poll() {
+            Ok(None) => std::thread::sleep(Duration::from_millis(1)),
+            Ok(Some(_)) => panic!("{success}"),
+            Err(e) => return e,
+        }
+        assert!(since.elapsed() < HANG, "{hang}");
+    }
+}
+
 #[test]
 fn killed_listener_before_connect() {
     let lib = lib();
@@ -98,14 +116,12 @@ fn killed_listener_before_connect() {
     let handle = p.read_handle();
     let killed = p.kill();
     let mut connecting = client.connect(0, &handle);
-    let err = loop {
-        match connecting.poll() {
-            Ok(None) => std::thread::sleep(Duration::from_millis(1)),
-            Ok(Some(_)) => panic!("connected to a dead listener"),
-            Err(e) => break e,
-        }
-        assert!(killed.elapsed() < HANG, "connect hangs");
-    };
+    let err = poll_until_error(
+        || connecting.poll(),
+        killed,
+        "connected to a dead listener",
+        "connect hangs",
+    );
     check_error("peer killed before our connect", &err, killed);
 }
 
@@ -137,14 +153,12 @@ fn killed_before_connecting_while_we_accept() {
     p.send_handle(&handle);
     p.expect_line("READY");
     let killed = p.kill();
-    let err = loop {
-        match listen.poll_accept() {
-            Ok(None) => std::thread::sleep(Duration::from_millis(1)),
-            Ok(Some(_)) => panic!("accepted a dead peer"),
-            Err(e) => break e,
-        }
-        assert!(killed.elapsed() < HANG, "accept hangs");
-    };
+    let err = poll_until_error(
+        || listen.poll_accept(),
+        killed,
+        "accepted a dead peer",
+        "accept hangs",
+    );
     check_error(
         "peer killed before connecting to our listener",
         &err,
@@ -166,14 +180,12 @@ fn killed_mid_handshake_while_we_accept() {
         std::thread::sleep(Duration::from_millis(2));
     }
     let killed = p.kill();
-    let err = loop {
-        match listen.poll_accept() {
-            Ok(None) => std::thread::sleep(Duration::from_millis(1)),
-            Ok(Some(_)) => panic!("accepted half a connection"),
-            Err(e) => break e,
-        }
-        assert!(killed.elapsed() < HANG, "accept hangs");
-    };
+    let err = poll_until_error(
+        || listen.poll_accept(),
+        killed,
+        "accepted half a connection",
+        "accept hangs",
+    );
     check_error(
         "peer killed after 1 of 4 sockets of its handshake",
         &err,

@@ -70,6 +70,12 @@ fn roles(seq: u64, s: usize, n: usize) -> (usize, usize) {
     (h, (s + n - h) % n)
 }
 
+/// The sockets that carry chunks `0..chunks` of message `seq`, in chunk order.
+fn chunk_sockets(seq: u64, chunks: usize, n: usize) -> impl Iterator<Item = usize> {
+    let first = roles(seq, 0, n).0;
+    (0..chunks).map(move |j| (first + j) % n)
+}
+
 /// When a connection last moved bytes, for the no-progress timeout (`NCCL_LOSSY_TIMEOUT`).
 struct Progress {
     epoch: Instant,
@@ -649,21 +655,19 @@ fn send_chunk(
         wire::encode_runs(runs, wire_buf);
         send_all(sock, wire_buf, !job.span.is_empty(), &core.progress).map_err(io)?;
     }
+    // Sends the bytes of `r`, a range of the message.
+    let send = |r: Range<usize>| {
+        send_all(sock, job.buf.slice(r.start, r.end), false, &core.progress).map_err(io)
+    };
     let span = job.span.clone();
     match job.effect {
         Effect::Zero | Effect::Stale => {
             for r in effect::kept_ranges(runs, job.mtu, size, span) {
-                send_all(sock, job.buf.slice(r.start, r.end), false, &core.progress).map_err(io)?;
+                send(r)?;
             }
         }
         Effect::Retransmit => {
-            send_all(
-                sock,
-                job.buf.slice(span.start, span.end),
-                false,
-                &core.progress,
-            )
-            .map_err(io)?;
+            send(span.clone())?;
             if effect::lost_ranges(runs, job.mtu, size, span.clone())
                 .next()
                 .is_some()
@@ -674,20 +678,11 @@ fn send_chunk(
                 core.sleep(job.retransmit.saturating_mul(events))?;
                 core.progress.touch();
                 for r in effect::lost_ranges(runs, job.mtu, size, span) {
-                    send_all(sock, job.buf.slice(r.start, r.end), false, &core.progress)
-                        .map_err(io)?;
+                    send(r)?;
                 }
             }
         }
-        Effect::Bitflip => {
-            send_all(
-                sock,
-                job.buf.slice(span.start, span.end),
-                false,
-                &core.progress,
-            )
-            .map_err(io)?;
-        }
+        Effect::Bitflip => send(span)?,
     }
     Ok(())
 }
@@ -781,40 +776,37 @@ struct RecvSide {
     /// Slots with messages still arriving, oldest first.
     posted: VecDeque<usize>,
     next_seq: u64,
-    /// Per socket: the peer closed it cleanly after the chunks of messages before this one,
-    /// so it carries nothing for this message or any later one.
-    closed_from: Vec<Option<u64>>,
-    /// Some entry of `closed_from` is set.
-    any_closed: bool,
     /// Per socket: the message after the last one whose chunk header it delivered. A socket
     /// carries its chunks in stream order, so it will never carry one for an earlier message.
     passed: Vec<u64>,
+    /// Sockets the peer closed cleanly (bit `s`): socket `s` carries nothing for message
+    /// `passed[s]` or any later one.
+    closed: u16,
 }
 
 impl RecvSide {
+    /// Socket `s` was closed before it carried its chunk of message `seq`.
+    fn closed_before(&self, s: usize, seq: u64) -> bool {
+        self.closed & (1 << s) != 0 && self.passed[s] <= seq
+    }
+
     /// A closed socket that still owes a chunk of a posted message, and that message: the
     /// receive can never complete. An unknown message owes at least its chunk 0, on socket
     /// `seq mod n`; a known one owes a chunk on each of the sockets its size spreads it over.
-    /// A socket closed at `c` received its chunks of every message before `c` (it reads
-    /// them in stream order), and none at or after it.
     fn owed_by_closed(&self, n: usize) -> Option<(usize, u64)> {
-        if !self.any_closed {
+        if self.closed == 0 {
             return None;
         }
-        let closed = |s: usize, seq: u64| self.closed_from[s].is_some_and(|c| c <= seq);
         for &slot in &self.posted {
             let r = &self.slots[slot];
             for (i, m) in r.msgs[..r.n].iter().enumerate() {
                 let seq = r.first_seq + i as u64;
-                let (first, _) = roles(seq, 0, n);
                 let chunks = match (m.known, m.chunks_left) {
                     (false, _) => 1,
                     (true, 0) => 0,
                     (true, _) => chunk_count(m.size, n),
                 };
-                if let Some(s) = (0..chunks)
-                    .map(|j| (first + j) % n)
-                    .find(|&s| closed(s, seq))
+                if let Some(s) = chunk_sockets(seq, chunks, n).find(|&s| self.closed_before(s, seq))
                 {
                     return Some((s, seq));
                 }
@@ -860,9 +852,8 @@ impl SocketRecvConn {
         timeout: Option<Duration>,
     ) -> Result<Self> {
         let side = RecvSide {
-            closed_from: vec![None; sockets.len()],
-            any_closed: false,
             passed: vec![0; sockets.len()],
+            closed: 0,
             slots: (0..MAX_REQUESTS)
                 .map(|_| RecvSlot {
                     n: 0,
@@ -965,7 +956,7 @@ fn recv_loop(core: &Core<RecvSide>, s: usize) -> Exit {
         let mut raw = [0u8; HEADER_SIZE];
         match recv_header(sock, &mut raw, &core.progress) {
             Ok(true) => {}
-            Ok(false) => return peer_closed(core, s, min_seq),
+            Ok(false) => return peer_closed(core, s),
             Err(e) => return core.io_exit(e, format_args!("receiving a header on socket {s}")),
         }
         let job = match accept_header(core, s, &raw, min_seq) {
@@ -997,17 +988,16 @@ fn recv_loop(core: &Core<RecvSide>, s: usize) -> Exit {
     }
 }
 
-/// The peer closed socket `s` cleanly after the chunks of the messages before `from`. That
+/// The peer closed socket `s` cleanly after the chunks of the messages it went past. That
 /// is how every connection ends, and it fails nothing by itself: only a posted receive that
 /// needs a chunk this socket will now never carry fails (now, or when the receive is posted
 /// or its message's size becomes known). The other sockets go on delivering their chunks.
-fn peer_closed(core: &Core<RecvSide>, s: usize, from: u64) -> Exit {
+fn peer_closed(core: &Core<RecvSide>, s: usize) -> Exit {
     let mut g = core.lock();
     if g.stopping || g.failed.is_some() {
         return Exit::Stopped;
     }
-    g.side.closed_from[s] = Some(from);
-    g.side.any_closed = true;
+    g.side.closed |= 1 << s;
     match g.side.owed_by_closed(core.sockets.len()) {
         Some((owing, seq)) => Exit::Failed(owed_error(core, owing, seq)),
         None => Exit::Stopped,
@@ -1112,20 +1102,19 @@ fn accept_header(
         };
         // Sockets waiting for this message's tag to match their own message can go on.
         core.wake.notify_all();
-        // Now that its size is known: a socket that already went past it owes a chunk.
-        let first = roles(seq, 0, n).0;
-        if let Some(other) = (0..chunks)
-            .map(|j| (first + j) % n)
-            .find(|&o| o != s && g.side.passed[o] > seq)
+        // Now that its size is known: a socket that already went past it, or that the peer
+        // closed before it, owes a chunk (every other message was checked before).
+        if let Some(o) = chunk_sockets(seq, chunks, n)
+            .find(|&o| o != s && (g.side.passed[o] > seq || g.side.closed_before(o, seq)))
         {
-            return Err(Exit::Failed(Error::remote(format!(
-                "{} skipped the chunk of message {seq} that socket {other} carries",
-                core.peer
-            ))));
-        }
-        // Now that its size is known: a socket the peer already closed may owe a chunk.
-        if let Some((owing, seq)) = g.side.owed_by_closed(n) {
-            return Err(Exit::Failed(owed_error(core, owing, seq)));
+            return Err(Exit::Failed(if g.side.passed[o] > seq {
+                Error::remote(format!(
+                    "{} skipped the chunk of message {seq} that socket {o} carries",
+                    core.peer
+                ))
+            } else {
+                owed_error(core, o, seq)
+            }));
         }
     }
     let b = loop {
@@ -1200,10 +1189,14 @@ fn recv_chunk(
     let (size, mtu, span) = (job.size, job.mtu, job.span.clone());
     // This socket alone writes `span` of the buffer (chunks are disjoint).
     let whole = || job.buf.slice_mut(span.start, span.end);
+    // Receives the bytes of `r`, a range of the message.
+    let recv = |r: Range<usize>| {
+        recv_all(sock, job.buf.slice_mut(r.start, r.end), &core.progress).map_err(io)
+    };
     match job.effect {
         Effect::Zero | Effect::Stale => {
             for r in effect::kept_ranges(runs, mtu, size, span.clone()) {
-                recv_all(sock, job.buf.slice_mut(r.start, r.end), &core.progress).map_err(io)?;
+                recv(r)?;
             }
             if job.effect == Effect::Zero {
                 effect::zero_lost(whole(), span.start, runs, mtu, size);
@@ -1213,7 +1206,7 @@ fn recv_chunk(
             recv_all(sock, whole(), &core.progress).map_err(io)?;
             // The lost packets come again after the sender's timeout: same bytes, same place.
             for r in effect::lost_ranges(runs, mtu, size, span) {
-                recv_all(sock, job.buf.slice_mut(r.start, r.end), &core.progress).map_err(io)?;
+                recv(r)?;
             }
         }
         Effect::Bitflip => {

@@ -48,7 +48,6 @@ pub struct SocketConnector {
     sockbuf: Option<usize>,
     timeout: Option<Duration>,
     deadline: Instant,
-    connect_limit: Duration,
     conns: Vec<Conn>,
     finished: bool,
 }
@@ -71,13 +70,11 @@ impl SocketConnector {
         timeout: Option<Duration>,
     ) -> Self {
         let now = Instant::now();
-        let connect_limit = timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT);
         SocketConnector {
             addr,
             sockbuf,
             timeout,
-            deadline: now + connect_limit,
-            connect_limit,
+            deadline: now + timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
             conns: hellos
                 .iter()
                 .map(|h| Conn {
@@ -202,7 +199,9 @@ impl Connector for SocketConnector {
             outcome = Err(Error::remote(format!(
                 "connecting to {}: not connected after {:.1} s (NCCL_LOSSY_TIMEOUT)",
                 self.addr,
-                self.connect_limit.as_secs_f64()
+                self.timeout
+                    .unwrap_or(DEFAULT_CONNECT_TIMEOUT)
+                    .as_secs_f64()
             )));
         }
         if let Err(e) = outcome {

@@ -95,6 +95,15 @@ fn send_recv(
     (sent, got)
 }
 
+/// Sends `data` losslessly with `tag` and waits until the send completes.
+fn send_and_wait(send: &dyn SendConn, data: &mut [u8], tag: i32) {
+    let id = send
+        .isend(HostBuf::from_slice(data), tag, &LossPlan::lossless())
+        .expect("isend")
+        .expect("slot");
+    wait("send", || send.test(id)).expect("send completes");
+}
+
 #[test]
 fn round_trips_are_bit_exact_for_every_size_and_socket_count() {
     for nsocks in [1, 2, 4] {
@@ -200,12 +209,7 @@ fn request_slots_run_out_and_come_back() {
     );
     assert_eq!(recv.test(ids[0]).expect("pending"), None);
     assert!(recv.test(MAX_REQUESTS as u32).is_err());
-    let mut msg = [1u8; 16];
-    let s = send
-        .isend(HostBuf::from_slice(&mut msg), 0, &LossPlan::lossless())
-        .expect("isend")
-        .expect("slot");
-    wait("send", || send.test(s)).expect("send");
+    send_and_wait(&*send, &mut [1u8; 16], 0);
     wait("recv", || recv.test(ids[0])).expect("recv");
     // Testing a finished request again is an error: its slot is free.
     assert!(recv.test(ids[0]).is_err());
@@ -1122,11 +1126,7 @@ fn a_sender_that_closes_after_its_last_message_does_not_fail_the_receiver() {
             .map(|(i, &n)| pattern(n, 100 + i as u64))
             .collect();
         for d in data.iter_mut() {
-            let id = send
-                .isend(HostBuf::from_slice(d), 3, &LossPlan::lossless())
-                .expect("isend")
-                .expect("slot");
-            wait("send", || send.test(id)).expect("send completes");
+            send_and_wait(&*send, d, 3);
         }
         drop(send);
         // Let every receive thread read its socket's EOF before anything is posted.
@@ -1174,11 +1174,7 @@ fn posted_receives_survive_a_clean_close_on_sockets_that_owe_nothing() {
             })
             .collect();
         for d in data.iter_mut() {
-            let id = send
-                .isend(HostBuf::from_slice(d), 0, &LossPlan::lossless())
-                .expect("isend")
-                .expect("slot");
-            wait("send", || send.test(id)).expect("send");
+            send_and_wait(&*send, d, 0);
         }
         drop(send);
         for (i, &r) in rids.iter().enumerate() {
