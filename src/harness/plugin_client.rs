@@ -23,7 +23,7 @@ use crate::abi::ffi::{
     ncclNet_v8_t, ncclNet_v9_t, ncclResult_t, NCCL_NET_HANDLE_MAXSIZE,
     NCCL_NET_TRAFFIC_CLASS_UNDEF, NCCL_PTR_HOST,
 };
-use crate::transport::wrap::inner::dl_error;
+use crate::transport::wrap::inner::{c_string, dl_error};
 use crate::{Error, Result};
 
 /// Bytes in a connection handle (`NCCL_NET_HANDLE_MAXSIZE`).
@@ -375,11 +375,6 @@ pub struct NetProperties {
 }
 
 /// Copies a C string the plugin owns, or None for NULL.
-fn c_string(p: *const c_char) -> Option<String> {
-    // SAFETY: the plugin hands out NUL-terminated strings that live as long as the library.
-    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
-}
-
 /// Fills the fields every version shares.
 macro_rules! common_props {
     ($p:expr) => {

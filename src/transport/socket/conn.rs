@@ -563,12 +563,7 @@ impl SendConn for SocketSendConn {
 
     fn test(&self, id: RequestId) -> Result<Option<Completion>> {
         self.running.core.test_with(id, |side, slot| {
-            let mut c = Completion {
-                count: 1,
-                ..Completion::default()
-            };
-            c.sizes[0] = side.slots[slot].buf.len();
-            c
+            Completion::single(side.slots[slot].buf.len())
         })
     }
 }

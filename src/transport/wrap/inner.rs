@@ -598,7 +598,7 @@ impl InnerPlugin {
 }
 
 /// Copies a C string the plugin owns (NULL: none).
-fn c_string(ptr: *const c_char) -> Option<String> {
+pub(crate) fn c_string(ptr: *const c_char) -> Option<String> {
     if ptr.is_null() {
         return None;
     }
