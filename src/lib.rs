@@ -7,14 +7,13 @@
 //! - [`loss`]: pure loss models and effects that decide and apply what a lost packet does;
 //! - [`stats`]: counters and histograms of what was lost.
 //!
-//! [`harness`] drives the built library the way NCCL's proxy does, for tests, the demo and
-//! the benchmark; [`cli`] is the `lossy` command.
+//! The `lossy` command and the CPU harness that drives this library the way NCCL's proxy
+//! does live in the workspace member crate `cli/` (package `lossy-cli`), which depends on
+//! this one; nothing here depends on them.
 
 pub mod abi;
-pub mod cli;
 pub mod control;
 pub mod error;
-pub mod harness;
 pub mod log;
 pub mod loss;
 pub mod plugin;

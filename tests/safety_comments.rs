@@ -63,7 +63,15 @@ fn justified(lines: &[&str], i: usize, marker: &str) -> bool {
 fn every_unsafe_is_justified() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
-    for dir in ["src", "tests", "examples", "benches", "fuzz"] {
+    for dir in [
+        "src",
+        "tests",
+        "examples",
+        "benches",
+        "fuzz",
+        "cli/src",
+        "cli/tests",
+    ] {
         rust_files(&root.join(dir), &mut files);
     }
     files.push(root.join("build.rs"));

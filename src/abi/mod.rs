@@ -39,7 +39,7 @@ fn result_code(kind: ErrorKind) -> ncclResult_t {
 
 /// The error class of a code another net plugin returned (`None`: success); the inverse of
 /// [`result_code`].
-pub(crate) fn error_kind(code: ncclResult_t) -> Option<ErrorKind> {
+pub fn error_kind(code: ncclResult_t) -> Option<ErrorKind> {
     Some(match code {
         ncclResult_t::ncclSuccess => return None,
         ncclResult_t::ncclSystemError => ErrorKind::System,

@@ -128,7 +128,7 @@ pub fn candidates(spec: &str) -> Vec<String> {
 }
 
 /// The text of the last `dlerror` (also the harness's, which loads plugins the same way).
-pub(crate) fn dl_error() -> String {
+pub fn dl_error() -> String {
     // SAFETY: dlerror returns NULL or a NUL-terminated string valid until the next dl* call
     // on this thread; we copy it at once.
     let msg = unsafe { libc::dlerror() };
@@ -233,7 +233,9 @@ impl InnerPlugin {
             let set: extern "C" fn() -> c_int = unsafe { std::mem::transmute(inner_mode) };
             set();
         }
-        let name = c_string(any_table!(table, t => t.name)).unwrap_or_else(|| "unnamed".into());
+        // SAFETY: a plugin's `name` is a static NUL-terminated string (or NULL).
+        let name =
+            unsafe { c_string(any_table!(table, t => t.name)) }.unwrap_or_else(|| "unnamed".into());
         let mut plugin = InnerPlugin {
             table,
             ctx: Opaque(std::ptr::null_mut()),
@@ -312,8 +314,11 @@ impl InnerPlugin {
                     )));
                 }
                 InnerProps {
-                    name: c_string(p.name).unwrap_or_else(|| format!("dev{dev}")),
-                    pci_path: c_string(p.pciPath),
+                    // SAFETY: getProperties points `name`/`pciPath` at NUL-terminated
+                    // strings (or NULL) that outlive this copy.
+                    name: unsafe { c_string(p.name) }.unwrap_or_else(|| format!("dev{dev}")),
+                    // SAFETY: as for `name`.
+                    pci_path: unsafe { c_string(p.pciPath) },
                     guid: p.guid,
                     ptr_support: p.ptrSupport,
                     speed: p.speed,
@@ -598,12 +603,14 @@ impl InnerPlugin {
 }
 
 /// Copies a C string the plugin owns (NULL: none).
-pub(crate) fn c_string(ptr: *const c_char) -> Option<String> {
+///
+/// # Safety
+/// `ptr` is NULL or points at a NUL-terminated string that stays valid during the call.
+pub unsafe fn c_string(ptr: *const c_char) -> Option<String> {
     if ptr.is_null() {
         return None;
     }
-    // SAFETY: plugins point `name`/`pciPath` at NUL-terminated strings that live at least
-    // as long as the call; we copy at once.
+    // SAFETY: the caller promises a NUL-terminated string valid for the call; we copy at once.
     Some(
         unsafe { CStr::from_ptr(ptr) }
             .to_string_lossy()

@@ -1,0 +1,154 @@
+//! `lossy demo`: the README's main job on a machine without a GPU. Four local ranks run
+//! all-reduce, all-gather and reduce-scatter through the plugin (under the embedded default
+//! profile unless `NCCL_LOSSY_PROFILE` says otherwise) and print what happened.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use super::bench::{fmt_bytes, parse_sizes, slowest, Check};
+use crate::harness::collectives::{Collective, DataType};
+use crate::harness::launch::{self, Launch};
+use crate::harness::plugin_client::default_library_path;
+use crate::harness::worker::{Job, LinkKind, RunSpec};
+use nccl_net_lossy::profile::{Profile, PROFILE_ENV};
+use nccl_net_lossy::stats::report::{load_run, RunSummary};
+use nccl_net_lossy::stats::writer::STATS_DIR_ENV;
+use nccl_net_lossy::Result;
+
+/// Arguments of `lossy demo`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Local ranks (processes).
+    #[arg(long, default_value_t = 4)]
+    pub ranks: usize,
+    /// Sizes: a comma-separated list (`64K,1M`) or `small`.
+    #[arg(long, default_value = "64K,1M,16M")]
+    pub sizes: String,
+    /// Keep the per-rank statistics files in this directory (default: `NCCL_LOSSY_STATS`,
+    /// else a temporary one).
+    #[arg(long)]
+    pub stats_dir: Option<PathBuf>,
+}
+
+/// Runs `lossy demo`: exit 1 when data came out wrong although the profile never changes data.
+pub fn run(args: Args) -> ExitCode {
+    match demo(&args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(err) => {
+            eprintln!("lossy demo: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn demo(args: &Args) -> Result<bool> {
+    let sizes = parse_sizes(&args.sizes).map_err(nccl_net_lossy::Error::invalid_argument)?;
+    let mut runs = Vec::new();
+    for collective in Collective::ALL {
+        for &bytes in &sizes {
+            runs.push(RunSpec {
+                collective,
+                dtype: DataType::F32,
+                bytes,
+                iters: 3,
+                warmup: 1,
+            });
+        }
+    }
+    // Under `lossy run --stats DIR` (a sweep) the statistics belong in the run's directory.
+    let inherited = std::env::var_os(STATS_DIR_ENV)
+        .filter(|dir| !dir.is_empty())
+        .map(PathBuf::from);
+    let (stats_dir, temporary) = match args.stats_dir.clone().or(inherited) {
+        Some(dir) => (dir, false),
+        None => (
+            std::env::temp_dir().join(format!("lossy-demo-{}", std::process::id())),
+            true,
+        ),
+    };
+    std::fs::create_dir_all(&stats_dir).map_err(|e| {
+        nccl_net_lossy::Error::system(format!("cannot create {}: {e}", stats_dir.display()))
+    })?;
+    let job = Job::collectives(
+        default_library_path()?,
+        vec![LinkKind::Plugin],
+        runs.clone(),
+    );
+    let mut launch = Launch::new(args.ranks, job)?;
+    launch
+        .env
+        .push((STATS_DIR_ENV.to_string(), stats_dir.display().to_string()));
+    // A profile whose effects damage data makes "not bit-exact" the expected outcome, not a
+    // failure; read it as the plugin will (a broken profile stops the demo here, loudly).
+    let corrupts_data = Profile::from_env()?.corrupts_data();
+    let profile = std::env::var(PROFILE_ENV).unwrap_or_else(|_| "embedded default".into());
+    println!(
+        "lossy demo: {} local ranks, ring collectives through the plugin, profile: {profile}",
+        args.ranks
+    );
+    let reports = launch::run(&launch)?;
+    let stats = load_run(&stats_dir).ok();
+    if temporary {
+        let _ = std::fs::remove_dir_all(&stats_dir);
+    }
+    println!(
+        "{:<15} {:>9} {:>10} {:>8} {:>8}  {:<9}",
+        "collective", "size", "time (us)", "algbw", "busbw", "result"
+    );
+    let mut all_ok = true;
+    for (i, run) in runs.iter().enumerate() {
+        let t = slowest(&reports, i);
+        let ok = reports
+            .iter()
+            .all(|r| r.results.get(i).is_some_and(|x| x.ok));
+        let check = Check::of(ok, corrupts_data);
+        all_ok &= check.passed();
+        let algbw = if t > 0.0 {
+            run.bytes as f64 / t / 1e9
+        } else {
+            0.0
+        };
+        println!(
+            "{:<15} {:>9} {:>10.1} {:>8.2} {:>8.2}  {:<9}",
+            run.collective.to_string(),
+            fmt_bytes(run.bytes),
+            t * 1e6,
+            algbw,
+            algbw * run.collective.bus_factor(args.ranks),
+            match check {
+                Check::Exact => "bit-exact",
+                Check::Damaged => "damaged",
+                Check::Wrong => "WRONG",
+            }
+        );
+    }
+    println!("(GB/s; busbw as nccl-tests computes it)");
+    if corrupts_data {
+        println!("(\"damaged\": the profile's effect changed data, as it is meant to)");
+    }
+    print_losses(stats.as_ref());
+    Ok(all_ok)
+}
+
+/// The loss each collective saw, from the statistics files the ranks wrote.
+fn print_losses(stats: Option<&RunSummary>) {
+    let Some(run) = stats else {
+        println!("no statistics files were written, so no loss counts");
+        return;
+    };
+    println!(
+        "\n{:<15} {:>10} {:>12} {:>12} {:>9}",
+        "collective", "messages", "packets", "lost", "loss"
+    );
+    for op in run.by_op.iter().chain(std::iter::once(&run.total)) {
+        println!(
+            "{:<15} {:>10} {:>12} {:>12} {:>8.3}%",
+            op.op,
+            op.counts.messages,
+            op.counts.packets,
+            op.counts.lost_packets,
+            100.0 * op.loss_rate
+        );
+    }
+}

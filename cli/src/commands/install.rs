@@ -1,0 +1,112 @@
+//! `lossy install`: puts the plugin library under the file name NCCL opens for
+//! `NCCL_NET_PLUGIN=lossy` (`libnccl-net-lossy.so`; Cargo names it `libnccl_net_lossy.so`)
+//! and this command next to it.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use crate::harness::plugin_client::{default_library_path, PluginLibrary, NCCL_LIBRARY_NAME};
+use nccl_net_lossy::{Error, Result};
+
+/// Arguments of `lossy install`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Installation prefix: the library goes to PREFIX/lib, the command to PREFIX/bin
+    /// (default: $HOME/.local).
+    #[arg(long)]
+    pub prefix: Option<PathBuf>,
+    /// The library to install (default: the one built next to this command).
+    #[arg(long)]
+    pub library: Option<PathBuf>,
+}
+
+/// Runs `lossy install`.
+pub fn run(args: Args) -> ExitCode {
+    match install(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("lossy install: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Copies `from` to `to` through a temporary name, so a running process that has the old
+/// file open (or mapped) keeps it intact.
+fn copy_atomically(from: &Path, to: &Path) -> Result<()> {
+    let dir = to
+        .parent()
+        .ok_or_else(|| Error::invalid_argument(format!("{} has no directory", to.display())))?;
+    fs::create_dir_all(dir)
+        .map_err(|e| Error::system(format!("cannot create {}: {e}", dir.display())))?;
+    let name = to
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));
+    fs::copy(from, &tmp)
+        .and_then(|_| fs::rename(&tmp, to))
+        .map_err(|e| {
+            let _ = fs::remove_file(&tmp);
+            Error::system(format!(
+                "cannot copy {} to {}: {e}",
+                from.display(),
+                to.display()
+            ))
+        })
+}
+
+fn install(args: &Args) -> Result<()> {
+    let prefix = match &args.prefix {
+        Some(p) => p.clone(),
+        None => std::env::var_os("HOME")
+            .map(|h| PathBuf::from(h).join(".local"))
+            .ok_or_else(|| Error::invalid_argument("no --prefix and no HOME"))?,
+    };
+    let library = match &args.library {
+        Some(p) => p.clone(),
+        None => default_library_path()?,
+    };
+    // Refuse to install something NCCL could not use.
+    let versions = PluginLibrary::open(&library)?.net_versions();
+    if versions.is_empty() {
+        return Err(Error::invalid_argument(format!(
+            "{} exports no ncclNetPlugin_v* table",
+            library.display()
+        )));
+    }
+    let lib_dest = prefix.join("lib").join(NCCL_LIBRARY_NAME);
+    copy_atomically(&library, &lib_dest)?;
+    let exe = std::env::current_exe()
+        .map_err(|e| Error::system(format!("cannot find this command: {e}")))?;
+    let bin_dest = prefix.join("bin").join("lossy");
+    if fs::canonicalize(&exe).ok() != fs::canonicalize(&bin_dest).ok() {
+        copy_atomically(&exe, &bin_dest)?;
+    }
+    let lib_dir = prefix.join("lib");
+    println!(
+        "installed {} (net plugin v{})",
+        lib_dest.display(),
+        join(&versions)
+    );
+    println!("installed {}", bin_dest.display());
+    println!("\nUse it with NCCL, either by name (library on the loader path):");
+    println!(
+        "  export LD_LIBRARY_PATH=\"{}:$LD_LIBRARY_PATH\" NCCL_NET_PLUGIN=lossy NCCL_NET=lossy",
+        lib_dir.display()
+    );
+    println!("or by full path:");
+    println!(
+        "  export NCCL_NET_PLUGIN=\"{}\" NCCL_NET=lossy",
+        lib_dest.display()
+    );
+    Ok(())
+}
+
+fn join(versions: &[u32]) -> String {
+    versions
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", v")
+}

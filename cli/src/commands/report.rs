@@ -1,0 +1,419 @@
+//! `lossy report DIR [DIR...]`: one table over every rank of one or more runs.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use plotters::coord::{CoordTranslate, Shift};
+use plotters::prelude::*;
+
+use nccl_net_lossy::stats::report::{load_run, OpSummary, RunSummary};
+
+/// Arguments of `lossy report`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Run directories (each holds one run's `lossy-stats-*.json` files).
+    #[arg(required = true)]
+    pub dirs: Vec<PathBuf>,
+    /// Print comma-separated values instead of a table.
+    #[arg(long, conflicts_with = "json")]
+    pub csv: bool,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// Also draw the burst-length distribution and loss per collective (.svg or .png).
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+}
+
+/// Runs `lossy report`.
+pub fn run(args: Args) -> ExitCode {
+    let mut runs = Vec::new();
+    for dir in &args.dirs {
+        match load_run(dir) {
+            Ok(run) => runs.push(run),
+            Err(err) => {
+                eprintln!("lossy report: {err}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    if args.json {
+        match serde_json::to_string_pretty(&runs) {
+            Ok(text) => println!("{text}"),
+            Err(err) => {
+                eprintln!("lossy report: {err}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else if args.csv {
+        print!("{}", csv(&runs));
+    } else {
+        print!("{}", table(&runs));
+    }
+    if let Some(path) = &args.plot {
+        if let Err(err) = plot(&runs, path) {
+            eprintln!("lossy report: cannot draw {}: {err}", path.display());
+            return ExitCode::FAILURE;
+        }
+        eprintln!("lossy report: wrote {}", path.display());
+    }
+    ExitCode::SUCCESS
+}
+
+fn rows(run: &RunSummary) -> impl Iterator<Item = &OpSummary> {
+    run.by_op.iter().chain(std::iter::once(&run.total))
+}
+
+fn fmt_opt(value: Option<f64>, digits: usize) -> String {
+    value.map_or_else(|| "-".to_string(), |v| format!("{v:.digits$}"))
+}
+
+fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// The human-readable table.
+fn table(runs: &[RunSummary]) -> String {
+    let mut out = format!(
+        "{:<20} {:<14} {:>5} {:>9} {:>11} {:>12} {:>10} {:>8} {:>10} {:>10} {:>10}\n",
+        "run",
+        "collective",
+        "ranks",
+        "messages",
+        "bytes",
+        "packets",
+        "lost",
+        "loss %",
+        "mean burst",
+        "p50 us",
+        "p99 us"
+    );
+    for run in runs {
+        for row in rows(run) {
+            let latency = row.latency_us;
+            out += &format!(
+                "{:<20} {:<14} {:>5} {:>9} {:>11} {:>12} {:>10} {:>8.4} {:>10} {:>10} {:>10}\n",
+                run.run,
+                row.op,
+                run.ranks,
+                row.counts.messages,
+                human_bytes(row.counts.bytes),
+                row.counts.packets,
+                row.counts.lost_packets,
+                row.loss_rate * 100.0,
+                fmt_opt(row.mean_burst, 2),
+                fmt_opt(latency.map(|l| l[0]), 1),
+                fmt_opt(latency.map(|l| l[2]), 1),
+            );
+        }
+        if let Some(expected) = run.expected {
+            out += &format!(
+                "{:<20} model closed form: loss {:.4} %, mean burst {:.2}\n",
+                run.run,
+                expected.loss_rate * 100.0,
+                expected.mean_burst
+            );
+        }
+    }
+    out
+}
+
+/// Comma-separated values, one line per (run, collective).
+fn csv(runs: &[RunSummary]) -> String {
+    let mut out = String::from(
+        "run,collective,ranks,messages,bytes,packets,lost_packets,loss_events,loss_rate,mean_burst,retransmit_delay_ns,latency_p50_us,latency_p90_us,latency_p99_us\n",
+    );
+    for run in runs {
+        for row in rows(run) {
+            let l = row.latency_us;
+            let opt = |v: Option<f64>| v.map_or_else(String::new, |v| v.to_string());
+            out += &format!(
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                run.run.replace(',', "_"),
+                row.op,
+                run.ranks,
+                row.counts.messages,
+                row.counts.bytes,
+                row.counts.packets,
+                row.counts.lost_packets,
+                row.counts.loss_events,
+                row.loss_rate,
+                opt(row.mean_burst),
+                row.counts.retransmit_delay_ns,
+                opt(l.map(|l| l[0])),
+                opt(l.map(|l| l[1])),
+                opt(l.map(|l| l[2])),
+            );
+        }
+    }
+    out
+}
+
+/// Where a TrueType font may live, for PNG text (SVG leaves fonts to the viewer).
+const FONT_CANDIDATES: [&str; 4] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+];
+
+fn register_png_font() -> Result<(), String> {
+    let bytes = FONT_CANDIDATES
+        .iter()
+        .find_map(|path| std::fs::read(path).ok())
+        .ok_or_else(|| {
+            "PNG output needs a TrueType font (e.g. Debian's fonts-dejavu-core); or write .svg"
+                .to_string()
+        })?;
+    // Registered once per process; the CLI exits soon after, so leaking the bytes is fine.
+    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+        .map_err(|_| "the font file is not a usable TrueType font".to_string())
+}
+
+fn plot(runs: &[RunSummary], path: &Path) -> Result<(), String> {
+    let height = if runs.iter().any(|r| !r.by_step.is_empty()) {
+        900
+    } else {
+        520
+    };
+    let size = (1200, height);
+    match path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        Some("svg") => draw(runs, SVGBackend::new(path, size).into_drawing_area()),
+        Some("png") => {
+            register_png_font()?;
+            draw(runs, BitMapBackend::new(path, size).into_drawing_area())
+        }
+        _ => Err("the plot file must end in .svg or .png".to_string()),
+    }
+}
+
+fn draw<DB: DrawingBackend>(
+    runs: &[RunSummary],
+    root: DrawingArea<DB, Shift>,
+) -> Result<(), String> {
+    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    root.fill(&WHITE).map_err(err)?;
+    let has_steps = runs.iter().any(|r| !r.by_step.is_empty());
+    let (top, bottom) = if has_steps {
+        let (top, bottom) = root.split_vertically(520);
+        (top, Some(bottom))
+    } else {
+        (root.clone(), None)
+    };
+    let (left, right) = top.split_horizontally(620);
+    draw_bursts(runs, &left).map_err(err)?;
+    draw_loss_per_collective(runs, &right).map_err(err)?;
+    if let Some(bottom) = bottom {
+        draw_loss_per_step(runs, &bottom).map_err(err)?;
+    }
+    root.present().map_err(err)
+}
+
+/// Empirical burst-length distribution per run, against the closed form of the run's model:
+/// the geometric law with the model's mean burst length (exact for uniform and simple Gilbert
+/// models; for other models a geometric law of the same mean). Without the model's numbers in
+/// the files, the measured mean stands in and the legend says so.
+fn draw_bursts<DB: DrawingBackend>(
+    runs: &[RunSummary],
+    area: &DrawingArea<DB, Shift>,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let max_len = runs
+        .iter()
+        .flat_map(|r| r.total.bursts.keys().copied())
+        .max()
+        .unwrap_or(1)
+        .clamp(2, 64);
+    let mut chart = ChartBuilder::on(area)
+        .caption("Burst length distribution", ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(1u64..max_len + 1, (1e-6f64..1.0f64).log_scale())?;
+    chart
+        .configure_mesh()
+        .x_desc("burst length (packets)")
+        .y_desc("fraction of bursts")
+        .draw()?;
+    for (i, run) in runs.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let count: u64 = run.total.bursts.values().sum();
+        if count == 0 {
+            continue;
+        }
+        let points: Vec<(u64, f64)> = run
+            .total
+            .bursts
+            .iter()
+            .filter(|(len, _)| **len <= max_len)
+            .map(|(&len, &n)| (len, n as f64 / count as f64))
+            .collect();
+        chart
+            .draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?
+            .label(format!("{} (measured)", run.run))
+            .legend(move |(x, y)| Circle::new((x + 10, y), 4, color.filled()));
+        let (mean, source) = match run.expected {
+            Some(expected) if expected.mean_burst >= 1.0 => (Some(expected.mean_burst), "model"),
+            _ => (run.total.mean_burst, "measured mean"),
+        };
+        if let Some(mean) = mean.filter(|m| *m >= 1.0) {
+            // Geometric law on 1, 2, ... with mean m: P(L = l) = (1/m) (1 - 1/m)^(l - 1).
+            let q = 1.0 / mean;
+            let line: Vec<(u64, f64)> = (1..=max_len)
+                .map(|l| (l, q * (1.0 - q).powi(l as i32 - 1)))
+                .filter(|&(_, p)| p >= 1e-6)
+                .collect();
+            chart
+                .draw_series(DashedLineSeries::new(line, 6, 4, color.stroke_width(2)))?
+                .label(format!("{} ({source}: geometric, mean {mean:.2})", run.run))
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+        }
+    }
+    draw_legend(&mut chart, SeriesLabelPosition::LowerLeft)
+}
+
+/// Draws the legend of `chart` at `position`, the same box on every plot.
+fn draw_legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    position: SeriesLabelPosition,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(position)
+        .draw()
+}
+
+/// Loss rate of each collective, one group of bars per collective, one bar per run.
+fn draw_loss_per_collective<DB: DrawingBackend>(
+    runs: &[RunSummary],
+    area: &DrawingArea<DB, Shift>,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let mut ops: Vec<String> = runs
+        .iter()
+        .flat_map(|r| r.by_op.iter().map(|o| o.op.clone()))
+        .collect();
+    ops.sort();
+    ops.dedup();
+    let top = runs
+        .iter()
+        .flat_map(|r| r.by_op.iter().map(|o| o.loss_rate * 100.0))
+        .fold(0.0f64, f64::max)
+        .max(0.01)
+        * 1.2;
+    let groups = ops.len().max(1) as f64;
+    let mut chart = ChartBuilder::on(area)
+        .caption("Loss per collective", ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..groups, 0f64..top)?;
+    let labels = ops.clone();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(ops.len().max(1) * 2 + 1)
+        .x_label_formatter(&|x| {
+            let i = x.floor() as usize;
+            if (x - i as f64 - 0.5).abs() < 0.26 {
+                labels.get(i).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        })
+        .y_desc("lost packets (%)")
+        .draw()?;
+    let width = 0.8 / runs.len().max(1) as f64;
+    for (i, run) in runs.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let bars: Vec<Rectangle<(f64, f64)>> = run
+            .by_op
+            .iter()
+            .filter_map(|o| {
+                let g = ops.iter().position(|name| *name == o.op)? as f64;
+                let x0 = g + 0.1 + width * i as f64;
+                Some(Rectangle::new(
+                    [(x0, 0.0), (x0 + width, o.loss_rate * 100.0)],
+                    color.filled(),
+                ))
+            })
+            .collect();
+        chart
+            .draw_series(bars)?
+            .label(run.run.clone())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
+    }
+    draw_legend(&mut chart, SeriesLabelPosition::UpperRight)
+}
+
+/// Loss rate per training step, one line per run (steps come from the control API).
+fn draw_loss_per_step<DB: DrawingBackend>(
+    runs: &[RunSummary],
+    area: &DrawingArea<DB, Shift>,
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let last = runs
+        .iter()
+        .flat_map(|r| r.by_step.iter().map(|s| s.step))
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let rate = |s: &nccl_net_lossy::stats::StepCounts| {
+        if s.packets == 0 {
+            0.0
+        } else {
+            s.lost_packets as f64 / s.packets as f64 * 100.0
+        }
+    };
+    let top = runs
+        .iter()
+        .flat_map(|r| r.by_step.iter().map(rate))
+        .fold(0.0f64, f64::max)
+        .max(0.01)
+        * 1.2;
+    let mut chart = ChartBuilder::on(area)
+        .caption("Loss per training step", ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0u64..last + 1, 0f64..top)?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc("lost packets (%)")
+        .draw()?;
+    for (i, run) in runs.iter().enumerate() {
+        if run.by_step.is_empty() {
+            continue;
+        }
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(
+                run.by_step.iter().map(|s| (s.step, rate(s))),
+                color.stroke_width(2),
+            ))?
+            .label(run.run.clone())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+    }
+    draw_legend(&mut chart, SeriesLabelPosition::UpperRight)
+}

@@ -1,0 +1,165 @@
+//! `lossy run`: launches a command (torchrun, a training script) with the environment that
+//! makes NCCL load this plugin, use it, and fail rather than fall back to a lossless network.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use nccl_net_lossy::plugin::{check_forced_protocol, PLUGIN_NAME};
+use nccl_net_lossy::profile::{Profile, PROFILE_ENV, SET_ENV};
+use nccl_net_lossy::stats::writer::STATS_DIR_ENV;
+
+/// Arguments of `lossy run`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Loss profile (TOML); without it the embedded default applies.
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
+    /// Override a profile key, e.g. `--set model.rate=0.02` (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub overrides: Vec<String>,
+    /// Directory for the per-rank statistics files.
+    #[arg(long)]
+    pub stats: Option<PathBuf>,
+    /// The plugin library to load (default: the one installed or built with this command).
+    #[arg(long)]
+    pub library: Option<PathBuf>,
+    /// Print the environment as `export` lines instead of running anything.
+    #[arg(long)]
+    pub print_env: bool,
+    /// The command to run, after `--`.
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<OsString>,
+}
+
+/// Runs `lossy run`.
+pub fn run(args: Args) -> ExitCode {
+    match prepare(&args) {
+        Ok(env) => launch(&args, &env),
+        Err(message) => {
+            eprintln!("lossy run: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// The variables `lossy run` sets, in the order it prints them.
+fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
+    if args.command.is_empty() && !args.print_env {
+        return Err("no command given: lossy run [OPTIONS] -- CMD ARGS...".into());
+    }
+    let mut overrides: Vec<String> = std::env::var(SET_ENV)
+        .ok()
+        .filter(|set| !set.trim().is_empty())
+        .into_iter()
+        .collect();
+    overrides.extend(args.overrides.iter().cloned());
+    let overrides = overrides.join(";");
+    let profile_path = match &args.profile {
+        Some(path) => Some(absolute(path)?),
+        None => std::env::var_os(PROFILE_ENV)
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from),
+    };
+    // Check the profile here, before any rank starts: a plugin that fails inside NCCL is
+    // far harder to notice.
+    let profile =
+        Profile::load(profile_path.as_deref(), &overrides).map_err(|err| err.to_string())?;
+    let user_proto = std::env::var("NCCL_PROTO").ok().filter(|p| !p.is_empty());
+    check_forced_protocol(&profile, user_proto.as_deref()).map_err(|err| err.to_string())?;
+    let library = match &args.library {
+        Some(path) => absolute(path)?,
+        None => find_library()?,
+    };
+    if !library.is_file() {
+        return Err(format!(
+            "plugin library {} does not exist",
+            library.display()
+        ));
+    }
+
+    let mut env: Vec<(String, OsString)> = vec![
+        ("NCCL_NET_PLUGIN".into(), library.into_os_string()),
+        // Without this NCCL quietly uses another network when our plugin fails to load.
+        ("NCCL_NET".into(), PLUGIN_NAME.into()),
+    ];
+    if let Some(path) = profile_path {
+        env.push((PROFILE_ENV.into(), path.into_os_string()));
+    }
+    if !overrides.is_empty() {
+        env.push((SET_ENV.into(), overrides.into()));
+    }
+    if let Some(dir) = &args.stats {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("cannot create stats directory {}: {e}", dir.display()))?;
+        env.push((STATS_DIR_ENV.into(), absolute(dir)?.into_os_string()));
+    }
+    // The tuner in our library already rules LL/LL128 out, but only when NCCL loads it
+    // (a user's NCCL_TUNER_PLUGIN wins): pin Simple as well unless the user chose.
+    if profile.corrupts_data() && user_proto.is_none() {
+        env.push(("NCCL_PROTO".into(), "Simple".into()));
+    }
+    Ok(env)
+}
+
+fn launch(args: &Args, env: &[(String, OsString)]) -> ExitCode {
+    if args.print_env {
+        for (key, value) in env {
+            println!("export {key}={}", shell_quote(&value.to_string_lossy()));
+        }
+        return ExitCode::SUCCESS;
+    }
+    let (program, rest) = match args.command.split_first() {
+        Some(split) => split,
+        None => return ExitCode::from(2),
+    };
+    let mut command = Command::new(program);
+    command.args(rest);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    // exec: the command takes this process's place, so signals and the exit status are its own.
+    let err = command.exec();
+    eprintln!(
+        "lossy run: cannot run {}: {err}",
+        Path::new(program).display()
+    );
+    ExitCode::from(127)
+}
+
+fn absolute(path: &Path) -> Result<PathBuf, String> {
+    std::path::absolute(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The plugin library that belongs to this `lossy` binary: `../lib/libnccl-net-lossy.so`
+/// after `lossy install`, or the library Cargo built next to it.
+fn find_library() -> Result<PathBuf, String> {
+    crate::harness::plugin_client::default_library_path().map_err(|err| err.to_string())
+}
+
+fn shell_quote(value: &str) -> String {
+    if value
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/._-=:,+@".contains(c))
+    {
+        value.to_string()
+    } else {
+        format!("'{}'", value.replace('\'', "'\\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shell_quote;
+
+    #[test]
+    fn shell_quote_leaves_plain_values_and_quotes_the_rest() {
+        assert_eq!(shell_quote("/a/b.so"), "/a/b.so");
+        assert_eq!(
+            shell_quote("model.rate=0.01;seed=7"),
+            "'model.rate=0.01;seed=7'"
+        );
+        assert_eq!(shell_quote("it's"), "'it'\\''s'");
+    }
+}

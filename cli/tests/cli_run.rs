@@ -1,0 +1,212 @@
+//! `lossy run` and the guards at the plugin's init: the environment a launch gets, and the
+//! loud failures (broken profile, LL/LL128 forced with a data-loss effect).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use common::{fresh_dir, launch_env, library, lossy_exe, repo_file};
+use lossy_cli::harness::worker::{Job, LinkKind};
+
+fn lossy(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(lossy_exe());
+    cmd.args(args)
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .env_remove("NCCL_PROTO")
+        .env_remove("NCCL_LOSSY_SET")
+        .env_remove("NCCL_LOSSY_PROFILE")
+        .env_remove("NCCL_LOSSY_STATS");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run lossy")
+}
+
+/// The environment `env` printed when run under `lossy run`, as (key, value) pairs.
+fn env_under_run(args: &[&str]) -> Vec<(String, String)> {
+    let mut all = vec!["run"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--", "env"]);
+    let out = lossy(&all, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn get<'a>(env: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    env.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+}
+
+#[test]
+fn run_sets_the_plugin_the_network_the_profile_and_the_guard() {
+    let stats = std::env::temp_dir().join(format!("lossy-run-env-{}", std::process::id()));
+    let profile = repo_file("configs/uniform-1pct.toml");
+    let env = env_under_run(&[
+        "--profile",
+        profile.to_str().expect("utf-8 path"),
+        "--set",
+        "seed=3",
+        "--set",
+        "model.rate=0.02",
+        "--stats",
+        stats.to_str().expect("utf-8 path"),
+    ]);
+    let plugin = PathBuf::from(get(&env, "NCCL_NET_PLUGIN").expect("NCCL_NET_PLUGIN"));
+    assert!(plugin.is_absolute() && plugin.is_file(), "{plugin:?}");
+    assert_eq!(get(&env, "NCCL_NET"), Some("lossy"));
+    assert_eq!(
+        get(&env, "NCCL_LOSSY_PROFILE").map(PathBuf::from),
+        Some(profile)
+    );
+    assert_eq!(get(&env, "NCCL_LOSSY_SET"), Some("seed=3;model.rate=0.02"));
+    assert_eq!(
+        get(&env, "NCCL_LOSSY_STATS").map(PathBuf::from),
+        Some(stats.clone())
+    );
+    assert!(stats.is_dir(), "the stats directory is created");
+    // `zero` corrupts data: NCCL must stay on Simple.
+    assert_eq!(get(&env, "NCCL_PROTO"), Some("Simple"));
+    let _ = std::fs::remove_dir_all(&stats);
+}
+
+#[test]
+fn retransmit_profiles_leave_the_protocol_alone() {
+    let profile = repo_file("configs/retransmit-1pct.toml");
+    let env = env_under_run(&["--profile", profile.to_str().expect("utf-8 path")]);
+    assert_eq!(get(&env, "NCCL_PROTO"), None);
+    assert_eq!(get(&env, "NCCL_NET"), Some("lossy"));
+}
+
+#[test]
+fn run_refuses_a_broken_profile_before_starting_anything() {
+    let dir = fresh_dir("run-bad");
+    let bad = dir.join("bad.toml");
+    std::fs::write(
+        &bad,
+        "seed = 1\nmodel = { kind = \"uniform\", rate = 1.5 }\n",
+    )
+    .expect("write");
+    let marker = dir.join("ran");
+    let out = lossy(
+        &[
+            "run",
+            "--profile",
+            bad.to_str().expect("utf-8"),
+            "--",
+            "touch",
+            marker.to_str().expect("utf-8"),
+        ],
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("bad.toml"), "{stderr}");
+    assert!(stderr.contains("model.rate"), "{stderr}");
+    assert!(!marker.exists(), "the command must not run");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn run_refuses_ll_forced_with_a_data_loss_effect() {
+    let profile = repo_file("configs/uniform-1pct.toml");
+    let out = lossy(
+        &[
+            "run",
+            "--profile",
+            profile.to_str().expect("utf-8"),
+            "--",
+            "true",
+        ],
+        &[("NCCL_PROTO", "LL128,Simple")],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("NCCL_PROTO=LL128,Simple"), "{stderr}");
+    // Excluding LL is not forcing it.
+    let out = lossy(
+        &[
+            "run",
+            "--profile",
+            profile.to_str().expect("utf-8"),
+            "--",
+            "true",
+        ],
+        &[("NCCL_PROTO", "^LL,LL128")],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_demo_under_run_writes_its_statistics_where_run_said() {
+    let stats = std::env::temp_dir().join(format!("lossy-run-demo-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&stats);
+    let out = lossy(
+        &[
+            "run",
+            "--stats",
+            stats.to_str().expect("utf-8"),
+            "--",
+            lossy_exe().to_str().expect("utf-8"),
+            "demo",
+            "--ranks",
+            "2",
+            "--sizes",
+            "1M",
+        ],
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let files = std::fs::read_dir(&stats).expect("stats dir").count();
+    assert_eq!(files, 2, "one file per rank");
+    let _ = std::fs::remove_dir_all(&stats);
+}
+
+/// Launches two plugin workers with `env` and returns the launch error.
+fn plugin_init_error(env: Vec<(String, String)>) -> String {
+    let job = Job::collectives(library(), vec![LinkKind::Plugin], Vec::new());
+    match launch_env(2, job, env.clone()) {
+        Ok(_) => panic!("the plugin initialised with {env:?}"),
+        Err(err) => err.to_string(),
+    }
+}
+
+#[test]
+fn the_plugin_fails_init_loudly_on_a_broken_profile() {
+    let dir = fresh_dir("init-bad");
+    let bad = dir.join("typo.toml");
+    std::fs::write(&bad, "seed = 1\neffect = \"zeros\"\n").expect("write");
+    let err = plugin_init_error(vec![(
+        "NCCL_LOSSY_PROFILE".into(),
+        bad.display().to_string(),
+    )]);
+    assert!(err.contains("typo.toml") && err.contains("effect"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_plugin_fails_init_when_ll_is_forced_with_a_data_loss_effect() {
+    let err = plugin_init_error(vec![
+        (
+            "NCCL_LOSSY_PROFILE".into(),
+            repo_file("configs/uniform-1pct.toml").display().to_string(),
+        ),
+        ("NCCL_PROTO".into(), "LL".into()),
+    ]);
+    assert!(err.contains("NCCL_PROTO=LL"), "{err}");
+}

@@ -1,0 +1,318 @@
+//! Shared helpers of the integration tests: the built `lossy` binary and plugin library.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use lossy_cli::harness::collectives::{Collective, DataType};
+use lossy_cli::harness::launch::{self, Launch};
+use lossy_cli::harness::plugin_client::library_near;
+use lossy_cli::harness::worker::{Job, LinkKind, PacketCensus, RunSpec, WorkerReport};
+
+/// The `lossy` binary Cargo built for these tests.
+pub fn lossy_exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_lossy"))
+}
+
+/// The plugin library next to it.
+pub fn library() -> PathBuf {
+    let exe = lossy_exe();
+    let dir = exe.parent().expect("binary directory");
+    library_near(dir).expect("the plugin library is built next to the lossy binary")
+}
+
+/// Runs `runs` on `nranks` worker processes through the plugin (version `version`).
+pub fn run_ranks(nranks: usize, version: u32, runs: Vec<RunSpec>) -> Vec<WorkerReport> {
+    let mut job = Job::collectives(library(), vec![LinkKind::Plugin], runs);
+    job.version = version;
+    job.timeout_s = 60.0;
+    launch_job(nranks, job)
+}
+
+/// Launches `job` on `nranks` worker processes and returns the reports.
+pub fn launch_job(nranks: usize, job: Job) -> Vec<WorkerReport> {
+    launch_env(nranks, job, Vec::new()).unwrap_or_else(|e| panic!("run failed: {e}"))
+}
+
+/// Launches `job` on `nranks` worker processes over loopback, with `env` added to their
+/// environment.
+pub fn launch_env(
+    nranks: usize,
+    job: Job,
+    env: Vec<(String, String)>,
+) -> nccl_net_lossy::Result<Vec<WorkerReport>> {
+    let mut all = vec![("NCCL_SOCKET_IFNAME".to_string(), "lo".to_string())];
+    all.extend(env);
+    launch::run(&Launch {
+        exe: lossy_exe(),
+        nranks,
+        job,
+        env: all,
+        timeout: Duration::from_secs(120),
+    })
+}
+
+/// The census of every rank added up.
+pub fn total_census(reports: &[WorkerReport]) -> PacketCensus {
+    let mut sum = PacketCensus::default();
+    for r in reports {
+        sum.add(&r.census);
+    }
+    sum
+}
+
+/// A file of this repository, by its path from the top.
+pub fn repo_file(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel)
+}
+
+/// An empty scratch directory `lossy-{name}-{pid}` in the system's temporary directory.
+pub fn fresh_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("lossy-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// One run of each collective at each size, in both element types.
+pub fn every(sizes: &[usize], dtypes: &[DataType]) -> Vec<RunSpec> {
+    let mut runs = Vec::new();
+    for &bytes in sizes {
+        for collective in Collective::ALL {
+            for &dtype in dtypes {
+                runs.push(RunSpec {
+                    collective,
+                    dtype,
+                    bytes,
+                    iters: 1,
+                    warmup: 0,
+                });
+            }
+        }
+    }
+    runs
+}
+
+/// Asserts every result of every rank was bit-exact and every rank reported each run.
+pub fn assert_all_exact(reports: &[WorkerReport], runs: usize) {
+    for report in reports {
+        assert_eq!(report.results.len(), runs, "rank {}", report.rank);
+        for r in &report.results {
+            assert!(
+                r.ok,
+                "rank {}: {} {} of {} bytes: {} mismatches, first at {:?}",
+                report.rank, r.collective, r.dtype, r.bytes, r.mismatches, r.first_mismatch
+            );
+        }
+    }
+}
+
+// ---- peer processes and single requests, for the fault and hostile-input tests ----------------
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Instant;
+
+use lossy_cli::harness::plugin_client::{
+    ConnHandle, Posted, RecvComm, RecvItem, Request, SendComm, HANDLE_BYTES,
+};
+use nccl_net_lossy::Result;
+
+/// Environment variable that tells a re-executed test binary which peer role to play.
+pub const ROLE_ENV: &str = "LOSSY_TEST_PEER_ROLE";
+
+/// A peer process: this test binary run again with only the test `child_test` (an ignored
+/// test that acts on [`ROLE_ENV`]). Dropping it resumes (SIGCONT), kills and reaps it, so a
+/// failed test never leaves a stopped process behind.
+pub struct Peer {
+    child: Child,
+    out: BufReader<ChildStdout>,
+    stdin: Option<ChildStdin>,
+}
+
+impl Peer {
+    /// Starts the peer playing `role`, with `env` added to its environment.
+    pub fn spawn(child_test: &str, role: &str, env: &[(&str, &str)]) -> Peer {
+        Peer::spawn_with_stderr(child_test, role, env, Stdio::inherit())
+    }
+
+    /// As [`Peer::spawn`], with the peer's stderr (the plugin's log) going to `stderr`.
+    pub fn spawn_with_stderr(
+        child_test: &str,
+        role: &str,
+        env: &[(&str, &str)],
+        stderr: Stdio,
+    ) -> Peer {
+        let exe = std::env::current_exe().expect("test binary");
+        let mut cmd = Command::new(exe);
+        cmd.args([
+            "--exact",
+            child_test,
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(ROLE_ENV, role)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(stderr);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn the peer");
+        let out = BufReader::new(child.stdout.take().expect("stdout"));
+        let stdin = child.stdin.take();
+        Peer { child, out, stdin }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Reads the peer's stdout until a line starting with `prefix`; returns the rest.
+    pub fn expect_line(&mut self, prefix: &str) -> String {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = self.out.read_line(&mut line).expect("read the peer");
+            assert!(n > 0, "the peer exited before saying {prefix}");
+            // libtest may print "test NAME ... " on the same line first.
+            if let Some(at) = line.find(prefix) {
+                return line[at + prefix.len()..].trim().to_string();
+            }
+        }
+    }
+
+    /// The connection handle the peer printed (`HANDLE <hex>`).
+    pub fn read_handle(&mut self) -> ConnHandle {
+        parse_handle(&self.expect_line("HANDLE"))
+    }
+
+    /// Gives the peer a handle to connect to.
+    pub fn send_handle(&mut self, h: &ConnHandle) {
+        let stdin = self.stdin.as_mut().expect("stdin");
+        writeln!(stdin, "HANDLE {}", hex(h)).expect("write the handle");
+        stdin.flush().expect("flush");
+    }
+
+    /// Sends `sig` to the peer.
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) takes two integers and touches no memory of ours; the pid is our
+        // own unreaped child, so it cannot name another process.
+        let rc = unsafe { libc::kill(self.pid(), sig) };
+        assert_eq!(rc, 0, "kill({}, {sig})", self.pid());
+    }
+
+    /// SIGKILLs the peer and reaps it; returns when it is gone.
+    pub fn kill(&mut self) -> Instant {
+        self.child.kill().expect("kill the peer");
+        self.child.wait().expect("reap the peer");
+        Instant::now()
+    }
+
+    /// Waits for the peer to exit on its own.
+    pub fn wait(&mut self) -> std::process::ExitStatus {
+        self.child.wait().expect("wait for the peer")
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        // SAFETY: as in `signal`; a peer already reaped makes this fail harmlessly (ESRCH).
+        unsafe { libc::kill(self.pid(), libc::SIGCONT) };
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A handle from its hex form.
+pub fn parse_handle(text: &str) -> ConnHandle {
+    let mut h = [0u8; HANDLE_BYTES];
+    assert_eq!(text.len(), 2 * HANDLE_BYTES, "handle {text}");
+    for (i, b) in h.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).expect("hex");
+    }
+    h
+}
+
+/// Reads `HANDLE <hex>` from stdin (the peer side of [`Peer::send_handle`]).
+pub fn handle_from_stdin() -> ConnHandle {
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).expect("stdin");
+    parse_handle(
+        line.trim()
+            .strip_prefix("HANDLE")
+            .expect("HANDLE line")
+            .trim(),
+    )
+}
+
+/// Prints one line for the parent and flushes it.
+pub fn say(line: &str) {
+    let mut out = std::io::stdout();
+    writeln!(out, "{line}").expect("stdout");
+    out.flush().expect("flush");
+}
+
+/// Sleeps until killed.
+pub fn park() -> ! {
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+/// Deterministic bytes for message `seed`.
+pub fn message_bytes(len: usize, seed: u64) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            (i as u64)
+                .wrapping_mul(2_654_435_761)
+                .wrapping_add(seed * 97) as u8
+                ^ (i >> 11) as u8
+        })
+        .collect()
+}
+
+/// Posts one receive of `size` bytes with `tag`.
+pub fn post_recv(recv: &RecvComm, size: usize, tag: i32) -> Result<Request> {
+    let mut buf = vec![0u8; size].into_boxed_slice();
+    let mr = recv.reg_mr(&mut buf)?;
+    match recv.irecv(vec![RecvItem { buf, size, tag, mr }])? {
+        Posted::Started(r) => Ok(r),
+        Posted::Busy(_) => panic!("no receive slot for a single request"),
+    }
+}
+
+/// Posts one send of `data` with `tag`.
+pub fn post_send(send: &SendComm, data: Vec<u8>, tag: i32) -> Result<Request> {
+    let mut buf = data.into_boxed_slice();
+    let size = buf.len();
+    let mr = send.reg_mr(&mut buf)?;
+    match send.isend(buf, size, tag, mr)? {
+        Posted::Started(r) => Ok(r),
+        Posted::Busy(_) => panic!("no send slot for a single request"),
+    }
+}
+
+/// Tests `req` until done or failed; a request still pending after `hang` is a hang, and
+/// fails the test.
+pub fn wait_request(req: &mut Request, hang: Duration) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        if req.test()?.is_some() {
+            return Ok(());
+        }
+        assert!(
+            start.elapsed() < hang,
+            "request still pending after {hang:?}: a hang"
+        );
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}

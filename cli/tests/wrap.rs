@@ -1,0 +1,449 @@
+//! Wrap mode end to end: worker processes load the built library, which loads a second copy
+//! of itself (the same file copied under another name, `dlopen`ed privately) as its inner
+//! net plugin. The outer copy injects loss and sends side messages; the inner copy carries
+//! the bytes on its sockets.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{assert_all_exact, every, fresh_dir, launch_env, library, repo_file, total_census};
+use lossy_cli::harness::collectives::DataType;
+use lossy_cli::harness::plugin_client::op;
+use lossy_cli::harness::worker::{Job, LinkKind, Task, WorkerReport};
+use nccl_net_lossy::stats::report::load_run;
+
+/// A copy of the built library under another file name, as a wrapped plugin would be.
+fn inner_copy(dir: &Path) -> PathBuf {
+    let copy = dir.join("libnccl-net-innercopy.so");
+    std::fs::copy(library(), &copy).expect("copy the plugin library");
+    copy
+}
+
+#[test]
+fn wrapped_collectives_are_bit_exact_at_zero_loss_on_every_abi_version() {
+    let dir = fresh_dir("exact");
+    let inner = inner_copy(&dir);
+    for version in [8, 10, 12] {
+        let runs = every(&[0, 7, 4096, (1 << 20) + 3], &[DataType::F32, DataType::U8]);
+        let n = runs.len();
+        let mut job = Job::collectives(library(), vec![LinkKind::Plugin], runs);
+        job.version = version;
+        job.timeout_s = 60.0;
+        let reports = launch_env(
+            3,
+            job,
+            vec![
+                (
+                    "NCCL_LOSSY_PROFILE".into(),
+                    repo_file("configs/lossless.toml").display().to_string(),
+                ),
+                ("NCCL_LOSSY_INNER".into(), inner.display().to_string()),
+            ],
+        )
+        .unwrap_or_else(|e| panic!("v{version}: run failed: {e}"));
+        assert_all_exact(&reports, n);
+        assert!(
+            reports.iter().all(|r| r.plugin == "lossy"),
+            "our name stays"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// 2 ranks x 40 messages of 1 MiB (256 packets each), under a loss profile, with statistics.
+fn lossy_messages(effect: &str, inner: Option<&Path>, stats: &Path) -> Vec<WorkerReport> {
+    let mut job = Job::collectives(library(), vec![LinkKind::Plugin], Vec::new());
+    job.task = Task::Messages {
+        bytes: 1 << 20,
+        count: 40,
+        mtu: 4096,
+        op_bits: op::SEND_RECV,
+    };
+    job.timeout_s = 60.0;
+    let mut env = vec![
+        (
+            "NCCL_LOSSY_PROFILE".into(),
+            repo_file("configs/uniform-1pct.toml").display().to_string(),
+        ),
+        ("NCCL_LOSSY_SET".into(), format!("effect={effect};seed=11")),
+        ("NCCL_LOSSY_STATS".into(), stats.display().to_string()),
+    ];
+    if let Some(inner) = inner {
+        env.push(("NCCL_LOSSY_INNER".into(), inner.display().to_string()));
+    }
+    launch_env(2, job, env).unwrap_or_else(|e| panic!("run failed: {e}"))
+}
+
+#[test]
+fn wrapped_loss_matches_the_direct_transport_packet_for_packet() {
+    let dir = fresh_dir("stats");
+    let inner = inner_copy(&dir);
+    for effect in ["zero", "stale", "bitflip", "retransmit"] {
+        let direct_stats = dir.join(format!("direct-{effect}"));
+        let wrapped_stats = dir.join(format!("wrapped-{effect}"));
+        let direct = total_census(&lossy_messages(effect, None, &direct_stats));
+        let wrapped = total_census(&lossy_messages(effect, Some(&inner), &wrapped_stats));
+        // Same seed, same messages: the same packets are lost and damaged the same way.
+        assert_eq!(wrapped, direct, "{effect}");
+        let d = load_run(&direct_stats).expect("direct statistics");
+        let w = load_run(&wrapped_stats).expect("wrapped statistics");
+        // One file per rank: the inner copy writes none.
+        assert_eq!((d.ranks, w.ranks), (2, 2), "{effect}");
+        assert_eq!(w.total.counts, d.total.counts, "{effect}");
+        assert_eq!(w.total.bursts, d.total.bursts, "{effect}");
+        assert!(
+            d.total.counts.lost_packets > 0,
+            "{effect}: the profile loses packets"
+        );
+        let damaged = match effect {
+            "zero" => wrapped.zeroed,
+            "stale" => wrapped.stale,
+            "bitflip" => wrapped.flipped,
+            _ => 0,
+        };
+        let expected = if effect == "retransmit" {
+            0
+        } else {
+            w.total.counts.lost_packets
+        };
+        assert_eq!(damaged, expected, "{effect}: {wrapped:?}");
+        assert_eq!(
+            wrapped.intact + damaged,
+            wrapped.packets,
+            "{effect}: {wrapped:?}"
+        );
+        assert_eq!(w.profile["transport"], "wrap", "{effect}");
+        assert_eq!(w.profile["inner"], inner.display().to_string(), "{effect}");
+        assert_eq!(d.profile["transport"], "socket", "{effect}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs 2 lossless ranks with `inner`, expecting the workers to fail; returns the error text.
+fn failing_run(inner: &str) -> String {
+    let runs = every(&[4096], &[DataType::F32]);
+    let mut job = Job::collectives(library(), vec![LinkKind::Plugin], runs);
+    job.timeout_s = 20.0;
+    match launch_env(2, job, vec![("NCCL_LOSSY_INNER".into(), inner.into())]) {
+        Ok(_) => panic!("a run wrapping {inner:?} succeeded"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn a_missing_or_broken_inner_library_fails_init_clearly() {
+    let dir = fresh_dir("broken");
+    let missing = dir.join("libnccl-net-missing.so");
+    let err = failing_run(&missing.display().to_string());
+    assert!(
+        err.contains("cannot load the inner net plugin") && err.contains("libnccl-net-missing.so"),
+        "{err}"
+    );
+    let garbage = dir.join("libnccl-net-garbage.so");
+    std::fs::write(&garbage, b"this is not an ELF file").expect("write");
+    let err = failing_run(&garbage.display().to_string());
+    assert!(err.contains("cannot load the inner net plugin"), "{err}");
+    // Wrapping the very file that is loaded would recurse into itself.
+    let err = failing_run(&library().display().to_string());
+    assert!(err.contains("is this library itself"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Drives `WrapTransport` in this process over a private copy of the library, using the
+/// inner table of API `version`: regMr, side + data messages, every effect.
+fn in_process_round_trip(version: u32, dir: &Path) {
+    use nccl_net_lossy::loss::plan::{Effect, LossPlan, PacketRun};
+    use nccl_net_lossy::transport::wrap::{WrapOptions, WrapTransport};
+    use nccl_net_lossy::transport::{HostBuf, Transport, HANDLE_WIRE_SIZE};
+
+    // A copy per version: each file is its own image with its own (inner-mode) state.
+    let inner = dir.join(format!("libnccl-net-inner-v{version}.so"));
+    std::fs::copy(library(), &inner).expect("copy");
+    let options = WrapOptions {
+        keep_stale_copy: true,
+        ..WrapOptions::default()
+    };
+    let t = WrapTransport::open_up_to(&inner.display().to_string(), None, options, version)
+        .unwrap_or_else(|e| panic!("v{version}: {e}"));
+    assert_eq!(t.inner_version(), version);
+    let props = t.properties(0).expect("device 0");
+    assert!(props.name.starts_with("lossy:"), "{}", props.name);
+    assert_eq!(props.max_recvs, 1);
+    let mut handle = [0u8; HANDLE_WIRE_SIZE];
+    let mut listener = t.listen(0, &mut handle).expect("listen");
+    let mut connector = t.connect(0, &handle).expect("connect");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let (mut send, mut recv) = (None, None);
+    while send.is_none() || recv.is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "v{version}: connect timed out"
+        );
+        if send.is_none() {
+            send = connector.poll().expect("connect poll");
+        }
+        if recv.is_none() {
+            recv = listener.poll_accept().expect("accept");
+        }
+    }
+    let (send, recv) = (send.unwrap(), recv.unwrap());
+    const LEN: usize = 64 * 1024; // 16 packets of 4096
+    let payload: Vec<u8> = (0..LEN).map(|i| (i * 7 + 1) as u8).collect();
+    let mut src = payload.clone();
+    let mut dst = vec![0xeeu8; LEN];
+    let src_mr = send
+        .register(HostBuf::from_slice(&mut src))
+        .expect("regMr send");
+    let dst_mr = recv
+        .register(HostBuf::from_slice(&mut dst))
+        .expect("regMr recv");
+    for (effect, lost) in [
+        (Effect::Zero, vec![PacketRun { start: 1, len: 2 }]),
+        (Effect::Stale, vec![PacketRun { start: 15, len: 1 }]),
+        (
+            Effect::Bitflip,
+            vec![
+                PacketRun { start: 0, len: 1 },
+                PacketRun { start: 4, len: 1 },
+            ],
+        ),
+        (Effect::Retransmit, vec![PacketRun { start: 3, len: 1 }]),
+        (Effect::Zero, Vec::new()),
+    ] {
+        dst.fill(0xee);
+        let plan = LossPlan {
+            effect,
+            lost: lost.clone(),
+            flip_seed: 99,
+            ..LossPlan::lossless()
+        };
+        let rbuf = HostBuf::from_slice(&mut dst).with_mr(dst_mr);
+        let rid = recv
+            .irecv(&[rbuf], &[5])
+            .expect("irecv")
+            .expect("a free slot");
+        let sbuf = HostBuf::from_slice(&mut src).with_mr(src_mr);
+        let sid = send
+            .isend(sbuf, 5, &plan)
+            .expect("isend")
+            .expect("a free slot");
+        let (mut sent, mut got) = (None, None);
+        while sent.is_none() || got.is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "v{version}: transfer timed out"
+            );
+            if sent.is_none() {
+                sent = send.test(sid).expect("test send");
+            }
+            if got.is_none() {
+                got = recv.test(rid).expect("test recv");
+            }
+        }
+        assert_eq!(got.unwrap().sizes(), [LEN]);
+        for (i, (&got, &want)) in dst.iter().zip(&payload).enumerate() {
+            let in_lost = lost
+                .iter()
+                .any(|r| (r.start..r.end()).contains(&((i / 4096) as u32)));
+            match effect {
+                Effect::Zero if in_lost => assert_eq!(got, 0, "v{version} {effect:?} @{i}"),
+                Effect::Stale if in_lost => assert_eq!(got, 0xee, "v{version} {effect:?} @{i}"),
+                Effect::Bitflip if in_lost => {}
+                _ => assert_eq!(got, want, "v{version} {effect:?} @{i}"),
+            }
+        }
+        if effect == Effect::Bitflip {
+            let flipped: u32 = dst
+                .iter()
+                .zip(&payload)
+                .map(|(a, b)| (a ^ b).count_ones())
+                .sum();
+            assert_eq!(flipped, 2, "v{version}: one bit per lost packet");
+        }
+    }
+    // Several messages in flight, tested newest first: each receive still gets its own
+    // message (they match in posting order, whatever order they are tested in).
+    let mut bufs: Vec<Vec<u8>> = (0..3).map(|_| vec![0u8; LEN]).collect();
+    let mrs: Vec<usize> = bufs
+        .iter_mut()
+        .map(|b| recv.register(HostBuf::from_slice(b)).expect("regMr"))
+        .collect();
+    let mut srcs: Vec<Vec<u8>> = (0..3u8).map(|k| vec![k + 1; LEN - k as usize]).collect();
+    let smrs: Vec<usize> = srcs
+        .iter_mut()
+        .map(|b| send.register(HostBuf::from_slice(b)).expect("regMr"))
+        .collect();
+    let rids: Vec<u32> = (0..3)
+        .map(|k| {
+            let b = HostBuf::from_slice(&mut bufs[k]).with_mr(mrs[k]);
+            recv.irecv(&[b], &[7]).expect("irecv").expect("slot")
+        })
+        .collect();
+    let sids: Vec<u32> = (0..3)
+        .map(|k| {
+            let b = HostBuf::from_slice(&mut srcs[k]).with_mr(smrs[k]);
+            send.isend(b, 7, &LossPlan::lossless())
+                .expect("isend")
+                .expect("slot")
+        })
+        .collect();
+    let mut pending: Vec<(bool, u32, usize)> = sids
+        .iter()
+        .map(|&id| (true, id, 0))
+        .chain(
+            rids.iter()
+                .rev()
+                .enumerate()
+                .map(|(i, &id)| (false, id, 2 - i)),
+        )
+        .collect();
+    while !pending.is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "v{version}: in-flight timed out"
+        );
+        pending.retain(|&(is_send, id, k)| {
+            if is_send {
+                send.test(id).expect("test").is_none()
+            } else {
+                match recv.test(id).expect("test") {
+                    Some(done) => {
+                        assert_eq!(done.sizes(), [LEN - k], "v{version} message {k}");
+                        false
+                    }
+                    None => true,
+                }
+            }
+        });
+    }
+    for (k, b) in bufs.iter().enumerate() {
+        assert!(
+            b[..LEN - k].iter().all(|&x| x == k as u8 + 1),
+            "v{version} message {k}"
+        );
+    }
+    send.deregister(src_mr).expect("deregMr");
+    recv.deregister(dst_mr).expect("deregMr");
+}
+
+#[test]
+fn every_inner_api_version_carries_side_and_data_messages() {
+    let dir = fresh_dir("versions");
+    for version in 8..=12 {
+        in_process_round_trip(version, &dir);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// With more wrap slots than the inner plugin has requests (32 per connection), the inner
+/// plugin refuses requests: a message whose side message went out but whose data was
+/// refused is finished by NCCL's retry of the same message, and every byte arrives in order.
+#[test]
+fn an_inner_plugin_out_of_requests_gets_the_data_on_the_retry() {
+    use nccl_net_lossy::loss::plan::LossPlan;
+    use nccl_net_lossy::transport::wrap::{WrapOptions, WrapTransport};
+    use nccl_net_lossy::transport::{HostBuf, Transport, HANDLE_WIRE_SIZE};
+
+    let dir = fresh_dir("retry");
+    let inner = dir.join("libnccl-net-inner-retry.so");
+    std::fs::copy(library(), &inner).expect("copy");
+    let options = WrapOptions {
+        slots: 20,
+        ..WrapOptions::default()
+    };
+    let t = WrapTransport::open(&inner.display().to_string(), None, options).expect("open");
+    let mut handle = [0u8; HANDLE_WIRE_SIZE];
+    let mut listener = t.listen(0, &mut handle).expect("listen");
+    let mut connector = t.connect(0, &handle).expect("connect");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let (mut send, mut recv) = (None, None);
+    while send.is_none() || recv.is_none() {
+        assert!(std::time::Instant::now() < deadline, "connect timed out");
+        if send.is_none() {
+            send = connector.poll().expect("connect poll");
+        }
+        if recv.is_none() {
+            recv = listener.poll_accept().expect("accept");
+        }
+    }
+    let (send, recv) = (send.unwrap(), recv.unwrap());
+    // Message 0 is large and has no receive yet: its data stays in flight while its side
+    // message completes, so the inner plugin holds an odd number of send requests.
+    const BIG: usize = 64 << 20;
+    const SMALL: usize = 4096;
+    let mut srcs: Vec<Vec<u8>> = std::iter::once(vec![1u8; BIG])
+        .chain((1..=16u8).map(|k| vec![k + 1; SMALL]))
+        .collect();
+    let smrs: Vec<usize> = srcs
+        .iter_mut()
+        .map(|b| send.register(HostBuf::from_slice(b)).expect("regMr"))
+        .collect();
+    let plan = LossPlan::lossless();
+    let post = |k: usize, srcs: &mut Vec<Vec<u8>>| {
+        let b = HostBuf::from_slice(&mut srcs[k]).with_mr(smrs[k]);
+        send.isend(b, 3, &plan).expect("isend")
+    };
+    let big = post(0, &mut srcs).expect("slot for the big message");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        send.test(big).expect("test").is_none(),
+        "no receive posted yet"
+    );
+    // 1 inner request (big data) + 15 messages x 2 = 31; message 16's side message takes
+    // the 32nd and its data is refused.
+    let mut sids = vec![big];
+    for k in 1..=15 {
+        sids.push(post(k, &mut srcs).unwrap_or_else(|| panic!("message {k} refused")));
+    }
+    assert_eq!(
+        post(16, &mut srcs),
+        None,
+        "the inner plugin must run out of requests"
+    );
+    // Receive everything, in order, at most 15 messages (30 inner requests) at a time.
+    let mut dsts: Vec<Vec<u8>> = std::iter::once(vec![0u8; BIG])
+        .chain((1..=16).map(|_| vec![0u8; SMALL]))
+        .collect();
+    let dmrs: Vec<usize> = dsts
+        .iter_mut()
+        .map(|b| recv.register(HostBuf::from_slice(b)).expect("regMr"))
+        .collect();
+    let mut next_recv = 0;
+    let mut rids: Vec<(usize, u32)> = Vec::new();
+    let mut last_sent = false;
+    let mut received = 0;
+    while received < 17 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "transfer timed out ({received} received)"
+        );
+        while next_recv < 17 && rids.len() < 15 {
+            let b = HostBuf::from_slice(&mut dsts[next_recv]).with_mr(dmrs[next_recv]);
+            let id = recv.irecv(&[b], &[3]).expect("irecv").expect("slot");
+            rids.push((next_recv, id));
+            next_recv += 1;
+        }
+        sids.retain(|&id| send.test(id).expect("test send").is_none());
+        if !last_sent {
+            if let Some(id) = post(16, &mut srcs) {
+                sids.push(id);
+                last_sent = true;
+            }
+        }
+        rids.retain(|&(k, id)| match recv.test(id).expect("test recv") {
+            Some(done) => {
+                assert_eq!(done.sizes(), [if k == 0 { BIG } else { SMALL }]);
+                received += 1;
+                false
+            }
+            None => true,
+        });
+    }
+    assert!(last_sent);
+    for (k, d) in dsts.iter().enumerate() {
+        assert!(d.iter().all(|&x| x == k as u8 + 1), "message {k}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
