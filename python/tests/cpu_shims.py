@@ -51,11 +51,20 @@ class CudaFactoriesOnCpu(TorchFunctionMode):
 
 
 _type = torch.Tensor.type
+_CUDA_TYPES = {
+    torch.float32: "torch.cuda.FloatTensor",
+    torch.float16: "torch.cuda.HalfTensor",
+    torch.bfloat16: "torch.cuda.BFloat16Tensor",
+    torch.float64: "torch.cuda.DoubleTensor",
+    torch.int32: "torch.cuda.IntTensor",
+    torch.int64: "torch.cuda.LongTensor",
+}
 
 
 def _type_named_as_cuda(self, dtype=None, non_blocking=False, **kwargs):
-    if dtype is None and not kwargs and self.device.type == "cpu":
-        return _type(self).replace("torch.", "torch.cuda.", 1)
+    """Shim 3: ``t.type()`` of a CPU tensor names the CUDA type of its dtype."""
+    if dtype is None and not kwargs and self.device.type == "cpu" and self.dtype in _CUDA_TYPES:
+        return _CUDA_TYPES[self.dtype]
     return _type(self, dtype, non_blocking, **kwargs)
 
 

@@ -6,16 +6,18 @@ gradients finished by ``finalize_model_grads`` and the optimizer timed by megatr
 
 argv[1] is a JSON list of runs, done one after the other in this process, each
 ``{"patch": bool, "decoupled": bool, "steps": int, "standins": bool, "distributed": bool,
-"bf16": bool}``; ``standins`` first binds stand-ins for what a Transformer Engine install
+"fp16": bool}``; ``standins`` first binds stand-ins for what a Transformer Engine install
 makes megatron-core choose (the patch must replace them all). Prints one JSON line: per run
 the losses, the optimizer classes, the patch results, and how often each patched function was
 called from each megatron-core module (counted with ``sys.setprofile``, which observes calls
 without replacing anything).
 """
 
+import inspect
 import json
 import os
 import sys
+import time
 import warnings
 
 import torch
@@ -56,16 +58,21 @@ cpu_shims.no_rng_tracker_fork()
 
 VOCAB, HIDDEN, HEADS, LAYERS, SEQ, BATCH = 128, 64, 4, 2, 32, 4
 
-# The functions the patch binds, by the code object that runs when they are called.
+# The functions the patch binds, by the code object that runs when they are called (torch
+# wraps its collectives in a logging decorator: the function inside it is the one watched).
 WATCHED = {
-    dist._all_gather_base.__code__: "_all_gather_base",
-    dist._reduce_scatter_base.__code__: "_reduce_scatter_base",
-    dist.all_gather_into_tensor.__code__: "all_gather_into_tensor",
-    dist.reduce_scatter_tensor.__code__: "reduce_scatter_tensor",
-    local_multi_tensor_applier.__code__: "local_multi_tensor_applier",
-    local_multi_tensor_l2_norm.__code__: "local_multi_tensor_l2_norm",
-    local_multi_tensor_scale.__code__: "local_multi_tensor_scale",
+    inspect.unwrap(f).__code__: name
+    for name, f in {
+        "_all_gather_base": dist._all_gather_base,
+        "_reduce_scatter_base": dist._reduce_scatter_base,
+        "all_gather_into_tensor": dist.all_gather_into_tensor,
+        "reduce_scatter_tensor": dist.reduce_scatter_tensor,
+        "local_multi_tensor_applier": local_multi_tensor_applier,
+        "local_multi_tensor_l2_norm": local_multi_tensor_l2_norm,
+        "local_multi_tensor_scale": local_multi_tensor_scale,
+    }.items()
 }
+_WRAPPERS = {"torch.distributed.c10d_logger", "typing_extensions", "warnings"}
 
 
 class Counter:
@@ -79,7 +86,10 @@ class Counter:
         if event == "call":
             name = WATCHED.get(frame.f_code)
             if name is not None:
-                caller = frame.f_back.f_globals.get("__name__", "?") if frame.f_back else "?"
+                back = frame.f_back
+                while back is not None and back.f_globals.get("__name__") in _WRAPPERS:
+                    back = back.f_back
+                caller = back.f_globals.get("__name__", "?") if back is not None else "?"
                 key = f"{name} <- {caller}"
                 self.calls[key] = self.calls.get(key, 0) + 1
 
@@ -151,8 +161,8 @@ def build(run):
         gradient_accumulation_fusion=False,
         apply_rope_fusion=False,
         persist_layer_norm=False,
-        bf16=run.get("bf16", False),
-        params_dtype=torch.bfloat16 if run.get("bf16") else torch.float32,
+        fp16=run.get("fp16", False),
+        params_dtype=torch.float16 if run.get("fp16") else torch.float32,
     )
     spec = get_gpt_layer_local_spec()
     spec.submodules.input_layernorm = SeqParallelLayerNorm
@@ -167,7 +177,7 @@ def build(run):
     timers = Timers(log_level=2, log_option="minmax")
     opt_config = OptimizerConfig(optimizer="adam", lr=3e-3, weight_decay=0.1,
                                  decoupled_weight_decay=run["decoupled"], clip_grad=0.05,
-                                 use_distributed_optimizer=distributed, bf16=run.get("bf16", False),
+                                 use_distributed_optimizer=distributed, fp16=run.get("fp16", False),
                                  timers=timers)
     optimizer = get_megatron_optimizer(opt_config, [ddp])
     return config, ddp, optimizer, timers
@@ -195,6 +205,7 @@ def train(run):
     position_ids = torch.arange(SEQ).unsqueeze(0).expand(BATCH, -1)
     causal = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), diagonal=1)[None, None]
     losses, norms = [], []
+    started = time.perf_counter()
     with Counter() as counter:
         for _ in range(run["steps"]):
             tokens, labels = next(data)
@@ -211,6 +222,7 @@ def train(run):
             losses.append(value.item() / parallel_state.get_data_parallel_world_size())
             norms.append(float(grad_norm))
         timers.log(["optimizer-inner-step"], rank=0)  # all ranks' times through dist_all_gather_func
+    seconds = time.perf_counter() - started
     bound = {f"{m}.{a}": _describe(getattr(sys.modules[m], a)) for m, a in patch.patch_targets()
              if m in sys.modules and hasattr(sys.modules[m], a)}
     if run["patch"]:
@@ -223,6 +235,7 @@ def train(run):
         "optimizers": inner,
         "results": [[r.module, r.attribute, r.status, r.reason] for r in results],
         "calls": counter.calls,
+        "seconds": seconds,
         "bound": bound,
     }
 

@@ -104,3 +104,94 @@ def test_plugin_counters_agree_with_injecting_after_every_toggle():
     # the steps reached the plugin: each step's message is counted under that step
     assert out["step"] == 10
     assert {int(k): v for k, v in out["by_step"].items()} == {7: 2048, 9: 2048, 10: 2048}
+
+
+# Three steps of three 1 MiB messages (512-byte packets: 6,144 packets a step) under
+# loss_rate=0.2, burst_length=4 (Gilbert-Elliott, rate form), one message per phase.
+STEPS_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import nccl_lossy
+from net_harness import Link
+
+integ = nccl_lossy.LossyMegatronIntegration(
+    {"loss_rate": 0.2, "burst_length": 4, "effect": "zero"}, set={"mtu": 512},
+    stats_dir=sys.argv[2], patch_megatron=False)
+integ.enable()
+link = Link(1 << 20)
+for step in (1, 2, 3):
+    integ.step(step)
+    for phase in ("forward", "backward", "any"):
+        integ.phase = phase
+        link.send()
+live_by_step = nccl_lossy.stats()["by_step"]
+integ.step()                       # ends step 3 (the plugin is at step 4, no traffic)
+link.close()                       # the plugin writes its statistics file
+integ.disable()                    # writes the per-step file
+print(json.dumps({"table": integ.step_table(), "live_by_step": live_by_step}))
+"""
+
+
+def test_per_step_statistics_from_the_plugin(tmp_path):
+    import nccl_lossy
+
+    stats_dir = tmp_path / "stats"
+    proc = run_python(STEPS_SCRIPT, env=clean_env(NCCL_SOCKET_IFNAME="lo", RANK=3),
+                      args=(str(TESTS), str(stats_dir)))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    table = out["table"]
+    # one row per (step, collective, phase): the harness's messages carry no collective
+    assert [(r["step"], r["op"], r["phase"]) for r in table] == [
+        (s, "Unknown", p) for s in (1, 2, 3) for p in ("any", "backward", "forward")
+    ]
+    assert all(r["messages"] == 1 and r["packets"] == 2048 and r["bytes"] == 1 << 20 for r in table)
+    # the rows add up to the plugin's own per-step counters
+    plugin = {s["step"]: (s["packets"], s["lost_packets"]) for s in out["live_by_step"]}
+    mine = {}
+    for r in table:
+        p, lost = mine.get(r["step"], (0, 0))
+        mine[r["step"]] = (p + r["packets"], lost + r["lost_packets"])
+    assert mine == plugin
+
+    # The same from the files: the plugin's by_step, the recorded step x op x phase table,
+    # the burst-length histogram.
+    steps = nccl_lossy.read_stats(stats_dir, table="steps")
+    assert [(r["step"], r["packets"], r["lost_packets"]) for r in steps] == [
+        (s, *plugin[s]) for s in (1, 2, 3)
+    ]
+    assert all(r["rank"] == 3 for r in steps)
+    step_ops = nccl_lossy.read_stats(stats_dir, table="step_ops")
+    assert [{k: r[k] for k in table[0]} for r in step_ops] == table
+    assert all(r["rank"] == 3 and "lossy-steps-rank3-" in r["file"] for r in step_ops)
+    bursts = nccl_lossy.read_stats(stats_dir, table="bursts")
+    lost = sum(r["lost_packets"] for r in table)
+    assert sum(r["burst_length"] * r["count"] for r in bursts) == lost  # every loss in one burst
+    # Loss rate 0.2 over 18,432 packets: the Gilbert-Elliott chain (p = 0.0625, r = 0.25) has
+    # lag-1 correlation 1 - p - r = 0.6875, so the count's variance is n q (1 - q) times
+    # (1 + 0.6875) / (1 - 0.6875) = 5.4: sd = sqrt(18432 * 0.16 * 5.4) = 126 packets, 0.0069
+    # of the rate; +-0.035 is 5 sd. Bursts are geometric with mean 1 / r = 4 (variance 12);
+    # over ~920 bursts the mean's sd is 0.11; +-0.6 is 5 sd.
+    assert abs(lost / (9 * 2048) - 0.2) < 0.035
+    burst_summary = nccl_lossy.summarize(bursts, by=("op",))
+    assert burst_summary[0]["count"] == sum(r["count"] for r in bursts)
+    assert abs(lost / burst_summary[0]["count"] - 4.0) < 0.6
+    latency = nccl_lossy.read_stats(stats_dir, table="latency")
+    assert sum(r["count"] for r in latency) == 9
+
+    # pandas (in the test requirements): the same tables as DataFrames, summarize takes one;
+    # without pandas, "auto" gives the plain rows
+    try:
+        import pandas as pd
+    except ImportError:
+        assert nccl_lossy.read_stats(stats_dir, table="steps", dataframe="auto") == steps
+        return
+    frame = nccl_lossy.read_stats(stats_dir, table="step_ops", dataframe=True)
+    assert isinstance(frame, pd.DataFrame) and len(frame) == 9
+    assert list(frame.columns) == list(nccl_lossy.statsfile.TABLES["step_ops"])
+    assert isinstance(nccl_lossy.read_stats(stats_dir, table="steps", dataframe="auto"), pd.DataFrame)
+    per_step = {r["step"]: r["lost_packets"] for r in nccl_lossy.summarize(frame, by=("step",))}
+    assert per_step == {s: plugin[s][1] for s in (1, 2, 3)}
+    everything = nccl_lossy.read_all(stats_dir)
+    assert set(everything) == {"ops", "steps", "step_ops", "bursts", "latency"}
+    assert everything["steps"] == steps

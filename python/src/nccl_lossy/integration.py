@@ -11,6 +11,8 @@ from . import control as _control
 from .config import LossyConfigError, check_bool, check_config_keys
 from .megatron import apply_megatron_core_patch, is_patched, revert_megatron_core_patch
 from .network import LossyNetwork, SetLike
+from .statsfile import STEP_OP_COUNTERS, _maybe_frame
+from .steps import StepRecorder
 
 log = logging.getLogger("nccl_lossy")
 
@@ -28,7 +30,7 @@ CONFIG_KEYS = (
     "stats_dir",
 )
 #: Keywords the constructor takes (named in the error for a misspelt one).
-KEYWORDS = CONFIG_KEYS + ("network", "patch_megatron", "apply_env")
+KEYWORDS = CONFIG_KEYS + ("network", "patch_megatron", "apply_env", "record_steps")
 
 _DEFAULTS: Dict[str, Any] = {
     "loss_rate": None,
@@ -71,6 +73,12 @@ class LossyMegatronIntegration:
     (traffic outside both phases is always subject to the profile while enabled). Profile rules
     on ``phase`` and ``steps`` see the phase and step in any case.
 
+    ``record_steps`` (default True): at every step boundary, read the plugin's counters and
+    keep their growth per collective and phase (:meth:`step_table`; :meth:`write_stats` and
+    :meth:`disable` write them next to the plugin's statistics file, for
+    ``read_stats(dir, table="step_ops")``). It costs one read of the plugin's statistics per
+    step.
+
     Every change (``enable()``, ``disable()``, the phase, the step, and assigning
     ``enable_on_forward``, ``enable_on_backward``, ``enabled``, ``phase`` or ``step_number``)
     is pushed to the plugin at once, so the plugin injects exactly when :meth:`injecting` says.
@@ -91,6 +99,7 @@ class LossyMegatronIntegration:
         network: Optional[LossyNetwork] = None,
         patch_megatron: bool = True,
         apply_env: bool = True,
+        record_steps: bool = True,
         **unknown: Any,
     ):
         if unknown:
@@ -129,6 +138,7 @@ class LossyMegatronIntegration:
             )
         self.patch_megatron = check_bool("patch_megatron", patch_megatron)
         self.apply_env = check_bool("apply_env", apply_env)
+        self.record_steps = check_bool("record_steps", record_steps)
         self._enable_on_forward = check_bool("enable_on_forward", given["enable_on_forward"])
         self._enable_on_backward = check_bool("enable_on_backward", given["enable_on_backward"])
         network_keys = ("loss_rate", "burst_length", "effect", "profile", "set", "stats_dir")
@@ -158,6 +168,8 @@ class LossyMegatronIntegration:
         self.patch_results: List[Any] = []
         self._patched_here = False
         self._detachers: List[Callable[[], None]] = []
+        self._recorder = StepRecorder(lambda: _control.control().stats())
+        self._recording = False
 
     # -- state, pushed to the plugin on every change --------------------------------------
 
@@ -212,6 +224,8 @@ class LossyMegatronIntegration:
     def step_number(self, value: int) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise LossyConfigError(f"step_number={value!r}: allowed: an integer >= 0")
+        if self._recording:
+            self._recorder.end_step(self._step)
         self._step = value
         _control.control().set_step(value)
 
@@ -247,6 +261,9 @@ class LossyMegatronIntegration:
             self._patched_here = not already and is_patched()
         self._enabled = True
         self._push()
+        if self.record_steps and not self._recording:
+            self._recorder.start()
+            self._recording = True
         log.info(
             "lossy injection enabled (forward: %s, backward: %s)",
             self._enable_on_forward,
@@ -257,10 +274,16 @@ class LossyMegatronIntegration:
     def disable(self, revert_patches: bool = False) -> None:
         """Injection off (phase ``any``). The megatron-core patches stay in place, so the
         communication functions under a running model do not change; ``revert_patches=True``
-        also reverts the patches this object applied."""
+        also reverts the patches this object applied. The step being recorded ends here, and
+        with a statistics directory the per-step file is written (:meth:`write_stats`)."""
         self._enabled = False
         self._phase = "any"
         self._push()
+        if self._recording:
+            self._recorder.end_step(self._step)
+            self._recording = False
+            if self.network.stats_dir is not None:
+                self._recorder.write(self.network.stats_dir)
         if check_bool("revert_patches", revert_patches) and self._patched_here:
             revert_megatron_core_patch()
             self._patched_here = False
@@ -357,6 +380,27 @@ class LossyMegatronIntegration:
     def stats(self) -> Any:
         """Live statistics of this process (see :func:`nccl_lossy.stats`)."""
         return _control.control().stats()
+
+    def step_table(self, dataframe: Union[bool, str] = False) -> Any:
+        """The plugin's counters per step x collective x phase recorded so far (the ``step_ops``
+        table of :func:`nccl_lossy.read_stats`, without the file columns): one row per
+        (step, op, phase) that saw traffic, with ``messages``, ``bytes``, ``packets``,
+        ``lost_packets``, ``loss_events`` (bursts within a message) and ``loss_rate``. Steps end
+        at :meth:`step` (and :meth:`disable`)."""
+        rows = [
+            {**r, "loss_rate": r["lost_packets"] / r["packets"] if r["packets"] else 0.0}
+            for r in self._recorder.rows
+        ]
+        return _maybe_frame(rows, ("step", "op", "phase") + STEP_OP_COUNTERS + ("loss_rate",), dataframe)
+
+    def write_stats(self) -> Optional[Path]:
+        """Asks the plugin to write its statistics file into the statistics directory now and
+        writes the per-step file next to it; returns the per-step file's path (None without a
+        statistics directory)."""
+        _control.control().write_stats()
+        if self.network.stats_dir is None:
+            return None
+        return self._recorder.write(self.network.stats_dir)
 
 
 def _merge_config(config: Mapping[str, Any], given: Dict[str, Any]) -> Dict[str, Any]:

@@ -101,7 +101,33 @@ def check_profile(
     raises :class:`LossyConfigError` with the plugin's message (file, line, key, allowed
     values) when the profile is wrong."""
     lib = Path(library) if library is not None else library_path()
-    args = [sys.executable, "-c", _CHECK_SCRIPT, str(lib), str(profile or ""), format_overrides(overrides)]
+    text = format_overrides(overrides)
+    key = (str(lib), _file_key(lib), str(profile or ""), _file_key(profile), text)
+    cached = _checked.get(key)
+    if cached is not None:
+        return json.loads(cached)
+    answer = _check_in_child(lib, profile, text)
+    _checked[key] = json.dumps(answer)
+    return answer
+
+
+# Answers of check_profile by (library, its size and time, profile, its size and time,
+# overrides): the same question is answered once per process.
+_checked: Dict[tuple, str] = {}
+
+
+def _file_key(path: Optional[Union[str, Path]]) -> Optional[Tuple[int, int]]:
+    if path is None or str(path) == "":
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns)
+
+
+def _check_in_child(lib: Path, profile: Optional[Union[str, Path]], overrides: str) -> Dict[str, Any]:
+    args = [sys.executable, "-c", _CHECK_SCRIPT, str(lib), str(profile or ""), overrides]
     try:
         proc = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired) as err:
