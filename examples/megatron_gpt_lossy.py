@@ -205,6 +205,25 @@ def finite(x):
     return x if isinstance(x, float) and math.isfinite(x) else None
 
 
+def integration(args):
+    """The LossyMegatronIntegration the flags describe (checked here: a wrong value stops the
+    run before anything starts, with LossyConfigError naming the key)."""
+    import nccl_lossy
+
+    profile = args.profile or str(REPO / "configs" / "lossless.toml")
+    overrides = [tuple(kv.split("=", 1)) for kv in args.set]
+    return nccl_lossy.LossyMegatronIntegration(
+        profile,
+        loss_rate=args.loss_rate,
+        burst_length=args.burst_length,
+        effect=args.effect,
+        enable_on_forward=args.loss_on_forward,
+        enable_on_backward=args.loss_on_backward,
+        set=overrides or None,
+        stats_dir=args.stats,
+    )
+
+
 def cpu_shims():
     """The test suite's CPU shims (python/tests/cpu_shims.py): megatron-core's optimizer path
     asks for CUDA by name in a few places; on the CPU these stand in for exactly those."""
@@ -248,18 +267,7 @@ def worker(args) -> None:
             os.environ["NCCL_NET_PLUGIN"] = "none"
         patch_results = apply_megatron_core_patch()
     else:
-        profile = args.profile or str(REPO / "configs" / "lossless.toml")
-        overrides = [tuple(kv.split("=", 1)) for kv in args.set]
-        integ = nccl_lossy.LossyMegatronIntegration(
-            profile,
-            loss_rate=args.loss_rate,
-            burst_length=args.burst_length,
-            effect=args.effect,
-            enable_on_forward=args.loss_on_forward,
-            enable_on_backward=args.loss_on_backward,
-            set=overrides or None,
-            stats_dir=args.stats,
-        )
+        integ = integration(args)
         integ.enable()  # environment (NCCL has not started), megatron-core patch, injection on
         patch_results = integ.patch_results
 
