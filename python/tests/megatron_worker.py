@@ -26,6 +26,7 @@ import torch.distributed as dist
 import cpu_shims
 
 cpu_shims.install()
+torch.set_num_threads(1)  # up to four ranks on a small machine: no thread oversubscription
 warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", category=UserWarning)
 
