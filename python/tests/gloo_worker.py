@@ -4,7 +4,6 @@ LossyMegatronIntegration's hooks. Prints one JSON line."""
 
 import json
 import os
-import sys
 import warnings
 
 import torch

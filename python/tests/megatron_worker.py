@@ -36,7 +36,7 @@ RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 TP = int(os.environ.get("TP", "1"))
 dist.init_process_group("gloo", rank=RANK, world_size=WORLD)
 
-from megatron.core import parallel_state, tensor_parallel  # noqa: E402
+from megatron.core import parallel_state  # noqa: E402
 from megatron.core.distributed import (  # noqa: E402
     DistributedDataParallel,
     DistributedDataParallelConfig,

@@ -100,11 +100,6 @@ def loss_overrides(
     return pairs
 
 
-def overridden_keys(pairs: List[Tuple[str, str]]) -> List[str]:
-    """The dotted keys of override pairs."""
-    return [key.strip() for key, _ in pairs]
-
-
 def check_config_keys(config: Mapping[str, Any], allowed: Tuple[str, ...], what: str) -> None:
     """Refuses a key of ``config`` that is not in ``allowed`` (a typo), naming both."""
     for key in config:

@@ -11,7 +11,7 @@ from . import control as _control
 from .config import LossyConfigError, check_bool, check_config_keys
 from .megatron import apply_megatron_core_patch, is_patched, revert_megatron_core_patch
 from .network import LossyNetwork, SetLike
-from .statsfile import STEP_OP_COUNTERS, _maybe_frame
+from .statsfile import STEP_OP_COUNTERS, as_table
 from .steps import StepRecorder
 
 log = logging.getLogger("nccl_lossy")
@@ -391,7 +391,7 @@ class LossyMegatronIntegration:
             {**r, "loss_rate": r["lost_packets"] / r["packets"] if r["packets"] else 0.0}
             for r in self._recorder.rows
         ]
-        return _maybe_frame(rows, ("step", "op", "phase") + STEP_OP_COUNTERS + ("loss_rate",), dataframe)
+        return as_table(rows, ("step", "op", "phase") + STEP_OP_COUNTERS + ("loss_rate",), dataframe)
 
     def write_stats(self) -> Optional[Path]:
         """Asks the plugin to write its statistics file into the statistics directory now and

@@ -204,7 +204,7 @@ def read_stats(path: Union[str, Path], dataframe: Union[bool, str] = False, tabl
                 rows.extend(step_rows_from_stats(doc, doc["file"]))
             else:
                 rows.extend(histogram_rows_from_stats(doc, table, doc["file"]))
-    return _maybe_frame(rows, TABLES[table], dataframe)
+    return as_table(rows, TABLES[table], dataframe)
 
 
 def read_all(path: Union[str, Path], dataframe: Union[bool, str] = False) -> Dict[str, Any]:
@@ -212,7 +212,9 @@ def read_all(path: Union[str, Path], dataframe: Union[bool, str] = False) -> Dic
     return {table: read_stats(path, dataframe, table) for table in TABLES}
 
 
-def _maybe_frame(rows: List[Dict[str, Any]], columns: Iterable[str], dataframe: Union[bool, str]) -> Any:
+def as_table(rows: List[Dict[str, Any]], columns: Iterable[str], dataframe: Union[bool, str]) -> Any:
+    """``rows`` as they are (``dataframe=False``), as a DataFrame with ``columns`` (True), or
+    as a DataFrame when pandas is installed and as they are otherwise (``"auto"``)."""
     if dataframe == "auto":
         try:
             import pandas  # noqa: F401
