@@ -3,6 +3,8 @@
 
     python examples/megatron_gpt_lossy.py --profile configs/uniform-1pct.toml \
         --stats runs/u1/stats --log runs/u1/train.jsonl --steps 200
+    python examples/megatron_gpt_lossy.py --loss-rate 0.01 --burst-length 8 \
+        --no-loss-on-forward --nproc 4 --tensor-model-parallel-size 2
 
 starts two ranks itself (``--nproc 2``; under torchrun, which sets ``RANK``, it is one rank).
 Both ranks use ``cuda:0``: each gets its own ``NCCL_HOSTID`` (``fakehost<rank>``), so NCCL takes
@@ -10,21 +12,30 @@ them for two hosts and every byte between them goes through the network plugin (
 project's GPU notes in ``bench/gpu/README.md``).
 
 The model: megatron-core's ``GPTModel`` with the local (no Transformer Engine) layer spec,
-4 layers, hidden 512, 8 heads, sequence 512, vocabulary 256 (bytes), tensor-parallel size 2,
-sequence parallelism on, so the run's traffic is all three collective kinds: AllGather and
-ReduceScatter (sequence-parallel layers, forward and backward), AllReduce (the vocab-parallel
-cross entropy, the sequence-parallel layer-norm gradients). Data parallelism is 1, so the
-optimizer is a plain ``torch.optim.AdamW`` on each rank's shard. The data is byte-level text
-(the repository's own Markdown files by default) or a synthetic learnable sequence.
+4 layers, hidden 512, 8 heads, sequence 512, vocabulary 256 (bytes), tensor-parallel size
+``--tensor-model-parallel-size`` (default: every rank), data-parallel over the rest, sequence
+parallelism on, so the run's traffic is all three collective kinds: AllGather and ReduceScatter
+(sequence-parallel layers, forward and backward; the distributed optimizer's gradients and
+parameters), AllReduce (the vocab-parallel cross entropy, the sequence-parallel layer-norm
+gradients, the gradient norm). Training goes through megatron-core's own path, the one the
+compatibility patch rewires: the model wrapped in megatron-core's ``DistributedDataParallel``,
+``finalize_model_grads``, and the optimizer ``get_megatron_optimizer`` builds (the distributed
+optimizer, Adam with decoupled weight decay, gradient clipping at ``--clip-grad``). The data is
+byte-level text (the repository's own Markdown files by default) or a synthetic learnable
+sequence.
 
 ``nccl_lossy.LossyMegatronIntegration`` sets the environment before NCCL starts, applies the
 megatron-core compatibility patch, and marks forward/backward phases and steps, so profile
-rules on ``phase`` and ``steps`` apply. Rank 0 writes one JSON line per step (loss, step time,
-tokens/s) to ``--log``.
+rules on ``phase`` and ``steps`` apply. ``--loss-rate`` / ``--burst-length`` set the default
+loss model (burst length 1: independent loss; longer: Gilbert-Elliott), on top of ``--profile``;
+``--no-loss-on-forward`` / ``--no-loss-on-backward`` keep loss out of that phase. Rank 0 writes
+one JSON line per step (loss, gradient norm, step time, tokens/s) to ``--log``.
 
 ``--cpu`` runs the same code on the CPU with the gloo backend (tiny sizes by default), for a
 dry run without a GPU: the plugin is not on that path (gloo has its own TCP), but the
-integration (environment, patch, phase and step control) runs as on a GPU.
+integration (environment, patch, phase and step control) runs as on a GPU. megatron-core's
+optimizer path asks for CUDA by name in a few places; the dry run loads the test suite's CPU
+shims for those (``python/tests/cpu_shims.py``, listed in ``python/README.md``).
 ``--no-plugin`` uses NCCL's own Socket transport instead (the baseline).
 """
 
@@ -54,7 +65,11 @@ def parse_args(argv=None):
     p.add_argument("--heads", type=int, default=None, help="default 8 (CPU: 4)")
     p.add_argument("--seq", type=int, default=None, help="default 512 (CPU: 64)")
     p.add_argument("--micro-batch", type=int, default=None, help="default 8 (CPU: 2)")
+    p.add_argument("--tensor-model-parallel-size", type=int, default=None,
+                   help="tensor-parallel size (default: all ranks); the rest is data-parallel")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--clip-grad", type=float, default=1.0, help="gradient norm clipping (0: off)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--data", choices=("text", "synthetic"), default="text")
     p.add_argument("--text", nargs="*", default=None, help="text files (default: the repository's *.md)")
@@ -65,9 +80,19 @@ def parse_args(argv=None):
     p.add_argument("--log", default=None, help="JSONL file rank 0 writes (one line per step)")
     p.add_argument("--setting", default="", help="a label copied into every log line")
     p.add_argument("--no-plugin", action="store_true", help="NCCL's own Socket transport (baseline)")
+    p.add_argument("--loss-rate", type=float, default=None,
+                   help="default loss model: this fraction of packets lost (on top of --profile)")
+    p.add_argument("--burst-length", type=float, default=None,
+                   help="mean loss burst in packets (1: independent loss; >1: Gilbert-Elliott)")
+    p.add_argument("--effect", default=None, help="what a lost packet does: zero, stale, retransmit, bitflip")
+    p.add_argument("--no-loss-on-forward", action="store_true", help="no loss while the model runs forward")
+    p.add_argument("--no-loss-on-backward", action="store_true", help="no loss while gradients flow back")
     p.add_argument("--loss-on", choices=("both", "forward", "backward"), default="both",
-                   help="phases in which the plugin injects loss (rules see the phase either way)")
+                   help="phases in which the plugin injects loss (rules see the phase either way); "
+                        "the --no-loss-on-* flags say the same")
     a = p.parse_args(argv)
+    a.loss_on_forward = a.loss_on in ("both", "forward") and not a.no_loss_on_forward
+    a.loss_on_backward = a.loss_on in ("both", "backward") and not a.no_loss_on_backward
     gpu_defaults = dict(layers=4, hidden=512, heads=8, seq=512, micro_batch=8)
     cpu_defaults = dict(layers=2, hidden=64, heads=4, seq=64, micro_batch=2)
     for key, value in (cpu_defaults if a.cpu else gpu_defaults).items():
@@ -180,6 +205,35 @@ def finite(x):
     return x if isinstance(x, float) and math.isfinite(x) else None
 
 
+def integration(args):
+    """The LossyMegatronIntegration the flags describe (checked here: a wrong value stops the
+    run before anything starts, with LossyConfigError naming the key)."""
+    import nccl_lossy
+
+    profile = args.profile or str(REPO / "configs" / "lossless.toml")
+    overrides = [tuple(kv.split("=", 1)) for kv in args.set]
+    return nccl_lossy.LossyMegatronIntegration(
+        profile,
+        loss_rate=args.loss_rate,
+        burst_length=args.burst_length,
+        effect=args.effect,
+        enable_on_forward=args.loss_on_forward,
+        enable_on_backward=args.loss_on_backward,
+        set=overrides or None,
+        stats_dir=args.stats,
+    )
+
+
+def cpu_shims():
+    """The test suite's CPU shims (python/tests/cpu_shims.py): megatron-core's optimizer path
+    asks for CUDA by name in a few places; on the CPU these stand in for exactly those."""
+    sys.path.insert(0, str(REPO / "python" / "tests"))
+    import cpu_shims as shims
+
+    shims.install()
+    return shims
+
+
 def worker(args) -> None:
     import logging
 
@@ -188,7 +242,7 @@ def worker(args) -> None:
     import torch.distributed as dist
 
     import nccl_lossy
-    from nccl_lossy.megatron import apply_megatron_core_patch
+    from nccl_lossy.megatron import apply_megatron_core_patch, patch_summary
 
     import warnings
 
@@ -196,8 +250,11 @@ def worker(args) -> None:
     warnings.filterwarnings("ignore", category=FutureWarning, message=r".*torch\.distributed\._")
     warnings.filterwarnings("ignore", category=UserWarning, message=r"Transformer Engine and Apex")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    tp = args.tensor_model_parallel_size or world
+    if world % tp:
+        raise SystemExit(f"--tensor-model-parallel-size {tp} does not divide the {world} ranks")
     if args.cpu:
-        torch.set_num_threads(1)  # two ranks on a small machine: no thread oversubscription
+        torch.set_num_threads(1)  # several ranks on a small machine: no thread oversubscription
     if not args.cpu and "NCCL_HOSTID" not in os.environ:
         os.environ["NCCL_HOSTID"] = f"fakehost{rank}"  # under torchrun: one host id per rank
         os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
@@ -208,23 +265,15 @@ def worker(args) -> None:
         if not args.cpu:
             os.environ["NCCL_NET"] = "Socket"
             os.environ["NCCL_NET_PLUGIN"] = "none"
-        apply_megatron_core_patch()
+        patch_results = apply_megatron_core_patch()
     else:
-        profile = args.profile or str(REPO / "configs" / "lossless.toml")
-        overrides = [tuple(kv.split("=", 1)) for kv in args.set]
-        integ = nccl_lossy.LossyMegatronIntegration(
-            profile,
-            enable_on_forward=args.loss_on in ("both", "forward"),
-            enable_on_backward=args.loss_on in ("both", "backward"),
-            set=overrides or None,
-            stats_dir=args.stats,
-        )
+        integ = integration(args)
         integ.enable()  # environment (NCCL has not started), megatron-core patch, injection on
+        patch_results = integ.patch_results
 
+    shims = cpu_shims() if args.cpu else None
     if args.cpu:
         device = torch.device("cpu")
-        # megatron-core allocates some buffers on torch.cuda.current_device(): point it at the CPU.
-        torch.cuda.current_device = lambda: "cpu"
         dist.init_process_group("gloo", rank=rank, world_size=world)
     else:
         torch.cuda.set_device(0)  # every rank on the one GPU
@@ -232,26 +281,28 @@ def worker(args) -> None:
         dist.init_process_group("nccl", rank=rank, world_size=world)
 
     from megatron.core import parallel_state, tensor_parallel
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
     from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    dp_rank = parallel_state.get_data_parallel_rank()
     torch.manual_seed(args.seed)
-    if not args.cpu:
+    if shims is None:
         tensor_parallel.model_parallel_cuda_manual_seed(args.seed)
     else:
-        # The model-parallel RNG tracker keeps CUDA generator states; on the CPU there are none.
-        # Dropout is 0 here, so the regions it forks need no randomness: make fork() a no-op.
-        import contextlib
-
-        tracker = tensor_parallel.get_cuda_rng_tracker()
-        tracker.fork = lambda *a, **k: contextlib.nullcontext()
-    sp = not args.no_sequence_parallel
+        shims.no_rng_tracker_fork()  # dropout is 0 here: the forked regions draw nothing
+    sp = not args.no_sequence_parallel and tp > 1
     config = TransformerConfig(
         num_layers=args.layers,
         hidden_size=args.hidden,
         num_attention_heads=args.heads,
-        tensor_model_parallel_size=world,
+        tensor_model_parallel_size=tp,
         sequence_parallel=sp,
         use_cpu_initialization=True,
         perform_initialization=True,
@@ -272,25 +323,38 @@ def worker(args) -> None:
         parallel_output=True,
         share_embeddings_and_output_weights=True,
     ).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    sp_params = [p for p in model.parameters() if getattr(p, "sequence_parallel", False)]
-    tp_group = parallel_state.get_tensor_model_parallel_group()
+    model = DistributedDataParallel(config, DistributedDataParallelConfig(use_distributed_optimizer=True), model)
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(optimizer="adam", lr=args.lr, weight_decay=args.weight_decay,
+                        decoupled_weight_decay=True, clip_grad=args.clip_grad,
+                        use_distributed_optimizer=True),
+        [model],
+    )
+    optimizer_classes = sorted({type(o.optimizer).__name__ for o in getattr(optimizer, "chained_optimizers", [optimizer])})
     if integ is not None:
         integ.attach(model, optimizer)  # phases forward/backward, step counter after optimizer.step
 
+    args.seed += 1000 * dp_rank  # each data-parallel rank its own batches, the same within a TP group
     tokens = load_tokens(args)
     data = batches(args, tokens, torch, device)
     position_ids = torch.arange(args.seq, device=device).unsqueeze(0).expand(args.micro_batch, -1)
     # Causal mask given explicitly (True = masked): megatron-core's default one is built on "cuda".
     causal = torch.triu(torch.ones(args.seq, args.seq, dtype=torch.bool, device=device), diagonal=1)[None, None]
     sync = (lambda: None) if args.cpu else torch.cuda.synchronize
+    dp_group = parallel_state.get_data_parallel_group()
+    dp_size = parallel_state.get_data_parallel_world_size()
 
     log = open(args.log, "a", encoding="utf-8") if (args.log and rank == 0) else None
     head = {"event": "start", "setting": args.setting, "profile": None if args.no_plugin else (args.profile or "configs/lossless.toml"),
-            "set": args.set, "no_plugin": args.no_plugin, "cpu": args.cpu, "world": world, "layers": args.layers,
-            "hidden": args.hidden, "heads": args.heads, "seq": args.seq, "micro_batch": args.micro_batch,
-            "sequence_parallel": sp, "steps": args.steps, "lr": args.lr, "data": args.data, "loss_on": args.loss_on,
-            "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())) if not args.cpu else None}
+            "set": args.set, "loss_rate": args.loss_rate, "burst_length": args.burst_length, "effect": args.effect,
+            "no_plugin": args.no_plugin, "cpu": args.cpu, "world": world, "tensor_parallel": tp, "data_parallel": dp_size,
+            "layers": args.layers, "hidden": args.hidden, "heads": args.heads, "seq": args.seq, "micro_batch": args.micro_batch,
+            "sequence_parallel": sp, "steps": args.steps, "lr": args.lr, "clip_grad": args.clip_grad, "data": args.data,
+            "loss_on_forward": args.loss_on_forward, "loss_on_backward": args.loss_on_backward,
+            "loss_on": {(True, True): "both", (True, False): "forward", (False, True): "backward"}.get(
+                (args.loss_on_forward, args.loss_on_backward), "none"),
+            "optimizer": optimizer_classes, "torch": torch.__version__,
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if not args.cpu else None}
     if log:
         log.write(json.dumps(head) + "\n")
         log.flush()
@@ -300,29 +364,24 @@ def worker(args) -> None:
         inputs, labels = next(data)
         sync()
         t0 = time.perf_counter()
+        model.zero_grad_buffer()
+        optimizer.zero_grad()
         per_token = model(inputs, position_ids, causal, labels=labels)  # [b, s], vocab-parallel CE
         loss = per_token.float().mean()
-        loss.backward()
-        if sp_params:  # sequence-parallel layer norms: their gradients are partial per rank
-            if integ is not None:
-                integ.mark_backward()
-            grads = [p.grad for p in sp_params if p.grad is not None]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            dist.all_reduce(flat, group=tp_group)
-            offset = 0
-            for g in grads:
-                g.copy_(flat[offset:offset + g.numel()].view_as(g))
-                offset += g.numel()
-        optimizer.step()  # integration: phase "any" during the step, then the step counter
-        optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # the gradient hook marks phase "backward"
+        finalize_model_grads([model])  # data-parallel reduce-scatter, sequence-parallel all-reduce
+        ok, grad_norm, _ = optimizer.step()  # integration: phase "any" during the step, then the step counter
+        mean = loss.detach().clone()
+        dist.all_reduce(mean, group=dp_group)  # the loss over the data-parallel ranks
         sync()
         dt = time.perf_counter() - t0
-        value = float(loss.item())
+        value = float(mean.item()) / dp_size
         losses.append(value)
-        tps.append(args.micro_batch * args.seq / dt)
+        tps.append(args.micro_batch * args.seq * dp_size / dt)
         if log:
             log.write(json.dumps({"event": "step", "setting": args.setting, "step": step, "loss": finite(value),
-                                  "step_time_s": dt, "tokens_per_s": tps[-1]}) + "\n")
+                                  "grad_norm": finite(float(grad_norm)) if grad_norm is not None else None,
+                                  "update_ok": bool(ok), "step_time_s": dt, "tokens_per_s": tps[-1]}) + "\n")
             log.flush()
         if rank == 0 and (step == 1 or step % 20 == 0 or step == args.steps):
             print(f"step {step:5d}  loss {value:8.4f}  {tps[-1]:10.0f} tokens/s", flush=True)
@@ -331,15 +390,16 @@ def worker(args) -> None:
     if integ is not None and not args.cpu:
         plugin_total = nccl_lossy.stats().get("total")
         if args.stats:
-            nccl_lossy.write_stats()
+            integ.write_stats()
     if log:
         warm = tps[min(5, len(tps) - 1):]  # leave the first steps (allocation, NCCL setup) out
         log.write(json.dumps({"event": "end", "setting": args.setting, "final_loss": finite(losses[-1]),
                               "mean_loss_last10": finite(sum(losses[-10:]) / len(losses[-10:])),
                               "tokens_per_s": sum(warm) / len(warm), "plugin_total_rank0": plugin_total,
                               "integration_step": integ.step_number if integ is not None else None,
-                              "megatron_patch_applied": sum(1 for r in (integ.patch_results if integ else [])
-                                                            if getattr(r, "status", "") == "applied")}) + "\n")
+                              "megatron_patch": patch_summary(patch_results),
+                              "megatron_patch_missing": [f"{r.module}.{r.attribute}" for r in patch_results
+                                                         if r.status == "missing"]}) + "\n")
         log.close()
     if integ is not None:
         integ.detach()

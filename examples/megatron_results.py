@@ -28,7 +28,6 @@ from typing import Any, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python" / "src"))
 import nccl_lossy  # noqa: E402
-from nccl_lossy.statsfile import load_stats_files  # noqa: E402
 
 OPS = ("AllReduce", "AllGather", "ReduceScatter")
 SCOPES = ("all",) + OPS
@@ -69,12 +68,8 @@ def read_run(run: Path) -> Optional[Dict[str, Any]]:
         rows = nccl_lossy.read_stats(stats_dir)
         for s in nccl_lossy.summarize(rows, by=("op",)):
             info["ops"][s["op"]] = {"packets": s["packets"], "lost_packets": s["lost_packets"]}
-        for doc in load_stats_files(stats_dir):
-            for conn in doc.get("connections", []):
-                for h in conn.get("histograms", []):
-                    acc = info["bursts"]
-                    for value, count in h.get("burst_lengths", []):
-                        acc[int(value)] = acc.get(int(value), 0) + int(count)
+        for s in nccl_lossy.summarize(nccl_lossy.read_stats(stats_dir, table="bursts"), by=("burst_length",)):
+            info["bursts"][int(s["burst_length"])] = s["count"]
     return info
 
 

@@ -64,3 +64,32 @@ def free_port():
 @pytest.fixture
 def lib_path():
     return nccl_lossy.library_path()
+
+
+def run_ranks(script, world, args=(), timeout=600, **env):
+    """Starts ``world`` ranks of ``script`` (torch.distributed's variables set, gloo on
+    loopback) and returns each rank's last stdout line as JSON, by rank. Any rank failing
+    fails the test with its stderr."""
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), *args],
+            env=clean_env(RANK=r, WORLD_SIZE=world, LOCAL_RANK=r, MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=port, GLOO_SOCKET_IFNAME="lo", **env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(world)
+    ]
+    outs = []
+    try:
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=timeout)
+            assert p.returncode == 0, stderr[-6000:]
+            outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return sorted(outs, key=lambda o: o["rank"])

@@ -76,60 +76,83 @@ def wait(net, request, deadline):
             raise TimeoutError("request did not complete")
 
 
-def main():
-    phases = sys.argv[1].split(",") if len(sys.argv) > 1 else ["forward", "backward", "any"]
-    nbytes = int(sys.argv[2]) if len(sys.argv) > 2 else 1 << 20
-    name, net, _lib = load_like_nccl()
-    wanted = os.environ.get("NCCL_NET")
-    if wanted and net.name.decode().lower() != wanted.lower():
-        raise RuntimeError(f"plugin is named {net.name.decode()!r}, NCCL_NET wants {wanted!r}")
-    ok(net.init(None), "init")
-    ndev = ctypes.c_int(0)
-    ok(net.devices(ctypes.byref(ndev)), "devices")
-    handle = ctypes.create_string_buffer(128)
-    listen_comm, send_comm, recv_comm, dev_handle = P(), P(), P(), P()
-    ok(net.listen(0, handle, ctypes.byref(listen_comm)), "listen")
-    deadline = time.monotonic() + 30
-    while not (send_comm.value and recv_comm.value):
-        if not send_comm.value:
-            ok(net.connect(0, handle, ctypes.byref(send_comm), ctypes.byref(dev_handle)), "connect")
-        if not recv_comm.value:
-            ok(net.accept(listen_comm, ctypes.byref(recv_comm), ctypes.byref(dev_handle)), "accept")
-        if time.monotonic() > deadline:
-            raise TimeoutError("connect/accept did not complete")
-    send_buf = (ctypes.c_uint8 * nbytes)(*([i % 251 for i in range(nbytes)]))
-    recv_buf = (ctypes.c_uint8 * nbytes)()
-    smh, rmh = P(), P()
-    ok(net.regMr(send_comm, send_buf, nbytes, NCCL_PTR_HOST, ctypes.byref(smh)), "regMr send")
-    ok(net.regMr(recv_comm, recv_buf, nbytes, NCCL_PTR_HOST, ctypes.byref(rmh)), "regMr recv")
-    intact = []
-    for tag, phase in enumerate(phases):
-        nccl_lossy.set_phase(phase)  # through the control API, on the copy loaded above
-        ctypes.memset(recv_buf, 0xEE, nbytes)
+class Link:
+    """One connection through the plugin's v8 table over loopback (send side and receive side
+    in this process), with registered buffers of ``nbytes``."""
+
+    def __init__(self, nbytes):
+        self.name, self.net, self._lib = load_like_nccl()
+        wanted = os.environ.get("NCCL_NET")
+        if wanted and self.net.name.decode().lower() != wanted.lower():
+            raise RuntimeError(f"plugin is named {self.net.name.decode()!r}, NCCL_NET wants {wanted!r}")
+        net = self.net
+        ok(net.init(None), "init")
+        self.ndev = ctypes.c_int(0)
+        ok(net.devices(ctypes.byref(self.ndev)), "devices")
+        handle = ctypes.create_string_buffer(128)
+        self.listen_comm, self.send_comm, self.recv_comm, dev_handle = P(), P(), P(), P()
+        ok(net.listen(0, handle, ctypes.byref(self.listen_comm)), "listen")
+        deadline = time.monotonic() + 30
+        while not (self.send_comm.value and self.recv_comm.value):
+            if not self.send_comm.value:
+                ok(net.connect(0, handle, ctypes.byref(self.send_comm), ctypes.byref(dev_handle)), "connect")
+            if not self.recv_comm.value:
+                ok(net.accept(self.listen_comm, ctypes.byref(self.recv_comm), ctypes.byref(dev_handle)), "accept")
+            if time.monotonic() > deadline:
+                raise TimeoutError("connect/accept did not complete")
+        self.nbytes = nbytes
+        self.send_buf = (ctypes.c_uint8 * nbytes)(*([i % 251 for i in range(nbytes)]))
+        self.recv_buf = (ctypes.c_uint8 * nbytes)()
+        self.smh, self.rmh = P(), P()
+        ok(net.regMr(self.send_comm, self.send_buf, nbytes, NCCL_PTR_HOST, ctypes.byref(self.smh)), "regMr send")
+        ok(net.regMr(self.recv_comm, self.recv_buf, nbytes, NCCL_PTR_HOST, ctypes.byref(self.rmh)), "regMr recv")
+        self.tag = 0
+
+    def send(self):
+        """Moves one message of ``nbytes``; returns whether it arrived intact."""
+        net, nbytes = self.net, self.nbytes
+        self.tag += 1
+        ctypes.memset(self.recv_buf, 0xEE, nbytes)
         rreq, sreq = P(), P()
-        data, sizes, tags = (P * 1)(ctypes.addressof(recv_buf)), (ctypes.c_int * 1)(nbytes), (ctypes.c_int * 1)(tag)
-        mhs = (P * 1)(rmh.value)
+        data = (P * 1)(ctypes.addressof(self.recv_buf))
+        sizes, tags = (ctypes.c_int * 1)(nbytes), (ctypes.c_int * 1)(self.tag)
+        mhs = (P * 1)(self.rmh.value)
         while not rreq.value:
-            ok(net.irecv(recv_comm, 1, data, sizes, tags, mhs, ctypes.byref(rreq)), "irecv")
+            ok(net.irecv(self.recv_comm, 1, data, sizes, tags, mhs, ctypes.byref(rreq)), "irecv")
         while not sreq.value:
-            ok(net.isend(send_comm, send_buf, nbytes, tag, smh, ctypes.byref(sreq)), "isend")
+            ok(net.isend(self.send_comm, self.send_buf, nbytes, self.tag, self.smh, ctypes.byref(sreq)), "isend")
         deadline = time.monotonic() + 30
         wait(net, sreq, deadline)
         got = wait(net, rreq, deadline)
-        intact.append(got == nbytes and bytes(recv_buf) == bytes(send_buf))
+        return got == nbytes and bytes(self.recv_buf) == bytes(self.send_buf)
+
+    def close(self):
+        """Closes the connection (the plugin writes its statistics file then)."""
+        net = self.net
+        ok(net.deregMr(self.send_comm, self.smh), "deregMr")
+        ok(net.deregMr(self.recv_comm, self.rmh), "deregMr")
+        ok(net.closeSend(self.send_comm), "closeSend")
+        ok(net.closeRecv(self.recv_comm), "closeRecv")
+        ok(net.closeListen(self.listen_comm), "closeListen")
+
+
+def main():
+    phases = sys.argv[1].split(",") if len(sys.argv) > 1 else ["forward", "backward", "any"]
+    nbytes = int(sys.argv[2]) if len(sys.argv) > 2 else 1 << 20
+    link = Link(nbytes)
+    intact = []
+    for phase in phases:
+        nccl_lossy.set_phase(phase)  # through the control API, on the copy loaded above
+        intact.append(link.send())
     live = nccl_lossy.stats()
-    ok(net.deregMr(send_comm, smh), "deregMr")
-    ok(net.deregMr(recv_comm, rmh), "deregMr")
-    ok(net.closeSend(send_comm), "closeSend")  # writes the statistics file
-    ok(net.closeRecv(recv_comm), "closeRecv")
-    ok(net.closeListen(listen_comm), "closeListen")
+    link.close()
     control = nccl_lossy.control.control()
     print(
         json.dumps(
             {
-                "loaded": name,
-                "plugin_name": net.name.decode(),
-                "devices": ndev.value,
+                "loaded": link.name,
+                "plugin_name": link.net.name.decode(),
+                "devices": link.ndev.value,
                 "intact": intact,
                 "live_stats": live,
                 "control_source": control.source,

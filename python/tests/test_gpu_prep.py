@@ -174,23 +174,47 @@ def test_bench_dry_run_on_gloo(tmp_path, lib_path):
     assert res["configs"]["socket"]["env_rank0"]["NCCL_HOSTID"] == "fakehost0"
 
 
-def test_megatron_example_two_steps_on_cpu_and_results_page(tmp_path, lib_path):
+def check_patch_report(end):
+    """Every patch target this megatron-core has was applied or already in place; only names
+    this version lacks are missing (never a module that failed, never "1 of N applied")."""
+    import importlib
+
+    from nccl_lossy.megatron import patch_targets
+
+    counts = end["megatron_patch"]
+    assert counts["kept"] == 0
+    assert sum(counts.values()) == len(patch_targets())
+    present = [(m, a) for m, a in patch_targets() if hasattr(importlib.import_module(m), a)]
+    assert counts["applied"] + counts["already in place"] == len(present)
+    assert counts["applied"] >= 10  # at least the ten collective bindings change on a CPU install
+    assert end["megatron_patch_missing"] == [f"{m}.{a}" for m, a in patch_targets() if (m, a) not in present]
+
+
+def test_megatron_example_tp2_dp2_on_cpu_and_results_page(tmp_path, lib_path):
+    """Four ranks, tensor-parallel 2 x data-parallel 2, with the seed script's flags, then the
+    sweep's results page."""
     pytest.importorskip("megatron.core")
     run = tmp_path / "sweep" / "uniform_0.01_all"
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--cpu", "--steps", "2", "--setting", run.name,
+        [sys.executable, str(EXAMPLE), "--cpu", "--steps", "2", "--setting", run.name, "--nproc", "4",
+         "--tensor-model-parallel-size", "2", "--no-loss-on-forward",
          "--profile", str(REPO / "configs" / "uniform-1pct.toml"), "--set", "model.rate=0.01",
          "--log", str(run / "train.jsonl"), "--stats", str(run / "stats")],
-        env=run_env(tmp_path, lib_path), capture_output=True, text=True, timeout=240)
+        env=run_env(tmp_path, lib_path), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     recs = [json.loads(line) for line in (run / "train.jsonl").read_text().splitlines()]
-    assert recs[0]["event"] == "start" and recs[0]["sequence_parallel"] and recs[0]["world"] == 2
+    head = recs[0]
+    assert head["event"] == "start" and head["sequence_parallel"]
+    assert (head["world"], head["tensor_parallel"], head["data_parallel"]) == (4, 2, 2)
+    assert head["loss_on"] == "backward"
+    assert head["optimizer"] == ["AdamW"]  # megatron-core's get_megatron_optimizer, decoupled
     steps = [r for r in recs if r["event"] == "step"]
     assert [s["step"] for s in steps] == [1, 2]
     assert all(4.0 < s["loss"] < 6.5 and s["tokens_per_s"] > 0 for s in steps)  # ~ln(256) at start
+    assert all(s["update_ok"] and s["grad_norm"] > 0 for s in steps)  # clip_grads computed the norm
     end = recs[-1]
     assert end["event"] == "end" and end["integration_step"] == 2  # optimizer hook advanced steps
-    assert end["megatron_patch_applied"] > 0
+    check_patch_report(end)
     md = tmp_path / "page" / "RESULTS.md"
     proc = subprocess.run([sys.executable, str(RESULTS), str(tmp_path / "sweep"), "--md", str(md)],
                           env=run_env(tmp_path, lib_path), capture_output=True, text=True, timeout=120)
@@ -198,6 +222,23 @@ def test_megatron_example_two_steps_on_cpu_and_results_page(tmp_path, lib_path):
     text = md.read_text()
     assert "| uniform_0.01_all | uniform | 0.01 | all | 2 |" in text
     assert "CPU/gloo dry run" in text
+
+
+def test_megatron_example_flags_build_the_integration(tmp_path):
+    example = load(EXAMPLE, "megatron_gpt_lossy")
+    args = example.parse_args(["--loss-rate", "0.01", "--burst-length", "8", "--no-loss-on-forward",
+                               "--effect", "zero", "--stats", str(tmp_path)])
+    integ = example.integration(args)
+    assert (integ.enable_on_forward, integ.enable_on_backward) == (False, True)
+    summary = integ.network.check()["summary"]
+    assert "default: gilbert_elliott(" in summary and "mean burst 8" in summary and "effect zero" in summary
+    assert integ.network.stats_dir == tmp_path.resolve()
+    args = example.parse_args(["--no-loss-on-backward"])
+    assert (args.loss_on_forward, args.loss_on_backward) == (True, False)
+    from nccl_lossy import LossyConfigError
+
+    with pytest.raises(LossyConfigError, match="loss_rate=1.5"):
+        example.integration(example.parse_args(["--loss-rate", "1.5"]))
 
 
 CHECKS = REPO / "bench" / "gpu" / "nccl_checks.py"

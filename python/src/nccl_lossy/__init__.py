@@ -4,7 +4,8 @@
 - :class:`LossyNetwork`: the environment that makes NCCL use the plugin (``.env()``, ``.apply()``);
 - :class:`LossyMegatronIntegration`: switches, phases and steps for a training run, with the
   megatron-core compatibility patches of :mod:`nccl_lossy.megatron`;
-- :func:`stats` (live counters of this process) and :func:`read_stats` (a run's files).
+- :func:`stats` (live counters of this process) and :func:`read_stats` (a run's files, as
+  tables: per collective and phase, per step, per step x collective x phase, histograms).
 """
 
 import logging
@@ -28,7 +29,7 @@ from .megatron import (
     revert_megatron_core_patch,
 )
 from .network import LossyConfigError, LossyNetwork, NcclAlreadyInitializedError
-from .statsfile import load_stats_files, read_stats, rows_from_stats, summarize
+from .statsfile import load_stats_files, read_all, read_stats, rows_from_stats, summarize
 
 __version__ = "0.1.0"
 
@@ -47,6 +48,7 @@ __all__ = [
     "apply_megatron_core_patch",
     "library_path",
     "megatron_core_patch",
+    "read_all",
     "read_stats",
     "revert_megatron_core_patch",
     "rows_from_stats",

@@ -5,19 +5,60 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable, List, Optional, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 from . import control as _control
+from .config import LossyConfigError, check_bool, check_config_keys
 from .megatron import apply_megatron_core_patch, is_patched, revert_megatron_core_patch
 from .network import LossyNetwork, SetLike
+from .statsfile import STEP_OP_COUNTERS, as_table
+from .steps import StepRecorder
 
 log = logging.getLogger("nccl_lossy")
 
 PHASES = ("any", "forward", "backward")
 
+#: Keys a config dict given as the first argument may hold.
+CONFIG_KEYS = (
+    "loss_rate",
+    "burst_length",
+    "effect",
+    "enable_on_forward",
+    "enable_on_backward",
+    "profile",
+    "set",
+    "stats_dir",
+)
+#: Keywords the constructor takes (named in the error for a misspelt one).
+KEYWORDS = CONFIG_KEYS + ("network", "patch_megatron", "apply_env", "record_steps")
+
+_DEFAULTS: Dict[str, Any] = {
+    "loss_rate": None,
+    "burst_length": None,
+    "effect": None,
+    "enable_on_forward": True,
+    "enable_on_backward": True,
+    "profile": None,
+    "set": None,
+    "stats_dir": None,
+}
+
 
 class LossyMegatronIntegration:
     """Turns the lossy network on for a training run and tells the plugin where training is.
+
+    The first argument is a :class:`LossyNetwork`, a profile path, or a config dict with the
+    keys of :data:`CONFIG_KEYS`; the keywords say the same (a key given both ways must agree)::
+
+        LossyMegatronIntegration(LossyNetwork("my-profile.toml"))
+        LossyMegatronIntegration("my-profile.toml", enable_on_forward=False)
+        LossyMegatronIntegration({"loss_rate": 0.01, "burst_length": 4, "enable_on_forward": False})
+        LossyMegatronIntegration(loss_rate=0.01, burst_length=4, effect="zero")
+
+    ``loss_rate`` + ``burst_length`` set the default loss model (burst length 1: independent
+    loss; longer: Gilbert-Elliott with that mean burst), ``effect`` what a lost packet does.
+    Everything is checked at construction, ``apply_env=False`` included: a wrong value raises
+    :class:`LossyConfigError` naming the key, the value and what is allowed.
 
     ``enable()`` (or entering the ``with`` block) puts the :class:`LossyNetwork` environment in
     place when NCCL has not started yet (``apply_env``), applies the megatron-core patches
@@ -31,35 +72,183 @@ class LossyMegatronIntegration:
     ``enable_on_forward`` / ``enable_on_backward``: whether loss is injected during that phase
     (traffic outside both phases is always subject to the profile while enabled). Profile rules
     on ``phase`` and ``steps`` see the phase and step in any case.
+
+    ``record_steps`` (default True): at every step boundary, read the plugin's counters and
+    keep their growth per collective and phase (:meth:`step_table`; :meth:`write_stats` and
+    :meth:`disable` write them next to the plugin's statistics file, for
+    ``read_stats(dir, table="step_ops")``). It costs one read of the plugin's statistics per
+    step.
+
+    Every change (``enable()``, ``disable()``, the phase, the step, and assigning
+    ``enable_on_forward``, ``enable_on_backward``, ``enabled``, ``phase`` or ``step_number``)
+    is pushed to the plugin at once, so the plugin injects exactly when :meth:`injecting` says.
     """
 
     def __init__(
         self,
-        profile: Optional[Union[str, Path]] = None,
+        network_or_profile_or_config: Union[None, LossyNetwork, str, Path, Mapping[str, Any]] = None,
+        *,
+        loss_rate: Optional[float] = None,
+        burst_length: Optional[float] = None,
+        effect: Optional[str] = None,
         enable_on_forward: bool = True,
         enable_on_backward: bool = True,
-        *,
+        profile: Optional[Union[str, Path]] = None,
         set: SetLike = None,  # noqa: A002 - mirrors NCCL_LOSSY_SET
         stats_dir: Optional[Union[str, Path]] = None,
         network: Optional[LossyNetwork] = None,
         patch_megatron: bool = True,
         apply_env: bool = True,
+        record_steps: bool = True,
+        **unknown: Any,
     ):
-        self.network = network if network is not None else LossyNetwork(profile, set, stats_dir)
-        self.enable_on_forward = enable_on_forward
-        self.enable_on_backward = enable_on_backward
-        self.patch_megatron = patch_megatron
-        self.apply_env = apply_env
-        self.phase = "any"
-        self.step_number = 0
-        self.enabled = False
+        if unknown:
+            key = next(iter(unknown))
+            raise LossyConfigError(
+                f"LossyMegatronIntegration: unknown keyword {key!r} (value {unknown[key]!r}); "
+                f"allowed: {', '.join(KEYWORDS)}"
+            )
+        given = {
+            "loss_rate": loss_rate,
+            "burst_length": burst_length,
+            "effect": effect,
+            "enable_on_forward": enable_on_forward,
+            "enable_on_backward": enable_on_backward,
+            "profile": profile,
+            "set": set,
+            "stats_dir": stats_dir,
+        }
+        first = network_or_profile_or_config
+        if isinstance(first, LossyNetwork):
+            if network is not None and network is not first:
+                raise LossyConfigError("network= and a positional LossyNetwork: allowed: one of the two")
+            network = first
+        elif isinstance(first, (str, os.PathLike)):
+            if profile is not None and Path(profile) != Path(first):
+                raise LossyConfigError(
+                    f"profile={profile!r} and a positional profile {first!r}: allowed: one of the two"
+                )
+            given["profile"] = first
+        elif isinstance(first, Mapping):
+            given = _merge_config(first, given)
+        elif first is not None:
+            raise LossyConfigError(
+                f"first argument {first!r}: allowed: a LossyNetwork, a profile path, or a config "
+                f"dict with keys {', '.join(CONFIG_KEYS)}"
+            )
+        self.patch_megatron = check_bool("patch_megatron", patch_megatron)
+        self.apply_env = check_bool("apply_env", apply_env)
+        self.record_steps = check_bool("record_steps", record_steps)
+        self._enable_on_forward = check_bool("enable_on_forward", given["enable_on_forward"])
+        self._enable_on_backward = check_bool("enable_on_backward", given["enable_on_backward"])
+        network_keys = ("loss_rate", "burst_length", "effect", "profile", "set", "stats_dir")
+        if network is not None:
+            if not isinstance(network, LossyNetwork):
+                raise LossyConfigError(f"network={network!r}: allowed: a LossyNetwork")
+            extra = [k for k in network_keys if given[k] is not None]
+            if extra:
+                raise LossyConfigError(
+                    f"{extra[0]}={given[extra[0]]!r} next to a LossyNetwork, which carries its own: "
+                    f"allowed: give {extra[0]} to the LossyNetwork"
+                )
+            self.network = network
+            network.check()  # the plugin's own reading: a wrong profile fails here
+        else:
+            self.network = LossyNetwork(
+                given["profile"],
+                given["set"],
+                given["stats_dir"],
+                loss_rate=given["loss_rate"],
+                burst_length=given["burst_length"],
+                effect=given["effect"],
+            )
+        self._phase = "any"
+        self._step = 0
+        self._enabled = False
         self.patch_results: List[Any] = []
         self._patched_here = False
         self._detachers: List[Callable[[], None]] = []
+        self._recorder = StepRecorder(lambda: _control.control().stats())
+        self._recording = False
+
+    # -- state, pushed to the plugin on every change --------------------------------------
+
+    @property
+    def enable_on_forward(self) -> bool:
+        """Whether loss is injected while the phase is ``forward`` (assigning pushes it)."""
+        return self._enable_on_forward
+
+    @enable_on_forward.setter
+    def enable_on_forward(self, value: bool) -> None:
+        self._enable_on_forward = check_bool("enable_on_forward", value)
+        self._push()
+
+    @property
+    def enable_on_backward(self) -> bool:
+        """Whether loss is injected while the phase is ``backward`` (assigning pushes it)."""
+        return self._enable_on_backward
+
+    @enable_on_backward.setter
+    def enable_on_backward(self, value: bool) -> None:
+        self._enable_on_backward = check_bool("enable_on_backward", value)
+        self._push()
+
+    @property
+    def enabled(self) -> bool:
+        """The master switch (assigning pushes it; :meth:`enable` also sets up env and patches)."""
+        return self._enabled
+
+    @enabled.setter
+    def enabled(self, value: bool) -> None:
+        self._enabled = check_bool("enabled", value)
+        self._push()
+
+    @property
+    def phase(self) -> str:
+        """The training phase the plugin was told: ``any``, ``forward`` or ``backward``."""
+        return self._phase
+
+    @phase.setter
+    def phase(self, value: str) -> None:
+        if value not in PHASES:
+            raise LossyConfigError(f"phase={value!r}: allowed: {', '.join(PHASES)}")
+        self._phase = value
+        self._push()
+
+    @property
+    def step_number(self) -> int:
+        """The training step the plugin was told (assigning pushes it)."""
+        return self._step
+
+    @step_number.setter
+    def step_number(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise LossyConfigError(f"step_number={value!r}: allowed: an integer >= 0")
+        if self._recording:
+            self._recorder.end_step(self._step)
+        self._step = value
+        _control.control().set_step(value)
+
+    def injecting(self) -> bool:
+        """Whether loss is injected right now, given the phase and the switches."""
+        if not self._enabled:
+            return False
+        if self._phase == "forward":
+            return self._enable_on_forward
+        if self._phase == "backward":
+            return self._enable_on_backward
+        return True
+
+    def _push(self) -> None:
+        ctl = _control.control()
+        ctl.set_phase(self._phase)
+        ctl.set_enabled(self.injecting())
 
     # -- switching ------------------------------------------------------------------------
 
     def enable(self) -> "LossyMegatronIntegration":
+        """Environment (when ``apply_env``), megatron-core patches (when ``patch_megatron``),
+        then injection on."""
         if self.apply_env:
             wanted = self.network.env()
             if all(os.environ.get(k) == v for k, v in wanted.items()):
@@ -70,23 +259,35 @@ class LossyMegatronIntegration:
             already = is_patched()
             self.patch_results = apply_megatron_core_patch()
             self._patched_here = not already and is_patched()
-        self.enabled = True
+        self._enabled = True
         self._push()
+        if self.record_steps and not self._recording:
+            self._recorder.start()
+            self._recording = True
         log.info(
             "lossy injection enabled (forward: %s, backward: %s)",
-            self.enable_on_forward,
-            self.enable_on_backward,
+            self._enable_on_forward,
+            self._enable_on_backward,
         )
         return self
 
-    def disable(self) -> None:
-        self.enabled = False
-        self.phase = "any"
+    def disable(self, revert_patches: bool = False) -> None:
+        """Injection off (phase ``any``). The megatron-core patches stay in place, so the
+        communication functions under a running model do not change; ``revert_patches=True``
+        also reverts the patches this object applied. The step being recorded ends here, and
+        with a statistics directory the per-step file is written (:meth:`write_stats`)."""
+        self._enabled = False
+        self._phase = "any"
         self._push()
-        if self._patched_here:
+        if self._recording:
+            self._recorder.end_step(self._step)
+            self._recording = False
+            if self.network.stats_dir is not None:
+                self._recorder.write(self.network.stats_dir)
+        if check_bool("revert_patches", revert_patches) and self._patched_here:
             revert_megatron_core_patch()
             self._patched_here = False
-        log.info("lossy injection disabled")
+        log.info("lossy injection disabled%s", " and megatron-core patches reverted" if revert_patches else "")
 
     def __enter__(self) -> "LossyMegatronIntegration":
         return self.enable()
@@ -97,42 +298,22 @@ class LossyMegatronIntegration:
 
     # -- phases and steps -----------------------------------------------------------------
 
-    def injecting(self) -> bool:
-        """Whether loss is injected right now, given the phase and the switches."""
-        if not self.enabled:
-            return False
-        if self.phase == "forward":
-            return self.enable_on_forward
-        if self.phase == "backward":
-            return self.enable_on_backward
-        return True
-
-    def _push(self) -> None:
-        ctl = _control.control()
-        ctl.set_phase(self.phase)
-        ctl.set_enabled(self.injecting())
-
-    def _set_phase(self, phase: str) -> None:
-        if phase not in PHASES:
-            raise ValueError(f"unknown phase {phase!r}; allowed: {', '.join(PHASES)}")
-        if phase != self.phase:
-            self.phase = phase
-            self._push()
-
     def mark_forward(self) -> None:
-        self._set_phase("forward")
+        """Phase ``forward`` (pushed even when it already was)."""
+        self.phase = "forward"
 
     def mark_backward(self) -> None:
-        self._set_phase("backward")
+        """Phase ``backward`` (pushed even when it already was)."""
+        self.phase = "backward"
 
     def mark_any(self) -> None:
-        self._set_phase("any")
+        """Phase ``any`` (pushed even when it already was)."""
+        self.phase = "any"
 
     def step(self, step: Optional[int] = None) -> int:
         """Sets the training step (default: the next one) and returns it."""
-        self.step_number = self.step_number + 1 if step is None else int(step)
-        _control.control().set_step(self.step_number)
-        return self.step_number
+        self.step_number = self._step + 1 if step is None else step
+        return self._step
 
     # -- hooks ----------------------------------------------------------------------------
 
@@ -199,6 +380,41 @@ class LossyMegatronIntegration:
     def stats(self) -> Any:
         """Live statistics of this process (see :func:`nccl_lossy.stats`)."""
         return _control.control().stats()
+
+    def step_table(self, dataframe: Union[bool, str] = False) -> Any:
+        """The plugin's counters per step x collective x phase recorded so far (the ``step_ops``
+        table of :func:`nccl_lossy.read_stats`, without the file columns): one row per
+        (step, op, phase) that saw traffic, with ``messages``, ``bytes``, ``packets``,
+        ``lost_packets``, ``loss_events`` (bursts within a message) and ``loss_rate``. Steps end
+        at :meth:`step` (and :meth:`disable`)."""
+        rows = [
+            {**r, "loss_rate": r["lost_packets"] / r["packets"] if r["packets"] else 0.0}
+            for r in self._recorder.rows
+        ]
+        return as_table(rows, ("step", "op", "phase") + STEP_OP_COUNTERS + ("loss_rate",), dataframe)
+
+    def write_stats(self) -> Optional[Path]:
+        """Asks the plugin to write its statistics file into the statistics directory now and
+        writes the per-step file next to it; returns the per-step file's path (None without a
+        statistics directory)."""
+        _control.control().write_stats()
+        if self.network.stats_dir is None:
+            return None
+        return self._recorder.write(self.network.stats_dir)
+
+
+def _merge_config(config: Mapping[str, Any], given: Dict[str, Any]) -> Dict[str, Any]:
+    """The config dict's values with the keywords; a key set both ways must agree."""
+    check_config_keys(config, CONFIG_KEYS, "LossyMegatronIntegration config")
+    merged = dict(given)
+    for key, value in config.items():
+        keyword = given[key]
+        if keyword != _DEFAULTS[key] and keyword != value:
+            raise LossyConfigError(
+                f"{key}: the config says {value!r}, the keyword {keyword!r}; allowed: one value"
+            )
+        merged[key] = value
+    return merged
 
 
 def _tensors(value: Any) -> List[Any]:

@@ -11,17 +11,28 @@ would leave the copies in other modules untouched):
    (``local_multi_tensor_applier``, ``local_multi_tensor_l2_norm``, ``local_multi_tensor_scale``)
    instead of Transformer Engine's or apex's kernels, in ``optimizer.clip_grads``,
    ``optimizer.optimizer`` and Megatron-FSDP's ``mixed_precision``;
-3. optimizer: ``Adam`` becomes ``torch.optim.AdamW`` (apex's and TE's ``FusedAdam`` default to
-   decoupled weight decay, so AdamW is the matching PyTorch class) in
-   ``optimizer.distrib_optimizer`` and ``optimizer`` (with ``SGD``), together with the flags
-   that tell those modules which optimizer family they run, so checkpoints stay consistent.
+3. optimizer: what megatron-core itself binds when neither Transformer Engine nor apex is
+   installed: ``Adam`` becomes ``torch.optim.Adam`` in ``optimizer.distrib_optimizer`` (the class
+   its "Only Adam ... supported" check accepts; torch's ``AdamW`` subclasses it, so both pass)
+   and ``torch.optim.AdamW`` in ``optimizer`` (with ``SGD``), together with the flags that tell
+   those modules they run PyTorch's optimizers. With ``USING_PYTORCH_OPTIMIZER`` set,
+   ``get_megatron_optimizer`` builds ``torch.optim.AdamW`` when
+   ``OptimizerConfig.decoupled_weight_decay`` is True and ``torch.optim.Adam`` when it is False,
+   so every optimizer configuration that runs without the patch runs with it, with the weight
+   decay the user asked for.
 
-Every name is checked before it is set: a name a megatron-core version lacks is skipped and
-logged at INFO with the reason, as is every patch applied. The patch is idempotent and
-:func:`revert_megatron_core_patch` restores the originals (a name that something else rebound
-after the patch, such as megatron-core's own fp32-accumulating reduce-scatter, is left alone,
-and the log says so). Without megatron-core or torch installed, nothing is patched and a
-warning says why.
+Every target is reported (and logged at INFO) as exactly one of:
+
+- ``applied``: the name was rebound, from the value shown to the replacement;
+- ``already in place``: the name already held the replacement (a CPU install of megatron-core
+  binds most of them itself; a second call finds its own earlier work);
+- ``missing``: this megatron-core version has no such name, or the module cannot be imported;
+- ``kept``: deliberately left alone (megatron-core's own fp32-accumulating reduce-scatter).
+
+A bug in a replacement raises; it is never reported as anything else. The patch is idempotent
+and :func:`revert_megatron_core_patch` restores what it changed (a name that something else
+rebound after the patch is left alone, and the log says so). Without megatron-core or torch
+installed, nothing is patched and a warning says why.
 """
 
 from __future__ import annotations
@@ -35,11 +46,14 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 log = logging.getLogger("nccl_lossy.megatron")
 
-_APPLIED = "applied"
-_SKIPPED = "skipped"
-_ALREADY = "already applied"
-_REVERTED = "reverted"
-_LEFT = "left as is"
+APPLIED = "applied"
+IN_PLACE = "already in place"
+MISSING = "missing"
+KEPT = "kept"
+REVERTED = "reverted"
+LEFT = "left as is"
+#: Every status :func:`apply_megatron_core_patch` reports, in the order the summary lists them.
+APPLY_STATUSES = (APPLIED, IN_PLACE, MISSING, KEPT)
 
 
 @dataclass(frozen=True)
@@ -48,7 +62,7 @@ class PatchResult:
 
     module: str
     attribute: str
-    status: str  # "applied", "skipped", "already applied", "reverted", "left as is"
+    status: str  # one of APPLY_STATUSES, or "reverted" / "left as is" from a revert
     reason: str = ""
 
     def __str__(self) -> str:
@@ -65,7 +79,7 @@ class _Record:
 
 
 # A target: module, attribute, the group it belongs to, and a function that returns
-# (replacement, note) or raises _Skip.
+# (replacement, note), or raises _Skip (status "kept") or _Missing (status "missing").
 @dataclass(frozen=True)
 class _Target:
     module: str
@@ -74,8 +88,12 @@ class _Target:
     replacement: Callable[[Any], Tuple[Any, str]]
 
 
+class _Missing(Exception):
+    """Raised by a replacement picker when this megatron-core version lacks what it needs."""
+
+
 class _Skip(Exception):
-    pass
+    """Raised by a replacement picker to leave a name deliberately as it is (status ``kept``)."""
 
 
 _lock = threading.RLock()
@@ -124,7 +142,7 @@ def _local_multi_tensor(name: str) -> Callable[[Any], Tuple[Any, str]]:
     def pick(current: Any) -> Tuple[Any, str]:
         utils = importlib.import_module("megatron.core.utils")
         if not hasattr(utils, name):
-            raise _Skip(f"megatron.core.utils has no {name} in this megatron-core version")
+            raise _Missing(f"megatron.core.utils has no {name} in this megatron-core version")
         return getattr(utils, name), f"megatron.core.utils.{name}"
 
     return pick
@@ -173,7 +191,10 @@ def _targets() -> List[_Target]:
     dopt = "megatron.core.optimizer.distrib_optimizer"
     oinit = "megatron.core.optimizer"
     targets += [
-        _Target(dopt, "Adam", opt, _torch_optim("AdamW")),
+        # torch.optim.Adam: the distributed optimizer's isinstance check accepts it and its
+        # subclass AdamW; AdamW here would reject the torch.optim.Adam that
+        # get_megatron_optimizer builds for decoupled_weight_decay=False.
+        _Target(dopt, "Adam", opt, _torch_optim("Adam")),
         _Target(dopt, "HAVE_APEX_OR_TE", opt, _constant(False)),
         _Target(dopt, "USING_TE_OPTIMIZER", opt, _constant(False)),
         _Target(dopt, "USING_APEX_OPTIMIZER", opt, _constant(False)),
@@ -210,11 +231,15 @@ def _megatron_missing_reason() -> Optional[str]:
 
 
 def _import(name: str, failures: Dict[str, str]) -> Optional[Any]:
+    """The module, or None (with the reason in ``failures``) when it cannot be imported.
+
+    Only ImportError counts as "missing" (an optional dependency of that one module, or a
+    module this version does not have); any other exception is a bug and propagates."""
     if name in failures:
         return None
     try:
         return importlib.import_module(name)
-    except Exception as err:  # any import-time failure of one module skips only its targets
+    except ImportError as err:
         failures[name] = f"{type(err).__name__}: {err}"
         return None
 
@@ -222,8 +247,10 @@ def _import(name: str, failures: Dict[str, str]) -> Optional[Any]:
 def apply_megatron_core_patch() -> List[PatchResult]:
     """Applies the patches; returns what happened to each target (also logged at INFO).
 
-    Safe to call again (targets already patched are reported as such) and safe without
-    megatron-core installed (returns an empty list after a warning)."""
+    Each result's status is one of :data:`APPLY_STATUSES` (see the module's docstring). Safe
+    to call again (every target then reports ``already in place``) and safe without
+    megatron-core installed (returns an empty list after a warning). A replacement that fails
+    raises: a bug is never reported as a status."""
     with _lock:
         missing = _megatron_missing_reason()
         if missing:
@@ -237,14 +264,20 @@ def apply_megatron_core_patch() -> List[PatchResult]:
         failures: Dict[str, str] = {}
         for target in _targets():
             results.append(_apply_one(target, failures))
-        applied = sum(r.status == _APPLIED for r in results)
+        counts = patch_summary(results)
         log.info(
-            "megatron-core patch: %d applied, %d already applied, %d skipped",
-            applied,
-            sum(r.status == _ALREADY for r in results),
-            sum(r.status == _SKIPPED for r in results),
+            "megatron-core patch: %s",
+            ", ".join(f"{counts[status]} {status}" for status in APPLY_STATUSES),
         )
         return results
+
+
+def patch_summary(results: List[PatchResult]) -> Dict[str, int]:
+    """How many results have each status (every status of :data:`APPLY_STATUSES` present)."""
+    counts = {status: 0 for status in APPLY_STATUSES}
+    for r in results:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    return counts
 
 
 def _apply_one(target: _Target, failures: Dict[str, str]) -> PatchResult:
@@ -257,26 +290,26 @@ def _apply_one(target: _Target, failures: Dict[str, str]) -> PatchResult:
 
     module = _import(target.module, failures)
     if module is None:
-        return result(_SKIPPED, f"module cannot be imported: {failures[target.module]}")
+        return result(MISSING, f"module cannot be imported: {failures[target.module]}")
     if not hasattr(module, target.attribute):
-        return result(_SKIPPED, "this megatron-core version has no such attribute")
+        return result(MISSING, "this megatron-core version has no such attribute")
     current = getattr(module, target.attribute)
     record = _records.get(key)
     if record is not None and current is record.replacement:
-        return result(_ALREADY, f"bound to {_describe(current)}")
+        return result(IN_PLACE, f"bound to {_describe(current)} by this patch earlier")
     try:
         replacement, text = target.replacement(current)
+    except _Missing as err:
+        return result(MISSING, str(err))
     except _Skip as skip:
-        return result(_SKIPPED, str(skip))
-    except Exception as err:
-        return result(_SKIPPED, f"no replacement available: {type(err).__name__}: {err}")
+        return result(KEPT, str(skip))
+    if current is replacement:
+        return result(IN_PLACE, f"megatron-core already binds {text}")
     setattr(module, target.attribute, replacement)
     # A target re-patched after something else rebound it keeps its first original.
     original = record.original if record is not None else current
     _records[key] = _Record(module, target.attribute, original, replacement)
-    if current is replacement:
-        return result(_APPLIED, f"{text} (already bound to it)")
-    return result(_APPLIED, f"{_describe(current)} -> {text}")
+    return result(APPLIED, f"{_describe(current)} -> {text}")
 
 
 def revert_megatron_core_patch() -> List[PatchResult]:
@@ -287,12 +320,12 @@ def revert_megatron_core_patch() -> List[PatchResult]:
             current = getattr(record.module, attribute, None)
             if current is record.replacement:
                 setattr(record.module, attribute, record.original)
-                res = PatchResult(module_name, attribute, _REVERTED, f"back to {_describe(record.original)}")
+                res = PatchResult(module_name, attribute, REVERTED, f"back to {_describe(record.original)}")
             else:
                 res = PatchResult(
                     module_name,
                     attribute,
-                    _LEFT,
+                    LEFT,
                     f"rebound to {_describe(current)} after the patch; not overwriting it",
                 )
             log.info("megatron-core patch %s", res)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
 
 from ._library import library_path, mapped_library_paths
+from .config import LossyConfigError, loss_overrides
 
 log = logging.getLogger("nccl_lossy")
 
@@ -21,10 +22,6 @@ OWNED_VARIABLES = ("NCCL_LOSSY_PROFILE", "NCCL_LOSSY_SET", "NCCL_LOSSY_STATS")
 _PROTOCOLS = ("LL", "LL128", "SIMPLE")
 
 SetLike = Union[None, str, Mapping[str, Any], Iterable[Tuple[str, Any]]]
-
-
-class LossyConfigError(ValueError):
-    """The profile, the overrides or the surrounding environment do not fit together."""
 
 
 class NcclAlreadyInitializedError(RuntimeError):
@@ -104,7 +101,33 @@ def check_profile(
     raises :class:`LossyConfigError` with the plugin's message (file, line, key, allowed
     values) when the profile is wrong."""
     lib = Path(library) if library is not None else library_path()
-    args = [sys.executable, "-c", _CHECK_SCRIPT, str(lib), str(profile or ""), format_overrides(overrides)]
+    text = format_overrides(overrides)
+    key = (str(lib), _file_key(lib), str(profile or ""), _file_key(profile), text)
+    cached = _checked.get(key)
+    if cached is not None:
+        return json.loads(cached)
+    answer = _check_in_child(lib, profile, text)
+    _checked[key] = json.dumps(answer)
+    return answer
+
+
+# Answers of check_profile by (library, its size and time, profile, its size and time,
+# overrides): the same question is answered once per process.
+_checked: Dict[tuple, str] = {}
+
+
+def _file_key(path: Optional[Union[str, Path]]) -> Optional[Tuple[int, int]]:
+    if path is None or str(path) == "":
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns)
+
+
+def _check_in_child(lib: Path, profile: Optional[Union[str, Path]], overrides: str) -> Dict[str, Any]:
+    args = [sys.executable, "-c", _CHECK_SCRIPT, str(lib), str(profile or ""), overrides]
     try:
         proc = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired) as err:
@@ -144,7 +167,14 @@ class LossyNetwork:
 
     ``profile``: path of a TOML profile (None: the plugin's embedded default);
     ``set``: overrides, as ``{"model.rate": 0.01, "seed": 7}`` or ``"model.rate=0.01;seed=7"``;
-    ``stats_dir``: directory for the per-rank statistics files (None: none written).
+    ``stats_dir``: directory for the per-rank statistics files (None: none written);
+    ``loss_rate`` / ``burst_length``: the default loss model, as a fraction of packets lost in
+    bursts of that many packets on average (1, or None: independent loss; see
+    :func:`nccl_lossy.config.loss_overrides`); ``effect``: what a lost packet does
+    (``"zero"``, ``"stale"``, ``"retransmit"``, ``"bitflip"``).
+
+    Everything is checked here, by the plugin library itself (:meth:`check`): a wrong value
+    raises :class:`LossyConfigError` naming the key, the value and what is allowed.
     """
 
     def __init__(
@@ -153,14 +183,31 @@ class LossyNetwork:
         set: SetLike = None,  # noqa: A002 - mirrors NCCL_LOSSY_SET
         stats_dir: Optional[Union[str, Path]] = None,
         library: Optional[Union[str, Path]] = None,
+        *,
+        loss_rate: Optional[float] = None,
+        burst_length: Optional[float] = None,
+        effect: Optional[str] = None,
     ):
         self.profile = Path(profile).expanduser().resolve() if profile is not None else None
-        self.overrides = format_overrides(set)
+        loss = loss_overrides(loss_rate, burst_length, effect)
+        user = parse_overrides(format_overrides(set))
+        for key, _ in loss:
+            clash = [k for k, _ in user if k == key or k.startswith(key + ".")]
+            if clash:
+                raise LossyConfigError(
+                    f"set={format_overrides(set)!r} overrides {clash[0]!r}, which "
+                    f"{'loss_rate' if key == 'model' else key}= sets too; allowed: one of the two"
+                )
+        self.loss_rate = loss_rate
+        self.burst_length = burst_length
+        self.effect = effect
+        self.overrides = ";".join(p for p in (format_overrides(set), format_overrides(loss)) if p)
         self.stats_dir = Path(stats_dir).expanduser().resolve() if stats_dir is not None else None
         self.library = Path(library).expanduser().resolve() if library is not None else None
         if self.profile is not None and not self.profile.is_file():
             raise LossyConfigError(f"profile {self.profile} does not exist")
         self._checked: Optional[Dict[str, Any]] = None
+        self.check()
 
     def __repr__(self) -> str:
         return (

@@ -1,11 +1,26 @@
-"""Statistics: the plugin's per-rank JSON files as plain rows.
+"""Statistics: the plugin's per-rank JSON files as plain rows (tables).
 
 A file (``lossy-stats-rank{R}-{host}-{pid}.json``, written by the plugin into
 ``NCCL_LOSSY_STATS``) holds ``format_version``, ``rank``, ``host``, ``pid``,
-``written_at_unix_ms``, the resolved ``profile``, ``total`` counts and per-connection
+``written_at_unix_ms``, the resolved ``profile``, ``total`` counts, per-connection
 ``connections`` (``comm_id``, ``index``, ``total``, ``by_op`` cells per collective and phase,
-``histograms``). :func:`read_stats` turns a run's files into one row per
-(file, connection, collective, phase).
+``histograms`` of burst lengths and message latencies per collective) and ``by_step``
+(packets and lost packets per training step). Next to it,
+:class:`~nccl_lossy.LossyMegatronIntegration` writes ``lossy-steps-rank{R}-{host}-{pid}.json``:
+the plugin's counters per step x collective x phase (see :mod:`nccl_lossy.steps`).
+
+:func:`read_stats` turns a run's files into the rows of one table (:data:`TABLES`):
+
+- ``ops``: one row per (file, connection, collective, phase), the counters of :data:`COUNTERS`;
+- ``steps``: one row per (file, step): ``packets``, ``lost_packets``, ``loss_rate``;
+- ``step_ops``: one row per (file, step, collective, phase): ``messages``, ``bytes``,
+  ``packets``, ``lost_packets``, ``loss_events`` (bursts of consecutive lost packets within a
+  message), ``loss_rate``;
+- ``bursts``: one row per (file, connection, collective, burst length): ``count``;
+- ``latency``: one row per (file, connection, collective, latency bin in ns): ``count``.
+
+Rows are flat dicts: ``pandas.DataFrame(rows)`` takes them as they are, and
+``dataframe=True`` (or ``"auto"``: when pandas is installed) returns that DataFrame.
 """
 
 from __future__ import annotations
@@ -35,6 +50,22 @@ COLUMNS = (
 ) + COUNTERS + ("loss_rate",)
 
 FILE_GLOB = "lossy-stats-rank*.json"
+#: The files :class:`~nccl_lossy.LossyMegatronIntegration` writes (per step x collective x phase).
+STEP_FILE_GLOB = "lossy-steps-rank*.json"
+
+_FILE_COLUMNS = ("file", "rank", "host", "pid")
+#: Counters of a ``step_ops`` row.
+STEP_OP_COUNTERS = ("messages", "bytes", "packets", "lost_packets", "loss_events")
+#: The columns of each table, in order.
+TABLES = {
+    "ops": COLUMNS,
+    "steps": _FILE_COLUMNS + ("step", "packets", "lost_packets", "loss_rate"),
+    "step_ops": _FILE_COLUMNS + ("step", "op", "phase") + STEP_OP_COUNTERS + ("loss_rate",),
+    "bursts": _FILE_COLUMNS + ("comm_id", "connection", "op", "burst_length", "count"),
+    "latency": _FILE_COLUMNS + ("comm_id", "connection", "op", "latency_ns", "count"),
+}
+#: Columns :func:`summarize` adds up (those a row has).
+SUMMED = COUNTERS + ("count",)
 
 
 class StatsFormatError(ValueError):
@@ -81,14 +112,58 @@ def rows_from_stats(doc: Dict[str, Any], file: str = "") -> List[Dict[str, Any]]
     return rows
 
 
-def stats_files(path: Union[str, Path]) -> List[Path]:
+def _file_fields(doc: Dict[str, Any], file: str) -> Dict[str, Any]:
+    return {"file": file, "rank": doc.get("rank"), "host": doc.get("host"), "pid": doc.get("pid")}
+
+
+def step_rows_from_stats(doc: Dict[str, Any], file: str = "") -> List[Dict[str, Any]]:
+    """The ``steps`` table of one statistics document: the plugin's per-step counters."""
+    doc = _check(doc, file or "statistics document")
+    rows = []
+    for cell in doc.get("by_step", []):
+        packets, lost = int(cell.get("packets", 0)), int(cell.get("lost_packets", 0))
+        rows.append({**_file_fields(doc, file), "step": int(cell["step"]), "packets": packets,
+                     "lost_packets": lost, "loss_rate": lost / packets if packets else 0.0})
+    return rows
+
+
+def histogram_rows_from_stats(doc: Dict[str, Any], kind: str, file: str = "") -> List[Dict[str, Any]]:
+    """The ``bursts`` (``kind="bursts"``) or ``latency`` table of one statistics document: one
+    row per histogram bin of each connection and collective."""
+    doc = _check(doc, file or "statistics document")
+    field, column = {"bursts": ("burst_lengths", "burst_length"), "latency": ("latency_ns", "latency_ns")}[kind]
+    rows = []
+    for conn in doc.get("connections", []):
+        for hist in conn.get("histograms", []):
+            for value, count in hist.get(field, []):
+                rows.append({**_file_fields(doc, file), "comm_id": conn.get("comm_id"),
+                             "connection": conn.get("index"), "op": hist.get("op"),
+                             column: int(value), "count": int(count)})
+    return rows
+
+
+def step_op_rows_from_doc(doc: Dict[str, Any], file: str = "") -> List[Dict[str, Any]]:
+    """The ``step_ops`` table of one per-step document (``lossy-steps-rank*.json``)."""
+    if not isinstance(doc, dict) or "steps" not in doc or "format_version" not in doc:
+        raise StatsFormatError(f"{file or 'document'} is not a nccl-lossy per-step file")
+    rows = []
+    for cell in doc["steps"]:
+        row = {**_file_fields(doc, file), "step": int(cell["step"]), "op": cell["op"], "phase": cell["phase"]}
+        for counter in STEP_OP_COUNTERS:
+            row[counter] = int(cell.get(counter, 0))
+        row["loss_rate"] = row["lost_packets"] / row["packets"] if row["packets"] else 0.0
+        rows.append(row)
+    return rows
+
+
+def stats_files(path: Union[str, Path], glob: str = FILE_GLOB) -> List[Path]:
     """The statistics files of a run directory (or the one file ``path`` names), sorted."""
     path = Path(path)
     if path.is_file():
         return [path]
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: no such statistics file or directory")
-    return sorted(p for p in path.glob(FILE_GLOB) if p.is_file())
+    return sorted(p for p in path.glob(glob) if p.is_file())
 
 
 def load_stats_files(path: Union[str, Path]) -> List[Dict[str, Any]]:
@@ -105,39 +180,82 @@ def load_stats_files(path: Union[str, Path]) -> List[Dict[str, Any]]:
     return docs
 
 
-def read_stats(path: Union[str, Path], dataframe: bool = False) -> Any:
-    """A run's statistics as a list of row dicts (see :data:`COLUMNS`).
+def read_stats(path: Union[str, Path], dataframe: Union[bool, str] = False, table: str = "ops") -> Any:
+    """A run's statistics as the rows of ``table`` (one of :data:`TABLES`, columns in order).
 
-    ``path`` is a directory given as ``NCCL_LOSSY_STATS`` (or one file). With
-    ``dataframe=True`` the rows come as a pandas DataFrame (pandas must be installed)."""
+    ``path`` is a directory given as ``NCCL_LOSSY_STATS`` (or one file). ``dataframe=True``
+    returns a pandas DataFrame (pandas must be installed), ``"auto"`` a DataFrame when pandas
+    is installed and the list of row dicts otherwise, False the list."""
+    if table not in TABLES:
+        raise ValueError(f"table={table!r}: allowed: {', '.join(TABLES)}")
     rows: List[Dict[str, Any]] = []
-    for doc in load_stats_files(path):
-        rows.extend(rows_from_stats(doc, doc["file"]))
-    if dataframe:
-        return to_dataframe(rows)
-    return rows
+    if table == "step_ops":
+        for file in stats_files(path, STEP_FILE_GLOB):
+            try:
+                doc = json.loads(file.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as err:
+                raise StatsFormatError(f"{file} is not valid JSON: {err}") from err
+            rows.extend(step_op_rows_from_doc(doc, str(file)))
+    else:
+        for doc in load_stats_files(path):
+            if table == "ops":
+                rows.extend(rows_from_stats(doc, doc["file"]))
+            elif table == "steps":
+                rows.extend(step_rows_from_stats(doc, doc["file"]))
+            else:
+                rows.extend(histogram_rows_from_stats(doc, table, doc["file"]))
+    return as_table(rows, TABLES[table], dataframe)
 
 
-def to_dataframe(rows: Iterable[Dict[str, Any]]) -> Any:
-    """Rows as a pandas DataFrame with :data:`COLUMNS`."""
+def read_all(path: Union[str, Path], dataframe: Union[bool, str] = False) -> Dict[str, Any]:
+    """Every table of :data:`TABLES` for a run, by name (see :func:`read_stats`)."""
+    return {table: read_stats(path, dataframe, table) for table in TABLES}
+
+
+def as_table(rows: List[Dict[str, Any]], columns: Iterable[str], dataframe: Union[bool, str]) -> Any:
+    """``rows`` as they are (``dataframe=False``), as a DataFrame with ``columns`` (True), or
+    as a DataFrame when pandas is installed and as they are otherwise (``"auto"``)."""
+    if dataframe == "auto":
+        try:
+            import pandas  # noqa: F401
+        except ImportError:
+            return rows
+        dataframe = True
+    elif not isinstance(dataframe, bool):
+        raise ValueError(f"dataframe={dataframe!r}: allowed: True, False, 'auto'")
+    return to_dataframe(rows, columns) if dataframe else rows
+
+
+def to_dataframe(rows: Iterable[Dict[str, Any]], columns: Iterable[str] = COLUMNS) -> Any:
+    """Rows as a pandas DataFrame with ``columns`` (default: the ``ops`` table's)."""
     try:
         import pandas as pd
     except ImportError as err:
         raise ImportError("dataframe=True needs pandas: pip install pandas") from err
-    return pd.DataFrame(list(rows), columns=list(COLUMNS))
+    return pd.DataFrame(list(rows), columns=list(columns))
 
 
 def summarize(rows: Iterable[Dict[str, Any]], by: Iterable[str] = ("op", "phase")) -> List[Dict[str, Any]]:
-    """Sums the counters of ``rows`` grouped by the ``by`` columns (with a loss rate)."""
+    """Sums the counters of ``rows`` (those of :data:`SUMMED` the rows have) grouped by the
+    ``by`` columns, with a loss rate where packets are counted. Works on every table of
+    :func:`read_stats` (a DataFrame too): ``summarize(read_stats(d, table="step_ops"),
+    by=("step", "op"))``, ``summarize(read_stats(d, table="bursts"), by=("op", "burst_length"))``."""
+    if hasattr(rows, "to_dict"):
+        rows = rows.to_dict("records")
     keys = tuple(by)
     groups: Dict[tuple, Dict[str, Any]] = {}
     for row in rows:
         group = tuple(row.get(k) for k in keys)
-        acc = groups.setdefault(group, {**dict(zip(keys, group)), **{c: 0 for c in COUNTERS}})
-        for c in COUNTERS:
-            acc[c] += row[c]
+        acc = groups.get(group)
+        if acc is None:
+            acc = {**dict(zip(keys, group)), **{c: 0 for c in SUMMED if c in row}}
+            groups[group] = acc
+        for c in SUMMED:
+            if c in acc:
+                acc[c] += int(row.get(c, 0))
     out = []
     for acc in groups.values():
-        acc["loss_rate"] = acc["lost_packets"] / acc["packets"] if acc["packets"] else 0.0
+        if "packets" in acc and "lost_packets" in acc:
+            acc["loss_rate"] = acc["lost_packets"] / acc["packets"] if acc["packets"] else 0.0
         out.append(acc)
     return out

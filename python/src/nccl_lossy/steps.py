@@ -1,0 +1,99 @@
+"""The plugin's counters per training step x collective x phase.
+
+The plugin itself keeps per-step totals (``by_step``: packets and lost packets) and per
+(collective, phase) totals over the whole run. :class:`StepRecorder` joins the two: at every
+step boundary it reads the plugin's live counters (``ncclLossyStatsJson``) and keeps what each
+(collective, phase) cell grew by during the step that ended. The numbers are the plugin's own;
+only a message still being handed to the plugin in the microseconds between reading the
+counters and setting the next step can land in the neighbouring step.
+
+:meth:`StepRecorder.write` leaves them next to the plugin's statistics file as
+``lossy-steps-rank{R}-{host}-{pid}.json``, which ``read_stats(dir, table="step_ops")`` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+#: Layout version of the per-step file.
+FORMAT_VERSION = 1
+_COUNTERS = ("messages", "bytes", "packets", "lost_packets", "loss_events")
+_RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+
+Cells = Dict[Tuple[str, str], Dict[str, int]]
+
+
+def cell_totals(doc: Dict[str, Any]) -> Cells:
+    """(collective, phase) -> counters, summed over the connections of a statistics document."""
+    totals: Cells = {}
+    for conn in doc.get("connections", []):
+        for cell in conn.get("by_op", []):
+            acc = totals.setdefault((cell["op"], cell["phase"]), {c: 0 for c in _COUNTERS})
+            for c in _COUNTERS:
+                acc[c] += int(cell.get(c, 0))
+    return totals
+
+
+class StepRecorder:
+    """Keeps the growth of the plugin's (collective, phase) counters per training step.
+
+    ``read`` returns the plugin's statistics document (the live one by default)."""
+
+    def __init__(self, read: Callable[[], Dict[str, Any]]):
+        self._read = read
+        self._last: Optional[Cells] = None
+        #: One dict per (step, collective, phase) that saw traffic, in step order.
+        self.rows: List[Dict[str, Any]] = []
+
+    def start(self) -> None:
+        """Takes the counters as they are now as the start of the current step."""
+        self._last = cell_totals(self._read())
+
+    def end_step(self, step: int) -> None:
+        """Records what each cell grew by since the last call as step ``step``."""
+        now = cell_totals(self._read())
+        last = self._last or {}
+        for (op, phase), counts in sorted(now.items()):
+            before = last.get((op, phase), {})
+            grown = {c: counts[c] - before.get(c, 0) for c in _COUNTERS}
+            if grown["messages"] or grown["packets"]:
+                self.rows.append({"step": step, "op": op, "phase": phase, **grown})
+        self._last = now
+
+    def document(self) -> Dict[str, Any]:
+        """The per-step file's content."""
+        return {
+            "format_version": FORMAT_VERSION,
+            "rank": launcher_rank(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "written_at_unix_ms": int(time.time() * 1000),
+            "steps": self.rows,
+        }
+
+    def write(self, directory: Path) -> Path:
+        """Writes ``lossy-steps-rank{R}-{host}-{pid}.json`` into ``directory`` (atomically)."""
+        doc = self.document()
+        rank = "x" if doc["rank"] is None else str(doc["rank"])
+        host = "".join(c if c.isalnum() or c in "-_." else "_" for c in doc["host"])
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"lossy-steps-rank{rank}-{host}-{doc['pid']}.json"
+        tmp = directory / f".{path.name}.tmp"
+        tmp.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+        os.replace(tmp, path)
+        return path
+
+
+def launcher_rank() -> Optional[int]:
+    """The rank the launcher gave this process (as the plugin reads it), if any."""
+    for name in _RANK_VARIABLES:
+        try:
+            return int(os.environ[name].strip())
+        except (KeyError, ValueError):
+            continue
+    return None

@@ -1,0 +1,135 @@
+"""LossyMegatronIntegration and LossyNetwork as a researcher writes them: a network, a profile
+or a config dict first, the loss keywords, every value checked at construction (by the plugin
+library itself for the profile), and disable() leaving the megatron-core patches alone."""
+
+import pytest
+
+import nccl_lossy
+from nccl_lossy import LossyConfigError, LossyMegatronIntegration, LossyNetwork
+from conftest import clean_env, run_python
+
+QUIET = {"apply_env": False, "patch_megatron": False}  # nothing outside the object is touched
+
+
+def summary(obj):
+    net = obj.network if isinstance(obj, LossyMegatronIntegration) else obj
+    return net.check()["summary"]
+
+
+def test_a_lossy_network_first():
+    net = LossyNetwork(loss_rate=0.02)
+    integ = LossyMegatronIntegration(net, enable_on_forward=False, **QUIET)
+    assert integ.network is net and not integ.enable_on_forward and integ.enable_on_backward
+    assert "default: uniform(rate=0.02)" in summary(integ)
+    assert LossyMegatronIntegration(network=net, **QUIET).network is net
+
+
+def test_a_config_dict_first_as_the_seed_wrote_it():
+    integ = LossyMegatronIntegration(
+        {"loss_rate": 0.01, "burst_length": 4, "enable_on_forward": False, "enable_on_backward": True},
+        **QUIET,
+    )
+    assert (integ.enable_on_forward, integ.enable_on_backward) == (False, True)
+    assert "default: gilbert_elliott(" in summary(integ) and "mean burst 4" in summary(integ)
+    assert integ.network.overrides == 'model={ kind = "gilbert_elliott", rate = 0.01, mean_burst = 4 }'
+
+
+def test_loss_keywords_build_the_model():
+    uniform = LossyMegatronIntegration(loss_rate=0.05, burst_length=1, effect="zero", **QUIET)
+    assert "default: uniform(rate=0.05), effect zero" in summary(uniform)
+    assert uniform.network.corrupts_data  # zero: the protocol guard applies
+    assert "default: uniform(rate=0.01)" in summary(LossyMegatronIntegration(loss_rate=0.01, **QUIET))
+    bursty = LossyNetwork(loss_rate=0.01, burst_length=8)
+    assert "gilbert_elliott(" in summary(bursty) and "mean burst 8" in summary(bursty)
+    assert "default: none" in summary(LossyNetwork(loss_rate=0))
+    assert LossyNetwork(loss_rate=0.02, set={"seed": 9}).overrides == 'seed=9;model={ kind = "uniform", rate = 0.02 }'
+
+
+def test_the_profile_first_keyword_form_still_works(tmp_path):
+    profile = tmp_path / "p.toml"
+    profile.write_text('model = { kind = "uniform", rate = 0.03 }\n')
+    integ = LossyMegatronIntegration(str(profile), enable_on_forward=False, enable_on_backward=True,
+                                     set={"seed": 4}, stats_dir=tmp_path / "s", **QUIET)
+    assert integ.network.profile == profile.resolve() and integ.network.overrides == "seed=4"
+    assert integ.network.stats_dir == (tmp_path / "s").resolve()
+    assert "seed 4" in summary(integ) and not integ.enable_on_forward
+    assert LossyMegatronIntegration(profile=profile, **QUIET).network.profile == profile.resolve()
+    assert LossyMegatronIntegration(**QUIET).network.profile is None  # the embedded default
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"loss_rate": -0.1}, "loss_rate=-0.1: allowed: a fraction in [0, 1]"),
+        ({"loss_rate": 1.5}, "loss_rate=1.5: allowed: a fraction in [0, 1]"),
+        ({"loss_rate": "1%"}, "loss_rate='1%': must be a number; allowed: a fraction in [0, 1]"),
+        ({"loss_rate": 0.1, "burst_length": 0.5}, "burst_length=0.5: allowed: a number >= 1"),
+        ({"burst_length": 4}, "burst_length=4 needs loss_rate"),
+        ({"loss_rate": 0.9, "burst_length": 4}, "allowed: loss_rate <= B/(B+1) = 0.8"),
+        ({"effect": "drop"}, "effect='drop': allowed: 'zero', 'stale', 'retransmit', 'bitflip'"),
+        ({"enable_on_forward": "no"}, "enable_on_forward='no': allowed: True or False"),
+        ({"los_rate": 0.1}, "unknown keyword 'los_rate' (value 0.1); allowed: loss_rate, burst_length"),
+        ({"set": {"model.rat": 0.1}}, "model.rat"),  # the plugin's own check, at construction
+        ({"set": {"model.rate": 0.1}, "loss_rate": 0.2}, "overrides 'model.rate', which loss_rate= sets too"),
+    ],
+)
+def test_bad_keywords_are_refused_at_construction(kwargs, message):
+    with pytest.raises(LossyConfigError) as err:
+        LossyMegatronIntegration(**kwargs, **QUIET)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"loss_rate": 2}, "loss_rate=2: allowed: a fraction in [0, 1]"),
+        ({"los_rate": 0.1}, "unknown key 'los_rate' (value 0.1); allowed: loss_rate, burst_length, effect"),
+        ({"enable_on_backward": 1}, "enable_on_backward=1: allowed: True or False"),
+    ],
+)
+def test_bad_config_dicts_are_refused_at_construction(config, message):
+    with pytest.raises(LossyConfigError) as err:
+        LossyMegatronIntegration(config, **QUIET)
+    assert message in str(err.value)
+
+
+def test_conflicting_and_misplaced_values_are_refused():
+    with pytest.raises(LossyConfigError, match="loss_rate: the config says 0.1, the keyword 0.2"):
+        LossyMegatronIntegration({"loss_rate": 0.1}, loss_rate=0.2, **QUIET)
+    with pytest.raises(LossyConfigError, match="loss_rate=0.1 next to a LossyNetwork"):
+        LossyMegatronIntegration(LossyNetwork(), loss_rate=0.1, **QUIET)
+    with pytest.raises(LossyConfigError, match="first argument 3"):
+        LossyMegatronIntegration(3, **QUIET)
+    with pytest.raises(LossyConfigError, match="loss_rate=1.2"):
+        LossyNetwork(loss_rate=1.2)
+    assert LossyMegatronIntegration({"loss_rate": 0.1}, loss_rate=0.1, **QUIET)  # agreeing is fine
+    assert nccl_lossy.LossyConfigError is nccl_lossy.config.LossyConfigError
+
+
+DISABLE_SCRIPT = r"""
+import torch.distributed as dist
+import nccl_lossy
+from megatron.core.tensor_parallel import mappings
+integ = nccl_lossy.LossyMegatronIntegration(apply_env=False)
+integ.enable()
+assert mappings.dist_all_gather_func is dist._all_gather_base
+integ.disable()
+print("after disable():", mappings.dist_all_gather_func.__name__)
+with integ:
+    pass
+print("after the with block:", mappings.dist_all_gather_func.__name__)
+integ.enable()
+integ.disable(revert_patches=True)
+print("after disable(revert_patches=True):", mappings.dist_all_gather_func.__name__)
+"""
+
+
+def test_disable_leaves_the_megatron_patches_in_place():
+    pytest.importorskip("megatron.core")
+    proc = run_python(DISABLE_SCRIPT, env=clean_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == [
+        "after disable(): _all_gather_base",
+        "after the with block: _all_gather_base",
+        "after disable(revert_patches=True): all_gather_into_tensor",
+    ]

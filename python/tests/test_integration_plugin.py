@@ -1,0 +1,197 @@
+"""LossyMegatronIntegration against the plugin's own counters: after every kind of toggle
+(attribute, enable/disable, phase, step) a message goes through the real plugin, loaded the way
+NCCL loads it, and the packets it lost must agree with ``injecting()``."""
+
+import json
+
+from conftest import TESTS, clean_env, run_python
+
+# 1 MiB messages cut into 512-byte packets: 2,048 packets each. With independent loss at rate
+# 0.5 the chance that an injecting message loses none is 0.5**2048 (nil), and the lost count
+# is Binomial(2048, 0.5): mean 1024, standard deviation sqrt(2048 / 4) = 22.6, so the window
+# [820, 1228] (+-9 sd) cannot fail by chance; a message sent while not injecting loses exactly 0.
+# The profile seed is fixed (the default, 1), so the counts are the same on every run.
+SCRIPT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import nccl_lossy
+from net_harness import Link
+
+integ = nccl_lossy.LossyMegatronIntegration(
+    set={"mtu": 512, "model.rate": 0.5, "effect": "zero"}, patch_megatron=False)
+integ.enable()                     # puts NCCL_NET_PLUGIN & co. in place; NCCL has not started
+link = Link(1 << 20)               # loads the plugin from NCCL_NET_PLUGIN, as NCCL does
+rows = []
+
+def check(label):
+    before = nccl_lossy.stats()["total"]
+    link.send()
+    after = nccl_lossy.stats()["total"]
+    rows.append({"toggle": label, "injecting": integ.injecting(), "phase": integ.phase,
+                 "packets": after["packets"] - before["packets"],
+                 "lost": after["lost_packets"] - before["lost_packets"]})
+
+check("enable()")
+integ.enable_on_backward = False
+integ.mark_backward()
+check("mark_backward() with enable_on_backward False")
+integ.enable_on_backward = True    # the phase stays backward: only the attribute changes
+check("attribute enable_on_backward = True")
+integ.mark_backward()
+check("mark_backward() again")
+integ.enable_on_backward = False
+check("attribute enable_on_backward = False")
+integ.enable_on_forward = False
+integ.mark_forward()
+check("mark_forward() with enable_on_forward False")
+integ.enable_on_forward = True
+check("attribute enable_on_forward = True")
+integ.phase = "backward"
+check("attribute phase = backward")
+integ.mark_any()
+check("mark_any()")
+integ.disable()
+check("disable()")
+integ.enable()
+check("enable() again")
+integ.enabled = False
+check("attribute enabled = False")
+integ.enabled = True
+check("attribute enabled = True")
+integ.step(7)
+check("step(7)")
+integ.step_number = 9
+check("attribute step_number = 9")
+integ.step()
+check("step()")
+by_step = {s["step"]: s["packets"] for s in nccl_lossy.stats()["by_step"]}
+link.close()
+print(json.dumps({"rows": rows, "by_step": by_step, "step": integ.step_number}))
+"""
+
+EXPECTED = [
+    ("enable()", True),
+    ("mark_backward() with enable_on_backward False", False),
+    ("attribute enable_on_backward = True", True),
+    ("mark_backward() again", True),
+    ("attribute enable_on_backward = False", False),
+    ("mark_forward() with enable_on_forward False", False),
+    ("attribute enable_on_forward = True", True),
+    ("attribute phase = backward", False),
+    ("mark_any()", True),
+    ("disable()", False),
+    ("enable() again", True),
+    ("attribute enabled = False", False),
+    ("attribute enabled = True", True),
+    ("step(7)", True),
+    ("attribute step_number = 9", True),
+    ("step()", True),
+]
+
+
+def test_plugin_counters_agree_with_injecting_after_every_toggle():
+    proc = run_python(SCRIPT, env=clean_env(NCCL_SOCKET_IFNAME="lo"), args=(str(TESTS),))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows = out["rows"]
+    assert [(r["toggle"], r["injecting"]) for r in rows] == EXPECTED
+    for r in rows:
+        assert r["packets"] == 2048, r
+        if r["injecting"]:
+            assert 820 <= r["lost"] <= 1228, r  # the plugin injects, at the profile's rate
+        else:
+            assert r["lost"] == 0, r  # the plugin is off, as injecting() says
+    # the steps reached the plugin: each step's message is counted under that step
+    assert out["step"] == 10
+    assert {int(k): v for k, v in out["by_step"].items()} == {7: 2048, 9: 2048, 10: 2048}
+
+
+# Three steps of three 1 MiB messages (512-byte packets: 6,144 packets a step) under
+# loss_rate=0.2, burst_length=4 (Gilbert-Elliott, rate form), one message per phase.
+STEPS_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import nccl_lossy
+from net_harness import Link
+
+integ = nccl_lossy.LossyMegatronIntegration(
+    {"loss_rate": 0.2, "burst_length": 4, "effect": "zero"}, set={"mtu": 512},
+    stats_dir=sys.argv[2], patch_megatron=False)
+integ.enable()
+link = Link(1 << 20)
+for step in (1, 2, 3):
+    integ.step(step)
+    for phase in ("forward", "backward", "any"):
+        integ.phase = phase
+        link.send()
+live_by_step = nccl_lossy.stats()["by_step"]
+integ.step()                       # ends step 3 (the plugin is at step 4, no traffic)
+link.close()                       # the plugin writes its statistics file
+integ.disable()                    # writes the per-step file
+print(json.dumps({"table": integ.step_table(), "live_by_step": live_by_step}))
+"""
+
+
+def test_per_step_statistics_from_the_plugin(tmp_path):
+    import nccl_lossy
+
+    stats_dir = tmp_path / "stats"
+    proc = run_python(STEPS_SCRIPT, env=clean_env(NCCL_SOCKET_IFNAME="lo", RANK=3),
+                      args=(str(TESTS), str(stats_dir)))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    table = out["table"]
+    # one row per (step, collective, phase): the harness's messages carry no collective
+    assert [(r["step"], r["op"], r["phase"]) for r in table] == [
+        (s, "Unknown", p) for s in (1, 2, 3) for p in ("any", "backward", "forward")
+    ]
+    assert all(r["messages"] == 1 and r["packets"] == 2048 and r["bytes"] == 1 << 20 for r in table)
+    # the rows add up to the plugin's own per-step counters
+    plugin = {s["step"]: (s["packets"], s["lost_packets"]) for s in out["live_by_step"]}
+    mine = {}
+    for r in table:
+        p, lost = mine.get(r["step"], (0, 0))
+        mine[r["step"]] = (p + r["packets"], lost + r["lost_packets"])
+    assert mine == plugin
+
+    # The same from the files: the plugin's by_step, the recorded step x op x phase table,
+    # the burst-length histogram.
+    steps = nccl_lossy.read_stats(stats_dir, table="steps")
+    assert [(r["step"], r["packets"], r["lost_packets"]) for r in steps] == [
+        (s, *plugin[s]) for s in (1, 2, 3)
+    ]
+    assert all(r["rank"] == 3 for r in steps)
+    step_ops = nccl_lossy.read_stats(stats_dir, table="step_ops")
+    assert [{k: r[k] for k in table[0]} for r in step_ops] == table
+    assert all(r["rank"] == 3 and "lossy-steps-rank3-" in r["file"] for r in step_ops)
+    bursts = nccl_lossy.read_stats(stats_dir, table="bursts")
+    lost = sum(r["lost_packets"] for r in table)
+    assert sum(r["burst_length"] * r["count"] for r in bursts) == lost  # every loss in one burst
+    # Loss rate 0.2 over 18,432 packets: the Gilbert-Elliott chain (p = 0.0625, r = 0.25) has
+    # lag-1 correlation 1 - p - r = 0.6875, so the count's variance is n q (1 - q) times
+    # (1 + 0.6875) / (1 - 0.6875) = 5.4: sd = sqrt(18432 * 0.16 * 5.4) = 126 packets, 0.0069
+    # of the rate; +-0.035 is 5 sd. Bursts are geometric with mean 1 / r = 4 (variance 12);
+    # over ~920 bursts the mean's sd is 0.11; +-0.6 is 5 sd.
+    assert abs(lost / (9 * 2048) - 0.2) < 0.035
+    burst_summary = nccl_lossy.summarize(bursts, by=("op",))
+    assert burst_summary[0]["count"] == sum(r["count"] for r in bursts)
+    assert abs(lost / burst_summary[0]["count"] - 4.0) < 0.6
+    latency = nccl_lossy.read_stats(stats_dir, table="latency")
+    assert sum(r["count"] for r in latency) == 9
+
+    # pandas (in the test requirements): the same tables as DataFrames, summarize takes one;
+    # without pandas, "auto" gives the plain rows
+    try:
+        import pandas as pd
+    except ImportError:
+        assert nccl_lossy.read_stats(stats_dir, table="steps", dataframe="auto") == steps
+        return
+    frame = nccl_lossy.read_stats(stats_dir, table="step_ops", dataframe=True)
+    assert isinstance(frame, pd.DataFrame) and len(frame) == 9
+    assert list(frame.columns) == list(nccl_lossy.statsfile.TABLES["step_ops"])
+    assert isinstance(nccl_lossy.read_stats(stats_dir, table="steps", dataframe="auto"), pd.DataFrame)
+    per_step = {r["step"]: r["lost_packets"] for r in nccl_lossy.summarize(frame, by=("step",))}
+    assert per_step == {s: plugin[s][1] for s in (1, 2, 3)}
+    everything = nccl_lossy.read_all(stats_dir)
+    assert set(everything) == {"ops", "steps", "step_ops", "bursts", "latency"}
+    assert everything["steps"] == steps
