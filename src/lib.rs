@@ -2,7 +2,8 @@
 //!
 //! Layers, in the direction data flows:
 //! - [`abi`]: the C entry points NCCL calls (`ncclNetPlugin_v8`..`v12`), thin adapters over
-//!   [`plugin`], the one safe core that owns contexts and connections;
+//!   [`runtime`], built at the first `init` and released at the last `finalize`, which owns
+//!   the transport, the loss engine, contexts and connections;
 //! - [`transport`]: moves bytes (our TCP sockets, or another plugin wrapped) behind one trait;
 //! - [`loss`]: pure loss models and effects that decide and apply what a lost packet does;
 //! - [`stats`]: counters and histograms of what was lost.
@@ -12,13 +13,13 @@
 //! this one; nothing here depends on them.
 
 pub mod abi;
-pub mod control;
 pub mod error;
 pub mod log;
 pub mod loss;
-pub mod plugin;
 pub mod profile;
+pub mod runtime;
 pub mod stats;
+pub mod switches;
 pub mod transport;
 
 pub use error::{Error, ErrorKind, Result};

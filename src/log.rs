@@ -1,6 +1,9 @@
 //! One place for the plugin's log lines. Inside NCCL they go to NCCL's own logger (so they
 //! obey `NCCL_DEBUG`); before NCCL hands us one, and for anything a user must not miss, they
 //! also go to stderr.
+//!
+//! The sink is process-wide, not part of the runtime: any thread logs, with no context, and
+//! lines about a runtime that failed to build must still reach NCCL's log.
 
 use std::sync::RwLock;
 

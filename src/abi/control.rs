@@ -4,9 +4,9 @@ use std::ffi::{c_char, c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
-use crate::control::{self, Phase};
 use crate::profile::Profile;
-use crate::{log, plugin};
+use crate::switches::{self, Phase};
+use crate::{log, runtime};
 
 /// Version of the control API (`NCCL_LOSSY_CONTROL_VERSION`).
 pub const CONTROL_VERSION: c_int = 2;
@@ -30,14 +30,14 @@ pub extern "C" fn ncclLossyControlVersion() -> c_int {
 /// files, never wraps). Returns 0.
 #[no_mangle]
 pub extern "C" fn ncclLossyInnerMode() -> c_int {
-    control::set_inner_mode();
+    switches::set_inner_mode();
     0
 }
 
 /// Turns loss injection on or off.
 #[no_mangle]
 pub extern "C" fn ncclLossySetEnabled(enabled: c_int) -> c_int {
-    control::set_enabled(enabled != 0);
+    switches::set_enabled(enabled != 0);
     0
 }
 
@@ -46,7 +46,7 @@ pub extern "C" fn ncclLossySetEnabled(enabled: c_int) -> c_int {
 pub extern "C" fn ncclLossySetPhase(phase: c_int) -> c_int {
     match Phase::from_code(phase) {
         Some(phase) => {
-            control::set_phase(phase);
+            switches::set_phase(phase);
             0
         }
         None => {
@@ -61,7 +61,7 @@ pub extern "C" fn ncclLossySetPhase(phase: c_int) -> c_int {
 /// Sets the training step.
 #[no_mangle]
 pub extern "C" fn ncclLossySetStep(step: u64) -> c_int {
-    control::set_step(step);
+    switches::set_step(step);
     0
 }
 
@@ -72,7 +72,7 @@ pub extern "C" fn ncclLossySetStep(step: u64) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn ncclLossyStatsJson(buf: *mut c_char, cap: usize) -> i64 {
     shielded("ncclLossyStatsJson", -1, || {
-        let json = match serde_json::to_string(&plugin::stats_file()) {
+        let json = match serde_json::to_string(&runtime::stats_file()) {
             Ok(json) => json,
             Err(err) => {
                 log::warn(&format!("ncclLossyStatsJson: {err}"));
@@ -160,7 +160,7 @@ pub unsafe extern "C" fn ncclLossyCheckProfile(
 /// Writes the statistics file now; 0 on success, 1 without `NCCL_LOSSY_STATS`, -1 on error.
 #[no_mangle]
 pub extern "C" fn ncclLossyWriteStats() -> c_int {
-    shielded("ncclLossyWriteStats", -1, || match plugin::write_stats() {
+    shielded("ncclLossyWriteStats", -1, || match runtime::write_stats() {
         Ok(Some(_)) => 0,
         Ok(None) => 1,
         Err(err) => {

@@ -1,6 +1,6 @@
 //! The C ABI NCCL calls. Each `ncclNetPlugin_vN` table in [`tables`] is a set of thin
 //! adapters that convert C pointers and integer widths, then call the shared entry points
-//! here, which call the safe core in [`crate::plugin`]. This is the only module where raw
+//! here, which call the runtime in [`crate::runtime`]. This is the only module where raw
 //! pointers from NCCL are dereferenced, and every such place says why it is sound.
 //!
 //! No panic may unwind into NCCL (it would abort the training job): every entry point runs
@@ -11,15 +11,14 @@ pub mod ffi;
 pub mod tables;
 pub mod tuner;
 
-use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use ffi::{ncclDebugLogLevel, ncclDebugLogger_t, ncclResult_t};
 
 use crate::log;
-use crate::plugin::{Connecting, Context, Core, ListenComm, RecvComm, SendComm};
+use crate::runtime::{Context, Hold, ListenComm, PendingKey, RecvComm, Runtime, SendComm};
 use crate::transport::{
     Completion, HostBuf, RequestId, WireHandle, HANDLE_SIZE, HANDLE_WIRE_SIZE, MAX_RECVS,
     MAX_REQUESTS,
@@ -88,20 +87,11 @@ fn device_index(dev: c_int) -> Result<usize> {
 
 // ---- logging -------------------------------------------------------------------------------
 
-/// The logger NCCL gave the latest `init`, which a wrapped plugin gets too.
-static NCCL_LOGGER: Mutex<ncclDebugLogger_t> = Mutex::new(None);
-
-/// NCCL's logger, when an `init` gave one.
-pub(crate) fn nccl_logger() -> ncclDebugLogger_t {
-    NCCL_LOGGER.lock().map_or(None, |l| *l)
-}
-
-/// Routes our log lines to NCCL's logger (kept until the next init replaces it).
+/// Routes our log lines to NCCL's logger (kept until the next init replaces it; the log sink
+/// is process-wide, see [`crate::log`]). A wrapped plugin gets the logger when the runtime
+/// is built.
 pub(crate) fn install_logger(logger: ncclDebugLogger_t) {
     let Some(logger) = logger else { return };
-    if let Ok(mut slot) = NCCL_LOGGER.lock() {
-        *slot = Some(logger);
-    }
     log::set_sink(Box::new(move |level, message| {
         let level = match level {
             log::Level::Warn => ncclDebugLogLevel::NCCL_LOG_WARN,
@@ -125,16 +115,11 @@ pub(crate) fn install_logger(logger: ncclDebugLogger_t) {
 
 // ---- init, devices, properties ------------------------------------------------------------
 
-/// Process-wide init (all versions): builds the core once, remembering a failure.
-fn init_common(logger: ncclDebugLogger_t) -> Result<()> {
-    install_logger(logger);
-    Core::global().map(|_| ())
-}
-
-/// `init` of v8 to v10: one implicit context, and no word on which collective is posted.
+/// `init` of v8 to v10: holds the runtime (building it if need be) until the library is
+/// unloaded; one implicit context, and no word on which collective is posted.
 fn init_legacy(logger: ncclDebugLogger_t) -> Result<()> {
-    init_common(logger)?;
-    crate::plugin::note_legacy_api();
+    install_logger(logger);
+    Runtime::acquire(Hold::UntilUnload, logger)?.note_legacy_api();
     Ok(())
 }
 
@@ -146,7 +131,9 @@ fn init_context(
     logger: ncclDebugLogger_t,
 ) -> Result<()> {
     let ctx_out = non_null(ctx_out, "ctx")?;
-    init_common(logger)?;
+    install_logger(logger);
+    // Held until this context's finalize.
+    Runtime::acquire(Hold::Counted, logger)?;
     let ctx = Box::new(Context::new(comm_id, traffic_class));
     // SAFETY: NCCL passes a valid pointer to where it keeps the context (checked non-NULL).
     unsafe { *ctx_out = Box::into_raw(ctx).cast() };
@@ -163,33 +150,48 @@ unsafe fn context_ref<'a>(ctx: *mut c_void) -> Result<&'a Arc<Context>> {
     Ok(unsafe { &*(ctx as *const Arc<Context>) })
 }
 
-/// `finalize` of v11/v12: drops the context (its comms hold their own references).
+/// `finalize` of v11/v12: drops the context and the connects it left in progress (its comms
+/// hold their own references), and gives back its hold on the runtime: the last one
+/// releases it.
 ///
 /// # Safety
 /// `ctx` must come from [`init_context`] and not be used again.
 unsafe fn finalize_context(ctx: *mut c_void) -> Result<()> {
     let ctx = non_null(ctx, "ctx")?;
     // SAFETY: per this function's contract, `ctx` is the Box<Arc<Context>> made at init.
-    drop(unsafe { Box::from_raw(ctx as *mut Arc<Context>) });
-    crate::plugin::write_stats().map(|_| ())
+    let ctx = unsafe { Box::from_raw(ctx as *mut Arc<Context>) };
+    ctx.abandon_pending();
+    drop(ctx);
+    Runtime::release()
 }
 
 fn devices(ndev: *mut c_int) -> Result<()> {
     let ndev = non_null(ndev, "ndev")?;
-    let count = Core::global()?.device_count();
+    let count = Runtime::current()?.device_count();
     // SAFETY: NCCL passes a valid int pointer (checked non-NULL).
     unsafe { *ndev = c_int::try_from(count).unwrap_or(c_int::MAX) };
     Ok(())
 }
 
-/// NUL-terminated copies of each device's name and PCI path, alive as long as the library,
-/// because NCCL keeps the `char*` we put in the properties.
-struct DeviceStrings {
-    name: CString,
-    pci_path: Option<CString>,
+/// A NUL-terminated copy of `text` that lives as long as the process. NCCL keeps the `char*`
+/// of device names and PCI paths we put in the properties, with no call telling us when it
+/// lets go, so they cannot belong to the runtime (released at the last finalize): they stay
+/// process-wide, one per distinct string (a handful: this host's interfaces), so building
+/// the runtime again adds nothing.
+fn interned(text: &str) -> Result<*mut c_char> {
+    static STRINGS: Mutex<Vec<CString>> = Mutex::new(Vec::new());
+    let text = CString::new(text.replace('\0', "")).unwrap_or_default();
+    let mut strings = STRINGS
+        .lock()
+        .map_err(|_| Error::internal("device names poisoned by an earlier panic"))?;
+    if let Some(known) = strings.iter().find(|s| **s == text) {
+        return Ok(known.as_ptr().cast_mut());
+    }
+    // The bytes of a CString stay where they are when the Vec moves it.
+    let ptr = text.as_ptr().cast_mut();
+    strings.push(text);
+    Ok(ptr)
 }
-
-static DEVICE_STRINGS: OnceLock<Vec<DeviceStrings>> = OnceLock::new();
 
 /// The version-independent content of a properties struct.
 pub(crate) struct CommonProps {
@@ -207,30 +209,14 @@ pub(crate) struct CommonProps {
 
 /// Properties of `dev`, in the form every version's struct is filled from.
 pub(crate) fn common_props(dev: c_int) -> Result<CommonProps> {
-    let core = Core::global()?;
-    let dev = device_index(dev)?;
-    let props = core.properties(dev)?;
-    let strings = DEVICE_STRINGS.get_or_init(|| {
-        (0..core.device_count())
-            .filter_map(|d| core.properties(d).ok())
-            .map(|p| DeviceStrings {
-                name: CString::new(p.name.replace('\0', "")).unwrap_or_default(),
-                pci_path: p
-                    .pci_path
-                    .as_ref()
-                    .and_then(|path| CString::new(path.replace('\0', "")).ok()),
-            })
-            .collect()
-    });
-    let own = strings
-        .get(dev)
-        .ok_or_else(|| Error::internal(format!("device {dev} has no cached name")))?;
+    let runtime = Runtime::current()?;
+    let props = runtime.properties(device_index(dev)?)?;
     Ok(CommonProps {
-        name: own.name.as_ptr().cast_mut(),
-        pci_path: own
-            .pci_path
-            .as_ref()
-            .map_or(std::ptr::null_mut(), |p| p.as_ptr().cast_mut()),
+        name: interned(&props.name)?,
+        pci_path: match &props.pci_path {
+            Some(path) => interned(path)?,
+            None => std::ptr::null_mut(),
+        },
         guid: props.guid,
         speed: props.speed_mbps,
         port: props.port,
@@ -273,17 +259,6 @@ fn write_u64(bytes: &mut [u8; HANDLE_SIZE], at: usize, value: u64) {
 /// knows its peer for rules that match on `peer`. NCCL ships all 128 bytes to the peer.
 const PEER_RANK_AT: usize = HANDLE_WIRE_SIZE;
 
-/// Connects in progress, keyed by the address of the handle NCCL passes to every `connect`
-/// call of one connection until a comm comes back. Kept here rather than inside the handle
-/// so that a transport may use the handle's first `HANDLE_WIRE_SIZE` bytes in full.
-fn pending_connects() -> Result<MutexGuard<'static, HashMap<usize, Box<Connecting>>>> {
-    static PENDING: OnceLock<Mutex<HashMap<usize, Box<Connecting>>>> = OnceLock::new();
-    PENDING
-        .get_or_init(Mutex::default)
-        .lock()
-        .map_err(|_| Error::internal("pending connects poisoned by an earlier panic"))
-}
-
 fn listen(
     ctx: &Arc<Context>,
     dev: c_int,
@@ -294,12 +269,12 @@ fn listen(
     // SAFETY: NCCL hands us its NCCL_NET_HANDLE_MAXSIZE-byte handle buffer.
     let bytes = unsafe { handle_bytes(handle)? };
     bytes.fill(0);
-    let core = Core::global()?;
-    let comm = core.listen(ctx, device_index(dev)?, wire_part(bytes))?;
+    let runtime = Runtime::current()?;
+    let comm = runtime.listen(ctx, device_index(dev)?, wire_part(bytes))?;
     write_u64(
         bytes,
         PEER_RANK_AT,
-        core.rank().map_or(0, |rank| u64::from(rank) + 1),
+        runtime.rank().map_or(0, |rank| u64::from(rank) + 1),
     );
     // SAFETY: valid out-pointer from NCCL (checked non-NULL).
     unsafe { *listen_comm = Box::into_raw(Box::new(comm)).cast() };
@@ -317,20 +292,23 @@ fn connect(
     unsafe { *send_comm = std::ptr::null_mut() };
     // SAFETY: NCCL hands us the handle it received from the peer, HANDLE_SIZE bytes.
     let bytes = unsafe { handle_bytes(handle)? };
-    let key = bytes.as_ptr() as usize;
-    let parked = pending_connects()?.remove(&key);
-    let mut connecting = match parked {
+    // Connects in progress are parked in their context (dropped at its finalize), keyed by
+    // the handle's address and content, rather than inside the handle, so that a transport
+    // may use the handle's first `HANDLE_WIRE_SIZE` bytes in full.
+    let key = PendingKey::of(bytes);
+    let mut connecting = match ctx.resume_connect(&key)? {
         Some(connecting) => connecting,
         None => {
             let peer = u32::try_from(read_u64(bytes, PEER_RANK_AT))
                 .ok()
                 .and_then(|rank| rank.checked_sub(1));
-            Box::new(Core::global()?.connect(ctx, device_index(dev)?, wire_part(bytes), peer)?)
+            let runtime = Runtime::current()?;
+            Box::new(runtime.connect(ctx, device_index(dev)?, wire_part(bytes), peer)?)
         }
     };
     let outcome = connecting.poll();
     if matches!(outcome, Ok(None)) {
-        pending_connects()?.insert(key, connecting);
+        ctx.park_connect(key, connecting)?;
     }
     if let Some(comm) = outcome? {
         let comm = AbiSendComm::new(comm);

@@ -12,7 +12,7 @@ use super::ffi::{
     NCCL_NET_TRAFFIC_CLASS_UNDEF, NCCL_PTR_HOST,
 };
 use super::{guard, non_null, CommonProps};
-use crate::plugin::Context;
+use crate::runtime::Context;
 
 /// Makes a function table exportable as a `static`: the tables hold only a pointer to a
 /// string literal and function pointers, all immutable for the life of the library.

@@ -12,7 +12,8 @@ use super::ffi::{
 };
 use super::tables::Exported;
 use super::{guard, non_null};
-use crate::{log, plugin};
+use crate::log;
+use crate::runtime::{Hold, Runtime};
 
 /// NCCL's cost-table marker for an algorithm/protocol pair it must not use.
 const ALGO_PROTO_IGNORE: f32 = -1.0;
@@ -22,14 +23,22 @@ struct TunerContext {
     force_simple: bool,
 }
 
+/// The tuner's `init`: holds the runtime (building it if need be) until the tuner's
+/// `finalize`/`destroy`, like a net context does; records the communicator's size
+/// (`comm_id`, v5+) for rules that match on it.
 fn tuner_init(
     context: *mut *mut c_void,
+    comm_id: Option<u64>,
     n_ranks: usize,
     logger: ncclDebugLogger_t,
 ) -> crate::Result<()> {
     let context = non_null(context, "context")?;
     super::install_logger(logger);
-    let force_simple = plugin::protocol_guard_needed()?;
+    let runtime = Runtime::acquire(Hold::Counted, logger)?;
+    if let Some(comm_id) = comm_id {
+        runtime.record_comm_size(comm_id, n_ranks);
+    }
+    let force_simple = runtime.protocol_guard_needed();
     if force_simple {
         log::info(&format!(
             "tuner: a data-corrupting loss effect is active: LL and LL128 are ruled out for this communicator ({n_ranks} ranks)"
@@ -51,7 +60,7 @@ fn tuner_destroy(context: *mut c_void) -> crate::Result<()> {
     let context = non_null(context, "tuner context")?;
     // SAFETY: NCCL gives back the Box our init created, once.
     drop(unsafe { Box::from_raw(context as *mut TunerContext) });
-    Ok(())
+    Runtime::release()
 }
 
 /// Marks LL and LL128 as not allowed in NCCL's cost table (a flat numAlgo x numProto array).
@@ -88,7 +97,7 @@ extern "C" fn init_v2(
     logger: ncclDebugLogger_t,
     context: *mut *mut c_void,
 ) -> ncclResult_t {
-    guard("tuner init", || tuner_init(context, n_ranks, logger))
+    guard("tuner init", || tuner_init(context, None, n_ranks, logger))
 }
 
 extern "C" fn init_v5(
@@ -101,8 +110,7 @@ extern "C" fn init_v5(
     _constants: *mut super::ffi::ncclTunerConstants_v5_t,
 ) -> ncclResult_t {
     guard("tuner init", || {
-        plugin::record_comm_size(comm_id, n_ranks);
-        tuner_init(context, n_ranks, logger)
+        tuner_init(context, Some(comm_id), n_ranks, logger)
     })
 }
 

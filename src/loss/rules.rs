@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::loss::model::ModelSpec;
 use crate::loss::plan::Effect;
 
-pub use crate::control::Phase;
+pub use crate::switches::Phase;
 
 /// An NCCL collective, numbered as `ncclFunc_t` (see the stats module's names).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]

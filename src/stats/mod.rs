@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 
 use hdrhistogram::Histogram;
 
-use crate::control::Phase;
 use crate::loss::plan::PacketRun;
+use crate::switches::Phase;
 use serde::{Deserialize, Serialize};
 
 /// Number of collective slots: "unknown" plus NCCL's function codes 0..=14.

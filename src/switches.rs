@@ -1,5 +1,11 @@
 //! Run-time switches a training script flips while NCCL runs: injection on or off, the
-//! training phase and step that profile rules match on. Plain atomics, read once per message.
+//! training phase and step that profile rules match on, and whether this copy runs wrapped
+//! inside another. Plain atomics, read once per message.
+//!
+//! They are process-wide on purpose, not part of the runtime: the control API
+//! (`ncclLossySet*`, used by the Python package) sets them with no context, before the first
+//! `init` and after the last `finalize`, and a setting must survive the runtime being built
+//! again.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 

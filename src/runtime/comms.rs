@@ -1,0 +1,288 @@
+//! The comms NCCL holds: listening, connecting, sending and receiving. Each holds the runtime
+//! it was made by, so the transport outlives every comm that uses it.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use super::{Context, Runtime};
+use crate::loss::engine::ConnectionLoss;
+use crate::loss::plan::{Effect, LossPlan};
+use crate::loss::rules::{Collective, Direction, MatchContext};
+use crate::stats::{self, BurstTracker, ConnectionStats, MessageRecord};
+use crate::switches;
+use crate::transport::{
+    Completion, Connector, HostBuf, Listener, MrHandle, RecvConn, RequestId, SendConn, MAX_REQUESTS,
+};
+use crate::{Error, Result};
+
+/// A listening endpoint (NCCL's `listenComm`).
+pub struct ListenComm {
+    ctx: Arc<Context>,
+    listener: Box<dyn Listener>,
+    runtime: Arc<Runtime>,
+}
+
+impl ListenComm {
+    pub(super) fn new(
+        runtime: Arc<Runtime>,
+        ctx: Arc<Context>,
+        listener: Box<dyn Listener>,
+    ) -> ListenComm {
+        ListenComm {
+            ctx,
+            listener,
+            runtime,
+        }
+    }
+
+    /// Advances pending handshakes; `Ok(None)` until a peer has fully connected.
+    pub fn accept(&mut self) -> Result<Option<RecvComm>> {
+        let Some(conn) = self.listener.poll_accept()? else {
+            return Ok(None);
+        };
+        self.runtime.comm_opened();
+        Ok(Some(RecvComm {
+            _ctx: Arc::clone(&self.ctx),
+            conn,
+            runtime: Arc::clone(&self.runtime),
+        }))
+    }
+}
+
+/// A connection being established (parked in its context between `connect` calls).
+pub struct Connecting {
+    ctx: Arc<Context>,
+    connector: Box<dyn Connector>,
+    loss: Option<ConnectionLoss>,
+    peer: Option<u32>,
+    index: u32,
+    runtime: Arc<Runtime>,
+}
+
+impl Connecting {
+    pub(super) fn new(
+        runtime: Arc<Runtime>,
+        ctx: Arc<Context>,
+        connector: Box<dyn Connector>,
+        loss: ConnectionLoss,
+        peer: Option<u32>,
+        index: u32,
+    ) -> Connecting {
+        Connecting {
+            ctx,
+            connector,
+            loss: Some(loss),
+            peer,
+            index,
+            runtime,
+        }
+    }
+
+    /// Advances the connection; `Ok(None)` until it is ready.
+    pub fn poll(&mut self) -> Result<Option<SendComm>> {
+        let Some(conn) = self.connector.poll()? else {
+            return Ok(None);
+        };
+        let loss = self
+            .loss
+            .take()
+            .ok_or_else(|| Error::internal("connect polled again after it finished"))?;
+        let stats = Arc::new(ConnectionStats::new(self.ctx.comm_id, self.index));
+        stats::registry().register(Arc::clone(&stats));
+        self.runtime.comm_opened();
+        Ok(Some(SendComm {
+            ctx: Arc::clone(&self.ctx),
+            conn,
+            stats,
+            peer: self.peer,
+            local_rank: self.runtime.rank(),
+            comm_size: self.runtime.comm_size(self.ctx.comm_id),
+            sender: Mutex::new(SenderState::new(loss)),
+            runtime: Arc::clone(&self.runtime),
+        }))
+    }
+}
+
+/// Loss decisions of one sending connection. Guarded by a mutex that only NCCL's progress
+/// thread takes, so it is never contended.
+struct SenderState {
+    loss: ConnectionLoss,
+    plan: LossPlan,
+    /// Length of the message `plan` was made for, while the transport had no free slot for
+    /// it: NCCL posts the same message again, and it must get the same plan rather than
+    /// advance the loss chain twice.
+    pending_len: Option<usize>,
+    bursts: BurstTracker,
+    /// When each request slot was posted, for the latency histogram.
+    posted_at: [Option<(Instant, usize)>; MAX_REQUESTS],
+}
+
+impl SenderState {
+    fn new(loss: ConnectionLoss) -> Self {
+        SenderState {
+            loss,
+            plan: LossPlan::lossless(),
+            pending_len: None,
+            bursts: BurstTracker::default(),
+            posted_at: [None; MAX_REQUESTS],
+        }
+    }
+}
+
+/// The sending half of a connection (NCCL's `sendComm`).
+pub struct SendComm {
+    ctx: Arc<Context>,
+    conn: Box<dyn SendConn>,
+    stats: Arc<ConnectionStats>,
+    peer: Option<u32>,
+    local_rank: Option<u32>,
+    comm_size: Option<u32>,
+    sender: Mutex<SenderState>,
+    /// Last: the connection above closes before the transport can go.
+    runtime: Arc<Runtime>,
+}
+
+impl SendComm {
+    fn state(&self) -> Result<std::sync::MutexGuard<'_, SenderState>> {
+        self.sender
+            .lock()
+            .map_err(|_| Error::internal("sender state poisoned by an earlier panic"))
+    }
+
+    /// Queues `buf` for sending; `Ok(None)` asks NCCL to retry later.
+    pub fn isend(&self, buf: HostBuf, tag: i32) -> Result<Option<RequestId>> {
+        let mut guard = self.state()?;
+        let state = &mut *guard;
+        // One read of the op serves both the statistics slot and rule matching.
+        let op = stats::op_slot(self.ctx.op());
+        let phase = switches::phase();
+        let step = switches::step();
+        if state.pending_len != Some(buf.len()) {
+            if switches::enabled() {
+                let matching = MatchContext {
+                    collective: Collective::from_op_slot(op),
+                    traffic_class: self.ctx.traffic_class,
+                    comm_size: self.comm_size,
+                    direction: Direction::Send,
+                    peer: self.peer,
+                    local_rank: self.local_rank,
+                    phase,
+                    step,
+                };
+                state.loss.plan(&matching, buf.len(), &mut state.plan);
+            } else {
+                state.plan.lost.clear();
+            }
+        }
+        let Some(id) = self.conn.isend(buf, tag, &state.plan)? else {
+            state.pending_len = Some(buf.len());
+            return Ok(None);
+        };
+        state.pending_len = None;
+        let plan = &state.plan;
+        let packets = plan.packets_in(buf.len());
+        let lost_packets = plan.lost_packets();
+        let retransmit_delay_ns = if plan.effect == Effect::Retransmit {
+            plan.retransmit_timeout.as_nanos() as u64 * plan.loss_events()
+        } else {
+            0
+        };
+        self.stats.record_message(&MessageRecord {
+            op,
+            phase: phase as usize,
+            bytes: buf.len() as u64,
+            packets,
+            lost_packets,
+            loss_events: plan.loss_events(),
+            retransmit_delay_ns,
+        });
+        stats::record_step(step, packets, lost_packets);
+        state.bursts.observe(op, packets, &plan.lost, |op, len| {
+            self.stats.record_burst(op, len)
+        });
+        if let Some(slot) = state.posted_at.get_mut(id as usize) {
+            *slot = Some((Instant::now(), op));
+        }
+        Ok(Some(id))
+    }
+
+    /// Registers host memory for later sends (NCCL's `regMr`).
+    pub fn register(&self, buf: HostBuf) -> Result<MrHandle> {
+        self.conn.register(buf)
+    }
+
+    /// Releases a registration made by [`SendComm::register`].
+    pub fn deregister(&self, mr: MrHandle) -> Result<()> {
+        self.conn.deregister(mr)
+    }
+
+    /// Reports whether request `id` is done.
+    pub fn test(&self, id: RequestId) -> Result<Option<Completion>> {
+        let done = self.conn.test(id)?;
+        if done.is_some() {
+            let mut state = self.state()?;
+            if let Some(posted) = state.posted_at.get_mut(id as usize).and_then(Option::take) {
+                let ns = posted.0.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
+                self.stats.record_latency_ns(posted.1, ns);
+            }
+        }
+        Ok(done)
+    }
+}
+
+impl Drop for SendComm {
+    fn drop(&mut self) {
+        if let Ok(mut state) = self.sender.lock() {
+            state
+                .bursts
+                .finish(|op, len| self.stats.record_burst(op, len));
+        }
+        // The connection's numbers are frozen in the registry; the file is written later,
+        // off NCCL's thread (see `output`), not rewritten here at every close.
+        stats::registry().close(&self.stats);
+        self.runtime.comm_closed();
+    }
+}
+
+/// The receiving half of a connection (NCCL's `recvComm`).
+pub struct RecvComm {
+    _ctx: Arc<Context>,
+    conn: Box<dyn RecvConn>,
+    /// Last: the connection above closes before the transport can go.
+    runtime: Arc<Runtime>,
+}
+
+impl RecvComm {
+    /// Posts a (possibly grouped) receive; `Ok(None)` asks NCCL to retry later.
+    pub fn irecv(&self, bufs: &[HostBuf], tags: &[i32]) -> Result<Option<RequestId>> {
+        if bufs.len() != tags.len() || bufs.is_empty() {
+            return Err(Error::invalid_argument(format!(
+                "irecv with {} buffers and {} tags",
+                bufs.len(),
+                tags.len()
+            )));
+        }
+        self.conn.irecv(bufs, tags)
+    }
+
+    /// Reports whether request `id` is done and the size each buffer got.
+    pub fn test(&self, id: RequestId) -> Result<Option<Completion>> {
+        self.conn.test(id)
+    }
+
+    /// Registers host memory for later receives (NCCL's `regMr`).
+    pub fn register(&self, buf: HostBuf) -> Result<MrHandle> {
+        self.conn.register(buf)
+    }
+
+    /// Releases a registration made by [`RecvComm::register`].
+    pub fn deregister(&self, mr: MrHandle) -> Result<()> {
+        self.conn.deregister(mr)
+    }
+}
+
+impl Drop for RecvComm {
+    fn drop(&mut self) {
+        self.runtime.comm_closed();
+    }
+}

@@ -1,0 +1,405 @@
+//! The runtime behind every ABI version: the transport, its devices and the loss engine built
+//! from the profile, owned by NCCL's `init`/`finalize` calls. The ABI adapters in
+//! [`crate::abi`] only translate pointers and integer widths into calls on these types.
+//!
+//! Lifetime, as aws-ofi-nccl counts it: the first `init` builds the [`Runtime`]; every v11+
+//! `init` (one per communicator, and each tuner `init`) holds it until its `finalize`; the last
+//! `finalize` releases it: the periodic statistics writer stops, the statistics file is
+//! written, and once the last comm that still uses it is closed its transport goes (sockets
+//! closed, I/O threads joined, a wrapped plugin unloaded). Net v8 to v10 have no `finalize`:
+//! their `init` holds the runtime until the library is unloaded (a `.fini_array` destructor).
+//! A failed build is not remembered: the next `init` tries again, so a user can fix the
+//! profile and initialise again in the same process.
+//!
+//! What stays process-wide, and why:
+//! - the slot below that holds the runtime: `devices` and `getProperties` carry no context,
+//!   and net v8 to v10 carry none anywhere, so the ABI must find the runtime without one;
+//! - the run-time switches ([`crate::switches`]): the Python API and the training script set
+//!   them through the control API with no context, before or between inits;
+//! - the log sink ([`crate::log`]): any thread logs, with no context;
+//! - the statistics registry and per-step series ([`crate::stats`]) and the profile they were
+//!   produced under: the statistics file is per process (its name carries the pid), so a
+//!   runtime rebuilt in the same process adds to the same numbers, and the control API can
+//!   read them after the last `finalize`;
+//! - the device names handed to NCCL ([`crate::abi`]): NCCL keeps the `char*` of
+//!   `getProperties` with no call telling when it lets go; they are interned, one per name.
+
+mod comms;
+mod context;
+mod environment;
+mod output;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+pub use comms::{Connecting, ListenComm, RecvComm, SendComm};
+pub use context::{Context, OpCode, PendingKey};
+pub use environment::{check_forced_protocol, forced_ll_protocol, wrap_target, INNER_ENV};
+pub use output::{stats_file, write_stats};
+
+use crate::abi::ffi::ncclDebugLogger_t;
+use crate::loss::engine::{LossEngine, StreamKey};
+use crate::loss::plan::Effect;
+use crate::loss::rules::Direction;
+use crate::profile::{Profile, TransportKind};
+use crate::stats::writer::launcher_rank;
+use crate::switches;
+use crate::transport::socket::SocketTransport;
+use crate::transport::wrap::{WrapOptions, WrapTransport};
+use crate::transport::{DeviceProps, Transport, WireHandle};
+use crate::{log, Error, Result};
+
+/// The name NCCL matches against `NCCL_NET`.
+pub const PLUGIN_NAME: &str = "lossy";
+
+/// The profile of a copy running as another copy's inner plugin: nothing is ever lost.
+const INNER_PROFILE: &str = "model = { kind = \"none\" }\n";
+
+/// What one build of the plugin owns: the transport, what it reported about its devices, the
+/// loss engine built from the profile, and the comms' shared state.
+pub struct Runtime {
+    devices: Vec<DeviceProps>,
+    engine: LossEngine,
+    profile: Arc<Profile>,
+    profile_json: Arc<serde_json::Value>,
+    corrupts_data: bool,
+    stats_interval: Option<Duration>,
+    rank: Option<u32>,
+    /// Communicator sizes this library's tuner reported (NCCL initialises it per
+    /// communicator with its rank count), so rules can match on `comm_size`.
+    comm_sizes: Mutex<HashMap<u64, u32>>,
+    /// Open comms and the statistics writer that runs while any is open.
+    live: Mutex<output::LiveComms>,
+    legacy_warned: AtomicBool,
+    /// Last, so that everything above (and every comm, which holds the runtime) is gone
+    /// before the transport.
+    transport: Box<dyn Transport>,
+}
+
+impl Runtime {
+    /// Builds a runtime over `transport` with `profile`, reading every device's properties
+    /// once.
+    pub fn new(transport: Box<dyn Transport>, profile: Profile) -> Result<Runtime> {
+        let devices = (0..transport.device_count())
+            .map(|dev| transport.properties(dev))
+            .collect::<Result<Vec<_>>>()?;
+        if devices.is_empty() {
+            return Err(Error::system("no usable network interface found"));
+        }
+        let profile = Arc::new(profile);
+        Ok(Runtime {
+            devices,
+            profile_json: Arc::new(environment::profile_with_expectation(&profile)),
+            corrupts_data: profile.corrupts_data(),
+            stats_interval: profile.stats_interval,
+            engine: LossEngine::new(Arc::clone(&profile)),
+            profile,
+            rank: launcher_rank().and_then(|rank| u32::try_from(rank).ok()),
+            comm_sizes: Mutex::default(),
+            live: Mutex::default(),
+            legacy_warned: AtomicBool::new(false),
+            transport,
+        })
+    }
+
+    /// Builds a runtime from the environment: the profile (`NCCL_LOSSY_PROFILE`,
+    /// `NCCL_LOSSY_SET`), the protocol the user forces, the transport's interfaces; a wrapped
+    /// plugin gets NCCL's `logger`.
+    pub fn from_env(logger: ncclDebugLogger_t) -> Result<Runtime> {
+        if switches::inner_mode() {
+            // Wrapped inside another copy of this library: carry bytes, nothing else. The
+            // environment's profile and NCCL_LOSSY_INNER belong to the outer copy.
+            let profile =
+                Profile::parse(INNER_PROFILE, "inner mode (wrapped by another copy)", "")?;
+            let mut runtime = Runtime::new(Box::new(SocketTransport::from_env()?), profile)?;
+            runtime.rank = None;
+            return Ok(runtime);
+        }
+        let mut profile = Profile::from_env()?;
+        check_forced_protocol(&profile, std::env::var("NCCL_PROTO").ok().as_deref())?;
+        let inner_env = std::env::var(INNER_ENV)
+            .ok()
+            .filter(|v| !v.trim().is_empty());
+        let transport: Box<dyn Transport> = match wrap_target(&profile, inner_env)? {
+            None => Box::new(SocketTransport::from_env()?),
+            Some(inner) => {
+                // Statistics files and the init log say which transport really ran.
+                profile.transport = Some(TransportKind::Wrap);
+                profile.inner = Some(inner.clone());
+                let options = WrapOptions {
+                    keep_stale_copy: profile.uses_effect(Effect::Stale),
+                    ..WrapOptions::default()
+                };
+                Box::new(
+                    WrapTransport::open(&inner, logger, options)
+                        .map_err(|e| e.context(format!("wrap mode (inner {inner:?})")))?,
+                )
+            }
+        };
+        Runtime::new(transport, profile)
+    }
+
+    /// Takes a hold on the process's runtime, building it from the environment first when
+    /// there is none. A build that fails leaves nothing behind: the next call tries again.
+    pub fn acquire(hold: Hold, logger: ncclDebugLogger_t) -> Result<Arc<Runtime>> {
+        let mut slot = slot()?;
+        let runtime = match &slot.runtime {
+            Some(runtime) => Arc::clone(runtime),
+            None => {
+                let runtime = Arc::new(build_logged(logger)?);
+                slot.last_profile = Some(Arc::clone(&runtime.profile_json));
+                slot.implicit = Some(Context::new(0, None));
+                slot.runtime = Some(Arc::clone(&runtime));
+                runtime
+            }
+        };
+        match hold {
+            Hold::Counted => slot.holds += 1,
+            Hold::UntilUnload => slot.until_unload = true,
+        }
+        Ok(runtime)
+    }
+
+    /// Gives back one [`Hold::Counted`] hold; the last one releases the runtime.
+    pub fn release() -> Result<()> {
+        let retired = {
+            let mut slot = slot()?;
+            slot.holds = slot.holds.saturating_sub(1);
+            if slot.holds == 0 && !slot.until_unload {
+                slot.take()
+            } else {
+                None
+            }
+        };
+        match retired {
+            Some((runtime, implicit)) => {
+                retire(runtime, implicit);
+                Ok(())
+            }
+            // Not the last communicator: its numbers still go to the file now.
+            None => write_stats().map(|_| ()),
+        }
+    }
+
+    /// Releases the runtime whatever holds remain (the library is being unloaded).
+    fn release_all() {
+        let retired = match SLOT.lock() {
+            Ok(mut slot) => {
+                slot.holds = 0;
+                slot.until_unload = false;
+                slot.take()
+            }
+            Err(_) => None,
+        };
+        if let Some((runtime, implicit)) = retired {
+            retire(runtime, implicit);
+        }
+    }
+
+    /// The runtime an earlier `init` built, or an error saying there is none.
+    pub fn current() -> Result<Arc<Runtime>> {
+        slot()?.runtime.clone().ok_or_else(|| {
+            Error::invalid_usage("the plugin is not initialised (no init, or after its finalize)")
+        })
+    }
+
+    /// The active loss profile.
+    pub fn profile(&self) -> &Profile {
+        &self.profile
+    }
+
+    /// Number of devices NCCL may use.
+    pub fn device_count(&self) -> usize {
+        self.devices.len()
+    }
+
+    /// Properties of device `dev`.
+    pub fn properties(&self, dev: usize) -> Result<&DeviceProps> {
+        self.devices.get(dev).ok_or_else(|| {
+            Error::invalid_argument(format!("no device {dev} (have {})", self.devices.len()))
+        })
+    }
+
+    /// This process's rank as the launcher numbered it, when it did.
+    pub fn rank(&self) -> Option<u32> {
+        self.rank
+    }
+
+    /// True when the profile has a data-corrupting effect, so LL/LL128 must be ruled out.
+    pub fn protocol_guard_needed(&self) -> bool {
+        self.corrupts_data
+    }
+
+    /// Records the size of communicator `comm_id` (called by the tuner's init).
+    pub fn record_comm_size(&self, comm_id: u64, ranks: usize) {
+        if let (Ok(mut sizes), Ok(ranks)) = (self.comm_sizes.lock(), u32::try_from(ranks)) {
+            sizes.insert(comm_id, ranks);
+        }
+    }
+
+    /// The size of communicator `comm_id`, when the tuner reported it.
+    pub fn comm_size(&self, comm_id: u64) -> Option<u32> {
+        self.comm_sizes.lock().ok()?.get(&comm_id).copied()
+    }
+
+    /// Warns once per runtime, for NCCL with net API v8 to v10 (no per-communicator context,
+    /// no `setNetAttr`), that rules matching on a collective will only ever see `Unknown`.
+    pub fn note_legacy_api(&self) {
+        if self.profile.matches_on_collective() && !self.legacy_warned.swap(true, Ordering::Relaxed)
+        {
+            log::warn(
+                "this NCCL speaks net API v8 to v10, which does not say which collective is \
+                 posted: rules that match on `collective` see `Unknown` and will not match \
+                 (net API v11, NCCL 2.28 or newer, is needed)",
+            );
+        }
+    }
+
+    /// Starts listening on `dev` for `ctx`.
+    pub fn listen(
+        self: &Arc<Self>,
+        ctx: &Arc<Context>,
+        dev: usize,
+        handle: &mut WireHandle,
+    ) -> Result<ListenComm> {
+        self.properties(dev)?;
+        let listener = self.transport.listen(dev, handle)?;
+        Ok(ListenComm::new(Arc::clone(self), Arc::clone(ctx), listener))
+    }
+
+    /// Starts connecting `ctx` to the listener described by `handle`, which belongs to the
+    /// process of rank `peer` when the handle said so.
+    pub fn connect(
+        self: &Arc<Self>,
+        ctx: &Arc<Context>,
+        dev: usize,
+        handle: &WireHandle,
+        peer: Option<u32>,
+    ) -> Result<Connecting> {
+        self.properties(dev)?;
+        let connector = self.transport.connect(dev, handle)?;
+        // Numbered when NCCL asks, which happens in the same order in every run, so each
+        // connection keeps its own reproducible loss stream.
+        let index = ctx.next_connection_index();
+        let loss = self.engine.stream(StreamKey {
+            rank: self.rank.unwrap_or(0),
+            comm_id: ctx.comm_id,
+            peer: peer.unwrap_or(u32::MAX),
+            direction: Direction::Send,
+            conn: index,
+        });
+        Ok(Connecting::new(
+            Arc::clone(self),
+            Arc::clone(ctx),
+            connector,
+            loss,
+            peer,
+            index,
+        ))
+    }
+}
+
+/// How an `init` holds the runtime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hold {
+    /// Until the matching `finalize` (net v11+, and the tuner's init/finalize).
+    Counted,
+    /// Until the library is unloaded (net v8 to v10, which have no `finalize`).
+    UntilUnload,
+}
+
+/// The process's runtime, the implicit context of net v8 to v10, and the holds on them.
+struct Slot {
+    runtime: Option<Arc<Runtime>>,
+    implicit: Option<Arc<Context>>,
+    holds: usize,
+    until_unload: bool,
+    /// The profile of the latest runtime, as statistics files show it: the statistics
+    /// outlive the runtime (see the module documentation).
+    last_profile: Option<Arc<serde_json::Value>>,
+}
+
+impl Slot {
+    fn take(&mut self) -> Option<(Arc<Runtime>, Option<Arc<Context>>)> {
+        let runtime = self.runtime.take()?;
+        Some((runtime, self.implicit.take()))
+    }
+}
+
+/// The one process-wide slot (why: see the module documentation).
+static SLOT: Mutex<Slot> = Mutex::new(Slot {
+    runtime: None,
+    implicit: None,
+    holds: 0,
+    until_unload: false,
+    last_profile: None,
+});
+
+fn slot() -> Result<MutexGuard<'static, Slot>> {
+    SLOT.lock()
+        .map_err(|_| Error::internal("the runtime slot was poisoned by an earlier panic"))
+}
+
+/// The profile statistics files carry: the latest runtime's.
+fn last_profile() -> serde_json::Value {
+    SLOT.lock()
+        .ok()
+        .and_then(|slot| slot.last_profile.as_deref().cloned())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// Builds a runtime from the environment and says so in the log.
+fn build_logged(logger: ncclDebugLogger_t) -> Result<Runtime> {
+    let runtime = Runtime::from_env(logger);
+    match &runtime {
+        Ok(runtime) => log::info(&format!(
+            "initialised with {} device(s): {}; profile: {}",
+            runtime.devices.len(),
+            runtime
+                .devices
+                .iter()
+                .map(|d| d.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            runtime.profile.summary()
+        )),
+        Err(err) => log::loud(&format!("initialisation failed: {err}")),
+    }
+    runtime
+}
+
+/// Releases a runtime the slot let go of: connects still pending are dropped, the periodic
+/// writer stops, the statistics file is written. The transport goes with the last comm.
+fn retire(runtime: Arc<Runtime>, implicit: Option<Arc<Context>>) {
+    if let Some(implicit) = implicit {
+        implicit.abandon_pending();
+    }
+    runtime.retire_output();
+    if let Err(err) = write_stats() {
+        log::warn(&format!("statistics not written: {err}"));
+    }
+    drop(runtime);
+}
+
+impl Context {
+    /// The context shared by every communicator under net v8 to v10: the runtime's, or a
+    /// detached one when no runtime is built (its listens and connects then fail).
+    pub fn implicit() -> Arc<Context> {
+        SLOT.lock()
+            .ok()
+            .and_then(|slot| slot.implicit.clone())
+            .unwrap_or_else(|| Context::new(0, None))
+    }
+}
+
+/// Releases the runtime when the library is unloaded (`dlclose`, or the process exits):
+/// the end of net v8 to v10, which have no `finalize`.
+extern "C" fn release_at_unload() {
+    let _ = std::panic::catch_unwind(Runtime::release_all);
+}
+
+#[used]
+#[link_section = ".fini_array"]
+static RELEASE_AT_UNLOAD: extern "C" fn() = release_at_unload;

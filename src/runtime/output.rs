@@ -1,0 +1,113 @@
+//! The statistics file, written off NCCL's threads. A closing connection only freezes its
+//! numbers in the registry (in memory) and asks the writer thread for a write; the writer
+//! coalesces requests (at most one write per [`MIN_GAP`], plus one every `stats_interval`
+//! when the profile sets one), and writes what is left when the last comm closes and when the
+//! runtime is released. The writer thread exists only while comms are open: NCCL may
+//! `dlclose` the library after its last comm, and a thread still running our code then
+//! would crash the process.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::Runtime;
+use crate::stats::periodic::PeriodicWriter;
+use crate::stats::writer::{StatsFile, STATS_DIR_ENV};
+use crate::switches;
+use crate::{log, stats, Result};
+
+/// Shortest time between two writes that closing connections asked for: a communicator
+/// closing thousands of connections costs a handful of writes, not one per connection.
+pub const MIN_GAP: Duration = Duration::from_millis(200);
+
+/// Open send and receive comms of one runtime, and the statistics writer that runs while any
+/// is open.
+#[derive(Default)]
+pub(super) struct LiveComms {
+    open: usize,
+    writer: Option<PeriodicWriter>,
+    /// The runtime was released while comms were still open: no writer is started again,
+    /// and each late close writes the file itself.
+    retired: bool,
+}
+
+impl Runtime {
+    /// Counts a comm opening; starts the statistics writer with the first one.
+    pub(super) fn comm_opened(&self) {
+        let Ok(mut live) = self.live.lock() else {
+            return;
+        };
+        live.open += 1;
+        if live.writer.is_some() || live.retired || stats_dir().is_none() {
+            return;
+        }
+        match PeriodicWriter::start(self.stats_interval, MIN_GAP, write_logged) {
+            Ok(writer) => live.writer = Some(writer),
+            Err(err) => log::warn(&format!("no statistics writer thread: {err}")),
+        }
+    }
+
+    /// Counts a comm closing and asks for a write; the last one stops (joins) the writer,
+    /// which writes the file one last time, because NCCL may unload the library next.
+    pub(super) fn comm_closed(&self) {
+        let (writer, write_now) = match self.live.lock() {
+            Ok(mut live) => {
+                live.open = live.open.saturating_sub(1);
+                if let Some(writer) = &live.writer {
+                    writer.request();
+                }
+                let writer = if live.open == 0 {
+                    live.writer.take()
+                } else {
+                    None
+                };
+                (writer, live.retired)
+            }
+            Err(_) => (None, false),
+        };
+        if let Some(writer) = writer {
+            writer.stop();
+        }
+        if write_now {
+            write_logged();
+        }
+    }
+
+    /// Stops the writer whatever comms remain (the runtime is being released; the caller
+    /// writes the file).
+    pub(super) fn retire_output(&self) {
+        let writer = self.live.lock().ok().and_then(|mut live| {
+            live.retired = true;
+            live.writer.take()
+        });
+        if let Some(writer) = writer {
+            writer.stop();
+        }
+    }
+}
+
+/// This process's statistics, with the profile that produced them.
+pub fn stats_file() -> StatsFile {
+    StatsFile::new(super::last_profile(), stats::registry().snapshot())
+}
+
+fn stats_dir() -> Option<std::ffi::OsString> {
+    if switches::inner_mode() {
+        // The outer copy writes this rank's statistics; a second file would clobber them.
+        return None;
+    }
+    std::env::var_os(STATS_DIR_ENV).filter(|dir| !dir.is_empty())
+}
+
+/// Writes the statistics file into `NCCL_LOSSY_STATS`; `Ok(None)` when it is not set.
+pub fn write_stats() -> Result<Option<PathBuf>> {
+    match stats_dir() {
+        Some(dir) => stats_file().write_to(Path::new(&dir)).map(Some),
+        None => Ok(None),
+    }
+}
+
+fn write_logged() {
+    if let Err(err) = write_stats() {
+        log::warn(&format!("statistics not written: {err}"));
+    }
+}
