@@ -9,9 +9,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::control;
+use crate::ids::{self, CollectiveId};
 use crate::loss::engine::{ConnectionLoss, LossEngine, StreamKey};
 use crate::loss::plan::{Effect, LossPlan};
-use crate::loss::rules::{Collective, Direction, MatchContext};
+use crate::loss::rules::{Direction, MatchContext};
 use crate::profile::{Profile, TransportKind};
 use crate::stats::periodic::PeriodicWriter;
 use crate::stats::writer::{launcher_rank, StatsFile, STATS_DIR_ENV};
@@ -32,6 +33,7 @@ pub const PLUGIN_NAME: &str = "lossy";
 pub struct Core {
     transport: Box<dyn Transport>,
     devices: Vec<DeviceProps>,
+    profile: Arc<Profile>,
     engine: LossEngine,
     profile_json: serde_json::Value,
     corrupts_data: bool,
@@ -57,7 +59,8 @@ impl Core {
             profile_json: profile_with_expectation(&profile),
             corrupts_data: profile.corrupts_data(),
             stats_interval: profile.stats_interval,
-            engine: LossEngine::new(profile),
+            engine: profile.loss_engine(),
+            profile,
             rank: launcher_rank().and_then(|rank| u32::try_from(rank).ok()),
         })
     }
@@ -124,7 +127,7 @@ impl Core {
 
     /// The active loss profile.
     pub fn profile(&self) -> &Profile {
-        self.engine.profile()
+        &self.profile
     }
 
     /// Number of devices NCCL may use.
@@ -540,13 +543,13 @@ impl SendComm {
         let mut guard = self.state()?;
         let state = &mut *guard;
         // One read of the op serves both the statistics slot and rule matching.
-        let op = stats::op_slot(self.ctx.op());
+        let op = ids::op_slot(self.ctx.op());
         let phase = control::phase();
         let step = control::step();
         if state.pending_len != Some(buf.len()) {
             if control::enabled() {
                 let matching = MatchContext {
-                    collective: Collective::from_op_slot(op),
+                    collective: CollectiveId::from_op_slot(op),
                     traffic_class: self.ctx.traffic_class,
                     comm_size: self.comm_size,
                     direction: Direction::Send,
@@ -583,7 +586,8 @@ impl SendComm {
             retransmit_delay_ns,
         });
         stats::record_step(step, packets, lost_packets);
-        state.bursts.observe(op, packets, &plan.lost, |op, len| {
+        let runs = plan.lost.iter().map(|r| (r.start, r.len));
+        state.bursts.observe(op, packets, runs, |op, len| {
             self.stats.record_burst(op, len)
         });
         if let Some(slot) = state.posted_at.get_mut(id as usize) {
