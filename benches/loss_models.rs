@@ -2,10 +2,9 @@
 //! `plan()` on 1 MiB messages. A plain timing table (no harness): `cargo bench --bench loss_models`.
 
 use std::hint::black_box;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nccl_net_lossy::loss::engine::{LossEngine, StreamKey};
+use nccl_net_lossy::loss::engine::StreamKey;
 use nccl_net_lossy::loss::model::{ModelSpec, ModelState};
 use nccl_net_lossy::loss::plan::LossPlan;
 use nccl_net_lossy::loss::rng::stream_rng;
@@ -101,7 +100,7 @@ fn main() {
                 "seed = 1\nmtu = 4096\neffect = \"zero\"\nmodel = {model}\n[[rules]]\ncollective = \"AllGather\"\nmodel = \"none\"\n"
             );
             let profile = Profile::parse(&text, "bench", "").expect("profile");
-            let engine = LossEngine::new(Arc::new(profile));
+            let engine = profile.loss_engine();
             let mut stream = engine.stream(StreamKey {
                 rank: 0,
                 comm_id: 1,

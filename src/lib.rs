@@ -6,7 +6,8 @@
 //!   the transport, the loss engine, contexts and connections;
 //! - [`transport`]: moves bytes (our TCP sockets, or another plugin wrapped) behind one trait;
 //! - [`loss`]: pure loss models and effects that decide and apply what a lost packet does;
-//! - [`stats`]: counters and histograms of what was lost.
+//! - [`stats`]: counters and histograms of what was lost;
+//! - [`ids`]: the collective and phase names loss rules and statistics share (a leaf).
 //!
 //! The `lossy` command and the CPU harness that drives this library the way NCCL's proxy
 //! does live in the workspace member crate `cli/` (package `lossy-cli`), which depends on
@@ -14,6 +15,7 @@
 
 pub mod abi;
 pub mod error;
+pub mod ids;
 pub mod log;
 pub mod loss;
 pub mod profile;

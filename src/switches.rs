@@ -9,37 +9,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 
-/// Phase of the training step, as set by the training script.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
-    /// Not set, or between phases.
-    Any = 0,
-    /// Forward pass.
-    Forward = 1,
-    /// Backward pass (gradient traffic).
-    Backward = 2,
-}
-
-impl Phase {
-    /// The phase for a numeric code from the C API, if valid.
-    pub fn from_code(code: i32) -> Option<Phase> {
-        match code {
-            0 => Some(Phase::Any),
-            1 => Some(Phase::Forward),
-            2 => Some(Phase::Backward),
-            _ => None,
-        }
-    }
-
-    /// Lower-case name, as in profiles and statistics files.
-    pub fn name(self) -> &'static str {
-        match self {
-            Phase::Any => "any",
-            Phase::Forward => "forward",
-            Phase::Backward => "backward",
-        }
-    }
-}
+pub use crate::ids::Phase;
 
 static ENABLED: AtomicBool = AtomicBool::new(true);
 static INNER: AtomicBool = AtomicBool::new(false);

@@ -4,7 +4,9 @@
 //! - Decoders: arbitrary bytes never panic, and whatever decodes re-encodes to the very same
 //!   bytes (nothing is silently ignored) and respects the documented limits.
 //! - Profiles: arbitrary text and arbitrary overrides never panic; generated valid profiles
-//!   parse back to the values they were written with.
+//!   parse back to the values they were written with; generated keys and values are accepted
+//!   exactly when the schema allows them, and a rejection names the line, the key and what is
+//!   allowed.
 //!
 //! `PROPTEST_CASES=100000 cargo test --release --test properties` runs longer; cargo-fuzz
 //! targets over the same functions are in `fuzz/` (docs/hardening.md).
@@ -238,5 +240,155 @@ proptest! {
         let p = Profile::parse(&text, "proptest", &format!("seed={}", seed / 2))
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(p.seed, (seed / 2) as u64);
+    }
+}
+
+/// The top-level keys, model kinds, model keys and collective names, as messages list them.
+const TOP_KEYS: &str = "description, seed, mtu, stats_interval, effect, model, \
+                        retransmit_timeout_us, rules, transport, inner";
+const KINDS: [&str; 5] = ["none", "uniform", "gilbert_elliott", "markov4", "trace"];
+const MODEL_KEYS: &str = "kind, rate, mean_burst, p, r, h_loss, k_loss, p13, p31, p32, p23, p14, \
+                          file, format, length, at_end, start";
+const COLLECTIVES: [&str; 9] = [
+    "Unknown",
+    "Broadcast",
+    "Reduce",
+    "AllGather",
+    "ReduceScatter",
+    "AllReduce",
+    "SendRecv",
+    "Send",
+    "Recv",
+];
+
+/// The keys each kind takes (gilbert_elliott: both forms).
+fn kind_keys(kind: &str) -> &'static [&'static str] {
+    match kind {
+        "uniform" => &["rate"],
+        "gilbert_elliott" => &["rate", "mean_burst", "p", "r", "h_loss", "k_loss"],
+        "markov4" => &["p13", "p31", "p32", "p23", "p14"],
+        "trace" => &["file", "format", "length", "at_end", "start"],
+        _ => &[],
+    }
+}
+
+fn parse_err(text: &str) -> Result<String, TestCaseError> {
+    match Profile::parse(text, "proptest", "") {
+        Ok(p) => Err(TestCaseError::fail(format!("accepted {text:?}: {p:?}"))),
+        Err(e) => Ok(e.message),
+    }
+}
+
+proptest! {
+    #![proptest_config(config(500))]
+
+    #[test]
+    fn uniform_rate_is_accepted_exactly_in_0_1(rate in prop_oneof![-2.0..3.0f64, 0.0..=1.0f64]) {
+        let text = format!("seed = 1\nmodel = {{ kind = \"uniform\", rate = {rate:?} }}\n");
+        if (0.0..=1.0).contains(&rate) {
+            let p = Profile::parse(&text, "proptest", "").map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(&p.defaults.model, &ModelSpec::Uniform { rate });
+        } else {
+            prop_assert_eq!(
+                parse_err(&text)?,
+                format!("proptest:2: model.rate = {rate}: must be a probability in [0, 1]")
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_top_level_keys_are_rejected_naming_the_allowed_ones(key in "[a-z_]{1,12}") {
+        let text = format!("seed = 1\n{key} = 1\n");
+        if TOP_KEYS.split(", ").any(|k| k.trim() == key) {
+            // A known key with a value that may or may not suit it: never "unknown key".
+            if let Err(e) = Profile::parse(&text, "proptest", "") {
+                prop_assert!(!e.message.contains("unknown key"), "{}", e.message);
+            }
+        } else {
+            let allowed = TOP_KEYS.split_whitespace().collect::<Vec<_>>().join(" ");
+            prop_assert_eq!(
+                parse_err(&text)?,
+                format!("proptest:2: {key}: unknown key; allowed: {allowed}")
+            );
+        }
+    }
+
+    #[test]
+    fn model_keys_are_checked_against_the_kind(
+        kind in proptest::sample::select(KINDS.to_vec()),
+        key in proptest::sample::select(
+            MODEL_KEYS.split(", ").map(str::trim).skip(1).chain(["wobble"]).collect::<Vec<_>>()
+        ),
+    ) {
+        let value = match key {
+            "file" | "format" | "at_end" | "start" => "\"x\"",
+            "length" => "3",
+            _ => "0.5",
+        };
+        let text = format!("model = {{ kind = \"{kind}\", {key} = {value} }}\n");
+        let model_keys = MODEL_KEYS.split_whitespace().collect::<Vec<_>>().join(" ");
+        if key == "wobble" {
+            prop_assert_eq!(
+                parse_err(&text)?,
+                format!("proptest:1: model.wobble: unknown key; allowed: {model_keys}")
+            );
+        } else if !kind_keys(kind).contains(&key) {
+            let got = parse_err(&text)?;
+            let want = format!("proptest:1: model.{key} = {value}: not a parameter of kind {kind}");
+            prop_assert!(got.starts_with(&want), "got {}\nwant {}", got, want);
+        } else {
+            // A key of the kind: accepted, or rejected for what it needs with it, never as
+            // a stranger.
+            match Profile::parse(&text, "proptest", "") {
+                Ok(p) => prop_assert_eq!(p.defaults.model.kind(), kind),
+                Err(e) => prop_assert!(
+                    !e.message.contains("unknown key") && !e.message.contains("not a parameter"),
+                    "{}", e.message
+                ),
+            }
+            if matches!((kind, key), ("uniform", "rate") | ("gilbert_elliott", "p") | ("markov4", "p13")) {
+                prop_assert!(Profile::parse(&text, "proptest", "").is_ok(), "{}", text);
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_model_kinds_are_rejected_naming_the_kinds(kind in "[a-z_0-9]{1,16}") {
+        let text = format!("\nmodel = {{ kind = \"{kind}\" }}\n");
+        if KINDS.contains(&kind.as_str()) {
+            // Only `none` takes no parameters; the others say which one they miss.
+            let r = Profile::parse(&text, "proptest", "");
+            prop_assert_eq!(r.is_ok(), kind == "none");
+        } else {
+            prop_assert_eq!(
+                parse_err(&text)?,
+                format!(
+                    "proptest:2: model.kind = \"{kind}\": unknown model kind \"{kind}\"; \
+                     allowed: {}",
+                    KINDS.join(", ")
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn collective_names_are_accepted_in_any_case_and_others_rejected(name in "[A-Za-z]{1,14}") {
+        let text = format!("[[rules]]\ncollective = \"{name}\"\n");
+        match COLLECTIVES.iter().find(|c| c.eq_ignore_ascii_case(&name)) {
+            Some(canonical) => {
+                let p = Profile::parse(&text, "proptest", "").map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert_eq!(
+                    &p.to_json()["rules"][0]["match"]["collective"][0],
+                    &serde_json::json!(canonical)
+                );
+            }
+            None => prop_assert_eq!(
+                parse_err(&text)?,
+                format!(
+                    "proptest:2: rules.0.collective = \"{name}\": unknown collective; allowed: {}",
+                    COLLECTIVES.join(", ")
+                )
+            ),
+        }
     }
 }

@@ -1,6 +1,6 @@
-//! The loss engine: a profile turned into per-connection deciders. Each connection gets one
-//! [`ConnectionLoss`] with its own model state per rule (and one for the defaults), seeded
-//! from the profile's seed and the connection's identity, so runs repeat exactly while no two
+//! The loss engine: a profile's rules and defaults turned into per-connection deciders. Each
+//! connection gets one [`ConnectionLoss`] with its own model state per rule (and one for the
+//! defaults), seeded from the profile's seed and the connection's identity, so runs repeat exactly while no two
 //! streams (or two rules of one stream) share a drop pattern. Nothing is re-seeded per message.
 
 use std::sync::Arc;
@@ -9,13 +9,29 @@ use crate::loss::effect::packet_count;
 use crate::loss::model::ModelState;
 use crate::loss::plan::LossPlan;
 use crate::loss::rng::{derive_seed, splitmix64, stream_rng};
-use crate::loss::rules::{first_match, Action, Direction, MatchContext};
-use crate::profile::Profile;
+use crate::loss::rules::{first_match, Action, Direction, MatchContext, Rule};
 
-/// Shared, immutable: the profile every connection of a process draws its deciders from.
+/// Shared, immutable: the rules every connection of a process draws its deciders from.
 #[derive(Clone, Debug)]
 pub struct LossEngine {
-    profile: Arc<Profile>,
+    rules: Arc<Rules>,
+}
+
+/// What an engine decides with: the seed, the rules in order, and the defaults.
+#[derive(Debug)]
+struct Rules {
+    seed: u64,
+    rules: Vec<Rule>,
+    defaults: Action,
+}
+
+impl Rules {
+    /// The action of a slot: a rule's, or the defaults' for `rules.len()`.
+    fn action(&self, slot: usize) -> &Action {
+        self.rules
+            .get(slot)
+            .map_or(&self.defaults, |rule| &rule.action)
+    }
 }
 
 /// Identity of one stream of messages: the seed of its generators derives from all of it.
@@ -56,49 +72,44 @@ impl StreamKey {
 }
 
 impl LossEngine {
-    /// An engine for `profile`.
-    pub fn new(profile: Arc<Profile>) -> LossEngine {
-        LossEngine { profile }
+    /// An engine for `rules` (in order; the first match decides) and the `defaults` that
+    /// apply when none matches; every stream's generators derive from `seed`.
+    pub fn new(seed: u64, rules: Vec<Rule>, defaults: Action) -> LossEngine {
+        LossEngine {
+            rules: Arc::new(Rules {
+                seed,
+                rules,
+                defaults,
+            }),
+        }
     }
 
     /// The decider for one connection: build it once when the connection opens.
     pub fn stream(&self, key: StreamKey) -> ConnectionLoss {
-        let profile = Arc::clone(&self.profile);
-        let slots = profile.rules.len() + 1;
+        let rules = Arc::clone(&self.rules);
+        let slots = rules.rules.len() + 1;
         let models = (0..slots)
             .map(|slot| {
-                let action = slot_action(&profile, slot);
-                ModelState::new(&action.model, stream_rng(key.seed_for(profile.seed, slot)))
+                let action = rules.action(slot);
+                ModelState::new(&action.model, stream_rng(key.seed_for(rules.seed, slot)))
             })
             .collect();
         // The flip seeds come from their own sequence so the loss pattern does not depend on
         // the effect: switching `zero` to `bitflip` flips bits in the very packets `zero` lost.
-        let flip_base = key.seed_for(profile.seed ^ 0x666c_6970, slots);
+        let flip_base = key.seed_for(rules.seed ^ 0x666c_6970, slots);
         ConnectionLoss {
-            profile,
+            rules,
             models,
             flip_base,
             messages: 0,
         }
     }
-
-    /// The profile the engine runs.
-    pub fn profile(&self) -> &Profile {
-        &self.profile
-    }
-}
-
-fn slot_action(profile: &Profile, slot: usize) -> &Action {
-    profile
-        .rules
-        .get(slot)
-        .map_or(&profile.defaults, |rule| &rule.action)
 }
 
 /// One connection's decider: model states that persist across its messages.
 #[derive(Clone, Debug)]
 pub struct ConnectionLoss {
-    profile: Arc<Profile>,
+    rules: Arc<Rules>,
     /// One per rule, then one for the defaults.
     models: Vec<ModelState>,
     flip_base: u64,
@@ -110,9 +121,9 @@ impl ConnectionLoss {
     /// reused, so the steady state does not allocate). Returns the index of the rule that
     /// matched, or `None` when the profile's defaults applied.
     pub fn plan(&mut self, ctx: &MatchContext, len: usize, out: &mut LossPlan) -> Option<usize> {
-        let matched = first_match(&self.profile.rules, ctx);
-        let slot = matched.unwrap_or(self.profile.rules.len());
-        let action = slot_action(&self.profile, slot);
+        let matched = first_match(&self.rules.rules, ctx);
+        let slot = matched.unwrap_or(self.rules.rules.len());
+        let action = self.rules.action(slot);
         out.effect = action.effect;
         out.mtu = action.mtu;
         out.retransmit_timeout = action.retransmit_timeout;
@@ -130,11 +141,23 @@ impl ConnectionLoss {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::loss::plan::{Effect, PacketRun};
-    use crate::loss::rules::{Collective, Phase};
+    use crate::ids::{CollectiveId, Phase};
+    use crate::loss::model::ModelSpec;
+    use crate::loss::plan::{Effect, PacketRun, DEFAULT_RETRANSMIT_TIMEOUT};
+    use crate::loss::rules::Match;
 
-    fn engine(text: &str) -> LossEngine {
-        LossEngine::new(Arc::new(Profile::parse(text, "test.toml", "").unwrap()))
+    /// Seed 5, mtu 1024, effect zero, uniform 5% loss.
+    fn uniform() -> Action {
+        Action {
+            effect: Effect::Zero,
+            model: ModelSpec::Uniform { rate: 0.05 },
+            retransmit_timeout: DEFAULT_RETRANSMIT_TIMEOUT,
+            mtu: 1024,
+        }
+    }
+
+    fn engine(rules: Vec<Rule>) -> LossEngine {
+        LossEngine::new(5, rules, uniform())
     }
 
     fn key(peer: u32, conn: u32) -> StreamKey {
@@ -162,12 +185,9 @@ mod tests {
             .collect()
     }
 
-    const UNIFORM: &str =
-        "seed = 5\nmtu = 1024\neffect = \"zero\"\nmodel = { kind = \"uniform\", rate = 0.05 }\n";
-
     #[test]
     fn same_key_same_plans_other_keys_differ() {
-        let e = engine(UNIFORM);
+        let e = engine(Vec::new());
         let ctx = MatchContext::default();
         let a = plans(&mut e.stream(key(1, 0)), &ctx, 50, 1 << 20);
         let b = plans(&mut e.stream(key(1, 0)), &ctx, 50, 1 << 20);
@@ -181,7 +201,7 @@ mod tests {
         other.comm_id += 1;
         assert_ne!(a, plans(&mut e.stream(other), &ctx, 50, 1 << 20));
         // Another seed, another pattern.
-        let e2 = engine(&UNIFORM.replace("seed = 5", "seed = 6"));
+        let e2 = LossEngine::new(6, Vec::new(), uniform());
         assert_ne!(a, plans(&mut e2.stream(key(1, 0)), &ctx, 50, 1 << 20));
         // Not re-seeded per message: consecutive messages of one stream differ.
         assert!(a.windows(2).all(|w| w[0] != w[1]));
@@ -189,12 +209,17 @@ mod tests {
 
     #[test]
     fn each_rule_has_its_own_stream() {
-        let e = engine(&format!(
-            "{UNIFORM}[[rules]]\ncollective = \"AllReduce\"\nmodel = {{ kind = \"uniform\", rate = 0.05 }}\n"
-        ));
+        let e = engine(vec![Rule {
+            name: None,
+            when: Match {
+                collectives: Some(vec![CollectiveId::AllReduce]),
+                ..Match::default()
+            },
+            action: uniform(),
+        }]);
         let mut s = e.stream(key(1, 0));
         let all_reduce = MatchContext {
-            collective: Collective::AllReduce,
+            collective: CollectiveId::AllReduce,
             ..MatchContext::default()
         };
         let mut plan = LossPlan::default();
@@ -223,9 +248,23 @@ mod tests {
 
     #[test]
     fn plan_carries_the_action_and_reuses_its_buffer() {
-        let e = engine(&format!(
-            "{UNIFORM}retransmit_timeout_us = 50\n[[rules]]\nphase = \"backward\"\neffect = \"bitflip\"\nmtu = 256\n"
-        ));
+        let defaults = Action {
+            retransmit_timeout: std::time::Duration::from_micros(50),
+            ..uniform()
+        };
+        let rule = Rule {
+            name: None,
+            when: Match {
+                phase: Phase::Backward,
+                ..Match::default()
+            },
+            action: Action {
+                effect: Effect::Bitflip,
+                mtu: 256,
+                ..defaults.clone()
+            },
+        };
+        let e = LossEngine::new(5, vec![rule], defaults);
         let mut s = e.stream(key(1, 0));
         let mut plan = LossPlan::default();
         let ctx = MatchContext {
@@ -269,7 +308,7 @@ mod tests {
     fn loss_rate_through_the_engine() {
         // 2000 messages of 1 MiB at mtu 1024 = 2,048,000 packets at 5%:
         // σ = sqrt(0.05·0.95/2.048e6) ≈ 1.5e-4; allow 5σ.
-        let e = engine(UNIFORM);
+        let e = engine(Vec::new());
         let mut s = e.stream(key(4, 2));
         let mut plan = LossPlan::default();
         let (mut lost, mut total) = (0u64, 0u64);

@@ -8,95 +8,7 @@ use std::time::Duration;
 use crate::loss::model::ModelSpec;
 use crate::loss::plan::Effect;
 
-pub use crate::switches::Phase;
-
-/// An NCCL collective, numbered as `ncclFunc_t` (see the stats module's names).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-pub enum Collective {
-    /// Not known (old NCCL, or a function this enum does not name).
-    Unknown,
-    /// ncclFunc 0.
-    Broadcast,
-    /// ncclFunc 1.
-    Reduce,
-    /// ncclFunc 2.
-    AllGather,
-    /// ncclFunc 3.
-    ReduceScatter,
-    /// ncclFunc 4.
-    AllReduce,
-    /// ncclFunc 5.
-    SendRecv,
-    /// ncclFunc 6.
-    Send,
-    /// ncclFunc 7.
-    Recv,
-}
-
-impl Collective {
-    /// Every collective, `Unknown` first, then in `ncclFunc_t` order.
-    pub const ALL: [Collective; 9] = [
-        Collective::Unknown,
-        Collective::Broadcast,
-        Collective::Reduce,
-        Collective::AllGather,
-        Collective::ReduceScatter,
-        Collective::AllReduce,
-        Collective::SendRecv,
-        Collective::Send,
-        Collective::Recv,
-    ];
-
-    /// The collective of a statistics op slot ([`crate::stats::op_slot`]: 0 for unknown, then
-    /// `ncclFunc_t` + 1); functions this enum does not name are `Unknown`.
-    pub fn from_op_slot(slot: usize) -> Collective {
-        Collective::ALL
-            .get(slot)
-            .copied()
-            .unwrap_or(Collective::Unknown)
-    }
-
-    /// The collective for an `ncclFunc_t` value.
-    pub fn from_func_index(i: u32) -> Collective {
-        usize::try_from(i)
-            .ok()
-            .and_then(|i| i.checked_add(1))
-            .map_or(Collective::Unknown, Collective::from_op_slot)
-    }
-
-    /// The collective of NCCL's op bitmask (`1 << ncclFunc`; the lowest set bit counts).
-    pub fn from_op_mask(bits: u32) -> Collective {
-        Collective::from_op_slot(crate::stats::op_slot(bits))
-    }
-
-    /// The name as NCCL and the profiles write it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Collective::Unknown => "Unknown",
-            Collective::Broadcast => "Broadcast",
-            Collective::Reduce => "Reduce",
-            Collective::AllGather => "AllGather",
-            Collective::ReduceScatter => "ReduceScatter",
-            Collective::AllReduce => "AllReduce",
-            Collective::SendRecv => "SendRecv",
-            Collective::Send => "Send",
-            Collective::Recv => "Recv",
-        }
-    }
-
-    /// Parses a name, ignoring case.
-    pub fn parse(name: &str) -> Option<Collective> {
-        Collective::ALL
-            .into_iter()
-            .find(|c| c.name().eq_ignore_ascii_case(name))
-    }
-}
-
-impl std::fmt::Display for Collective {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
+use crate::ids::{CollectiveId, Phase};
 
 /// Which side of a connection a stream is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -122,7 +34,7 @@ impl Direction {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MatchContext {
     /// The collective the message belongs to, if NCCL told us.
-    pub collective: Collective,
+    pub collective: CollectiveId,
     /// The communicator's traffic class, if set.
     pub traffic_class: Option<i32>,
     /// Number of ranks in the communicator, if known.
@@ -142,7 +54,7 @@ pub struct MatchContext {
 impl Default for MatchContext {
     fn default() -> Self {
         MatchContext {
-            collective: Collective::Unknown,
+            collective: CollectiveId::Unknown,
             traffic_class: None,
             comm_size: None,
             direction: Direction::Send,
@@ -171,7 +83,7 @@ pub struct Action {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Match {
     /// Collectives the rule applies to.
-    pub collectives: Option<Vec<Collective>>,
+    pub collectives: Option<Vec<CollectiveId>>,
     /// Traffic classes the rule applies to.
     pub traffic_classes: Option<Vec<i32>>,
     /// Communicator sizes the rule applies to.
@@ -305,36 +217,16 @@ mod tests {
     }
 
     #[test]
-    fn collective_numbering_matches_the_stats_names() {
-        for i in 0..8u32 {
-            let c = Collective::from_func_index(i);
-            assert_eq!(c.name(), crate::stats::op_name(i as usize + 1));
-            assert_eq!(Collective::from_op_mask(1 << i), c);
-            assert_eq!(Collective::parse(&c.name().to_uppercase()), Some(c));
-        }
-        assert_eq!(Collective::from_func_index(4), Collective::AllReduce);
-        assert_eq!(Collective::from_op_mask(0), Collective::Unknown);
-        // Lowest set bit decides.
-        assert_eq!(
-            Collective::from_op_mask((1 << 4) | (1 << 6)),
-            Collective::AllReduce
-        );
-        assert_eq!(Collective::from_func_index(8), Collective::Unknown);
-        assert_eq!(Collective::from_op_mask(1 << 31), Collective::Unknown);
-        assert_eq!(Collective::parse("allreduse"), None);
-    }
-
-    #[test]
     fn first_match_decides() {
         let rules = vec![
             rule(Match {
-                collectives: Some(vec![Collective::AllReduce]),
+                collectives: Some(vec![CollectiveId::AllReduce]),
                 phase: Phase::Backward,
                 steps: Some((100, Some(200))),
                 ..Match::default()
             }),
             rule(Match {
-                collectives: Some(vec![Collective::AllReduce, Collective::AllGather]),
+                collectives: Some(vec![CollectiveId::AllReduce, CollectiveId::AllGather]),
                 ..Match::default()
             }),
             rule(Match {
@@ -349,7 +241,7 @@ mod tests {
             step,
             ..MatchContext::default()
         };
-        use Collective::{AllGather, AllReduce, Broadcast};
+        use CollectiveId::{AllGather, AllReduce, Broadcast};
         use Phase::{Any, Backward, Forward};
         let cases = [
             (AllReduce, Backward, 100, Some(0)),
@@ -373,7 +265,7 @@ mod tests {
         // A peer criterion needs a known peer. Rule 2 is "messages received from rank 3":
         // deciding at the sender, that is a message whose source (this rank) is 3, whatever
         // its destination.
-        let mut c = ctx(Collective::Unknown, Phase::Any, 0);
+        let mut c = ctx(CollectiveId::Unknown, Phase::Any, 0);
         assert_eq!(first_match(&rules, &c), None);
         c.peer = Some(3);
         assert_eq!(first_match(&rules, &c), None);
@@ -423,7 +315,7 @@ mod tests {
         assert!(!m.matches(&c));
         assert!(m.describe().contains("steps=[10,∞)"));
         let every = Match {
-            collectives: Some(vec![Collective::AllReduce, Collective::Broadcast]),
+            collectives: Some(vec![CollectiveId::AllReduce, CollectiveId::Broadcast]),
             direction: Some(Direction::Recv),
             peers: Some(vec![1, 2]),
             phase: Phase::Forward,

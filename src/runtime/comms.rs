@@ -7,7 +7,8 @@ use std::time::Instant;
 use super::{Context, Runtime};
 use crate::loss::engine::ConnectionLoss;
 use crate::loss::plan::{Effect, LossPlan};
-use crate::loss::rules::{Collective, Direction, MatchContext};
+use crate::ids::{self, CollectiveId};
+use crate::loss::rules::{Direction, MatchContext};
 use crate::stats::{self, BurstTracker, ConnectionStats, MessageRecord};
 use crate::switches;
 use crate::transport::{
@@ -154,13 +155,13 @@ impl SendComm {
         let mut guard = self.state()?;
         let state = &mut *guard;
         // One read of the op serves both the statistics slot and rule matching.
-        let op = stats::op_slot(self.ctx.op());
+        let op = ids::op_slot(self.ctx.op());
         let phase = switches::phase();
         let step = switches::step();
         if state.pending_len != Some(buf.len()) {
             if switches::enabled() {
                 let matching = MatchContext {
-                    collective: Collective::from_op_slot(op),
+                    collective: CollectiveId::from_op_slot(op),
                     traffic_class: self.ctx.traffic_class,
                     comm_size: self.comm_size,
                     direction: Direction::Send,
@@ -197,7 +198,8 @@ impl SendComm {
             retransmit_delay_ns,
         });
         stats::record_step(step, packets, lost_packets);
-        state.bursts.observe(op, packets, &plan.lost, |op, len| {
+        let runs = plan.lost.iter().map(|r| (r.start, r.len));
+        state.bursts.observe(op, packets, runs, |op, len| {
             self.stats.record_burst(op, len)
         });
         if let Some(slot) = state.posted_at.get_mut(id as usize) {

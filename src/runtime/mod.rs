@@ -94,7 +94,7 @@ impl Runtime {
             profile_json: Arc::new(environment::profile_with_expectation(&profile)),
             corrupts_data: profile.corrupts_data(),
             stats_interval: profile.stats_interval,
-            engine: LossEngine::new(Arc::clone(&profile)),
+            engine: profile.loss_engine(),
             profile,
             rank: launcher_rank().and_then(|rank| u32::try_from(rank).ok()),
             comm_sizes: Mutex::default(),

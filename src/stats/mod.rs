@@ -14,63 +14,8 @@ use std::sync::{Arc, Mutex};
 
 use hdrhistogram::Histogram;
 
-use crate::loss::plan::PacketRun;
-use crate::switches::Phase;
+use crate::ids::{op_name, phase_name, OP_SLOTS, PHASE_SLOTS};
 use serde::{Deserialize, Serialize};
-
-/// Number of collective slots: "unknown" plus NCCL's function codes 0..=14.
-pub const OP_SLOTS: usize = 16;
-
-/// Number of training phases tracked: any (unset), forward, backward.
-pub const PHASE_SLOTS: usize = 3;
-
-/// NCCL's collective function names, indexed by `ncclFunc_t` (stable since NCCL 2.27).
-const NCCL_FUNC_NAMES: [&str; OP_SLOTS - 1] = [
-    "Broadcast",
-    "Reduce",
-    "AllGather",
-    "ReduceScatter",
-    "AllReduce",
-    "SendRecv",
-    "Send",
-    "Recv",
-    "AllToAll",
-    "Scatter",
-    "Gather",
-    "AllGatherV",
-    "PutSignal",
-    "Signal",
-    "WaitSignal",
-];
-
-/// Name of the collective in stats slot `slot` (0 is "Unknown").
-pub fn op_name(slot: usize) -> &'static str {
-    match slot {
-        0 => "Unknown",
-        s => NCCL_FUNC_NAMES.get(s - 1).copied().unwrap_or("Unknown"),
-    }
-}
-
-/// Stats slot of the `op` bitmask NCCL passes to `setNetAttr` (one bit set: `1 << ncclFunc`).
-pub fn op_slot(op_bits: u32) -> usize {
-    if op_bits == 0 {
-        return 0;
-    }
-    let func = op_bits.trailing_zeros() as usize;
-    if func + 1 < OP_SLOTS {
-        func + 1
-    } else {
-        0
-    }
-}
-
-/// Name of phase slot `slot`.
-pub fn phase_name(slot: usize) -> &'static str {
-    i32::try_from(slot)
-        .ok()
-        .and_then(Phase::from_code)
-        .map_or(Phase::Any.name(), Phase::name)
-}
 
 #[derive(Default)]
 struct Cell {
@@ -136,7 +81,7 @@ impl Cell {
 /// What one message cost, as the sender decided it.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MessageRecord {
-    /// Collective slot (see [`op_slot`]).
+    /// Collective slot (see [`crate::ids::op_slot`]).
     pub op: usize,
     /// Phase slot (see [`phase_name`]).
     pub phase: usize,
@@ -464,36 +409,39 @@ pub struct BurstTracker {
 }
 
 impl BurstTracker {
-    /// Feeds one message of `packets` packets of collective `op` with its lost `runs`,
-    /// calling `finished(op, length)` for every burst that ended.
+    /// Feeds one message of `packets` packets of collective `op` with its lost `runs`
+    /// (`(start, len)` in packets, sorted and disjoint), calling `finished(op, length)` for
+    /// every burst that ended.
     pub fn observe(
         &mut self,
         op: usize,
         packets: u64,
-        runs: &[PacketRun],
+        runs: impl IntoIterator<Item = (u32, u32)>,
         mut finished: impl FnMut(usize, u64),
     ) {
         if packets == 0 {
             return;
         }
-        for run in runs {
-            let mut len = u64::from(run.len);
+        let mut any = false;
+        for (start, run_len) in runs {
+            any = true;
+            let mut len = u64::from(run_len);
             if self.open_len > 0 {
-                if run.start == 0 {
+                if start == 0 {
                     len += self.open_len;
                 } else {
                     finished(self.open_op, self.open_len);
                 }
                 self.open_len = 0;
             }
-            if u64::from(run.end()) >= packets {
+            if u64::from(start) + u64::from(run_len) >= packets {
                 self.open_len = len;
                 self.open_op = op;
             } else {
                 finished(op, len);
             }
         }
-        if runs.is_empty() && self.open_len > 0 {
+        if !any && self.open_len > 0 {
             finished(self.open_op, self.open_len);
             self.open_len = 0;
         }
@@ -511,17 +459,6 @@ impl BurstTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn op_bits_map_to_nccl_function_names() {
-        assert_eq!(op_name(op_slot(0)), "Unknown");
-        assert_eq!(op_name(op_slot(1 << 0)), "Broadcast");
-        assert_eq!(op_name(op_slot(1 << 2)), "AllGather");
-        assert_eq!(op_name(op_slot(1 << 3)), "ReduceScatter");
-        assert_eq!(op_name(op_slot(1 << 4)), "AllReduce");
-        assert_eq!(op_name(op_slot(1 << 5)), "SendRecv");
-        assert_eq!(op_name(op_slot(1 << 31)), "Unknown");
-    }
 
     #[test]
     fn step_series_keeps_steps_apart_and_drops_out_of_range() {
@@ -589,23 +526,23 @@ mod tests {
 
     #[test]
     fn bursts_continue_across_message_boundaries() {
-        let run = |start, len| PacketRun { start, len };
+        let run = |start: u32, len: u32| (start, len);
         let mut tracker = BurstTracker::default();
         let mut seen = Vec::new();
         // Message 1 (10 packets): a burst of 2 inside, one of 3 reaching the end.
-        tracker.observe(5, 10, &[run(2, 2), run(7, 3)], |op, len| {
+        tracker.observe(5, 10, [run(2, 2), run(7, 3)], |op, len| {
             seen.push((op, len))
         });
         assert_eq!(seen, vec![(5, 2)]);
         // Message 2 starts with 4 lost packets: one burst of 7 across the boundary.
-        tracker.observe(3, 10, &[run(0, 4)], |op, len| seen.push((op, len)));
+        tracker.observe(3, 10, [run(0, 4)], |op, len| seen.push((op, len)));
         assert_eq!(seen, vec![(5, 2), (3, 7)]);
         // A zero-byte message does not break a burst; a lossless one ends it.
-        tracker.observe(3, 10, &[run(9, 1)], |op, len| seen.push((op, len)));
-        tracker.observe(3, 0, &[], |op, len| seen.push((op, len)));
-        tracker.observe(4, 10, &[], |op, len| seen.push((op, len)));
+        tracker.observe(3, 10, [run(9, 1)], |op, len| seen.push((op, len)));
+        tracker.observe(3, 0, [], |op, len| seen.push((op, len)));
+        tracker.observe(4, 10, [], |op, len| seen.push((op, len)));
         assert_eq!(seen, vec![(5, 2), (3, 7), (3, 1)]);
-        tracker.observe(4, 4, &[run(3, 1)], |op, len| seen.push((op, len)));
+        tracker.observe(4, 4, [run(3, 1)], |op, len| seen.push((op, len)));
         tracker.finish(|op, len| seen.push((op, len)));
         assert_eq!(seen.last(), Some(&(4, 1)));
     }

@@ -1,0 +1,269 @@
+//! Loss profiles: the TOML schema, environment overrides and the embedded default.
+//!
+//! A profile is read in three steps: the TOML text is parsed into a small tree that remembers
+//! each value's line; `NCCL_LOSSY_SET` overrides are written into that tree (marked as coming
+//! from the override); the tree is then checked against the schema. So every error, whether
+//! from the file or from an override, can say where the bad value came from, its dotted key
+//! and what is allowed. The schema is documented in docs/loss-models.md.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Value as Json};
+
+use crate::error::{Error, Result};
+use crate::loss::engine::LossEngine;
+use crate::loss::model::short;
+use crate::loss::plan::Effect;
+use crate::loss::rules::{Action, Direction, Rule};
+
+mod check;
+#[cfg(test)]
+mod tests;
+mod tree;
+
+/// Environment variable naming the profile file.
+pub const PROFILE_ENV: &str = "NCCL_LOSSY_PROFILE";
+/// Environment variable with `;`-separated `dotted.key=value` overrides.
+pub const SET_ENV: &str = "NCCL_LOSSY_SET";
+/// The origin of the embedded default profile.
+pub const EMBEDDED_ORIGIN: &str = "embedded default";
+/// The profile used when `NCCL_LOSSY_PROFILE` is not set.
+pub const DEFAULT_PROFILE: &str = include_str!("../../configs/default.toml");
+/// Seed used when a profile sets none.
+pub const DEFAULT_SEED: u64 = 1;
+
+/// Which transport carries the bytes (profile key `transport`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportKind {
+    /// The plugin's own TCP sockets (the default).
+    Socket,
+    /// Another NCCL net plugin, named by `inner`, with loss injected on top.
+    Wrap,
+}
+
+impl TransportKind {
+    /// The name used in profiles.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Socket => "socket",
+            TransportKind::Wrap => "wrap",
+        }
+    }
+}
+
+/// A resolved loss profile.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Profile {
+    /// Seed every stream's generators derive from.
+    pub seed: u64,
+    /// Default packet size in bytes.
+    pub mtu: u32,
+    /// What messages no rule matches get.
+    pub defaults: Action,
+    /// Rules, in order; the first match decides.
+    pub rules: Vec<Rule>,
+    /// How often the plugin writes statistics, if at all.
+    pub stats_interval: Option<Duration>,
+    /// The file the profile came from, or "embedded default".
+    pub origin: String,
+    /// The overrides applied on top of the file (as given).
+    pub overrides: String,
+    /// The profile's own description, if it has one.
+    pub description: Option<String>,
+    /// The transport the profile asks for (`None`: not set, which means sockets).
+    pub transport: Option<TransportKind>,
+    /// The net plugin to wrap under `transport = "wrap"` (a path or a name like "ib").
+    pub inner: Option<String>,
+}
+
+/// "model, effect E, expected loss X% (mean burst B)".
+fn describe_action(action: &Action) -> String {
+    let loss = action.model.expected_loss_rate();
+    let mut s = format!(
+        "{}, effect {}, expected loss {}%",
+        action.model.describe(),
+        action.effect.name(),
+        short(loss * 100.0)
+    );
+    if loss > 0.0 {
+        s.push_str(&format!(
+            " (mean burst {})",
+            short(action.model.expected_mean_burst())
+        ));
+    }
+    s
+}
+
+fn action_json(action: &Action) -> Json {
+    json!({
+        "effect": action.effect,
+        "model": serde_json::to_value(&action.model).unwrap_or(Json::Null),
+        "expected_loss_rate": finite(action.model.expected_loss_rate()),
+        "expected_mean_burst": finite(action.model.expected_mean_burst()),
+        "retransmit_timeout_us": action.retransmit_timeout.as_secs_f64() * 1e6,
+        "mtu": action.mtu,
+    })
+}
+
+/// JSON has no infinities or NaN: write them as null.
+fn finite(x: f64) -> Json {
+    if x.is_finite() {
+        json!(x)
+    } else {
+        Json::Null
+    }
+}
+
+impl Profile {
+    /// The profile named by `NCCL_LOSSY_PROFILE` (or the embedded default), with
+    /// `NCCL_LOSSY_SET` applied on top.
+    pub fn from_env() -> Result<Profile> {
+        let path = std::env::var_os(PROFILE_ENV).filter(|p| !p.is_empty());
+        let overrides = match std::env::var(SET_ENV) {
+            Ok(s) => s,
+            Err(std::env::VarError::NotPresent) => String::new(),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                return Err(Error::invalid_argument(format!(
+                    "{SET_ENV} is not valid UTF-8"
+                )))
+            }
+        };
+        Profile::load(path.as_deref().map(Path::new), &overrides)
+    }
+
+    /// The profile at `path` (the embedded default for `None`) with `overrides` applied.
+    pub fn load(path: Option<&Path>, overrides: &str) -> Result<Profile> {
+        match path {
+            None => Profile::parse_in(DEFAULT_PROFILE, EMBEDDED_ORIGIN, None, overrides),
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|err| {
+                    Error::invalid_argument(format!(
+                        "{}: cannot read profile: {err}",
+                        path.display()
+                    ))
+                })?;
+                Profile::parse_in(&text, &path.display().to_string(), path.parent(), overrides)
+            }
+        }
+    }
+
+    /// Parses profile text; `origin` labels errors, and when it is a path, trace files are
+    /// found relative to its directory.
+    pub fn parse(text: &str, origin: &str, overrides: &str) -> Result<Profile> {
+        let base = (origin != EMBEDDED_ORIGIN)
+            .then(|| Path::new(origin).parent())
+            .flatten();
+        Profile::parse_in(text, origin, base, overrides)
+    }
+
+    fn parse_in(text: &str, origin: &str, base: Option<&Path>, overrides: &str) -> Result<Profile> {
+        let mut root = tree::parse(text, origin)?;
+        tree::apply_overrides(&mut root, overrides)?;
+        let mut profile = check::Checker { origin }.profile(&root, base)?;
+        profile.overrides = overrides.trim().to_string();
+        Ok(profile)
+    }
+
+    /// The loss engine that runs this profile's rules and defaults.
+    pub fn loss_engine(&self) -> LossEngine {
+        LossEngine::new(self.seed, self.rules.clone(), self.defaults.clone())
+    }
+
+    /// The fully resolved profile, for statistics files: every default filled in.
+    pub fn to_json(&self) -> Json {
+        let rules: Vec<Json> = self
+            .rules
+            .iter()
+            .map(|rule| {
+                let w = &rule.when;
+                json!({
+                    "name": rule.name,
+                    "match": {
+                        "collective": w.collectives.as_ref().map(|c| c.iter().map(|c| c.name()).collect::<Vec<_>>()),
+                        "traffic_class": w.traffic_classes,
+                        "comm_size": w.comm_sizes,
+                        "direction": w.direction.map(Direction::name),
+                        "peer": w.peers,
+                        "phase": w.phase.name(),
+                        "steps": w.steps.map(|(from, until)| json!({"from": from, "until": until})),
+                    },
+                    "action": action_json(&rule.action),
+                })
+            })
+            .collect();
+        json!({
+            "origin": self.origin,
+            "overrides": self.overrides,
+            "description": self.description,
+            "seed": self.seed,
+            "mtu": self.mtu,
+            "stats_interval_s": self.stats_interval.map(|d| d.as_secs_f64()),
+            "defaults": action_json(&self.defaults),
+            "rules": rules,
+            "transport": self.transport.unwrap_or(TransportKind::Socket).name(),
+            "inner": self.inner,
+        })
+    }
+
+    /// Every action: the defaults', then each rule's in order.
+    pub fn actions(&self) -> impl Iterator<Item = &Action> {
+        std::iter::once(&self.defaults).chain(self.rules.iter().map(|r| &r.action))
+    }
+
+    /// True when some message may arrive with wrong data (a zero, stale or bitflip effect
+    /// together with a model that can lose packets).
+    pub fn corrupts_data(&self) -> bool {
+        self.actions()
+            .any(|a| a.effect.corrupts_data() && a.model.can_lose())
+    }
+
+    /// True when some action has `effect` (with a model that can lose packets).
+    pub fn uses_effect(&self, effect: Effect) -> bool {
+        self.actions()
+            .any(|a| a.effect == effect && a.model.can_lose())
+    }
+
+    /// True when a rule matches on the collective (which old NCCL versions do not report).
+    pub fn matches_on_collective(&self) -> bool {
+        self.rules.iter().any(|r| r.when.collectives.is_some())
+    }
+
+    /// True when nothing can ever be lost.
+    pub fn is_lossless(&self) -> bool {
+        !self.actions().any(|a| a.model.can_lose())
+    }
+
+    /// One line: origin, seed, mtu, the defaults with their expected loss, then each rule.
+    pub fn summary(&self) -> String {
+        let mut line = format!(
+            "{}: seed {}, mtu {}; default: {}",
+            self.origin,
+            self.seed,
+            self.mtu,
+            describe_action(&self.defaults)
+        );
+        line.push_str(&format!(
+            "; {} rule{}",
+            self.rules.len(),
+            if self.rules.len() == 1 { "" } else { "s" }
+        ));
+        for rule in &self.rules {
+            line.push_str(&format!(
+                " [{} -> {}]",
+                rule.when.describe(),
+                describe_action(&rule.action)
+            ));
+        }
+        if let Some(TransportKind::Wrap) = self.transport {
+            line.push_str(&format!(
+                "; transport wrap (inner {})",
+                self.inner.as_deref().unwrap_or("from NCCL_LOSSY_INNER")
+            ));
+        }
+        if !self.overrides.is_empty() {
+            line.push_str(&format!(" ({SET_ENV}: {})", self.overrides));
+        }
+        line
+    }
+}

@@ -1,0 +1,302 @@
+//! Unit tests of the profile parser: resolution, defaults, overrides and error messages.
+
+use std::time::Duration;
+
+use crate::ids::{CollectiveId, Phase};
+use crate::loss::model::ModelSpec;
+use crate::loss::plan::{Effect, DEFAULT_MTU, DEFAULT_RETRANSMIT_TIMEOUT};
+use crate::loss::rules::Direction;
+use crate::profile::*;
+use crate::Result;
+
+fn parse(text: &str) -> Result<Profile> {
+    Profile::parse(text, "configs/x.toml", "")
+}
+
+fn err(text: &str, overrides: &str) -> String {
+    match Profile::parse(text, "configs/x.toml", overrides) {
+        Ok(p) => panic!("expected an error, got {p:?}"),
+        Err(e) => e.message,
+    }
+}
+
+const FULL: &str = r#"
+seed = 7
+mtu = 2048
+stats_interval = 2.5
+effect = "zero"
+retransmit_timeout_us = 150
+model = { kind = "uniform", rate = 0.01 }
+
+[[rules]]
+name = "grads"
+collective = ["AllReduce", "reducescatter"]
+phase = "backward"
+steps = { from = 100, until = 200 }
+model = { kind = "gilbert_elliott", rate = 0.01, mean_burst = 8 }
+
+[[rules]]
+peer = [1, 2]
+direction = "recv"
+traffic_class = 3
+comm_size = 8
+effect = "bitflip"
+mtu = 512
+
+[[rules]]
+collective = "Broadcast"
+[rules.model]
+kind = "none"
+"#;
+
+#[test]
+fn full_profile_resolves_defaults_and_inheritance() {
+    let p = parse(FULL).unwrap();
+    assert_eq!((p.seed, p.mtu), (7, 2048));
+    assert_eq!(p.stats_interval, Some(Duration::from_millis(2500)));
+    assert_eq!(p.defaults.effect, Effect::Zero);
+    assert_eq!(p.defaults.retransmit_timeout, Duration::from_micros(150));
+    assert_eq!(p.rules.len(), 3);
+    let r0 = &p.rules[0];
+    assert_eq!(r0.name.as_deref(), Some("grads"));
+    assert_eq!(
+        r0.when.collectives,
+        Some(vec![CollectiveId::AllReduce, CollectiveId::ReduceScatter])
+    );
+    assert_eq!(r0.when.phase, Phase::Backward);
+    assert_eq!(r0.when.steps, Some((100, Some(200))));
+    // Rules inherit what they leave out from the defaults.
+    assert_eq!((r0.action.effect, r0.action.mtu), (Effect::Zero, 2048));
+    assert_eq!(
+        r0.action.model,
+        ModelSpec::gilbert_elliott_from_rate(0.01, 8.0).unwrap()
+    );
+    let r1 = &p.rules[1];
+    assert_eq!(r1.action.model, ModelSpec::Uniform { rate: 0.01 });
+    assert_eq!((r1.action.effect, r1.action.mtu), (Effect::Bitflip, 512));
+    assert_eq!(r1.when.peers, Some(vec![1, 2]));
+    assert_eq!(r1.when.direction, Some(Direction::Recv));
+    assert_eq!(r1.when.traffic_classes, Some(vec![3]));
+    assert_eq!(r1.when.comm_sizes, Some(vec![8]));
+    assert_eq!(p.rules[2].action.model, ModelSpec::None);
+    assert!(p.corrupts_data() && p.matches_on_collective() && !p.is_lossless());
+    let json = p.to_json();
+    assert_eq!(json["seed"], 7);
+    assert_eq!(json["origin"], "configs/x.toml");
+    assert_eq!(json["rules"][0]["match"]["collective"][1], "ReduceScatter");
+    assert_eq!(
+        json["rules"][0]["action"]["model"]["kind"],
+        "gilbert_elliott"
+    );
+    assert_eq!(json["defaults"]["expected_loss_rate"], 0.01);
+    let s = p.summary();
+    assert!(s.starts_with("configs/x.toml: seed 7, mtu 2048; default: uniform(rate=0.01), effect zero, expected loss 1% (mean burst 1.0101); 3 rules [collective=AllReduce|ReduceScatter phase=backward steps=[100,200) -> gilbert_elliott("), "{s}");
+    assert!(
+        s.contains("[collective=Broadcast -> none, effect zero, expected loss 0%]"),
+        "{s}"
+    );
+}
+
+#[test]
+fn transport_and_inner_are_read_and_shown() {
+    let p = parse("transport = \"wrap\"\ninner = \"ib\"\n").unwrap();
+    assert_eq!(p.transport, Some(TransportKind::Wrap));
+    assert_eq!(p.inner.as_deref(), Some("ib"));
+    assert!(
+        p.summary().contains("; transport wrap (inner ib)"),
+        "{}",
+        p.summary()
+    );
+    assert_eq!(p.to_json()["transport"], "wrap");
+    assert_eq!(p.to_json()["inner"], "ib");
+    let p = parse("transport = \"socket\"\n").unwrap();
+    assert_eq!((p.transport, p.inner), (Some(TransportKind::Socket), None));
+    let p = parse("").unwrap();
+    assert_eq!((p.transport, p.inner.clone()), (None, None));
+    assert_eq!(p.to_json()["transport"], "socket");
+    let p = Profile::parse("", "configs/x.toml", "transport=\"wrap\"").unwrap();
+    assert!(p.summary().contains("inner from NCCL_LOSSY_INNER"));
+}
+
+#[test]
+fn omitted_keys_take_the_documented_defaults() {
+    let p = parse("").unwrap();
+    assert_eq!(
+        (p.seed, p.mtu, p.stats_interval),
+        (DEFAULT_SEED, DEFAULT_MTU, None)
+    );
+    assert_eq!(p.defaults.effect, Effect::Retransmit);
+    assert_eq!(p.defaults.model, ModelSpec::None);
+    assert_eq!(p.defaults.retransmit_timeout, DEFAULT_RETRANSMIT_TIMEOUT);
+    assert!(p.is_lossless() && !p.corrupts_data() && !p.matches_on_collective());
+    // Retransmit loses packets but never corrupts data.
+    let p = parse("model = { kind = \"uniform\", rate = 0.5 }").unwrap();
+    assert!(!p.is_lossless() && !p.corrupts_data());
+    assert!(parse("model = \"none\"").unwrap().is_lossless());
+}
+
+#[test]
+fn embedded_default_is_uniform_one_percent_retransmit() {
+    let p = Profile::load(None, "").unwrap();
+    assert_eq!(p.origin, EMBEDDED_ORIGIN);
+    assert_eq!(p.defaults.model, ModelSpec::Uniform { rate: 0.01 });
+    assert_eq!(p.defaults.effect, Effect::Retransmit);
+    assert!(!p.corrupts_data());
+}
+
+#[test]
+fn errors_name_file_line_key_and_what_is_allowed() {
+    let cases: &[(&str, &str)] = &[
+        ("seed = 1\nmodel = { kind = \"uniform\", rate = 1.5 }\n", "configs/x.toml:2: model.rate = 1.5: must be a probability in [0, 1]"),
+        ("seed = 1\n\n[[rules]]\nphase = \"backward\"\nmodel = { kind = \"uniform\", rate = -0.1 }\n", "configs/x.toml:5: rules.0.model.rate = -0.1: must be a probability in [0, 1]"),
+        ("sed = 1\n", "configs/x.toml:1: sed: unknown key; allowed: description, seed"),
+        ("[[rules]]\ncolective = \"AllReduce\"\n", "configs/x.toml:2: rules.0.colective: unknown key; allowed: name, collective"),
+        ("mtu = \"big\"\n", "configs/x.toml:1: mtu = \"big\": must be an integer"),
+        ("mtu = 32\n", "configs/x.toml:1: mtu = 32: must be an integer in [64, 4294967295]"),
+        ("\n\nmodel = { kind = \"gilbert_elliott\", rate = 0.01, mean_burst = 0.5 }\n", "configs/x.toml:3: model.mean_burst = 0.5: must be a number >= 1"),
+        ("model = { kind = \"gilbert_elliott\", rate = 1, mean_burst = 4 }\n", "configs/x.toml:1: model.rate = 1: must be < 1 with bursts"),
+        ("model = { kind = \"gilbert_elliott\", p = 0.1, rate = 0.01 }\n", "configs/x.toml:1: model.rate = 0.01: gilbert_elliott takes either netem's p, r, h_loss, k_loss or rate and mean_burst, not both"),
+        ("model = { kind = \"bursty\" }\n", "configs/x.toml:1: model.kind = \"bursty\": unknown model kind \"bursty\"; allowed: none, uniform, gilbert_elliott, markov4, trace"),
+        ("model = { rate = 0.1 }\n", "configs/x.toml:1: model.kind: missing; allowed kinds"),
+        ("model = { kind = \"uniform\", rate = \"high\" }\n", "configs/x.toml:1: model.rate = \"high\": must be a number"),
+        ("model = { kind = \"uniform\", rate = 0.1, wobble = 2 }\n", "configs/x.toml:1: model.wobble: unknown key; allowed: kind, rate"),
+        ("[[rules]]\nsteps = { from = 300, until = 200 }\n", "configs/x.toml:2: rules.0.steps = {…}: from = 300 is after until = 200"),
+        ("[[rules]]\ncollective = [\"AllReduce\", \"AllReduse\"]\n", "configs/x.toml:2: rules.0.collective.1 = \"AllReduse\": unknown collective; allowed: Unknown, Broadcast, Reduce"),
+        ("[[rules]]\ncollective = []\n", "configs/x.toml:2: rules.0.collective = […]: must list at least one value"),
+        ("effect = \"drop\"\n", "configs/x.toml:1: effect = \"drop\": unknown effect; allowed: \"zero\", \"stale\", \"retransmit\", \"bitflip\""),
+        ("[[rules]]\nphase = \"sideways\"\n", "configs/x.toml:2: rules.0.phase = \"sideways\": allowed: \"forward\", \"backward\", \"any\""),
+        ("[[rules]]\ndirection = \"up\"\n", "configs/x.toml:2: rules.0.direction = \"up\": allowed: \"send\", \"recv\""),
+        ("[[rules]]\npeer = -1\n", "configs/x.toml:2: rules.0.peer = -1: must be an integer in [0, 4294967295]"),
+        ("stats_interval = 0\n", "configs/x.toml:1: stats_interval = 0: must be a number > 0"),
+        ("transport = \"ib\"\n", "configs/x.toml:1: transport = \"ib\": allowed: \"socket\", \"wrap\""),
+        ("inner = \"ib\"\n", "configs/x.toml:1: inner = \"ib\": only used with transport = \"wrap\""),
+        ("transport = \"wrap\"\ninner = \" \"\n", "configs/x.toml:2: inner = \" \": must name a net plugin library"),
+        ("retransmit_timeout_us = -5\n", "configs/x.toml:1: retransmit_timeout_us = -5: must be a number >= 0"),
+        ("rules = 3\n", "configs/x.toml:1: rules = 3: must be a list of tables"),
+        ("model = { kind = \"markov4\", p13 = 0.6, p14 = 0.6 }\n", "configs/x.toml:1: model.p14 = 0.6: p13 + p14 = 1.2 must be at most 1"),
+        ("model = { kind = \"trace\", file = \"missing-trace.txt\" }\n", "configs/x.toml:1: model.file = \"missing-trace.txt\": cannot read trace"),
+        // The parser places an unclosed array where its line ends.
+        ("seed = 1\nmtu = [\n", "configs/x.toml:2: not valid TOML: unclosed array"),
+        ("seed = 1\nmtu = [1,\n\n", "configs/x.toml:2: not valid TOML: unclosed array"),
+        ("seed = 1\nmtu = 2\nmtu = 3\n", "configs/x.toml:3: not valid TOML: duplicate key"),
+        (
+            "mtu = 100\n\nseed = 99999999999999999999\n",
+            "configs/x.toml:3: not valid TOML: integer out of range",
+        ),
+        (
+            "seed = 1\nrate = 1e400\n",
+            "configs/x.toml:2: not valid TOML: float out of range",
+        ),
+    ];
+    for (text, want) in cases {
+        let got = err(text, "");
+        assert!(
+            got.starts_with(want),
+            "for {text:?}\n got: {got}\nwant: {want}"
+        );
+    }
+}
+
+#[test]
+fn overrides_apply_on_top_and_name_the_variable() {
+    let p = Profile::parse(
+        FULL,
+        "x.toml",
+        "model.rate=0.02; seed=9 ;effect=retransmit;rules.0.model.mean_burst=4;rules.1.peer=[5]",
+    )
+    .unwrap();
+    assert_eq!(p.seed, 9);
+    assert_eq!(p.defaults.model, ModelSpec::Uniform { rate: 0.02 });
+    assert_eq!(p.defaults.effect, Effect::Retransmit);
+    assert_eq!(
+        p.rules[0].action.model,
+        ModelSpec::gilbert_elliott_from_rate(0.01, 4.0).unwrap()
+    );
+    assert_eq!(p.rules[1].when.peers, Some(vec![5]));
+    assert_eq!(
+        p.overrides,
+        "model.rate=0.02; seed=9 ;effect=retransmit;rules.0.model.mean_burst=4;rules.1.peer=[5]"
+    );
+    assert!(p.summary().contains("(NCCL_LOSSY_SET: model.rate=0.02"));
+    // A whole model at once, and keys the file did not have.
+    let p = Profile::parse(
+        "",
+        "x.toml",
+        "model={kind=\"gilbert_elliott\",rate=0.05,mean_burst=2};stats_interval=1",
+    )
+    .unwrap();
+    assert!((p.defaults.model.expected_loss_rate() - 0.05).abs() < 1e-12);
+    assert_eq!(p.stats_interval, Some(Duration::from_secs(1)));
+    let p = Profile::parse("", "x.toml", "model.kind=uniform;model.rate=0.1").unwrap();
+    assert_eq!(p.defaults.model, ModelSpec::Uniform { rate: 0.1 });
+    let cases: &[(&str, &str)] = &[
+        (
+            "model.rate=1.5",
+            "NCCL_LOSSY_SET: model.rate = 1.5: must be a probability in [0, 1]",
+        ),
+        (
+            "rules.5.effect=zero",
+            "NCCL_LOSSY_SET: rules.5.effect: rules has no entry 5 (it has 3)",
+        ),
+        (
+            "rules.x.effect=zero",
+            "NCCL_LOSSY_SET: rules.x.effect: rules is a list",
+        ),
+        ("seed", "NCCL_LOSSY_SET: `seed`: expected key=value"),
+        (
+            "model..rate=1",
+            "NCCL_LOSSY_SET: `model..rate`: not a dotted key",
+        ),
+        (
+            "mtu.x=1",
+            "NCCL_LOSSY_SET: mtu.x: mtu is a value, not a table",
+        ),
+        ("modle.rate=0.1", "NCCL_LOSSY_SET: modle: unknown key"),
+        (
+            "effect=drop",
+            "NCCL_LOSSY_SET: effect = \"drop\": unknown effect",
+        ),
+    ];
+    for (set, want) in cases {
+        let got = err(FULL, set);
+        assert!(
+            got.starts_with(want),
+            "for {set:?}\n got: {got}\nwant: {want}"
+        );
+    }
+    let got = err("", "rules.0.effect=zero");
+    assert!(got.contains("rules is not in the profile"), "{got}");
+}
+
+#[test]
+fn trace_files_resolve_next_to_the_profile() {
+    let dir = std::env::temp_dir().join(format!("lossy-profile-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("drops.txt"), "# lost packets\n1\n2\n7\n").unwrap();
+    let path = dir.join("p.toml");
+    std::fs::write(
+        &path,
+        "model = { kind = \"trace\", file = \"drops.txt\", length = 10 }\n",
+    )
+    .unwrap();
+    let p = Profile::load(Some(&path), "").unwrap();
+    assert!((p.defaults.model.expected_loss_rate() - 0.3).abs() < 1e-12);
+    assert!(
+        p.summary().contains("trace(drops.txt, 10 packets, 3 lost)"),
+        "{}",
+        p.summary()
+    );
+    std::fs::write(dir.join("bad.txt"), "1\nseven\n").unwrap();
+    let e = Profile::load(Some(&path), "model.file=bad.txt")
+        .unwrap_err()
+        .message;
+    assert!(
+        e.starts_with("NCCL_LOSSY_SET: model.file = \"bad.txt\": ") && e.contains("bad.txt:2:"),
+        "{e}"
+    );
+    let e = Profile::load(Some(&dir.join("nope.toml")), "")
+        .unwrap_err()
+        .message;
+    assert!(e.contains("nope.toml: cannot read profile"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,285 @@
+//! The profile as a tree that remembers where each value came from: parsed from TOML with
+//! each value's line (from the parser's spans), then `NCCL_LOSSY_SET` overrides written in.
+
+use toml::de::{DeTable, DeValue};
+use toml::Spanned;
+
+use crate::error::{Error, Result};
+use crate::profile::SET_ENV;
+
+/// Where a value came from: a line of the profile, or an override.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum At {
+    Line(usize),
+    Set,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub(super) enum Val {
+    Table(Vec<(String, Node)>),
+    Array(Vec<Node>),
+    Str(String),
+    Int(i64),
+    Float(f64),
+    Bool(bool),
+    /// Dates and times: valid TOML, never valid here.
+    Other,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Node {
+    pub(super) val: Val,
+    pub(super) at: At,
+}
+
+impl Node {
+    fn table(at: At) -> Node {
+        Node {
+            val: Val::Table(Vec::new()),
+            at,
+        }
+    }
+
+    pub(super) fn get(&self, key: &str) -> Option<&Node> {
+        match &self.val {
+            Val::Table(entries) => entries.iter().find(|(k, _)| k == key).map(|(_, n)| n),
+            _ => None,
+        }
+    }
+
+    pub(super) fn entries(&self) -> &[(String, Node)] {
+        match &self.val {
+            Val::Table(entries) => entries,
+            _ => &[],
+        }
+    }
+
+    /// The value as written in errors.
+    pub(super) fn show(&self) -> String {
+        match &self.val {
+            Val::Table(_) => "{…}".into(),
+            Val::Array(_) => "[…]".into(),
+            Val::Str(s) => format!("{s:?}"),
+            Val::Int(i) => i.to_string(),
+            Val::Float(f) => f.to_string(),
+            Val::Bool(b) => b.to_string(),
+            Val::Other => "(date/time)".into(),
+        }
+    }
+}
+
+/// Line numbers of byte offsets in the profile text.
+struct Lines {
+    starts: Vec<usize>,
+}
+
+impl Lines {
+    fn new(text: &str) -> Lines {
+        let mut starts = vec![0];
+        starts.extend(text.match_indices('\n').map(|(i, _)| i + 1));
+        Lines { starts }
+    }
+
+    fn line(&self, offset: usize) -> usize {
+        self.starts.partition_point(|&s| s <= offset).max(1)
+    }
+}
+
+/// Converts the parser's values; `lines` is `None` for override values.
+struct Convert<'a> {
+    lines: Option<&'a Lines>,
+}
+
+/// A value the tree cannot hold (an integer beyond 64 bits): where, and why.
+struct Invalid {
+    offset: usize,
+    message: &'static str,
+}
+
+impl Convert<'_> {
+    fn at(&self, span: std::ops::Range<usize>) -> At {
+        match self.lines {
+            Some(lines) => At::Line(lines.line(span.start)),
+            None => At::Set,
+        }
+    }
+
+    fn table_entries(
+        &self,
+        table: &DeTable<'_>,
+    ) -> std::result::Result<Vec<(String, Node)>, Invalid> {
+        table
+            .iter()
+            .map(|(key, value)| {
+                Ok((
+                    key.get_ref().to_string(),
+                    self.value(value, self.at(key.span()))?,
+                ))
+            })
+            .collect()
+    }
+
+    /// The node of `value`, placed on its own line (implicit tables: `fallback`, their key's).
+    fn value(
+        &self,
+        value: &Spanned<DeValue<'_>>,
+        fallback: At,
+    ) -> std::result::Result<Node, Invalid> {
+        let span = value.span();
+        let at = if span.is_empty() {
+            fallback
+        } else {
+            self.at(span.clone())
+        };
+        let invalid = |message| Invalid {
+            offset: span.start,
+            message,
+        };
+        let val = match value.get_ref() {
+            DeValue::String(s) => Val::Str(s.to_string()),
+            DeValue::Integer(i) => Val::Int(
+                i64::from_str_radix(i.as_str(), i.radix())
+                    .map_err(|_| invalid("integer out of range of a 64-bit signed integer"))?,
+            ),
+            DeValue::Float(f) => {
+                // A finite literal too large for f64 is out of range, not infinity.
+                match f.as_str().parse::<f64>() {
+                    Ok(x) if !x.is_infinite() || f.as_str().contains("inf") => Val::Float(x),
+                    _ => return Err(invalid("float out of range of a 64-bit float")),
+                }
+            }
+            DeValue::Boolean(b) => Val::Bool(*b),
+            DeValue::Datetime(_) => Val::Other,
+            DeValue::Array(items) => Val::Array(
+                items
+                    .iter()
+                    .map(|x| self.value(x, at))
+                    .collect::<std::result::Result<_, _>>()?,
+            ),
+            DeValue::Table(table) => Val::Table(self.table_entries(table)?),
+        };
+        Ok(Node { val, at })
+    }
+}
+
+/// The tree of profile `text`; errors say `origin:line: not valid TOML: why`.
+pub(super) fn parse(text: &str, origin: &str) -> Result<Node> {
+    let lines = Lines::new(text);
+    let invalid = |offset: usize, message: &str| {
+        Error::invalid_argument(format!(
+            "{origin}:{}: not valid TOML: {message}",
+            lines.line(offset)
+        ))
+    };
+    // The parser reports errors in no particular order, and values too large for 64 bits only
+    // show when converted: the first in the text is the one to fix first.
+    let (doc, errors) = DeTable::parse_recoverable(text);
+    let convert = Convert {
+        lines: Some(&lines),
+    };
+    let entries = convert.table_entries(doc.get_ref());
+    let syntax = errors
+        .iter()
+        .map(|err| (err.span().map_or(0, |s| s.start), err.message().trim_end()));
+    let value = entries.as_ref().err().map(|e| (e.offset, e.message));
+    if let Some((offset, message)) = syntax.chain(value).min_by_key(|(offset, _)| *offset) {
+        return Err(invalid(offset, message));
+    }
+    let entries = entries.map_err(|e| invalid(e.offset, e.message))?;
+    Ok(Node {
+        val: Val::Table(entries),
+        at: At::Line(1),
+    })
+}
+
+/// Writes `overrides` (`a.b=v;c=w`) into the tree.
+pub(super) fn apply_overrides(root: &mut Node, overrides: &str) -> Result<()> {
+    for item in overrides.split(';') {
+        let item = item.trim();
+        if item.is_empty() {
+            continue;
+        }
+        let Some((key, raw)) = item.split_once('=') else {
+            return Err(Error::invalid_argument(format!(
+                "{SET_ENV}: `{item}`: expected key=value, e.g. model.rate=0.01"
+            )));
+        };
+        let key = key.trim();
+        let path: Vec<&str> = key.split('.').map(str::trim).collect();
+        if path.iter().any(|p| p.is_empty()) {
+            return Err(Error::invalid_argument(format!(
+                "{SET_ENV}: `{key}`: not a dotted key (like model.rate or rules.0.effect)"
+            )));
+        }
+        let raw = raw.trim();
+        // A bare word that is not TOML (effect=zero) is taken as a string.
+        let value = match DeValue::parse(raw) {
+            Ok(v) => Convert { lines: None }.value(&v, At::Set).ok(),
+            Err(_) => None,
+        };
+        let value = value.unwrap_or_else(|| Node {
+            val: Val::Str(raw.to_string()),
+            at: At::Set,
+        });
+        set_path(root, &path, 0, value)
+            .map_err(|msg| Error::invalid_argument(format!("{SET_ENV}: {key}: {msg}")))?;
+    }
+    Ok(())
+}
+
+fn set_path(
+    node: &mut Node,
+    path: &[&str],
+    depth: usize,
+    value: Node,
+) -> std::result::Result<(), String> {
+    let head = path[depth];
+    let last = depth + 1 == path.len();
+    let prefix = path[..=depth].join(".");
+    match &mut node.val {
+        Val::Table(entries) => {
+            let pos = entries.iter().position(|(k, _)| k == head);
+            if last {
+                match pos {
+                    Some(i) => entries[i].1 = value,
+                    None => entries.push((head.to_string(), value)),
+                }
+                return Ok(());
+            }
+            let i = match pos {
+                Some(i) => i,
+                None => {
+                    if path[depth + 1].parse::<usize>().is_ok() {
+                        return Err(format!(
+                            "{prefix} is not in the profile, so it has no entry {}",
+                            path[depth + 1]
+                        ));
+                    }
+                    entries.push((head.to_string(), Node::table(At::Set)));
+                    entries.len() - 1
+                }
+            };
+            set_path(&mut entries[i].1, path, depth + 1, value)
+        }
+        Val::Array(items) => {
+            let parent = path[..depth].join(".");
+            let index: usize = head.parse().map_err(|_| {
+                format!("{parent} is a list: address its entries by number, like {parent}.0")
+            })?;
+            let len = items.len();
+            let item = items
+                .get_mut(index)
+                .ok_or_else(|| format!("{parent} has no entry {index} (it has {len})"))?;
+            if last {
+                *item = value;
+                Ok(())
+            } else {
+                set_path(item, path, depth + 1, value)
+            }
+        }
+        _ => Err(format!(
+            "{} is a value, not a table",
+            path[..depth].join(".")
+        )),
+    }
+}
