@@ -78,6 +78,9 @@ fn plugin(sockets: usize, size: usize, messages: usize, in_flight: usize) -> Res
         ..SocketConfig::from_env()?
     };
     let t = SocketTransport::with_interfaces(config, vec![lo]);
+    // Declared before the connections, so they outlive every request lent them.
+    let mut data = vec![1u8; size];
+    let mut into: Vec<Vec<u8>> = (0..in_flight).map(|_| vec![0u8; size]).collect();
     let mut handle = [0u8; HANDLE_WIRE_SIZE];
     let mut listener = t.listen(0, &mut handle)?;
     let mut connector = t.connect(0, &handle)?;
@@ -91,11 +94,16 @@ fn plugin(sockets: usize, size: usize, messages: usize, in_flight: usize) -> Res
         }
     }
     let (send, recv) = (send.ok_or("no send")?, recv.ok_or("no recv")?);
-    let mut data = vec![1u8; size];
-    let mut into: Vec<Vec<u8>> = (0..in_flight).map(|_| vec![0u8; size]).collect();
     let plan = LossPlan::lossless();
-    let src = HostBuf::from_slice(&mut data);
-    let dst: Vec<HostBuf> = into.iter_mut().map(|b| HostBuf::from_slice(b)).collect();
+    // SAFETY: `data` outlives the connections (declared before them) and is only read, by
+    // the sends, until the function returns.
+    let src = unsafe { HostBuf::from_slice(&mut data) };
+    // SAFETY: each buffer of `into` outlives the connections and is lent to one receive at a
+    // time (a slot is reused only after its receive completed); nothing else touches it.
+    let dst: Vec<HostBuf> = into
+        .iter_mut()
+        .map(|b| unsafe { HostBuf::from_slice(b) })
+        .collect();
     let (mut posted, mut done) = (0, 0);
     let mut pending: Vec<(u32, u32, usize)> = Vec::new();
     let start = Instant::now();

@@ -194,10 +194,14 @@ fn in_process_round_trip(version: u32, dir: &Path) {
     let mut src = payload.clone();
     let mut dst = vec![0xeeu8; LEN];
     let src_mr = send
-        .register(HostBuf::from_slice(&mut src))
+        // SAFETY: registering lends only the address and length, which the inner plugin pins;
+        // requests below lend the bytes, each waited for before the test touches them.
+        .register(unsafe { HostBuf::from_slice(&mut src) })
         .expect("regMr send");
     let dst_mr = recv
-        .register(HostBuf::from_slice(&mut dst))
+        // SAFETY: registering lends only the address and length, which the inner plugin pins;
+        // requests below lend the bytes, each waited for before the test touches them.
+        .register(unsafe { HostBuf::from_slice(&mut dst) })
         .expect("regMr recv");
     for (effect, lost) in [
         (Effect::Zero, vec![PacketRun { start: 1, len: 2 }]),
@@ -219,12 +223,14 @@ fn in_process_round_trip(version: u32, dir: &Path) {
             flip_seed: 99,
             ..LossPlan::lossless()
         };
-        let rbuf = HostBuf::from_slice(&mut dst).with_mr(dst_mr);
+        // SAFETY: the buffer outlives the request and is touched again only after it completed.
+        let rbuf = unsafe { HostBuf::from_slice(&mut dst) }.with_mr(dst_mr);
         let rid = recv
             .irecv(&[rbuf], &[5])
             .expect("irecv")
             .expect("a free slot");
-        let sbuf = HostBuf::from_slice(&mut src).with_mr(src_mr);
+        // SAFETY: the buffer outlives the request and is touched again only after it completed.
+        let sbuf = unsafe { HostBuf::from_slice(&mut src) }.with_mr(src_mr);
         let sid = send
             .isend(sbuf, 5, &plan)
             .expect("isend")
@@ -268,22 +274,34 @@ fn in_process_round_trip(version: u32, dir: &Path) {
     let mut bufs: Vec<Vec<u8>> = (0..3).map(|_| vec![0u8; LEN]).collect();
     let mrs: Vec<usize> = bufs
         .iter_mut()
-        .map(|b| recv.register(HostBuf::from_slice(b)).expect("regMr"))
+        .map(|b| {
+            // SAFETY: registering lends only the address and length, which the inner plugin
+            // pins; requests below lend the bytes, each waited for before the test touches them.
+            recv.register(unsafe { HostBuf::from_slice(b) })
+                .expect("regMr")
+        })
         .collect();
     let mut srcs: Vec<Vec<u8>> = (0..3u8).map(|k| vec![k + 1; LEN - k as usize]).collect();
     let smrs: Vec<usize> = srcs
         .iter_mut()
-        .map(|b| send.register(HostBuf::from_slice(b)).expect("regMr"))
+        .map(|b| {
+            // SAFETY: registering lends only the address and length, which the inner plugin
+            // pins; requests below lend the bytes, each waited for before the test touches them.
+            send.register(unsafe { HostBuf::from_slice(b) })
+                .expect("regMr")
+        })
         .collect();
     let rids: Vec<u32> = (0..3)
         .map(|k| {
-            let b = HostBuf::from_slice(&mut bufs[k]).with_mr(mrs[k]);
+            // SAFETY: the buffer outlives the request and is touched again only after it completed.
+            let b = unsafe { HostBuf::from_slice(&mut bufs[k]) }.with_mr(mrs[k]);
             recv.irecv(&[b], &[7]).expect("irecv").expect("slot")
         })
         .collect();
     let sids: Vec<u32> = (0..3)
         .map(|k| {
-            let b = HostBuf::from_slice(&mut srcs[k]).with_mr(smrs[k]);
+            // SAFETY: the buffer outlives the request and is touched again only after it completed.
+            let b = unsafe { HostBuf::from_slice(&mut srcs[k]) }.with_mr(smrs[k]);
             send.isend(b, 7, &LossPlan::lossless())
                 .expect("isend")
                 .expect("slot")
@@ -378,11 +396,17 @@ fn an_inner_plugin_out_of_requests_gets_the_data_on_the_retry() {
         .collect();
     let smrs: Vec<usize> = srcs
         .iter_mut()
-        .map(|b| send.register(HostBuf::from_slice(b)).expect("regMr"))
+        .map(|b| {
+            // SAFETY: registering lends only the address and length, which the inner plugin
+            // pins; requests below lend the bytes, each waited for before the test touches them.
+            send.register(unsafe { HostBuf::from_slice(b) })
+                .expect("regMr")
+        })
         .collect();
     let plan = LossPlan::lossless();
     let post = |k: usize, srcs: &mut Vec<Vec<u8>>| {
-        let b = HostBuf::from_slice(&mut srcs[k]).with_mr(smrs[k]);
+        // SAFETY: the buffer outlives the request and is touched again only after it completed.
+        let b = unsafe { HostBuf::from_slice(&mut srcs[k]) }.with_mr(smrs[k]);
         send.isend(b, 3, &plan).expect("isend")
     };
     let big = post(0, &mut srcs).expect("slot for the big message");
@@ -408,7 +432,12 @@ fn an_inner_plugin_out_of_requests_gets_the_data_on_the_retry() {
         .collect();
     let dmrs: Vec<usize> = dsts
         .iter_mut()
-        .map(|b| recv.register(HostBuf::from_slice(b)).expect("regMr"))
+        .map(|b| {
+            // SAFETY: registering lends only the address and length, which the inner plugin
+            // pins; requests below lend the bytes, each waited for before the test touches them.
+            recv.register(unsafe { HostBuf::from_slice(b) })
+                .expect("regMr")
+        })
         .collect();
     let mut next_recv = 0;
     let mut rids: Vec<(usize, u32)> = Vec::new();
@@ -420,7 +449,8 @@ fn an_inner_plugin_out_of_requests_gets_the_data_on_the_retry() {
             "transfer timed out ({received} received)"
         );
         while next_recv < 17 && rids.len() < 15 {
-            let b = HostBuf::from_slice(&mut dsts[next_recv]).with_mr(dmrs[next_recv]);
+            // SAFETY: the buffer outlives the request and is touched again only after it completed.
+            let b = unsafe { HostBuf::from_slice(&mut dsts[next_recv]) }.with_mr(dmrs[next_recv]);
             let id = recv.irecv(&[b], &[3]).expect("irecv").expect("slot");
             rids.push((next_recv, id));
             next_recv += 1;

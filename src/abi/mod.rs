@@ -494,7 +494,7 @@ fn irecv(
         })?;
     let data = non_null(data, "data")?;
     let tags = non_null(tags, "tags")?;
-    let mut bufs = [HostBuf::from_slice(&mut []); MAX_RECVS];
+    let mut bufs = [HostBuf::EMPTY; MAX_RECVS];
     let mut tag_values = [0i32; MAX_RECVS];
     for i in 0..count {
         // SAFETY: NCCL passes arrays of `n` entries for data, sizes and tags.

@@ -204,8 +204,9 @@ impl SocketListener {
     }
 }
 
-impl Listener for SocketListener {
-    fn poll_accept(&mut self) -> Result<Option<Box<dyn RecvConn>>> {
+impl SocketListener {
+    /// [`Listener::poll_accept`], with the connection as its concrete type.
+    pub(crate) fn poll_accept_socket(&mut self) -> Result<Option<SocketRecvConn>> {
         let now = Instant::now();
         let since = *self.waiting_since.get_or_insert(now);
         self.accept_new()?;
@@ -225,10 +226,13 @@ impl Listener for SocketListener {
         for s in &socks {
             prepare(s).map_err(|e| Error::from(e).context("configuring an accepted socket"))?;
         }
-        Ok(Some(Box::new(SocketRecvConn::start(
-            socks,
-            peer,
-            self.timeout,
-        )?)))
+        SocketRecvConn::start(socks, peer, self.timeout).map(Some)
+    }
+}
+
+impl Listener for SocketListener {
+    fn poll_accept(&mut self) -> Result<Option<Box<dyn RecvConn>>> {
+        let conn = self.poll_accept_socket()?;
+        Ok(conn.map(|c| Box::new(c) as Box<dyn RecvConn>))
     }
 }

@@ -60,6 +60,15 @@ fn connect_pair(t: &SocketTransport) -> (Box<dyn SendConn>, Box<dyn RecvConn>) {
     (send.expect("send"), recv.expect("recv"))
 }
 
+/// Waits until the receive threads of `recv` have read the peer's clean close on every
+/// socket in `mask` (bit `s`: socket `s`).
+fn wait_for_closed(recv: &SocketRecvConn, mask: u16) {
+    wait("the peer's close", || {
+        Ok((recv.closed_by_peer() & mask == mask).then_some(()))
+    })
+    .expect("closed");
+}
+
 /// Deterministic bytes, different for each seed.
 fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
@@ -82,10 +91,13 @@ fn send_recv(
     plan: &LossPlan,
 ) -> (crate::Result<Completion>, crate::Result<Completion>) {
     let r = wait("irecv slot", || {
-        recv.irecv(&[HostBuf::from_slice(into)], &[7])
+        // SAFETY: the caller lends `into` and `data` until this function returns, after both
+        // requests ended.
+        recv.irecv(&[unsafe { HostBuf::from_slice(into) }], &[7])
     });
     let s = wait("isend slot", || {
-        send.isend(HostBuf::from_slice(data), 7, plan)
+        // SAFETY: as above.
+        send.isend(unsafe { HostBuf::from_slice(data) }, 7, plan)
     });
     let (Ok(r), Ok(s)) = (r, s) else {
         panic!("posting failed");
@@ -98,7 +110,12 @@ fn send_recv(
 /// Sends `data` losslessly with `tag` and waits until the send completes.
 fn send_and_wait(send: &dyn SendConn, data: &mut [u8], tag: i32) {
     let id = send
-        .isend(HostBuf::from_slice(data), tag, &LossPlan::lossless())
+        // SAFETY: the caller lends `data` until this function returns, after the send completed.
+        .isend(
+            unsafe { HostBuf::from_slice(data) },
+            tag,
+            &LossPlan::lossless(),
+        )
         .expect("isend")
         .expect("slot");
     wait("send", || send.test(id)).expect("send completes");
@@ -162,7 +179,8 @@ fn eight_requests_in_flight_complete_with_their_own_data() {
     let rids: Vec<_> = into
         .iter_mut()
         .map(|b| {
-            recv.irecv(&[HostBuf::from_slice(b)], &[1])
+            // SAFETY: the buffer outlives the request and is touched again only after it ended.
+            recv.irecv(&[unsafe { HostBuf::from_slice(b) }], &[1])
                 .expect("irecv")
                 .expect("slot")
         })
@@ -170,7 +188,8 @@ fn eight_requests_in_flight_complete_with_their_own_data() {
     let sids: Vec<_> = data
         .iter_mut()
         .map(|b| {
-            send.isend(HostBuf::from_slice(b), 1, &LossPlan::lossless())
+            // SAFETY: the buffer outlives the request and is touched again only after it ended.
+            send.isend(unsafe { HostBuf::from_slice(b) }, 1, &LossPlan::lossless())
                 .expect("isend")
                 .expect("slot")
         })
@@ -191,19 +210,22 @@ fn eight_requests_in_flight_complete_with_their_own_data() {
 #[test]
 fn request_slots_run_out_and_come_back() {
     let t = loopback(1);
-    let (send, recv) = connect_pair(&t);
     let mut bufs: Vec<Vec<u8>> = (0..MAX_REQUESTS).map(|_| vec![0u8; 16]).collect();
+    let mut extra = [0u8; 16];
+    let (send, recv) = connect_pair(&t);
     let ids: Vec<_> = bufs
         .iter_mut()
         .map(|b| {
-            recv.irecv(&[HostBuf::from_slice(b)], &[0])
+            // SAFETY: `bufs` outlives the receives: it is declared before the connection, which is
+            // dropped first.
+            recv.irecv(&[unsafe { HostBuf::from_slice(b) }], &[0])
                 .expect("irecv")
                 .expect("slot")
         })
         .collect();
-    let mut extra = [0u8; 16];
     assert_eq!(
-        recv.irecv(&[HostBuf::from_slice(&mut extra)], &[0])
+        // SAFETY: the call is refused (error, or no free slot), so the transport keeps no loan.
+        recv.irecv(&[unsafe { HostBuf::from_slice(&mut extra) }], &[0])
             .expect("irecv"),
         None
     );
@@ -214,7 +236,8 @@ fn request_slots_run_out_and_come_back() {
     // Testing a finished request again is an error: its slot is free.
     assert!(recv.test(ids[0]).is_err());
     assert!(recv
-        .irecv(&[HostBuf::from_slice(&mut extra)], &[0])
+        // SAFETY: `extra` outlives the receive: it is declared before the connection.
+        .irecv(&[unsafe { HostBuf::from_slice(&mut extra) }], &[0])
         .expect("irecv")
         .is_some());
 }
@@ -237,27 +260,37 @@ fn send_larger_than_receive_fails_without_overrun() {
     const GUARD: usize = 4096;
     for nsocks in [1, 3] {
         let t = loopback(nsocks);
-        let (send, recv) = connect_pair(&t);
         let posted = 200_000;
         let mut region = vec![0x5au8; posted + 2 * GUARD];
         let mut data = pattern(posted + 1, 4);
+        let mut more = [0u8; 8];
+        let (send, recv) = connect_pair(&t);
         let r = recv
             .irecv(
-                &[HostBuf::from_slice(&mut region[GUARD..GUARD + posted])],
+                // SAFETY: `region` is declared before the connection, so it outlives the
+                // receive; the test reads only the guard bytes around the lent range.
+                &[unsafe { HostBuf::from_slice(&mut region[GUARD..GUARD + posted]) }],
                 &[2],
             )
             .expect("irecv")
             .expect("slot");
         let s = send
-            .isend(HostBuf::from_slice(&mut data), 2, &LossPlan::lossless())
+            // SAFETY: `data` is declared before the connection, so it outlives the send.
+            .isend(
+                unsafe { HostBuf::from_slice(&mut data) },
+                2,
+                &LossPlan::lossless(),
+            )
             .expect("isend");
         let err = wait("recv error", || recv.test(r)).expect_err("must fail");
         assert_eq!(err.kind, ErrorKind::InvalidUsage, "{err}");
         assert!(region[..GUARD].iter().all(|&b| b == 0x5a));
         assert!(region[GUARD + posted..].iter().all(|&b| b == 0x5a));
         // The connection is dead for later calls.
-        let mut more = [0u8; 8];
-        assert!(recv.irecv(&[HostBuf::from_slice(&mut more)], &[2]).is_err());
+        // SAFETY: the call is refused (error, or no free slot), so the transport keeps no loan.
+        assert!(recv
+            .irecv(&[unsafe { HostBuf::from_slice(&mut more) }], &[2])
+            .is_err());
         // Once the failed side closes, the sender learns it too, at the latest on a later send.
         drop(recv);
         let start = Instant::now();
@@ -267,7 +300,12 @@ fn send_larger_than_receive_fails_without_overrun() {
             });
         }
         let failed = loop {
-            match send.isend(HostBuf::from_slice(&mut more), 2, &LossPlan::lossless()) {
+            // SAFETY: `more` is declared before the connection, so it outlives every send.
+            match send.isend(
+                unsafe { HostBuf::from_slice(&mut more) },
+                2,
+                &LossPlan::lossless(),
+            ) {
                 Err(_) => break true,
                 Ok(Some(id)) => {
                     if wait("send", || send.test(id)).is_err() {
@@ -297,7 +335,11 @@ fn grouped_receive(nsocks: usize) {
     let (send, recv) = connect_pair(&t);
     let tags = [3, 1, 2, 1];
     let mut bufs: Vec<Vec<u8>> = (0..4).map(|_| vec![0u8; 300_000]).collect();
-    let hb: Vec<HostBuf> = bufs.iter_mut().map(|b| HostBuf::from_slice(b)).collect();
+    // SAFETY: the buffer outlives the request and is touched again only after it ended.
+    let hb: Vec<HostBuf> = bufs
+        .iter_mut()
+        .map(|b| unsafe { HostBuf::from_slice(b) })
+        .collect();
     let r = recv.irecv(&hb, &tags).expect("irecv").expect("slot");
     // Messages in stream order with tags 1, 2, 3, 1: they land in buffers 1, 2, 0, 3.
     let sent_tags = [1, 2, 3, 1];
@@ -311,9 +353,14 @@ fn grouped_receive(nsocks: usize) {
         .iter_mut()
         .zip(sent_tags)
         .map(|(m, tag)| {
-            send.isend(HostBuf::from_slice(m), tag, &LossPlan::lossless())
-                .expect("isend")
-                .expect("slot")
+            // SAFETY: the buffer outlives the request and is touched again only after it ended.
+            send.isend(
+                unsafe { HostBuf::from_slice(m) },
+                tag,
+                &LossPlan::lossless(),
+            )
+            .expect("isend")
+            .expect("slot")
         })
         .collect();
     for id in ids {
@@ -329,19 +376,27 @@ fn grouped_receive(nsocks: usize) {
 #[test]
 fn unknown_tag_fails_the_receive() {
     let t = loopback(1);
-    let (send, recv) = connect_pair(&t);
     let mut a = [0u8; 64];
     let mut b = [0u8; 64];
+    let mut m = [9u8; 64];
+    let (send, recv) = connect_pair(&t);
     let r = recv
         .irecv(
-            &[HostBuf::from_slice(&mut a), HostBuf::from_slice(&mut b)],
+            // SAFETY: `a` and `b` are declared before the connection, so they outlive the receive.
+            &[unsafe { HostBuf::from_slice(&mut a) }, unsafe {
+                HostBuf::from_slice(&mut b)
+            }],
             &[1, 2],
         )
         .expect("irecv")
         .expect("slot");
-    let mut m = [9u8; 64];
-    send.isend(HostBuf::from_slice(&mut m), 5, &LossPlan::lossless())
-        .expect("isend");
+    // SAFETY: `m` is declared before the connection, so it outlives the send.
+    send.isend(
+        unsafe { HostBuf::from_slice(&mut m) },
+        5,
+        &LossPlan::lossless(),
+    )
+    .expect("isend");
     let err = wait("recv", || recv.test(r)).expect_err("tag 5 was never posted");
     assert_eq!(err.kind, ErrorKind::InvalidUsage);
 }
@@ -354,7 +409,8 @@ fn bad_arguments_are_refused() {
     let mut plan = LossPlan::lossless();
     plan.mtu = 8;
     assert_eq!(
-        send.isend(HostBuf::from_slice(&mut m), 0, &plan)
+        // SAFETY: the call is refused (error, or no free slot), so the transport keeps no loan.
+        send.isend(unsafe { HostBuf::from_slice(&mut m) }, 0, &plan)
             .expect_err("mtu")
             .kind,
         ErrorKind::InvalidArgument
@@ -364,12 +420,24 @@ fn bad_arguments_are_refused() {
         PacketRun { start: 2, len: 1 },
         PacketRun { start: 1, len: 1 },
     ];
-    assert!(send.isend(HostBuf::from_slice(&mut m), 0, &plan).is_err());
+    // SAFETY: the call is refused (error, or no free slot), so the transport keeps no loan.
+    assert!(send
+        .isend(unsafe { HostBuf::from_slice(&mut m) }, 0, &plan)
+        .is_err());
     plan.lost = vec![PacketRun { start: 3, len: 2 }];
-    assert!(send.isend(HostBuf::from_slice(&mut m), 0, &plan).is_err());
+    // SAFETY: the call is refused (error, or no free slot), so the transport keeps no loan.
+    assert!(send
+        .isend(unsafe { HostBuf::from_slice(&mut m) }, 0, &plan)
+        .is_err());
     assert!(recv.irecv(&[], &[]).is_err());
-    assert!(recv.irecv(&[HostBuf::from_slice(&mut m)], &[1, 2]).is_err());
-    let nine: Vec<HostBuf> = (0..9).map(|_| HostBuf::from_slice(&mut [])).collect();
+    // SAFETY: the call is refused (error, or no free slot), so the transport keeps no loan.
+    assert!(recv
+        .irecv(&[unsafe { HostBuf::from_slice(&mut m) }], &[1, 2])
+        .is_err());
+    // SAFETY: the call is refused (error, or no free slot), so the transport keeps no loan.
+    let nine: Vec<HostBuf> = (0..9)
+        .map(|_| unsafe { HostBuf::from_slice(&mut []) })
+        .collect();
     assert!(recv.irecv(&nine, &[0; 9]).is_err());
     // The connection still works.
     let mut data = pattern(5000, 1);
@@ -677,11 +745,12 @@ fn bad_headers_fail_the_connection() {
         ), // larger than posted
     ];
     for (i, (bytes, kind)) in cases.into_iter().enumerate() {
-        let (recv, peer) = raw_sender(&t, &bytes);
         let mut buf = vec![0u8; 1 << 20];
+        let (recv, peer) = raw_sender(&t, &bytes);
         let start = Instant::now();
         // Headers are read as they arrive: the failure may come before the receive is posted.
-        let err = match recv.irecv(&[HostBuf::from_slice(&mut buf)], &[0]) {
+        // SAFETY: `buf` is declared before the connection, so it outlives the receive.
+        let err = match recv.irecv(&[unsafe { HostBuf::from_slice(&mut buf) }], &[0]) {
             Err(err) => err,
             Ok(r) => {
                 let r = r.expect("slot");
@@ -699,20 +768,32 @@ fn peer_dying_mid_transfer_fails_the_other_side_quickly() {
     let size = 64 << 20;
     // The receiver goes away while a large send is in progress.
     let t = loopback(2);
-    let (send, recv) = connect_pair(&t);
     let mut data = pattern(size, 8);
     let mut into = vec![0u8; size];
+    let mut big = vec![0u8; size];
+    let (send, recv) = connect_pair(&t);
     let r = recv
-        .irecv(&[HostBuf::from_slice(&mut into)], &[0])
+        // SAFETY: `into`, `data` and `big` are declared before the connections, so they outlive
+        // every request made with them.
+        .irecv(&[unsafe { HostBuf::from_slice(&mut into) }], &[0])
         .expect("irecv")
         .expect("slot");
-    let mut big = vec![0u8; size];
     let s = send
-        .isend(HostBuf::from_slice(&mut data), 0, &LossPlan::lossless())
+        // SAFETY: as above.
+        .isend(
+            unsafe { HostBuf::from_slice(&mut data) },
+            0,
+            &LossPlan::lossless(),
+        )
         .expect("isend")
         .expect("slot");
     let s2 = send
-        .isend(HostBuf::from_slice(&mut big), 0, &LossPlan::lossless())
+        // SAFETY: as above.
+        .isend(
+            unsafe { HostBuf::from_slice(&mut big) },
+            0,
+            &LossPlan::lossless(),
+        )
         .expect("isend")
         .expect("slot");
     std::thread::sleep(Duration::from_millis(20));
@@ -739,11 +820,17 @@ fn peer_dying_mid_transfer_fails_the_other_side_quickly() {
     // The sender goes away while the receiver waits for a large message.
     let (send, recv) = connect_pair(&t);
     let r = recv
-        .irecv(&[HostBuf::from_slice(&mut into)], &[0])
+        // SAFETY: as above.
+        .irecv(&[unsafe { HostBuf::from_slice(&mut into) }], &[0])
         .expect("irecv")
         .expect("slot");
-    send.isend(HostBuf::from_slice(&mut data), 0, &LossPlan::lossless())
-        .expect("isend");
+    // SAFETY: as above.
+    send.isend(
+        unsafe { HostBuf::from_slice(&mut data) },
+        0,
+        &LossPlan::lossless(),
+    )
+    .expect("isend");
     std::thread::sleep(Duration::from_millis(5));
     drop(send);
     let start = Instant::now();
@@ -751,7 +838,10 @@ fn peer_dying_mid_transfer_fails_the_other_side_quickly() {
     assert_eq!(err.kind, ErrorKind::Remote, "{err}");
     assert!(start.elapsed() < Duration::from_secs(5));
     let mut more = [0u8; 8];
-    assert!(recv.irecv(&[HostBuf::from_slice(&mut more)], &[0]).is_err());
+    // SAFETY: the call is refused (error, or no free slot), so the transport keeps no loan.
+    assert!(recv
+        .irecv(&[unsafe { HostBuf::from_slice(&mut more) }], &[0])
+        .is_err());
 }
 
 #[test]
@@ -767,13 +857,19 @@ fn connect_completes_before_accept_and_refused_connect_fails() {
     );
     let mut data = pattern(70_000, 2);
     let s = send
-        .isend(HostBuf::from_slice(&mut data), 0, &LossPlan::lossless())
+        // SAFETY: the buffer outlives the request and is touched again only after it ended.
+        .isend(
+            unsafe { HostBuf::from_slice(&mut data) },
+            0,
+            &LossPlan::lossless(),
+        )
         .expect("isend")
         .expect("slot");
     let recv = wait("accept", || listener.poll_accept()).expect("accept");
     let mut into = vec![0u8; 70_000];
     let r = recv
-        .irecv(&[HostBuf::from_slice(&mut into)], &[0])
+        // SAFETY: the buffer outlives the request and is touched again only after it ended.
+        .irecv(&[unsafe { HostBuf::from_slice(&mut into) }], &[0])
         .expect("irecv")
         .expect("slot");
     wait("send", || send.test(s)).expect("send");
@@ -1060,13 +1156,23 @@ fn random_traffic_with_grouped_receives_and_every_effect() {
                 bufs[target[i]] = pattern(sizes[i] + rng.gen_range(0..100), rng.gen());
             }
             let before = bufs.clone();
-            let hb: Vec<HostBuf> = bufs.iter_mut().map(|b| HostBuf::from_slice(b)).collect();
+            // SAFETY: the buffer outlives the request and is touched again only after it ended.
+            let hb: Vec<HostBuf> = bufs
+                .iter_mut()
+                .map(|b| unsafe { HostBuf::from_slice(b) })
+                .collect();
             let r = recv.irecv(&hb, &buf_tags).expect("irecv").expect("slot");
             let ids: Vec<_> = (0..n)
                 .map(|i| {
-                    send.isend(HostBuf::from_slice(&mut data[i]), msg_tags[i], &plans[i])
-                        .expect("isend")
-                        .expect("slot")
+                    // SAFETY: the buffer outlives the request and is touched again only after it
+                    // ended.
+                    send.isend(
+                        unsafe { HostBuf::from_slice(&mut data[i]) },
+                        msg_tags[i],
+                        &plans[i],
+                    )
+                    .expect("isend")
+                    .expect("slot")
                 })
                 .collect();
             for (i, id) in ids.into_iter().enumerate() {
@@ -1119,6 +1225,7 @@ fn a_sender_that_closes_after_its_last_message_does_not_fail_the_receiver() {
     let sizes = [0usize, 7, 150_001, 1, 200_000, 65_535, 3];
     for nsocks in [1, 2, 4] {
         let t = loopback(nsocks);
+        let mut more = [0u8; 8];
         let (send, recv) = connect_pair(&t);
         let mut data: Vec<Vec<u8>> = sizes
             .iter()
@@ -1134,7 +1241,8 @@ fn a_sender_that_closes_after_its_last_message_does_not_fail_the_receiver() {
         for (i, d) in data.iter().enumerate() {
             let mut into = vec![0xeeu8; d.len() + 5];
             let id = recv
-                .irecv(&[HostBuf::from_slice(&mut into)], &[3])
+                // SAFETY: the buffer outlives the request and is touched again only after it ended.
+                .irecv(&[unsafe { HostBuf::from_slice(&mut into) }], &[3])
                 .expect("irecv after a clean close")
                 .expect("slot");
             let done = wait("recv", || recv.test(id)).expect("message delivered");
@@ -1142,9 +1250,10 @@ fn a_sender_that_closes_after_its_last_message_does_not_fail_the_receiver() {
             assert!(into[..d.len()] == d[..], "{nsocks} sockets, message {i}");
         }
         // The peer is gone: a receive for a message it never sent fails at once.
-        let mut more = [0u8; 8];
         let err = recv
-            .irecv(&[HostBuf::from_slice(&mut more)], &[3])
+            // SAFETY: the peer closed every socket, so nothing is ever written into `more`, and the
+            // failed receive's loan ends with the connection, dropped before `more`.
+            .irecv(&[unsafe { HostBuf::from_slice(&mut more) }], &[3])
             .expect_err("nothing more can come");
         assert_eq!(err.kind, ErrorKind::Remote, "{err}");
         assert!(err.message.contains("closed socket"), "{err}");
@@ -1168,7 +1277,8 @@ fn posted_receives_survive_a_clean_close_on_sockets_that_owe_nothing() {
         let rids: Vec<_> = into
             .iter_mut()
             .map(|b| {
-                recv.irecv(&[HostBuf::from_slice(b)], &[0])
+                // SAFETY: the buffer outlives the request and is touched again only after it ended.
+                recv.irecv(&[unsafe { HostBuf::from_slice(b) }], &[0])
                     .expect("irecv")
                     .expect("slot")
             })
@@ -1186,7 +1296,7 @@ fn posted_receives_survive_a_clean_close_on_sockets_that_owe_nothing() {
 }
 
 /// A raw peer with `count` sockets that said hello; the test writes the data streams.
-fn raw_peer(t: &SocketTransport, count: u16) -> (Box<dyn RecvConn>, Vec<TcpStream>) {
+fn raw_peer(t: &SocketTransport, count: u16) -> (SocketRecvConn, Vec<TcpStream>) {
     let (mut listener, h) = raw_listener(t);
     let socks: Vec<TcpStream> = (0..count)
         .map(|i| {
@@ -1195,7 +1305,7 @@ fn raw_peer(t: &SocketTransport, count: u16) -> (Box<dyn RecvConn>, Vec<TcpStrea
             c
         })
         .collect();
-    let recv = wait("accept", || listener.poll_accept()).expect("accept");
+    let recv = wait("accept", || listener.poll_accept_socket()).expect("accept");
     (recv, socks)
 }
 
@@ -1214,25 +1324,27 @@ fn a_clean_close_on_a_socket_that_still_owes_a_chunk_is_an_error() {
     // Message 0 of 200_000 bytes has chunk 0 on socket 0 and chunk 1 on socket 1. Socket 0
     // delivers its chunk; socket 1 closes cleanly without sending its chunk.
     for post_first in [true, false] {
-        let (recv, mut socks) = raw_peer(&t, 2);
         let mut into = vec![0u8; 200_000];
+        let (recv, mut socks) = raw_peer(&t, 2);
         let mut posted = None;
         if post_first {
             posted = Some(
-                recv.irecv(&[HostBuf::from_slice(&mut into)], &[0])
+                // SAFETY: `into` is declared before the connection, so it outlives the receive.
+                recv.irecv(&[unsafe { HostBuf::from_slice(&mut into) }], &[0])
                     .expect("irecv")
                     .expect("slot"),
             );
         }
         let s1 = socks.pop().expect("socket 1");
         s1.shutdown(std::net::Shutdown::Write).expect("half-close");
-        std::thread::sleep(Duration::from_millis(50));
+        wait_for_closed(&recv, 1 << 1);
         let mut s0 = socks.pop().expect("socket 0");
         s0.write_all(&chunk_header(0, 0, 200_000)).expect("header");
         s0.write_all(&pattern(100_000, 1)).expect("chunk");
         let outcome = match posted {
             Some(id) => wait("failure", || recv.test(id)).map(|_| ()),
-            None => match recv.irecv(&[HostBuf::from_slice(&mut into)], &[0]) {
+            // SAFETY: as above.
+            None => match recv.irecv(&[unsafe { HostBuf::from_slice(&mut into) }], &[0]) {
                 Err(e) => Err(e),
                 Ok(id) => wait("failure", || recv.test(id.expect("slot"))).map(|_| ()),
             },
@@ -1246,15 +1358,16 @@ fn a_clean_close_on_a_socket_that_still_owes_a_chunk_is_an_error() {
         drop((s0, s1));
     }
     // An unknown message owes its chunk 0: message 1's is on socket 1, which closed.
+    let (mut a, mut b) = (vec![0u8; 10], vec![0u8; 10]);
     let (recv, mut socks) = raw_peer(&t, 2);
     socks[1]
         .shutdown(std::net::Shutdown::Write)
         .expect("half-close");
     socks[0].write_all(&chunk_header(0, 0, 10)).expect("header");
     socks[0].write_all(&[9; 10]).expect("data");
-    let (mut a, mut b) = (vec![0u8; 10], vec![0u8; 10]);
     let ra = recv
-        .irecv(&[HostBuf::from_slice(&mut a)], &[0])
+        // SAFETY: the buffer outlives the request and is touched again only after it ended.
+        .irecv(&[unsafe { HostBuf::from_slice(&mut a) }], &[0])
         .expect("irecv")
         .expect("slot");
     assert_eq!(
@@ -1262,17 +1375,19 @@ fn a_clean_close_on_a_socket_that_still_owes_a_chunk_is_an_error() {
         &[10]
     );
     assert_eq!(a, vec![9; 10]);
-    std::thread::sleep(Duration::from_millis(50));
-    let err = match recv.irecv(&[HostBuf::from_slice(&mut b)], &[0]) {
+    wait_for_closed(&recv, 1 << 1);
+    // SAFETY: `b` is declared before the connection, so it outlives the receive.
+    let err = match recv.irecv(&[unsafe { HostBuf::from_slice(&mut b) }], &[0]) {
         Err(e) => e,
         Ok(id) => wait("b", || recv.test(id.expect("slot"))).expect_err("message 1 never comes"),
     };
     assert!(err.message.contains("closed socket 1"), "{err}");
     // EOF in the middle of a chunk is an error too.
-    let (recv, mut socks) = raw_peer(&t, 1);
     let mut c = vec![0u8; 1000];
+    let (recv, mut socks) = raw_peer(&t, 1);
     let rc = recv
-        .irecv(&[HostBuf::from_slice(&mut c)], &[0])
+        // SAFETY: `c` is declared before the connection, so it outlives the receive.
+        .irecv(&[unsafe { HostBuf::from_slice(&mut c) }], &[0])
         .expect("irecv")
         .expect("slot");
     socks[0]
@@ -1304,12 +1419,13 @@ fn a_silent_peer_fails_outstanding_requests_after_the_timeout() {
     let limit = Duration::from_millis(500);
     let t = with_timeout(2, limit);
     // Receiver: the peer connected, sent half a message, and went silent (socket open).
-    let (recv, mut socks) = raw_peer(&t, 1);
     let mut into = vec![0u8; 1 << 20];
+    let (recv, mut socks) = raw_peer(&t, 1);
     // An idle connection does not time out: wait past the limit before posting.
     std::thread::sleep(limit * 2);
     let r = recv
-        .irecv(&[HostBuf::from_slice(&mut into)], &[0])
+        // SAFETY: `into` is declared before the connection, so it outlives the receive.
+        .irecv(&[unsafe { HostBuf::from_slice(&mut into) }], &[0])
         .expect("irecv on an idle connection")
         .expect("slot");
     socks[0]
@@ -1335,7 +1451,12 @@ fn a_silent_peer_fails_outstanding_requests_after_the_timeout() {
     let _recv = wait("accept", || listener.poll_accept()).expect("accepted");
     let mut big = vec![7u8; 256 << 20];
     let s = send
-        .isend(HostBuf::from_slice(&mut big), 0, &LossPlan::lossless())
+        // SAFETY: `big` outlives the send: the connection is dropped below, before it.
+        .isend(
+            unsafe { HostBuf::from_slice(&mut big) },
+            0,
+            &LossPlan::lossless(),
+        )
         .expect("isend")
         .expect("slot");
     let start = Instant::now();
@@ -1369,14 +1490,16 @@ fn a_peer_that_skips_a_chunk_fails_the_receive_instead_of_hanging() {
     // of message 0. Both orders: message 0 known before or after socket 1 went past it.
     let t = loopback(2);
     for known_first in [true, false] {
-        let (recv, mut socks) = raw_peer(&t, 2);
         let (mut a, mut b) = (vec![0u8; 200_000], vec![0u8; 10]);
+        let (recv, mut socks) = raw_peer(&t, 2);
         let ra = recv
-            .irecv(&[HostBuf::from_slice(&mut a)], &[0])
+            // SAFETY: `a` and `b` are declared before the connection, so they outlive the receives.
+            .irecv(&[unsafe { HostBuf::from_slice(&mut a) }], &[0])
             .expect("irecv")
             .expect("slot");
         let _rb = recv
-            .irecv(&[HostBuf::from_slice(&mut b)], &[0])
+            // SAFETY: as above.
+            .irecv(&[unsafe { HostBuf::from_slice(&mut b) }], &[0])
             .expect("irecv")
             .expect("slot");
         let (first, second) = socks.split_at_mut(1);

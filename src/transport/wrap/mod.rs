@@ -246,7 +246,9 @@ struct SideArea {
 impl SideArea {
     fn new(plugin: &InnerPlugin, comm: Opaque, slots: usize) -> Result<SideArea> {
         let mut memory = vec![0u8; slots * side::CAPACITY];
-        let buf = HostBuf::from_slice(&mut memory);
+        // SAFETY: the SideArea owns `memory` next to `buf`, so the heap block (which does not
+        // move with the Vec) lives as long as `buf`; it is reached only through `slot`.
+        let buf = unsafe { HostBuf::from_slice(&mut memory) };
         let mr = plugin.reg_mr(comm, buf.as_ptr(), buf.len())?;
         Ok(SideArea {
             _memory: memory,
@@ -255,9 +257,17 @@ impl SideArea {
         })
     }
 
-    fn slot(&self, i: usize) -> (*mut u8, &mut [u8]) {
+    /// The side buffer of slot `i`: its address, and its bytes.
+    ///
+    /// # Safety
+    /// While the bytes are in use, nothing else may access slot `i`'s buffer: the caller holds
+    /// the connection's state lock and the inner plugin has no request on that buffer.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slot(&self, i: usize) -> (*mut u8, &mut [u8]) {
         let range = i * side::CAPACITY..(i + 1) * side::CAPACITY;
-        let bytes = self.buf.slice_mut(range.start, range.end);
+        // SAFETY: `buf` is `_memory`, alive as long as `self`; the caller guarantees that
+        // nothing else uses this slot's bytes meanwhile.
+        let bytes = unsafe { self.buf.slice_mut(range.start, range.end) };
         (bytes.as_mut_ptr(), bytes)
     }
 }
@@ -385,7 +395,9 @@ impl SendConn for WrapSendConn {
                 let Some(id) = state.slots.iter().position(|s| !s.busy) else {
                     return Ok(None);
                 };
-                let (ptr, bytes) = self.conn.side.slot(id);
+                // SAFETY: under the state lock; slot `id` is not busy, so the inner plugin has
+                // no request on its side buffer.
+                let (ptr, bytes) = unsafe { self.conn.side.slot(id) };
                 let len = side::encode(plan, buf.len() as u64, tag, state.seq, bytes)?;
                 let Some(req) =
                     self.conn
@@ -508,7 +520,9 @@ impl RecvConn for WrapRecvConn {
                 let Some(id) = state.slots.iter().position(|s| !s.busy) else {
                     return Ok(None);
                 };
-                let (ptr, _) = self.conn.side.slot(id);
+                // SAFETY: under the state lock; slot `id` is not busy, so the inner plugin has
+                // no request on its side buffer (only its address is used here).
+                let (ptr, _) = unsafe { self.conn.side.slot(id) };
                 let Some(req) = self.conn.plugin.irecv(
                     self.conn.comm,
                     ptr,
@@ -534,7 +548,10 @@ impl RecvConn for WrapRecvConn {
         slot.tag = tag;
         slot.old.clear();
         if self.options.keep_stale_copy {
-            slot.old.extend_from_slice(buf.slice(0, buf.len()));
+            // SAFETY: NCCL lent `buf` to this receive and does not touch it until the receive
+            // completes; the inner plugin gets it only below, after this copy.
+            slot.old
+                .extend_from_slice(unsafe { buf.slice(0, buf.len()) });
         }
         let mr = Opaque::from_addr(buf.mr());
         let conn = &self.conn;
@@ -581,7 +598,9 @@ impl RecvConn for WrapRecvConn {
             )));
         }
         if slot.ready_at.is_none() {
-            let (_, bytes) = self.conn.side.slot(id as usize);
+            // SAFETY: under the state lock; the side receive of this slot is done, so the
+            // inner plugin no longer writes its buffer.
+            let (_, bytes) = unsafe { self.conn.side.slot(id as usize) };
             let info = side::decode(
                 &bytes[..side_len.min(side::CAPACITY)],
                 std::mem::take(&mut slot.runs),
@@ -594,10 +613,12 @@ impl RecvConn for WrapRecvConn {
                 )));
             }
             let plan = info.plan;
+            // SAFETY: the inner plugin finished writing `buf` (its data request is done), and
+            // NCCL does not touch it until this receive completes; only this view exists.
+            let data = unsafe { buf.slice_mut(0, size) };
             let delay = apply(
                 &plan,
-                buf,
-                size,
+                data,
                 &slot.old,
                 self.options.keep_stale_copy,
                 &mut state.warned_stale,
@@ -624,12 +645,11 @@ impl RecvConn for WrapRecvConn {
     }
 }
 
-/// Applies `plan` to the `size` bytes that arrived in `buf`; returns how long the request
+/// Applies `plan` to `data`, the bytes that arrived; returns how long the request
 /// must still wait (retransmit).
 fn apply(
     plan: &LossPlan,
-    buf: HostBuf,
-    size: usize,
+    data: &mut [u8],
     old: &[u8],
     have_old: bool,
     warned_stale: &mut bool,
@@ -637,7 +657,7 @@ fn apply(
     if plan.lost.is_empty() {
         return Duration::ZERO;
     }
-    let data = buf.slice_mut(0, size);
+    let size = data.len();
     match plan.effect {
         Effect::Zero => zero_lost(data, 0, &plan.lost, plan.mtu, size),
         Effect::Stale if have_old && old.len() >= size => {
