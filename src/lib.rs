@@ -1,6 +1,8 @@
 //! nccl-net-lossy: an NCCL network plugin that injects simulated packet loss.
 //!
 //! Layers, in the direction data flows:
+//! - [`ffi`]: the NCCL net-plugin ABI as data (bindgen types, result codes) and the one
+//!   client of a loaded net plugin, a leaf that wrap mode and the harness build on;
 //! - [`abi`]: the C entry points NCCL calls (`ncclNetPlugin_v8`..`v12`), thin adapters over
 //!   [`plugin`], the one safe core that owns contexts and connections;
 //! - [`transport`]: moves bytes (our TCP sockets, or another plugin wrapped) behind one trait;
@@ -14,6 +16,7 @@
 pub mod abi;
 pub mod control;
 pub mod error;
+pub mod ffi;
 pub mod log;
 pub mod loss;
 pub mod plugin;
