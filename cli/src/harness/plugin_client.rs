@@ -266,7 +266,9 @@ impl ListenComm {
         let raw = self
             .raw
             .ok_or_else(|| Error::invalid_usage("accept on a closed listen comm"))?;
-        // SAFETY: this plugin's listen comm, live until `close_now` takes it.
+        with_ctx(&self.client, |_| Ok(()))?;
+        // SAFETY: this plugin's listen comm, live until `close_now` takes it, in a context not
+        // finalized (checked).
         let comm = unsafe { self.client.plugin.accept(raw)? };
         Ok(comm.map(|comm| RecvComm {
             inner: CommInner::new(comm, CommKind::Recv, &self.client),
@@ -412,11 +414,14 @@ impl CommInner {
         &self.client.plugin
     }
 
-    /// The comm while it is open (every use below relies on this check).
+    /// The comm while it and its context are open (every use below but `close` relies on
+    /// this check).
     fn live(&self) -> Result<NetComm> {
-        self.raw
+        let raw = self
+            .raw
             .get()
-            .ok_or_else(|| Error::invalid_usage("use of a closed comm"))
+            .ok_or_else(|| Error::invalid_usage("use of a closed comm"))?;
+        with_ctx(&self.client, |_| Ok(raw))
     }
 
     fn close(&self) -> Result<()> {

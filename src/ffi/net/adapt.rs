@@ -115,18 +115,21 @@ macro_rules! v9_props {
 }
 
 impl PropsLayout for ncclNetProperties_v8_t {
+    /// # Safety: the [`PropsLayout::adapt`] contract.
     unsafe fn adapt(&self, dev: c_int) -> NetProperties {
         base_props!(self, dev)
     }
 }
 
 impl PropsLayout for ncclNetProperties_v9_t {
+    /// # Safety: the [`PropsLayout::adapt`] contract.
     unsafe fn adapt(&self, dev: c_int) -> NetProperties {
         v9_props!(self, dev)
     }
 }
 
 impl PropsLayout for ncclNetProperties_v11_t {
+    /// # Safety: the [`PropsLayout::adapt`] contract.
     unsafe fn adapt(&self, dev: c_int) -> NetProperties {
         NetProperties {
             max_multi_request_size: self.maxMultiRequestSize,
@@ -136,6 +139,7 @@ impl PropsLayout for ncclNetProperties_v11_t {
 }
 
 impl PropsLayout for ncclNetProperties_v12_t {
+    /// # Safety: the [`PropsLayout::adapt`] contract.
     unsafe fn adapt(&self, dev: c_int) -> NetProperties {
         NetProperties {
             max_multi_request_size: self.maxMultiRequestSize,
@@ -166,22 +170,26 @@ unsafe fn properties_of<P: PropsLayout>(
 
 // ---- adapters: each table version in the current shape ------------------------------------
 
+type DevicesFn = unsafe extern "C" fn(*mut c_int) -> Code;
+type AcceptFn =
+    unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *mut *mut ncclNetDeviceHandle_v8_t) -> Code;
+type RegMrFn =
+    unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int, *mut *mut c_void) -> Code;
+type DeregMrFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> Code;
+type TestFn = unsafe extern "C" fn(*mut c_void, *mut c_int, *mut c_int) -> Code;
+type CloseFn = unsafe extern "C" fn(*mut c_void) -> Code;
+
 /// The entries whose C signature is the same in v8 to v12, copied out of the table at load.
 #[derive(Clone, Copy)]
 pub(super) struct Shared {
-    pub(super) devices: unsafe extern "C" fn(*mut c_int) -> Code,
-    pub(super) accept: unsafe extern "C" fn(
-        *mut c_void,
-        *mut *mut c_void,
-        *mut *mut ncclNetDeviceHandle_v8_t,
-    ) -> Code,
-    pub(super) reg_mr:
-        unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int, *mut *mut c_void) -> Code,
-    pub(super) dereg_mr: unsafe extern "C" fn(*mut c_void, *mut c_void) -> Code,
-    pub(super) test: unsafe extern "C" fn(*mut c_void, *mut c_int, *mut c_int) -> Code,
-    pub(super) close_send: unsafe extern "C" fn(*mut c_void) -> Code,
-    pub(super) close_recv: unsafe extern "C" fn(*mut c_void) -> Code,
-    pub(super) close_listen: unsafe extern "C" fn(*mut c_void) -> Code,
+    pub(super) devices: DevicesFn,
+    pub(super) accept: AcceptFn,
+    pub(super) reg_mr: RegMrFn,
+    pub(super) dereg_mr: DeregMrFn,
+    pub(super) test: TestFn,
+    pub(super) close_send: CloseFn,
+    pub(super) close_recv: CloseFn,
+    pub(super) close_listen: CloseFn,
 }
 
 /// The entries whose signature changed across versions, in the current (v12) shape. Each
@@ -320,22 +328,27 @@ unsafe fn int_sizes(n: c_int, sizes: *mut usize) -> [c_int; MAX_GROUPED_RECVS] {
 }
 
 impl Adapter for ncclNet_v8_t {
+    /// # Safety: the [`Adapter`] method's contract.
     unsafe fn init(&self, _ctx: &mut *mut c_void, _id: u64, logger: ncclDebugLogger_t) -> Code {
         // SAFETY: the trait's contract.
         unsafe { call!(self.init, logger) }
     }
+    /// # Safety: the [`Adapter`] method's contract.
     unsafe fn properties(&self, dev: c_int) -> std::result::Result<NetProperties, Code> {
         // SAFETY: v8's getProperties takes a v8 struct.
         unsafe { properties_of(self.getProperties, dev) }
     }
+    /// # Safety: the [`Adapter`] method's contract.
     unsafe fn listen(&self, _ctx: *mut c_void, dev: c_int, h: *mut c_void) -> (Code, *mut c_void) {
         // SAFETY: the trait's contract; v8 has no context.
         unsafe { comm_out!(self.listen, dev, h) }
     }
+    /// # Safety: the [`Adapter`] method's contract.
     unsafe fn connect(&self, _ctx: *mut c_void, dev: c_int, h: *mut c_void) -> (Code, *mut c_void) {
         // SAFETY: the trait's contract; v8 has no context.
         unsafe { comm_out!(self.connect, dev, h; dev_comm) }
     }
+    /// # Safety: the [`Adapter`] method's contract.
     unsafe fn isend(
         &self,
         comm: *mut c_void,
@@ -351,6 +364,7 @@ impl Adapter for ncclNet_v8_t {
         // SAFETY: the trait's contract; the size fits v8's int.
         unsafe { call!(self.isend, comm, data, size, tag, mh, req) }
     }
+    /// # Safety: the [`Adapter`] method's contract.
     unsafe fn irecv(
         &self,
         comm: *mut c_void,
@@ -369,22 +383,27 @@ impl Adapter for ncclNet_v8_t {
 }
 
 impl Adapter for ncclNet_v9_t {
+    /// # Safety: the [`Adapter`] method's contract.
     unsafe fn init(&self, _ctx: &mut *mut c_void, _id: u64, logger: ncclDebugLogger_t) -> Code {
         // SAFETY: the trait's contract.
         unsafe { call!(self.init, logger) }
     }
+    /// # Safety: the [`Adapter`] method's contract.
     unsafe fn properties(&self, dev: c_int) -> std::result::Result<NetProperties, Code> {
         // SAFETY: v9's getProperties takes a v9 struct.
         unsafe { properties_of(self.getProperties, dev) }
     }
+    /// # Safety: the [`Adapter`] method's contract.
     unsafe fn listen(&self, _ctx: *mut c_void, dev: c_int, h: *mut c_void) -> (Code, *mut c_void) {
         // SAFETY: the trait's contract; v9 has no context.
         unsafe { comm_out!(self.listen, dev, h) }
     }
+    /// # Safety: the [`Adapter`] method's contract.
     unsafe fn connect(&self, _ctx: *mut c_void, dev: c_int, h: *mut c_void) -> (Code, *mut c_void) {
         // SAFETY: the trait's contract; v9 has no context.
         unsafe { comm_out!(self.connect, dev, h; dev_comm) }
     }
+    /// # Safety: the [`Adapter`] method's contract.
     unsafe fn isend(
         &self,
         comm: *mut c_void,
@@ -397,6 +416,7 @@ impl Adapter for ncclNet_v9_t {
         // SAFETY: the trait's contract; v9 has no profiler handle.
         unsafe { call!(self.isend, comm, data, size, tag, mh, req) }
     }
+    /// # Safety: the [`Adapter`] method's contract.
     unsafe fn irecv(
         &self,
         comm: *mut c_void,
@@ -420,6 +440,7 @@ fn no_phandles() -> [*mut c_void; MAX_GROUPED_RECVS] {
 /// `isend`/`irecv` of v10 to v12, which only added profiler handles (NULL here).
 macro_rules! transfer_v10 {
     () => {
+        /// # Safety: the [`Adapter`] method's contract.
         unsafe fn isend(
             &self,
             comm: *mut c_void,
@@ -433,6 +454,7 @@ macro_rules! transfer_v10 {
             // SAFETY: the trait's contract, with no profiler handle.
             unsafe { call!(self.isend, comm, data, size, tag, mh, null, req) }
         }
+        /// # Safety: the [`Adapter`] method's contract.
         unsafe fn irecv(
             &self,
             comm: *mut c_void,
@@ -463,18 +485,22 @@ macro_rules! transfer_v10 {
 }
 
 impl Adapter for ncclNet_v10_t {
+    /// # Safety: the [`Adapter`] method's contract.
     unsafe fn init(&self, _ctx: &mut *mut c_void, _id: u64, logger: ncclDebugLogger_t) -> Code {
         // SAFETY: the trait's contract; no profiler callback.
         unsafe { call!(self.init, logger, None) }
     }
+    /// # Safety: the [`Adapter`] method's contract.
     unsafe fn properties(&self, dev: c_int) -> std::result::Result<NetProperties, Code> {
         // SAFETY: v10's getProperties takes the v9 struct.
         unsafe { properties_of(self.getProperties, dev) }
     }
+    /// # Safety: the [`Adapter`] method's contract.
     unsafe fn listen(&self, _ctx: *mut c_void, dev: c_int, h: *mut c_void) -> (Code, *mut c_void) {
         // SAFETY: the trait's contract; v10 has no context.
         unsafe { comm_out!(self.listen, dev, h) }
     }
+    /// # Safety: the [`Adapter`] method's contract.
     unsafe fn connect(&self, _ctx: *mut c_void, dev: c_int, h: *mut c_void) -> (Code, *mut c_void) {
         let mut config = no_traffic_class();
         // SAFETY: the trait's contract, with a config struct that outlives the call.
@@ -486,25 +512,30 @@ impl Adapter for ncclNet_v10_t {
 /// Everything of v11 and v12 but their properties: the tables are the same otherwise.
 macro_rules! context_api {
     () => {
+        /// # Safety: the [`Adapter`] method's contract.
         unsafe fn init(&self, ctx: &mut *mut c_void, id: u64, logger: ncclDebugLogger_t) -> Code {
             let mut config = no_traffic_class();
             // SAFETY: the trait's contract; a config struct and a context out-pointer that
             // outlive the call; no profiler callback.
             unsafe { call!(self.init, ctx, id, &mut config, logger, None) }
         }
+        /// # Safety: the [`Adapter`] method's contract.
         unsafe fn listen(&self, ctx: *mut c_void, dev: c_int, h: *mut c_void) -> (Code, *mut c_void) {
             // SAFETY: the trait's contract.
             unsafe { comm_out!(self.listen, ctx, dev, h) }
         }
+        /// # Safety: the [`Adapter`] method's contract.
         unsafe fn connect(&self, ctx: *mut c_void, dev: c_int, h: *mut c_void) -> (Code, *mut c_void) {
             // SAFETY: the trait's contract.
             unsafe { comm_out!(self.connect, ctx, dev, h; dev_comm) }
         }
         transfer_v10!();
+        /// # Safety: the [`Adapter`] method's contract.
         unsafe fn finalize(&self, ctx: *mut c_void) -> Code {
             // SAFETY: the trait's contract.
             unsafe { call!(self.finalize, ctx) }
         }
+        /// # Safety: the [`Adapter`] method's contract.
         unsafe fn set_net_attr(&self, ctx: *mut c_void, attr: &mut ncclNetAttr_v11_t) -> Option<Code> {
             // SAFETY: the trait's contract; the attribute struct outlives the call.
             self.setNetAttr.map(|f| unsafe { f(ctx, attr) })
@@ -513,6 +544,7 @@ macro_rules! context_api {
 }
 
 impl Adapter for ncclNet_v11_t {
+    /// # Safety: the [`Adapter`] method's contract.
     unsafe fn properties(&self, dev: c_int) -> std::result::Result<NetProperties, Code> {
         // SAFETY: v11's getProperties takes a v11 struct.
         unsafe { properties_of(self.getProperties, dev) }
@@ -521,6 +553,7 @@ impl Adapter for ncclNet_v11_t {
 }
 
 impl Adapter for ncclNet_v12_t {
+    /// # Safety: the [`Adapter`] method's contract.
     unsafe fn properties(&self, dev: c_int) -> std::result::Result<NetProperties, Code> {
         // SAFETY: v12's getProperties takes a v12 struct.
         unsafe { properties_of(self.getProperties, dev) }
@@ -603,7 +636,7 @@ pub(super) unsafe fn adapt<T: Table>(sym: *mut c_void) -> Result<Adapted> {
 
 /// Each version's adapter constructor, newest first.
 /// Adapts the table at a symbol's address (see [`adapt`]).
-pub(super) type AdaptFn = unsafe fn(*mut c_void) -> Result<Adapted>;
+type AdaptFn = unsafe fn(*mut c_void) -> Result<Adapted>;
 
 pub(super) const VERSIONS: [(u32, AdaptFn); 5] = [
     (ncclNet_v12_t::VERSION, adapt::<ncclNet_v12_t>),

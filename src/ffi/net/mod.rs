@@ -10,6 +10,9 @@
 //! finalize, setNetAttr) are safe. Comms, requests and memory handles are opaque pointers
 //! only the plugin can check, so every call taking one is an `unsafe fn` whose contract says
 //! what the caller (wrap mode's connections, the harness's owning types) must guarantee.
+//! A comm is *live* from the call that returned it until it is closed, as long as the
+//! context it was made in is not finalized (NCCL closes a context's comms before finalizing
+//! it; closing a comm after that is still allowed).
 
 use std::ffi::{c_int, c_void, CString};
 use std::ops::RangeInclusive;
@@ -352,7 +355,8 @@ impl NetPlugin {
         })
     }
 
-    /// Calls `finalize(ctx)` (v11+; nothing before).
+    /// Calls `finalize(ctx)` (v11+; nothing before). The comms made in `ctx` are no longer
+    /// live afterwards, except to be closed.
     pub fn finalize(&self, ctx: NetContext) -> Result<()> {
         let raw = self.check_ctx(&ctx)?;
         // SAFETY: the context came from this plugin's init and is consumed here.
