@@ -415,17 +415,32 @@ enum Half {
     Pending(NetRequest),
     /// Done, with the size the inner plugin reported.
     Done(usize),
+    /// Its test failed: the inner plugin may have released the request.
+    Failed,
 }
 
 impl Half {
     /// Tests a pending half of `conn`; true once done.
     fn advance(&mut self, conn: &InnerConn) -> Result<bool> {
-        if let Half::Pending(req) = *self {
-            // SAFETY: a request of this connection's live comm that has not tested done yet
-            // (once done the half becomes `Done` and is never tested again).
-            if let Some(sizes) = unsafe { conn.plugin.net.test(req)? } {
-                *self = Half::Done(usize::try_from(sizes[0]).unwrap_or(0));
+        match *self {
+            Half::Pending(req) => {
+                // SAFETY: a request of this connection's live comm that has neither tested
+                // done nor failed (either ends `Pending`, so it is never tested again).
+                match unsafe { conn.plugin.net.test(req) } {
+                    Ok(Some(sizes)) => *self = Half::Done(usize::try_from(sizes[0]).unwrap_or(0)),
+                    Ok(None) => {}
+                    Err(err) => {
+                        *self = Half::Failed;
+                        return Err(err);
+                    }
+                }
             }
+            Half::Failed => {
+                return Err(Error::internal(
+                    "wrap mode: test of a message whose inner request already failed",
+                ))
+            }
+            Half::Unposted | Half::Done(_) => {}
         }
         Ok(matches!(self, Half::Done(_)))
     }
