@@ -6,7 +6,8 @@
 //! signature never changed are copied out of the table. Nothing matches on the version
 //! afterwards.
 //!
-//! Safety model: the calls that take only Rust values (devices, properties, listen, init,
+//! Safety model: opening a library is `unsafe` (it runs the library's code and trusts its
+//! tables); after that, the calls that take only Rust values (devices, properties, listen, init,
 //! finalize, setNetAttr) are safe. Comms, requests and memory handles are opaque pointers
 //! only the plugin can check, so every call taking one is an `unsafe fn` whose contract says
 //! what the caller (wrap mode's connections, the harness's owning types) must guarantee.
@@ -64,7 +65,13 @@ unsafe impl Sync for NetLibrary {}
 
 impl NetLibrary {
     /// Opens the library at `path` (a file name without `/` is searched like `dlopen` does).
-    pub fn open(path: &Path) -> Result<NetLibrary> {
+    ///
+    /// # Safety
+    /// Loading runs the library's initialisers, and [`NetPlugin::load`] reads its
+    /// `ncclNetPlugin_vN` symbols as tables of that version: the file must be a library whose
+    /// initialisers are sound and whose such symbols, if any, are net-plugin tables (what NCCL
+    /// trusts of the file `NCCL_NET_PLUGIN` names).
+    pub unsafe fn open(path: &Path) -> Result<NetLibrary> {
         let c_path = CString::new(path.as_os_str().as_encoded_bytes())
             .map_err(|_| Error::invalid_argument("library path contains a NUL byte"))?;
         // SAFETY: a valid NUL-terminated path and plain dlopen flags; RTLD_LOCAL keeps the

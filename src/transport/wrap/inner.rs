@@ -47,7 +47,9 @@ impl InnerPlugin {
         let mut tried = Vec::new();
         let mut loaded = None;
         for name in candidates(spec) {
-            match NetLibrary::open(Path::new(&name)) {
+            // SAFETY: the user named this file as the NCCL net plugin to wrap, which NCCL
+            // would load and trust the same way.
+            match unsafe { NetLibrary::open(Path::new(&name)) } {
                 Ok(lib) => {
                     loaded = Some((lib.keep_loaded(), name));
                     break;
