@@ -570,6 +570,8 @@ fn need<F>(f: Option<F>, what: &str) -> Result<F> {
 pub(super) trait Table: Adapter + Copy + 'static {
     /// The `N` of `ncclNetPlugin_vN`.
     const VERSION: u32;
+    /// Largest message one buffer may carry (v8's `int` sizes: NCCL's `MAX_NET_SIZE`).
+    const MAX_BYTES: usize;
     /// The plugin's `name` field.
     fn name(&self) -> *const c_char;
     /// Checks the entries the adapter calls, and copies out the shared ones.
@@ -577,9 +579,10 @@ pub(super) trait Table: Adapter + Copy + 'static {
 }
 
 macro_rules! table {
-    ($t:ty, $version:expr $(, $extra:ident)*) => {
+    ($t:ty, $version:expr, $max_bytes:expr $(, $extra:ident)*) => {
         impl Table for $t {
             const VERSION: u32 = $version;
+            const MAX_BYTES: usize = $max_bytes;
             fn name(&self) -> *const c_char {
                 self.name
             }
@@ -606,17 +609,19 @@ macro_rules! table {
     };
 }
 
-table!(ncclNet_v8_t, 8);
-table!(ncclNet_v9_t, 9);
-table!(ncclNet_v10_t, 10);
-table!(ncclNet_v11_t, 11, finalize);
-table!(ncclNet_v12_t, 12, finalize);
+table!(ncclNet_v8_t, 8, V8_MAX_BYTES);
+table!(ncclNet_v9_t, 9, usize::MAX);
+table!(ncclNet_v10_t, 10, usize::MAX);
+table!(ncclNet_v11_t, 11, usize::MAX, finalize);
+table!(ncclNet_v12_t, 12, usize::MAX, finalize);
 
 /// A table adapted into the current shape.
 pub(super) struct Adapted {
     pub(super) api: Box<dyn Adapter>,
     pub(super) shared: Shared,
     pub(super) name: *const c_char,
+    /// Largest message one buffer may carry through this version's sizes.
+    pub(super) max_bytes: usize,
 }
 
 /// Copies the table at `sym` (of version `T`) and adapts it.
@@ -630,6 +635,7 @@ pub(super) unsafe fn adapt<T: Table>(sym: *mut c_void) -> Result<Adapted> {
     Ok(Adapted {
         shared: table.shared()?,
         name: table.name(),
+        max_bytes: T::MAX_BYTES,
         api: Box::new(table),
     })
 }

@@ -272,7 +272,8 @@ impl NetPlugin {
                 "{path} is this library itself (load a copy of the file under another name)"
             )));
         }
-        // SAFETY: `sym` is the library's exported ncclNetPlugin_v{version}.
+        // SAFETY: `sym` is the library's exported ncclNetPlugin_v{version}, a table of that
+        // version (the contract under which the library was opened).
         let adapted = unsafe { adapt(sym) }
             .map_err(|e| Error::invalid_argument(format!("{path}: {}", e.message)))?;
         // SAFETY: a plugin's `name` is NULL or a static NUL-terminated string.
@@ -282,11 +283,7 @@ impl NetPlugin {
             shared: adapted.shared,
             version,
             name,
-            max_bytes: if version == 8 {
-                V8_MAX_BYTES
-            } else {
-                usize::MAX
-            },
+            max_bytes: adapted.max_bytes,
             lib,
         })
     }
