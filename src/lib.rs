@@ -1,6 +1,8 @@
 //! nccl-net-lossy: an NCCL network plugin that injects simulated packet loss.
 //!
 //! Layers, in the direction data flows:
+//! - [`ffi`]: the NCCL net-plugin ABI as data (bindgen types, result codes) and the one
+//!   client of a loaded net plugin, a leaf that wrap mode and the harness build on;
 //! - [`abi`]: the C entry points NCCL calls (`ncclNetPlugin_v8`..`v12`), thin adapters over
 //!   [`runtime`], built at the first `init` and released at the last `finalize`, which owns
 //!   the transport, the loss engine, contexts and connections;
@@ -15,6 +17,7 @@
 
 pub mod abi;
 pub mod error;
+pub mod ffi;
 pub mod ids;
 pub mod log;
 pub mod loss;

@@ -7,7 +7,6 @@
 //! inside [`guard`], which turns errors and panics into `ncclResult_t` codes and log lines.
 
 pub mod control;
-pub mod ffi;
 pub mod tables;
 pub mod tuner;
 
@@ -15,39 +14,16 @@ use std::ffi::{c_char, c_int, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 
-use ffi::{ncclDebugLogLevel, ncclDebugLogger_t, ncclResult_t};
+use ffi::{ncclDebugLogLevel, ncclDebugLogger_t, ncclResult_t, result_code};
 
+use crate::ffi;
 use crate::log;
 use crate::runtime::{Context, Hold, ListenComm, PendingKey, RecvComm, Runtime, SendComm};
 use crate::transport::{
     Completion, HostBuf, RequestId, WireHandle, HANDLE_SIZE, HANDLE_WIRE_SIZE, MAX_RECVS,
     MAX_REQUESTS,
 };
-use crate::{Error, ErrorKind, Result};
-
-/// Maps an error class to the code NCCL understands.
-fn result_code(kind: ErrorKind) -> ncclResult_t {
-    match kind {
-        ErrorKind::System => ncclResult_t::ncclSystemError,
-        ErrorKind::Internal => ncclResult_t::ncclInternalError,
-        ErrorKind::InvalidArgument => ncclResult_t::ncclInvalidArgument,
-        ErrorKind::InvalidUsage => ncclResult_t::ncclInvalidUsage,
-        ErrorKind::Remote => ncclResult_t::ncclRemoteError,
-    }
-}
-
-/// The error class of a code another net plugin returned (`None`: success); the inverse of
-/// [`result_code`].
-pub fn error_kind(code: ncclResult_t) -> Option<ErrorKind> {
-    Some(match code {
-        ncclResult_t::ncclSuccess => return None,
-        ncclResult_t::ncclSystemError => ErrorKind::System,
-        ncclResult_t::ncclInvalidArgument => ErrorKind::InvalidArgument,
-        ncclResult_t::ncclInvalidUsage => ErrorKind::InvalidUsage,
-        ncclResult_t::ncclRemoteError => ErrorKind::Remote,
-        _ => ErrorKind::Internal,
-    })
-}
+use crate::{Error, Result};
 
 /// Runs one entry point: errors become codes (and a warning naming `what`), and a panic is
 /// caught here, logged and reported as an internal error instead of unwinding into NCCL.

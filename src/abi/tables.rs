@@ -406,130 +406,113 @@ extern "C" fn set_net_attr(ctx: *mut c_void, attr: *mut ncclNetAttr_v11_t) -> nc
 
 // ---- the exported tables --------------------------------------------------------------------
 
-/// Net plugin API v12 (NCCL 2.30+).
-#[no_mangle]
-pub static ncclNetPlugin_v12: Exported<ncclNet_v12_t> = Exported(ncclNet_v12_t {
-    name: NAME,
-    init: Some(init_v11),
-    devices: Some(devices),
-    getProperties: Some(get_properties_v12),
-    listen: Some(listen_v11),
-    connect: Some(connect_v11),
-    accept: Some(accept),
-    regMr: Some(reg_mr),
-    regMrDmaBuf: None,
-    deregMr: Some(dereg_mr),
-    isend: Some(isend_v10),
-    irecv: Some(irecv_v10),
-    iflush: Some(iflush),
-    test: Some(test),
-    closeSend: Some(close_send),
-    closeRecv: Some(close_recv),
-    closeListen: Some(close_listen),
-    getDeviceMr: Some(get_device_mr),
-    irecvConsumed: Some(irecv_consumed),
-    makeVDevice: None,
-    finalize: Some(finalize),
-    setNetAttr: Some(set_net_attr),
-});
+/// Defines one exported `ncclNetPlugin_vN` table: the version-specific entries are named,
+/// every other entry is the shared one (or NULL for the optional ones we do not offer);
+/// `extra` lists the fields a version added after `irecvConsumed`.
+macro_rules! export_table {
+    (
+        $(#[$doc:meta])*
+        $symbol:ident: $table:ident {
+            init: $init:expr,
+            getProperties: $get_properties:expr,
+            listen: $listen:expr,
+            connect: $connect:expr,
+            isend: $isend:expr,
+            irecv: $irecv:expr
+            $(, $extra:ident: $value:expr)* $(,)?
+        }
+    ) => {
+        $(#[$doc])*
+        #[no_mangle]
+        pub static $symbol: Exported<$table> = Exported($table {
+            name: NAME,
+            init: Some($init),
+            devices: Some(devices),
+            getProperties: Some($get_properties),
+            listen: Some($listen),
+            connect: Some($connect),
+            accept: Some(accept),
+            regMr: Some(reg_mr),
+            regMrDmaBuf: None,
+            deregMr: Some(dereg_mr),
+            isend: Some($isend),
+            irecv: Some($irecv),
+            iflush: Some(iflush),
+            test: Some(test),
+            closeSend: Some(close_send),
+            closeRecv: Some(close_recv),
+            closeListen: Some(close_listen),
+            getDeviceMr: Some(get_device_mr),
+            irecvConsumed: Some(irecv_consumed),
+            $($extra: $value,)*
+        });
+    };
+}
 
-/// Net plugin API v11 (NCCL 2.28-2.29).
-#[no_mangle]
-pub static ncclNetPlugin_v11: Exported<ncclNet_v11_t> = Exported(ncclNet_v11_t {
-    name: NAME,
-    init: Some(init_v11),
-    devices: Some(devices),
-    getProperties: Some(get_properties_v11),
-    listen: Some(listen_v11),
-    connect: Some(connect_v11),
-    accept: Some(accept),
-    regMr: Some(reg_mr),
-    regMrDmaBuf: None,
-    deregMr: Some(dereg_mr),
-    isend: Some(isend_v10),
-    irecv: Some(irecv_v10),
-    iflush: Some(iflush),
-    test: Some(test),
-    closeSend: Some(close_send),
-    closeRecv: Some(close_recv),
-    closeListen: Some(close_listen),
-    getDeviceMr: Some(get_device_mr),
-    irecvConsumed: Some(irecv_consumed),
-    makeVDevice: None,
-    finalize: Some(finalize),
-    setNetAttr: Some(set_net_attr),
-});
+export_table! {
+    /// Net plugin API v12 (NCCL 2.30+).
+    ncclNetPlugin_v12: ncclNet_v12_t {
+        init: init_v11,
+        getProperties: get_properties_v12,
+        listen: listen_v11,
+        connect: connect_v11,
+        isend: isend_v10,
+        irecv: irecv_v10,
+        makeVDevice: None,
+        finalize: Some(finalize),
+        setNetAttr: Some(set_net_attr),
+    }
+}
 
-/// Net plugin API v10 (NCCL 2.26-2.27).
-#[no_mangle]
-pub static ncclNetPlugin_v10: Exported<ncclNet_v10_t> = Exported(ncclNet_v10_t {
-    name: NAME,
-    init: Some(init_v10),
-    devices: Some(devices),
-    getProperties: Some(get_properties_v9),
-    listen: Some(listen_implicit),
-    connect: Some(connect_v10),
-    accept: Some(accept),
-    regMr: Some(reg_mr),
-    regMrDmaBuf: None,
-    deregMr: Some(dereg_mr),
-    isend: Some(isend_v10),
-    irecv: Some(irecv_v10),
-    iflush: Some(iflush),
-    test: Some(test),
-    closeSend: Some(close_send),
-    closeRecv: Some(close_recv),
-    closeListen: Some(close_listen),
-    getDeviceMr: Some(get_device_mr),
-    irecvConsumed: Some(irecv_consumed),
-    makeVDevice: None,
-});
+export_table! {
+    /// Net plugin API v11 (NCCL 2.28-2.29).
+    ncclNetPlugin_v11: ncclNet_v11_t {
+        init: init_v11,
+        getProperties: get_properties_v11,
+        listen: listen_v11,
+        connect: connect_v11,
+        isend: isend_v10,
+        irecv: irecv_v10,
+        makeVDevice: None,
+        finalize: Some(finalize),
+        setNetAttr: Some(set_net_attr),
+    }
+}
 
-/// Net plugin API v9 (NCCL 2.24-2.25).
-#[no_mangle]
-pub static ncclNetPlugin_v9: Exported<ncclNet_v9_t> = Exported(ncclNet_v9_t {
-    name: NAME,
-    init: Some(init_v8),
-    devices: Some(devices),
-    getProperties: Some(get_properties_v9),
-    listen: Some(listen_implicit),
-    connect: Some(connect_v8),
-    accept: Some(accept),
-    regMr: Some(reg_mr),
-    regMrDmaBuf: None,
-    deregMr: Some(dereg_mr),
-    isend: Some(isend_v9),
-    irecv: Some(irecv_v9),
-    iflush: Some(iflush),
-    test: Some(test),
-    closeSend: Some(close_send),
-    closeRecv: Some(close_recv),
-    closeListen: Some(close_listen),
-    getDeviceMr: Some(get_device_mr),
-    irecvConsumed: Some(irecv_consumed),
-    makeVDevice: None,
-});
+export_table! {
+    /// Net plugin API v10 (NCCL 2.26-2.27).
+    ncclNetPlugin_v10: ncclNet_v10_t {
+        init: init_v10,
+        getProperties: get_properties_v9,
+        listen: listen_implicit,
+        connect: connect_v10,
+        isend: isend_v10,
+        irecv: irecv_v10,
+        makeVDevice: None,
+    }
+}
 
-/// Net plugin API v8 (NCCL 2.19-2.23).
-#[no_mangle]
-pub static ncclNetPlugin_v8: Exported<ncclNet_v8_t> = Exported(ncclNet_v8_t {
-    name: NAME,
-    init: Some(init_v8),
-    devices: Some(devices),
-    getProperties: Some(get_properties_v8),
-    listen: Some(listen_implicit),
-    connect: Some(connect_v8),
-    accept: Some(accept),
-    regMr: Some(reg_mr),
-    regMrDmaBuf: None,
-    deregMr: Some(dereg_mr),
-    isend: Some(isend_v8),
-    irecv: Some(irecv_v8),
-    iflush: Some(iflush),
-    test: Some(test),
-    closeSend: Some(close_send),
-    closeRecv: Some(close_recv),
-    closeListen: Some(close_listen),
-    getDeviceMr: Some(get_device_mr),
-    irecvConsumed: Some(irecv_consumed),
-});
+export_table! {
+    /// Net plugin API v9 (NCCL 2.24-2.25).
+    ncclNetPlugin_v9: ncclNet_v9_t {
+        init: init_v8,
+        getProperties: get_properties_v9,
+        listen: listen_implicit,
+        connect: connect_v8,
+        isend: isend_v9,
+        irecv: irecv_v9,
+        makeVDevice: None,
+    }
+}
+
+export_table! {
+    /// Net plugin API v8 (NCCL 2.19-2.23).
+    ncclNetPlugin_v8: ncclNet_v8_t {
+        init: init_v8,
+        getProperties: get_properties_v8,
+        listen: listen_implicit,
+        connect: connect_v8,
+        isend: isend_v8,
+        irecv: irecv_v8,
+    }
+}

@@ -39,7 +39,7 @@ pub use context::{Context, OpCode, PendingKey};
 pub use environment::{check_forced_protocol, forced_ll_protocol, wrap_target, INNER_ENV};
 pub use output::{stats_file, write_stats};
 
-use crate::abi::ffi::ncclDebugLogger_t;
+use crate::ffi::ncclDebugLogger_t;
 use crate::loss::engine::{LossEngine, StreamKey};
 use crate::loss::plan::Effect;
 use crate::loss::rules::Direction;

@@ -1,7 +1,8 @@
 //! A CPU harness that drives the built plugin library exactly as NCCL's proxy does.
 //!
-//! - [`plugin_client`]: `dlopen`, the versioned table, and a safe API over it (the only
-//!   `unsafe` in the harness);
+//! - [`library`]: finding and opening the built library, and its control API;
+//! - [`plugin_client`]: a safe API over the plugin crate's net-plugin client, shaped like
+//!   NCCL's proxy uses it (with [`library`], the only `unsafe` in the harness);
 //! - [`bootstrap`]: a tiny TCP rendezvous that all-gathers connection handles and barriers;
 //! - [`net`]: ring links (to rank + 1, from rank - 1) over the plugin or over raw TCP;
 //! - [`collectives`]: ring all-reduce, all-gather and reduce-scatter, verified bit-exact;
@@ -10,6 +11,7 @@
 pub mod bootstrap;
 pub mod collectives;
 pub mod launch;
+pub mod library;
 pub mod net;
 pub mod plugin_client;
 pub mod worker;

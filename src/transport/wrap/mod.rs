@@ -10,7 +10,8 @@ pub mod side;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::abi::ffi::ncclDebugLogger_t;
+use crate::ffi::net::{NetComm, NetMr, NetRecvBuf, NetRequest};
+use crate::ffi::{ncclDebugLogger_t, NCCL_PTR_HOST};
 use crate::loss::effect::{flip_lost, lost_ranges, zero_lost};
 use crate::loss::plan::{Effect, LossPlan, PacketRun};
 use crate::transport::{
@@ -19,11 +20,23 @@ use crate::transport::{
 };
 use crate::{log, Error, Result};
 
-use inner::{InnerPlugin, Opaque};
+use inner::InnerPlugin;
 
 /// Requests one wrapped connection keeps in flight per direction by default: NCCL's proxy
 /// posts at most 8 (`NCCL_STEPS`); each costs two inner requests (side + data).
 pub const SLOTS: usize = 8;
+
+/// Largest message NCCL's v9+ API allows a plugin to advertise (1 TiB).
+const MAX_BYTES: usize = 1 << 40;
+
+/// A message size limit as the inner plugin advertised it, within what NCCL accepts.
+fn clamp_bytes(x: usize) -> usize {
+    if x == 0 || x > MAX_BYTES {
+        MAX_BYTES
+    } else {
+        x
+    }
+}
 
 /// Options of wrap mode.
 #[derive(Clone, Copy, Debug)]
@@ -73,36 +86,44 @@ impl WrapTransport {
             )));
         }
         let plugin = InnerPlugin::open_up_to(spec, logger, newest)?;
-        let count = plugin.devices()?;
+        let count = plugin.net.devices()?;
         let mut devices = Vec::with_capacity(count);
         for dev in 0..count {
-            let p = plugin.properties(dev)?;
-            if p.ptr_support & crate::abi::ffi::NCCL_PTR_HOST as i32 == 0 {
+            let p = plugin.net.properties(dev)?;
+            if p.net_device_type != 0 {
+                return Err(Error::invalid_argument(format!(
+                    "inner net plugin {}: device {dev} is a device-side (GPU-initiated) \
+                     network, which wrap mode cannot carry",
+                    plugin.name()
+                )));
+            }
+            if p.ptr_support & NCCL_PTR_HOST as i32 == 0 {
                 return Err(Error::invalid_argument(format!(
                     "inner net plugin {}: device {dev} ({}) does not accept host memory, \
                      which wrap mode needs",
-                    plugin.name, p.name
+                    plugin.name(),
+                    p.name
                 )));
             }
             devices.push(DeviceProps {
-                name: format!("{}:{}", plugin.name, p.name),
+                name: format!("{}:{}", plugin.name(), p.name),
                 pci_path: p.pci_path,
                 guid: p.guid,
-                speed_mbps: p.speed,
+                speed_mbps: p.speed_mbps,
                 port: p.port,
-                latency_us: p.latency,
+                latency_us: p.latency_us,
                 max_comms: p.max_comms,
                 // Side and data messages interleave on the inner connection, so receives are
                 // never grouped (see docs/wrap.md).
                 max_recvs: 1,
-                max_p2p_bytes: p.max_p2p_bytes,
-                max_coll_bytes: p.max_coll_bytes,
+                max_p2p_bytes: clamp_bytes(p.max_p2p_bytes),
+                max_coll_bytes: clamp_bytes(p.max_coll_bytes),
             });
         }
         log::info(&format!(
             "wrap mode: inner net plugin {} (API v{}) from {}, {} device(s): {}",
-            plugin.name,
-            plugin.version,
+            plugin.name(),
+            plugin.version(),
             plugin.path.display(),
             devices.len(),
             devices
@@ -122,7 +143,7 @@ impl WrapTransport {
 impl WrapTransport {
     /// The inner plugin's API version in use (8 to 12).
     pub fn inner_version(&self) -> u32 {
-        self.plugin.version
+        self.plugin.version()
     }
 }
 
@@ -142,11 +163,13 @@ impl Transport for WrapTransport {
         let mut full = [0u8; HANDLE_SIZE];
         let comm = self.plugin.listen(dev, &mut full)?;
         if full[HANDLE_WIRE_SIZE..].iter().any(|&b| b != 0) {
-            let _ = self.plugin.close_listen(comm);
+            // SAFETY: the listen comm just returned, closed once and not used again.
+            let _ = unsafe { self.plugin.net.close_listen(comm) };
             return Err(Error::invalid_argument(format!(
                 "inner net plugin {}: its connection handle uses more than the {} bytes \
                  wrap mode can forward",
-                self.plugin.name, HANDLE_WIRE_SIZE
+                self.plugin.name(),
+                HANDLE_WIRE_SIZE
             )));
         }
         handle.copy_from_slice(&full[..HANDLE_WIRE_SIZE]);
@@ -179,10 +202,12 @@ struct WrapConnector {
 
 impl Connector for WrapConnector {
     fn poll(&mut self) -> Result<Option<Box<dyn SendConn>>> {
-        let Some(comm) = self.plugin.connect(self.dev, &mut self.handle)? else {
+        // SAFETY: the handle lives in this connector's box, the same memory on every call of
+        // this connection, and only the inner plugin writes it.
+        let Some(comm) = (unsafe { self.plugin.connect(self.dev, &mut self.handle)? }) else {
             return Ok(None);
         };
-        let conn = InnerConn::new(&self.plugin, comm, self.slots, InnerPlugin::close_send)?;
+        let conn = InnerConn::new(&self.plugin, comm, self.slots, Direction::Send)?;
         Ok(Some(Box::new(WrapSendConn {
             conn,
             state: Mutex::new(SendState {
@@ -197,21 +222,17 @@ impl Connector for WrapConnector {
 /// A listening inner comm.
 struct WrapListener {
     plugin: Arc<InnerPlugin>,
-    comm: Opaque,
+    comm: NetComm,
     options: WrapOptions,
 }
 
 impl Listener for WrapListener {
     fn poll_accept(&mut self) -> Result<Option<Box<dyn RecvConn>>> {
-        let Some(comm) = self.plugin.accept(self.comm)? else {
+        // SAFETY: our listen comm, open until this listener is dropped.
+        let Some(comm) = (unsafe { self.plugin.net.accept(self.comm)? }) else {
             return Ok(None);
         };
-        let conn = InnerConn::new(
-            &self.plugin,
-            comm,
-            self.options.slots,
-            InnerPlugin::close_recv,
-        )?;
+        let conn = InnerConn::new(&self.plugin, comm, self.options.slots, Direction::Recv)?;
         Ok(Some(Box::new(WrapRecvConn {
             conn,
             options: self.options,
@@ -229,7 +250,8 @@ impl Listener for WrapListener {
 
 impl Drop for WrapListener {
     fn drop(&mut self) {
-        if let Err(err) = self.plugin.close_listen(self.comm) {
+        // SAFETY: our listen comm, closed once, here; accepted comms are independent of it.
+        if let Err(err) = unsafe { self.plugin.net.close_listen(self.comm) } {
             log::warn(&err.to_string());
         }
     }
@@ -240,16 +262,19 @@ impl Drop for WrapListener {
 struct SideArea {
     _memory: Vec<u8>,
     buf: HostBuf,
-    mr: Opaque,
+    mr: NetMr,
 }
 
 impl SideArea {
-    fn new(plugin: &InnerPlugin, comm: Opaque, slots: usize) -> Result<SideArea> {
+    /// Allocates and registers the side buffers of the live comm `comm`.
+    fn new(plugin: &InnerPlugin, comm: NetComm, slots: usize) -> Result<SideArea> {
         let mut memory = vec![0u8; slots * side::CAPACITY];
         // SAFETY: the SideArea owns `memory` next to `buf`, so the heap block (which does not
         // move with the Vec) lives as long as `buf`; it is reached only through `slot`.
         let buf = unsafe { HostBuf::from_slice(&mut memory) };
-        let mr = plugin.reg_mr(comm, buf.as_ptr(), buf.len())?;
+        // SAFETY: `comm` is live (the caller's contract); the memory is owned by this area,
+        // which deregisters it (InnerConn's drop) before freeing it.
+        let mr = unsafe { plugin.net.reg_mr(comm, buf.as_ptr(), buf.len())? };
         Ok(SideArea {
             _memory: memory,
             buf,
@@ -272,51 +297,118 @@ impl SideArea {
     }
 }
 
-/// What both halves of a wrapped connection hold: the inner comm and its side buffers.
-/// Dropping it releases the side buffers and closes the comm.
+/// Which half of a connection an inner comm is.
+#[derive(Clone, Copy)]
+enum Direction {
+    Send,
+    Recv,
+}
+
+/// Closes the live inner comm `comm` of `direction`.
+///
+/// # Safety
+/// `comm` is a live comm of `plugin` of that direction, not used afterwards.
+unsafe fn close(plugin: &InnerPlugin, comm: NetComm, direction: Direction) -> Result<()> {
+    match direction {
+        // SAFETY: per this function's contract.
+        Direction::Send => unsafe { plugin.net.close_send(comm) },
+        // SAFETY: per this function's contract.
+        Direction::Recv => unsafe { plugin.net.close_recv(comm) },
+    }
+}
+
+/// What both halves of a wrapped connection hold: the inner comm (live until this is
+/// dropped) and its side buffers. Dropping it releases the side buffers and closes the comm.
 struct InnerConn {
     plugin: Arc<InnerPlugin>,
-    comm: Opaque,
+    comm: NetComm,
     side: SideArea,
-    /// [`InnerPlugin::close_send`] or [`InnerPlugin::close_recv`], as the comm is.
-    close: fn(&InnerPlugin, Opaque) -> Result<()>,
+    direction: Direction,
 }
 
 impl InnerConn {
-    /// Takes over `comm`, registering its side buffers; closes it when that fails.
+    /// Takes over the live comm `comm`, registering its side buffers; closes it when that
+    /// fails.
     fn new(
         plugin: &Arc<InnerPlugin>,
-        comm: Opaque,
+        comm: NetComm,
         slots: usize,
-        close: fn(&InnerPlugin, Opaque) -> Result<()>,
+        direction: Direction,
     ) -> Result<InnerConn> {
         let side = SideArea::new(plugin, comm, slots).inspect_err(|_| {
-            let _ = close(plugin, comm);
+            // SAFETY: the comm the plugin just returned, given up here.
+            let _ = unsafe { close(plugin, comm, direction) };
         })?;
         Ok(InnerConn {
             plugin: Arc::clone(plugin),
             comm,
             side,
-            close,
+            direction,
         })
     }
 
     fn register(&self, buf: HostBuf) -> Result<MrHandle> {
-        let mr = self.plugin.reg_mr(self.comm, buf.as_ptr(), buf.len())?;
+        // SAFETY: our live comm; NCCL registers memory it keeps allocated until deregMr.
+        let mr = unsafe { self.plugin.net.reg_mr(self.comm, buf.as_ptr(), buf.len())? };
         Ok(mr.addr())
     }
 
     fn deregister(&self, mr: MrHandle) -> Result<()> {
-        self.plugin.dereg_mr(self.comm, Opaque::from_addr(mr))
+        // SAFETY: our live comm; NCCL passes back an mhandle our `register` returned for this
+        // connection, once, with no request using it (its deregMr contract).
+        unsafe { self.plugin.net.dereg_mr(self.comm, NetMr::from_addr(mr)) }
+    }
+
+    /// Posts a send of `len` bytes at `data` registered by `mr`.
+    ///
+    /// # Safety
+    /// As [`crate::ffi::net::NetPlugin::isend`]: the memory stays as it is until the request
+    /// tests done.
+    unsafe fn isend(
+        &self,
+        data: *mut u8,
+        len: usize,
+        tag: i32,
+        mr: NetMr,
+    ) -> Result<Option<NetRequest>> {
+        // SAFETY: our live send comm; the rest per this function's contract.
+        unsafe { self.plugin.net.isend(self.comm, data, len, tag, mr) }
+    }
+
+    /// Posts a receive of one buffer.
+    ///
+    /// # Safety
+    /// As [`crate::ffi::net::NetPlugin::irecv`]: the memory is left to the plugin until the
+    /// request tests done.
+    unsafe fn irecv(
+        &self,
+        data: *mut u8,
+        size: usize,
+        tag: i32,
+        mr: NetMr,
+    ) -> Result<Option<NetRequest>> {
+        let buf = NetRecvBuf {
+            data,
+            size,
+            tag,
+            mr,
+        };
+        // SAFETY: our live receive comm; the rest per this function's contract.
+        unsafe { self.plugin.net.irecv(self.comm, &[buf]) }
     }
 }
 
 impl Drop for InnerConn {
     fn drop(&mut self) {
-        let outcome = self
-            .plugin
-            .dereg_mr(self.comm, self.side.mr)
-            .and((self.close)(&self.plugin, self.comm));
+        // SAFETY: the side registration of our live comm, released once; then the comm is
+        // closed once and never used again (this is its owner).
+        let outcome = unsafe {
+            self.plugin.net.dereg_mr(self.comm, self.side.mr).and(close(
+                &self.plugin,
+                self.comm,
+                self.direction,
+            ))
+        };
         if let Err(err) = outcome {
             log::warn(&err.to_string());
         }
@@ -330,18 +422,35 @@ enum Half {
     #[default]
     Unposted,
     /// Posted; the inner request.
-    Pending(Opaque),
+    Pending(NetRequest),
     /// Done, with the size the inner plugin reported.
     Done(usize),
+    /// Its test failed: the inner plugin may have released the request.
+    Failed,
 }
 
 impl Half {
-    /// Tests a pending half; true once done.
-    fn advance(&mut self, plugin: &InnerPlugin) -> Result<bool> {
-        if let Half::Pending(req) = *self {
-            if let Some(size) = plugin.test(req)? {
-                *self = Half::Done(size);
+    /// Tests a pending half of `conn`; true once done.
+    fn advance(&mut self, conn: &InnerConn) -> Result<bool> {
+        match *self {
+            Half::Pending(req) => {
+                // SAFETY: a request of this connection's live comm that has neither tested
+                // done nor failed (either ends `Pending`, so it is never tested again).
+                match unsafe { conn.plugin.net.test(req) } {
+                    Ok(Some(sizes)) => *self = Half::Done(usize::try_from(sizes[0]).unwrap_or(0)),
+                    Ok(None) => {}
+                    Err(err) => {
+                        *self = Half::Failed;
+                        return Err(err);
+                    }
+                }
             }
+            Half::Failed => {
+                return Err(Error::internal(
+                    "wrap mode: test of a message whose inner request already failed",
+                ))
+            }
+            Half::Unposted | Half::Done(_) => {}
         }
         Ok(matches!(self, Half::Done(_)))
     }
@@ -399,10 +508,9 @@ impl SendConn for WrapSendConn {
                 // no request on its side buffer.
                 let (ptr, bytes) = unsafe { self.conn.side.slot(id) };
                 let len = side::encode(plan, buf.len() as u64, tag, state.seq, bytes)?;
-                let Some(req) =
-                    self.conn
-                        .plugin
-                        .isend(self.conn.comm, ptr, len, tag, self.conn.side.mr)?
+                // SAFETY: the slot's side buffer is registered by `side.mr` and untouched until
+                // the slot is free again, which waits for this request to test done.
+                let Some(req) = (unsafe { self.conn.isend(ptr, len, tag, self.conn.side.mr)? })
                 else {
                     return Ok(None);
                 };
@@ -423,12 +531,9 @@ impl SendConn for WrapSendConn {
                 id
             }
         };
-        let mr = Opaque::from_addr(buf.mr());
-        let conn = &self.conn;
-        match conn
-            .plugin
-            .isend(conn.comm, buf.as_ptr(), buf.len(), tag, mr)?
-        {
+        let mr = NetMr::from_addr(buf.mr());
+        // SAFETY: NCCL lends the registered buffer until this request tests done.
+        match unsafe { self.conn.isend(buf.as_ptr(), buf.len(), tag, mr)? } {
             Some(req) => {
                 state.slots[id].data = Half::Pending(req);
                 state.half_posted = None;
@@ -448,8 +553,8 @@ impl SendConn for WrapSendConn {
             .get_mut(id as usize)
             .filter(|s| s.busy)
             .ok_or_else(|| Error::invalid_argument(format!("test of unknown request {id}")))?;
-        let side_done = slot.side.advance(&self.conn.plugin)?;
-        let data_done = slot.data.advance(&self.conn.plugin)?;
+        let side_done = slot.side.advance(&self.conn)?;
+        let data_done = slot.data.advance(&self.conn)?;
         if !(side_done && data_done) {
             return Ok(None);
         }
@@ -523,14 +628,12 @@ impl RecvConn for WrapRecvConn {
                 // SAFETY: under the state lock; slot `id` is not busy, so the inner plugin has
                 // no request on its side buffer (only its address is used here).
                 let (ptr, _) = unsafe { self.conn.side.slot(id) };
-                let Some(req) = self.conn.plugin.irecv(
-                    self.conn.comm,
-                    ptr,
-                    side::CAPACITY,
-                    tag,
-                    self.conn.side.mr,
-                )?
-                else {
+                // SAFETY: the slot's side buffer is registered by `side.mr` and read only once
+                // this request tested done.
+                let Some(req) = (unsafe {
+                    self.conn
+                        .irecv(ptr, side::CAPACITY, tag, self.conn.side.mr)?
+                }) else {
                     return Ok(None);
                 };
                 let slot = &mut state.slots[id];
@@ -553,12 +656,9 @@ impl RecvConn for WrapRecvConn {
             slot.old
                 .extend_from_slice(unsafe { buf.slice(0, buf.len()) });
         }
-        let mr = Opaque::from_addr(buf.mr());
-        let conn = &self.conn;
-        match conn
-            .plugin
-            .irecv(conn.comm, buf.as_ptr(), buf.len(), tag, mr)?
-        {
+        let mr = NetMr::from_addr(buf.mr());
+        // SAFETY: NCCL lends the registered buffer until this request tests done.
+        match unsafe { self.conn.irecv(buf.as_ptr(), buf.len(), tag, mr)? } {
             Some(req) => {
                 slot.data = Half::Pending(req);
                 state.half_posted = None;
@@ -579,8 +679,8 @@ impl RecvConn for WrapRecvConn {
             .get_mut(id as usize)
             .filter(|s| s.busy)
             .ok_or_else(|| Error::invalid_argument(format!("test of unknown request {id}")))?;
-        let side_done = slot.side.advance(&self.conn.plugin)?;
-        let data_done = slot.data.advance(&self.conn.plugin)?;
+        let side_done = slot.side.advance(&self.conn)?;
+        let data_done = slot.data.advance(&self.conn)?;
         if !(side_done && data_done) {
             return Ok(None);
         }
@@ -593,7 +693,7 @@ impl RecvConn for WrapRecvConn {
         if size > buf.len() {
             return Err(Error::internal(format!(
                 "inner net plugin {}: a receive of {} bytes reported {size} bytes",
-                self.conn.plugin.name,
+                self.conn.plugin.name(),
                 buf.len()
             )));
         }

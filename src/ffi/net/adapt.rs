@@ -1,0 +1,653 @@
+//! Each table version in the current (v12) shape: its properties struct converted into
+//! [`NetProperties`], and an [`Adapter`] for the entries whose C signature changed, as NCCL's
+//! `src/plugin/net/net_v8.cc` and friends adapt an old table once, at load.
+
+use std::ffi::{c_char, c_int, c_void};
+
+use super::{Code, MAX_GROUPED_RECVS, MISSING, OK, V8_MAX_BYTES, V8_MAX_COLL_BYTES};
+use crate::ffi::{
+    c_string, ncclDebugLogger_t, ncclNetAttr_v11_t, ncclNetCommConfig_v10_t,
+    ncclNetDeviceHandle_v8_t, ncclNetProperties_v11_t, ncclNetProperties_v12_t,
+    ncclNetProperties_v8_t, ncclNetProperties_v9_t, ncclNet_v10_t, ncclNet_v11_t, ncclNet_v12_t,
+    ncclNet_v8_t, ncclNet_v9_t, ncclResult_t, NCCL_NET_TRAFFIC_CLASS_UNDEF,
+};
+use crate::{Error, Result};
+
+// ---- properties ----------------------------------------------------------------------------
+
+/// A device's properties in the current (v12) shape, whatever the table's version: fields
+/// an older version lacks get the values NCCL's own adapters give them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NetProperties {
+    /// Device name (e.g. `mlx5_0`).
+    pub name: String,
+    /// PCI path in /sys, when the plugin gave one.
+    pub pci_path: Option<String>,
+    /// Device GUID.
+    pub guid: u64,
+    /// `NCCL_PTR_*` bits the device accepts.
+    pub ptr_support: i32,
+    /// Whether registrations are global.
+    pub reg_is_global: i32,
+    /// Whether receives need a flush (v9+; 0 before).
+    pub force_flush: i32,
+    /// Link speed, Mbps.
+    pub speed_mbps: i32,
+    /// Port number.
+    pub port: i32,
+    /// Latency, microseconds.
+    pub latency_us: f32,
+    /// Most connections.
+    pub max_comms: i32,
+    /// Most buffers per grouped receive.
+    pub max_recvs: i32,
+    /// Device type (0: host).
+    pub net_device_type: i32,
+    /// Device-side API version.
+    pub net_device_version: i32,
+    /// Physical devices behind this one (before v9: the device itself).
+    pub vdevs: Vec<i32>,
+    /// Largest point-to-point message (before v9: 1 GiB, as NCCL assumes).
+    pub max_p2p_bytes: usize,
+    /// Largest collective message (before v9: 512 MiB, as NCCL assumes).
+    pub max_coll_bytes: usize,
+    /// Most requests NCCL may merge (before v11: 1).
+    pub max_multi_request_size: i32,
+    /// Rail id (before v12: -1, unknown).
+    pub rail_id: i16,
+    /// Plane id (before v12: -1, unknown).
+    pub plane_id: i16,
+}
+
+/// One version's properties struct.
+trait PropsLayout: Default {
+    /// The struct in the current shape.
+    ///
+    /// # Safety
+    /// `self` was filled by the plugin's `getProperties`, so its string fields are NULL or
+    /// NUL-terminated strings that live as long as the plugin.
+    unsafe fn adapt(&self, dev: c_int) -> NetProperties;
+}
+
+/// The fields every properties version shares, with v8's defaults for the others.
+macro_rules! base_props {
+    ($p:expr, $dev:expr) => {{
+        let p = $p;
+        NetProperties {
+            // SAFETY: the caller's contract: NULL or a NUL-terminated string of the plugin.
+            name: unsafe { c_string(p.name) }.unwrap_or_default(),
+            // SAFETY: as for `name`.
+            pci_path: unsafe { c_string(p.pciPath) },
+            guid: p.guid,
+            ptr_support: p.ptrSupport,
+            reg_is_global: p.regIsGlobal,
+            force_flush: 0,
+            speed_mbps: p.speed,
+            port: p.port,
+            latency_us: p.latency,
+            max_comms: p.maxComms,
+            max_recvs: p.maxRecvs,
+            net_device_type: p.netDeviceType as i32,
+            net_device_version: p.netDeviceVersion,
+            vdevs: vec![$dev],
+            max_p2p_bytes: V8_MAX_BYTES,
+            max_coll_bytes: V8_MAX_COLL_BYTES,
+            max_multi_request_size: 1,
+            rail_id: -1,
+            plane_id: -1,
+        }
+    }};
+}
+
+/// Adds the fields v9 introduced.
+macro_rules! v9_props {
+    ($p:expr, $dev:expr) => {{
+        let p = $p;
+        let n = usize::try_from(p.vProps.ndevs).unwrap_or(0);
+        NetProperties {
+            force_flush: p.forceFlush,
+            vdevs: p.vProps.devs[..n.min(p.vProps.devs.len())].to_vec(),
+            max_p2p_bytes: p.maxP2pBytes,
+            max_coll_bytes: p.maxCollBytes,
+            ..base_props!(p, $dev)
+        }
+    }};
+}
+
+impl PropsLayout for ncclNetProperties_v8_t {
+    /// # Safety: the [`PropsLayout::adapt`] contract.
+    unsafe fn adapt(&self, dev: c_int) -> NetProperties {
+        base_props!(self, dev)
+    }
+}
+
+impl PropsLayout for ncclNetProperties_v9_t {
+    /// # Safety: the [`PropsLayout::adapt`] contract.
+    unsafe fn adapt(&self, dev: c_int) -> NetProperties {
+        v9_props!(self, dev)
+    }
+}
+
+impl PropsLayout for ncclNetProperties_v11_t {
+    /// # Safety: the [`PropsLayout::adapt`] contract.
+    unsafe fn adapt(&self, dev: c_int) -> NetProperties {
+        NetProperties {
+            max_multi_request_size: self.maxMultiRequestSize,
+            ..v9_props!(self, dev)
+        }
+    }
+}
+
+impl PropsLayout for ncclNetProperties_v12_t {
+    /// # Safety: the [`PropsLayout::adapt`] contract.
+    unsafe fn adapt(&self, dev: c_int) -> NetProperties {
+        NetProperties {
+            max_multi_request_size: self.maxMultiRequestSize,
+            rail_id: self.railId,
+            plane_id: self.planeId,
+            ..v9_props!(self, dev)
+        }
+    }
+}
+
+/// Calls `getProperties` of any version with a struct of its own layout, then adapts it.
+///
+/// # Safety
+/// `get` is a plugin's `getProperties` taking a `*mut P`.
+unsafe fn properties_of<P: PropsLayout>(
+    get: Option<unsafe extern "C" fn(c_int, *mut P) -> Code>,
+    dev: c_int,
+) -> std::result::Result<NetProperties, Code> {
+    let Some(get) = get else { return Err(MISSING) };
+    let mut p = P::default();
+    // SAFETY: a writable struct of the layout this entry takes, owned by this frame.
+    match unsafe { get(dev, &mut p) } {
+        // SAFETY: the plugin filled `p`.
+        OK => Ok(unsafe { p.adapt(dev) }),
+        code => Err(code),
+    }
+}
+
+// ---- adapters: each table version in the current shape ------------------------------------
+
+type DevicesFn = unsafe extern "C" fn(*mut c_int) -> Code;
+type AcceptFn =
+    unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *mut *mut ncclNetDeviceHandle_v8_t) -> Code;
+type RegMrFn =
+    unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int, *mut *mut c_void) -> Code;
+type DeregMrFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> Code;
+type TestFn = unsafe extern "C" fn(*mut c_void, *mut c_int, *mut c_int) -> Code;
+type CloseFn = unsafe extern "C" fn(*mut c_void) -> Code;
+
+/// The entries whose C signature is the same in v8 to v12, copied out of the table at load.
+#[derive(Clone, Copy)]
+pub(super) struct Shared {
+    pub(super) devices: DevicesFn,
+    pub(super) accept: AcceptFn,
+    pub(super) reg_mr: RegMrFn,
+    pub(super) dereg_mr: DeregMrFn,
+    pub(super) test: TestFn,
+    pub(super) close_send: CloseFn,
+    pub(super) close_recv: CloseFn,
+    pub(super) close_listen: CloseFn,
+}
+
+/// The entries whose signature changed across versions, in the current (v12) shape. Each
+/// method has the contract of the v12 entry it stands for (pointers as NCCL passes them).
+pub(super) trait Adapter {
+    /// `init`; v11+ writes its context to `ctx`, older versions leave it NULL.
+    ///
+    /// # Safety
+    /// `logger` is NULL or a printf-like logger that outlives the plugin.
+    unsafe fn init(&self, ctx: &mut *mut c_void, comm_id: u64, logger: ncclDebugLogger_t) -> Code;
+
+    /// `getProperties`, adapted.
+    ///
+    /// # Safety
+    /// None beyond the plugin's own contract: all pointers are made here.
+    unsafe fn properties(&self, dev: c_int) -> std::result::Result<NetProperties, Code>;
+
+    /// `listen(ctx, dev, handle, listenComm)`.
+    ///
+    /// # Safety
+    /// `ctx` comes from this table's init; `handle` points to `HANDLE_BYTES` writable bytes.
+    unsafe fn listen(
+        &self,
+        ctx: *mut c_void,
+        dev: c_int,
+        handle: *mut c_void,
+    ) -> (Code, *mut c_void);
+
+    /// `connect(ctx, dev, handle, sendComm, sendDevComm)`.
+    ///
+    /// # Safety
+    /// As `listen`, and `handle` is the same memory on every call for one connection.
+    unsafe fn connect(
+        &self,
+        ctx: *mut c_void,
+        dev: c_int,
+        handle: *mut c_void,
+    ) -> (Code, *mut c_void);
+
+    /// `isend(comm, data, size, tag, mhandle, phandle = NULL, request)`.
+    ///
+    /// # Safety
+    /// v12's `isend` contract; `size` at most the version's limit (v8: [`V8_MAX_BYTES`]).
+    unsafe fn isend(
+        &self,
+        comm: *mut c_void,
+        data: *mut c_void,
+        size: usize,
+        tag: c_int,
+        mh: *mut c_void,
+        req: &mut *mut c_void,
+    ) -> Code;
+
+    /// `irecv(comm, n, data, sizes, tags, mhandles, phandles = NULL, request)`.
+    ///
+    /// # Safety
+    /// v12's `irecv` contract, with 1 to [`MAX_GROUPED_RECVS`] buffers of at most the
+    /// version's size limit.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn irecv(
+        &self,
+        comm: *mut c_void,
+        n: c_int,
+        data: *mut *mut c_void,
+        sizes: *mut usize,
+        tags: *mut c_int,
+        mhs: *mut *mut c_void,
+        req: &mut *mut c_void,
+    ) -> Code;
+
+    /// `finalize(ctx)` (v11+; nothing to do before).
+    ///
+    /// # Safety
+    /// `ctx` comes from this table's init and is not used again.
+    unsafe fn finalize(&self, _ctx: *mut c_void) -> Code {
+        OK
+    }
+
+    /// `setNetAttr(ctx, attr)`; `None` when the version (or the plugin) has none.
+    ///
+    /// # Safety
+    /// `ctx` comes from this table's init.
+    unsafe fn set_net_attr(
+        &self,
+        _ctx: *mut c_void,
+        _attr: &mut ncclNetAttr_v11_t,
+    ) -> Option<Code> {
+        None
+    }
+}
+
+/// Calls an entry the load-time check found present (`MISSING` if it were not).
+macro_rules! call {
+    ($f:expr, $($arg:expr),* $(,)?) => {
+        match $f {
+            Some(f) => f($($arg),*),
+            None => MISSING,
+        }
+    };
+}
+
+/// A comm out-pointer call: returns the code and the comm (NULL: none yet).
+macro_rules! comm_out {
+    ($f:expr, $($arg:expr),* ; dev_comm) => {{
+        let mut comm: *mut c_void = std::ptr::null_mut();
+        let mut dev_comm: *mut ncclNetDeviceHandle_v8_t = std::ptr::null_mut();
+        let code = call!($f, $($arg,)* &mut comm, &mut dev_comm);
+        (code, comm)
+    }};
+    ($f:expr, $($arg:expr),*) => {{
+        let mut comm: *mut c_void = std::ptr::null_mut();
+        let code = call!($f, $($arg,)* &mut comm);
+        (code, comm)
+    }};
+}
+
+/// A v10 connect gets a per-connection config: none requested.
+fn no_traffic_class() -> ncclNetCommConfig_v10_t {
+    ncclNetCommConfig_v10_t {
+        trafficClass: NCCL_NET_TRAFFIC_CLASS_UNDEF,
+    }
+}
+
+/// v8 `int` sizes of a receive (callers checked each against [`V8_MAX_BYTES`]).
+///
+/// # Safety
+/// `sizes` has `n` entries, 1 <= n <= MAX_GROUPED_RECVS.
+unsafe fn int_sizes(n: c_int, sizes: *mut usize) -> [c_int; MAX_GROUPED_RECVS] {
+    let mut out = [0 as c_int; MAX_GROUPED_RECVS];
+    let n = usize::try_from(n).unwrap_or(0).min(MAX_GROUPED_RECVS);
+    for (i, slot) in out.iter_mut().enumerate().take(n) {
+        // SAFETY: per this function's contract, `sizes` has `n` entries.
+        *slot = c_int::try_from(unsafe { *sizes.add(i) }).unwrap_or(c_int::MAX);
+    }
+    out
+}
+
+impl Adapter for ncclNet_v8_t {
+    /// # Safety: the [`Adapter`] method's contract.
+    unsafe fn init(&self, _ctx: &mut *mut c_void, _id: u64, logger: ncclDebugLogger_t) -> Code {
+        // SAFETY: the trait's contract.
+        unsafe { call!(self.init, logger) }
+    }
+    /// # Safety: the [`Adapter`] method's contract.
+    unsafe fn properties(&self, dev: c_int) -> std::result::Result<NetProperties, Code> {
+        // SAFETY: v8's getProperties takes a v8 struct.
+        unsafe { properties_of(self.getProperties, dev) }
+    }
+    /// # Safety: the [`Adapter`] method's contract.
+    unsafe fn listen(&self, _ctx: *mut c_void, dev: c_int, h: *mut c_void) -> (Code, *mut c_void) {
+        // SAFETY: the trait's contract; v8 has no context.
+        unsafe { comm_out!(self.listen, dev, h) }
+    }
+    /// # Safety: the [`Adapter`] method's contract.
+    unsafe fn connect(&self, _ctx: *mut c_void, dev: c_int, h: *mut c_void) -> (Code, *mut c_void) {
+        // SAFETY: the trait's contract; v8 has no context.
+        unsafe { comm_out!(self.connect, dev, h; dev_comm) }
+    }
+    /// # Safety: the [`Adapter`] method's contract.
+    unsafe fn isend(
+        &self,
+        comm: *mut c_void,
+        data: *mut c_void,
+        size: usize,
+        tag: c_int,
+        mh: *mut c_void,
+        req: &mut *mut c_void,
+    ) -> Code {
+        let Ok(size) = c_int::try_from(size) else {
+            return ncclResult_t::ncclInvalidArgument;
+        };
+        // SAFETY: the trait's contract; the size fits v8's int.
+        unsafe { call!(self.isend, comm, data, size, tag, mh, req) }
+    }
+    /// # Safety: the [`Adapter`] method's contract.
+    unsafe fn irecv(
+        &self,
+        comm: *mut c_void,
+        n: c_int,
+        data: *mut *mut c_void,
+        sizes: *mut usize,
+        tags: *mut c_int,
+        mhs: *mut *mut c_void,
+        req: &mut *mut c_void,
+    ) -> Code {
+        // SAFETY: the trait's contract: `sizes` has `n` entries, n <= MAX_GROUPED_RECVS.
+        let mut ints = unsafe { int_sizes(n, sizes) };
+        // SAFETY: the trait's contract, with the sizes as v8's ints (alive for the call).
+        unsafe { call!(self.irecv, comm, n, data, ints.as_mut_ptr(), tags, mhs, req) }
+    }
+}
+
+impl Adapter for ncclNet_v9_t {
+    /// # Safety: the [`Adapter`] method's contract.
+    unsafe fn init(&self, _ctx: &mut *mut c_void, _id: u64, logger: ncclDebugLogger_t) -> Code {
+        // SAFETY: the trait's contract.
+        unsafe { call!(self.init, logger) }
+    }
+    /// # Safety: the [`Adapter`] method's contract.
+    unsafe fn properties(&self, dev: c_int) -> std::result::Result<NetProperties, Code> {
+        // SAFETY: v9's getProperties takes a v9 struct.
+        unsafe { properties_of(self.getProperties, dev) }
+    }
+    /// # Safety: the [`Adapter`] method's contract.
+    unsafe fn listen(&self, _ctx: *mut c_void, dev: c_int, h: *mut c_void) -> (Code, *mut c_void) {
+        // SAFETY: the trait's contract; v9 has no context.
+        unsafe { comm_out!(self.listen, dev, h) }
+    }
+    /// # Safety: the [`Adapter`] method's contract.
+    unsafe fn connect(&self, _ctx: *mut c_void, dev: c_int, h: *mut c_void) -> (Code, *mut c_void) {
+        // SAFETY: the trait's contract; v9 has no context.
+        unsafe { comm_out!(self.connect, dev, h; dev_comm) }
+    }
+    /// # Safety: the [`Adapter`] method's contract.
+    unsafe fn isend(
+        &self,
+        comm: *mut c_void,
+        data: *mut c_void,
+        size: usize,
+        tag: c_int,
+        mh: *mut c_void,
+        req: &mut *mut c_void,
+    ) -> Code {
+        // SAFETY: the trait's contract; v9 has no profiler handle.
+        unsafe { call!(self.isend, comm, data, size, tag, mh, req) }
+    }
+    /// # Safety: the [`Adapter`] method's contract.
+    unsafe fn irecv(
+        &self,
+        comm: *mut c_void,
+        n: c_int,
+        data: *mut *mut c_void,
+        sizes: *mut usize,
+        tags: *mut c_int,
+        mhs: *mut *mut c_void,
+        req: &mut *mut c_void,
+    ) -> Code {
+        // SAFETY: the trait's contract; v9 has no profiler handles.
+        unsafe { call!(self.irecv, comm, n, data, sizes, tags, mhs, req) }
+    }
+}
+
+/// NULL profiler handles for up to [`MAX_GROUPED_RECVS`] buffers.
+fn no_phandles() -> [*mut c_void; MAX_GROUPED_RECVS] {
+    [std::ptr::null_mut(); MAX_GROUPED_RECVS]
+}
+
+/// `isend`/`irecv` of v10 to v12, which only added profiler handles (NULL here).
+macro_rules! transfer_v10 {
+    () => {
+        /// # Safety: the [`Adapter`] method's contract.
+        unsafe fn isend(
+            &self,
+            comm: *mut c_void,
+            data: *mut c_void,
+            size: usize,
+            tag: c_int,
+            mh: *mut c_void,
+            req: &mut *mut c_void,
+        ) -> Code {
+            let null = std::ptr::null_mut();
+            // SAFETY: the trait's contract, with no profiler handle.
+            unsafe { call!(self.isend, comm, data, size, tag, mh, null, req) }
+        }
+        /// # Safety: the [`Adapter`] method's contract.
+        unsafe fn irecv(
+            &self,
+            comm: *mut c_void,
+            n: c_int,
+            data: *mut *mut c_void,
+            sizes: *mut usize,
+            tags: *mut c_int,
+            mhs: *mut *mut c_void,
+            req: &mut *mut c_void,
+        ) -> Code {
+            let mut ph = no_phandles();
+            // SAFETY: the trait's contract, with `n` NULL profiler handles.
+            unsafe {
+                call!(
+                    self.irecv,
+                    comm,
+                    n,
+                    data,
+                    sizes,
+                    tags,
+                    mhs,
+                    ph.as_mut_ptr(),
+                    req
+                )
+            }
+        }
+    };
+}
+
+impl Adapter for ncclNet_v10_t {
+    /// # Safety: the [`Adapter`] method's contract.
+    unsafe fn init(&self, _ctx: &mut *mut c_void, _id: u64, logger: ncclDebugLogger_t) -> Code {
+        // SAFETY: the trait's contract; no profiler callback.
+        unsafe { call!(self.init, logger, None) }
+    }
+    /// # Safety: the [`Adapter`] method's contract.
+    unsafe fn properties(&self, dev: c_int) -> std::result::Result<NetProperties, Code> {
+        // SAFETY: v10's getProperties takes the v9 struct.
+        unsafe { properties_of(self.getProperties, dev) }
+    }
+    /// # Safety: the [`Adapter`] method's contract.
+    unsafe fn listen(&self, _ctx: *mut c_void, dev: c_int, h: *mut c_void) -> (Code, *mut c_void) {
+        // SAFETY: the trait's contract; v10 has no context.
+        unsafe { comm_out!(self.listen, dev, h) }
+    }
+    /// # Safety: the [`Adapter`] method's contract.
+    unsafe fn connect(&self, _ctx: *mut c_void, dev: c_int, h: *mut c_void) -> (Code, *mut c_void) {
+        let mut config = no_traffic_class();
+        // SAFETY: the trait's contract, with a config struct that outlives the call.
+        unsafe { comm_out!(self.connect, dev, &mut config, h; dev_comm) }
+    }
+    transfer_v10!();
+}
+
+/// Everything of v11 and v12 but their properties: the tables are the same otherwise.
+macro_rules! context_api {
+    () => {
+        /// # Safety: the [`Adapter`] method's contract.
+        unsafe fn init(&self, ctx: &mut *mut c_void, id: u64, logger: ncclDebugLogger_t) -> Code {
+            let mut config = no_traffic_class();
+            // SAFETY: the trait's contract; a config struct and a context out-pointer that
+            // outlive the call; no profiler callback.
+            unsafe { call!(self.init, ctx, id, &mut config, logger, None) }
+        }
+        /// # Safety: the [`Adapter`] method's contract.
+        unsafe fn listen(&self, ctx: *mut c_void, dev: c_int, h: *mut c_void) -> (Code, *mut c_void) {
+            // SAFETY: the trait's contract.
+            unsafe { comm_out!(self.listen, ctx, dev, h) }
+        }
+        /// # Safety: the [`Adapter`] method's contract.
+        unsafe fn connect(&self, ctx: *mut c_void, dev: c_int, h: *mut c_void) -> (Code, *mut c_void) {
+            // SAFETY: the trait's contract.
+            unsafe { comm_out!(self.connect, ctx, dev, h; dev_comm) }
+        }
+        transfer_v10!();
+        /// # Safety: the [`Adapter`] method's contract.
+        unsafe fn finalize(&self, ctx: *mut c_void) -> Code {
+            // SAFETY: the trait's contract.
+            unsafe { call!(self.finalize, ctx) }
+        }
+        /// # Safety: the [`Adapter`] method's contract.
+        unsafe fn set_net_attr(&self, ctx: *mut c_void, attr: &mut ncclNetAttr_v11_t) -> Option<Code> {
+            // SAFETY: the trait's contract; the attribute struct outlives the call.
+            self.setNetAttr.map(|f| unsafe { f(ctx, attr) })
+        }
+    };
+}
+
+impl Adapter for ncclNet_v11_t {
+    /// # Safety: the [`Adapter`] method's contract.
+    unsafe fn properties(&self, dev: c_int) -> std::result::Result<NetProperties, Code> {
+        // SAFETY: v11's getProperties takes a v11 struct.
+        unsafe { properties_of(self.getProperties, dev) }
+    }
+    context_api!();
+}
+
+impl Adapter for ncclNet_v12_t {
+    /// # Safety: the [`Adapter`] method's contract.
+    unsafe fn properties(&self, dev: c_int) -> std::result::Result<NetProperties, Code> {
+        // SAFETY: v12's getProperties takes a v12 struct.
+        unsafe { properties_of(self.getProperties, dev) }
+    }
+    context_api!();
+}
+
+/// An entry the adapter relies on, or an error naming it.
+fn need<F>(f: Option<F>, what: &str) -> Result<F> {
+    f.ok_or_else(|| Error::invalid_argument(format!("its table has no `{what}` function")))
+}
+
+/// What the loader needs of every table version besides its [`Adapter`].
+pub(super) trait Table: Adapter + Copy + 'static {
+    /// The `N` of `ncclNetPlugin_vN`.
+    const VERSION: u32;
+    /// Largest message one buffer may carry (v8's `int` sizes: NCCL's `MAX_NET_SIZE`).
+    const MAX_BYTES: usize;
+    /// The plugin's `name` field.
+    fn name(&self) -> *const c_char;
+    /// Checks the entries the adapter calls, and copies out the shared ones.
+    fn shared(&self) -> Result<Shared>;
+}
+
+macro_rules! table {
+    ($t:ty, $version:expr, $max_bytes:expr $(, $extra:ident)*) => {
+        impl Table for $t {
+            const VERSION: u32 = $version;
+            const MAX_BYTES: usize = $max_bytes;
+            fn name(&self) -> *const c_char {
+                self.name
+            }
+            fn shared(&self) -> Result<Shared> {
+                need(self.init, "init")?;
+                need(self.getProperties, "getProperties")?;
+                need(self.listen, "listen")?;
+                need(self.connect, "connect")?;
+                need(self.isend, "isend")?;
+                need(self.irecv, "irecv")?;
+                $(need(self.$extra, stringify!($extra))?;)*
+                Ok(Shared {
+                    devices: need(self.devices, "devices")?,
+                    accept: need(self.accept, "accept")?,
+                    reg_mr: need(self.regMr, "regMr")?,
+                    dereg_mr: need(self.deregMr, "deregMr")?,
+                    test: need(self.test, "test")?,
+                    close_send: need(self.closeSend, "closeSend")?,
+                    close_recv: need(self.closeRecv, "closeRecv")?,
+                    close_listen: need(self.closeListen, "closeListen")?,
+                })
+            }
+        }
+    };
+}
+
+table!(ncclNet_v8_t, 8, V8_MAX_BYTES);
+table!(ncclNet_v9_t, 9, usize::MAX);
+table!(ncclNet_v10_t, 10, usize::MAX);
+table!(ncclNet_v11_t, 11, usize::MAX, finalize);
+table!(ncclNet_v12_t, 12, usize::MAX, finalize);
+
+/// A table adapted into the current shape.
+pub(super) struct Adapted {
+    pub(super) api: Box<dyn Adapter>,
+    pub(super) shared: Shared,
+    pub(super) name: *const c_char,
+    /// Largest message one buffer may carry through this version's sizes.
+    pub(super) max_bytes: usize,
+}
+
+/// Copies the table at `sym` (of version `T`) and adapts it.
+///
+/// # Safety
+/// `sym` is the address of an exported `ncclNetPlugin_v{T::VERSION}`.
+pub(super) unsafe fn adapt<T: Table>(sym: *mut c_void) -> Result<Adapted> {
+    // SAFETY: per this function's contract the symbol is a table of T's layout; tables are
+    // immutable, so a copy taken now stays what the plugin exports.
+    let table: T = unsafe { *(sym as *const T) };
+    Ok(Adapted {
+        shared: table.shared()?,
+        name: table.name(),
+        max_bytes: T::MAX_BYTES,
+        api: Box::new(table),
+    })
+}
+
+/// Each version's adapter constructor, newest first.
+/// Adapts the table at a symbol's address (see [`adapt`]).
+type AdaptFn = unsafe fn(*mut c_void) -> Result<Adapted>;
+
+pub(super) const VERSIONS: [(u32, AdaptFn); 5] = [
+    (ncclNet_v12_t::VERSION, adapt::<ncclNet_v12_t>),
+    (ncclNet_v11_t::VERSION, adapt::<ncclNet_v11_t>),
+    (ncclNet_v10_t::VERSION, adapt::<ncclNet_v10_t>),
+    (ncclNet_v9_t::VERSION, adapt::<ncclNet_v9_t>),
+    (ncclNet_v8_t::VERSION, adapt::<ncclNet_v8_t>),
+];
