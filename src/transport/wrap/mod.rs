@@ -7,6 +7,7 @@
 pub mod inner;
 pub mod side;
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -189,6 +190,7 @@ impl Connector for WrapConnector {
                 slots: (0..self.slots).map(|_| SendSlot::default()).collect(),
                 half_posted: None,
                 seq: 0,
+                in_flight: InFlight::default(),
             }),
         })))
     }
@@ -222,6 +224,7 @@ impl Listener for WrapListener {
                 half_posted: None,
                 seq: 0,
                 warned_stale: false,
+                in_flight: InFlight::default(),
             }),
         })))
     }
@@ -326,14 +329,61 @@ enum Half {
 }
 
 impl Half {
-    /// Tests a pending half; true once done.
-    fn advance(&mut self, plugin: &InnerPlugin) -> Result<bool> {
-        if let Half::Pending(req) = *self {
-            if let Some(size) = plugin.test(req)? {
-                *self = Half::Done(size);
-            }
+    fn is_done(&self) -> bool {
+        matches!(self, Half::Done(_))
+    }
+}
+
+/// Which half of a slot an inner request carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Part {
+    Side,
+    Data,
+}
+
+/// A slot with a side half and a data half.
+trait Halves {
+    fn half(&mut self, part: Part) -> &mut Half;
+}
+
+/// The inner requests of one connection and direction in posting order (side, data, side,
+/// data, ...), oldest first, as (slot, part).
+///
+/// Inner plugins only guarantee what NCCL's proxy needs: it tests the requests of a
+/// connection one at a time, oldest first, and tests a request only once every earlier one
+/// has completed. Some match a request to a message when it is first tested rather than
+/// when it is posted (NCCL's own Socket transport reads the next message's size then), so
+/// testing a later request early would hand it an earlier message. So wrap mode tests inner
+/// requests only through this queue, from its head, and stops at the first one not done.
+#[derive(Default)]
+struct InFlight(VecDeque<(usize, Part)>);
+
+impl InFlight {
+    /// Records a request just posted for `part` of `slot`.
+    fn posted(&mut self, slot: usize, part: Part) {
+        self.0.push_back((slot, part));
+    }
+
+    /// Tests the oldest inner requests in posting order, marking each done one in its slot,
+    /// until one is still in progress (or none is left).
+    fn advance<S: Halves>(&mut self, plugin: &InnerPlugin, slots: &mut [S]) -> Result<()> {
+        while let Some(&(slot, part)) = self.0.front() {
+            let half = slots
+                .get_mut(slot)
+                .map(|s| s.half(part))
+                .ok_or_else(|| Error::internal(format!("wrap mode: no slot {slot}")))?;
+            let Half::Pending(req) = *half else {
+                return Err(Error::internal(format!(
+                    "wrap mode: slot {slot} {part:?} queued but {half:?}"
+                )));
+            };
+            let Some(size) = plugin.test(req)? else {
+                return Ok(());
+            };
+            *half = Half::Done(size);
+            self.0.pop_front();
         }
-        Ok(matches!(self, Half::Done(_)))
+        Ok(())
     }
 }
 
@@ -347,12 +397,23 @@ struct SendSlot {
     ready_at: Option<Instant>,
 }
 
+impl Halves for SendSlot {
+    fn half(&mut self, part: Part) -> &mut Half {
+        match part {
+            Part::Side => &mut self.side,
+            Part::Data => &mut self.data,
+        }
+    }
+}
+
 struct SendState {
     slots: Vec<SendSlot>,
     /// A message whose side message is posted but whose data the inner plugin refused for
     /// now: NCCL posts the same message again and only the data goes out then.
     half_posted: Option<usize>,
     seq: u64,
+    /// The inner requests in flight, in posting order.
+    in_flight: InFlight,
 }
 
 /// The sending half of a wrapped connection.
@@ -395,6 +456,7 @@ impl SendConn for WrapSendConn {
                     return Ok(None);
                 };
                 state.seq += 1;
+                state.in_flight.posted(id, Part::Side);
                 let delay = if plan.effect == Effect::Retransmit {
                     plan.retransmit_timeout * plan.loss_events() as u32
                 } else {
@@ -419,6 +481,7 @@ impl SendConn for WrapSendConn {
         {
             Some(req) => {
                 state.slots[id].data = Half::Pending(req);
+                state.in_flight.posted(id, Part::Data);
                 state.half_posted = None;
                 Ok(Some(id as RequestId))
             }
@@ -430,15 +493,18 @@ impl SendConn for WrapSendConn {
     }
 
     fn test(&self, id: RequestId) -> Result<Option<Completion>> {
-        let mut state = locked(&self.state)?;
-        let slot = state
-            .slots
-            .get_mut(id as usize)
-            .filter(|s| s.busy)
-            .ok_or_else(|| Error::invalid_argument(format!("test of unknown request {id}")))?;
-        let side_done = slot.side.advance(&self.conn.plugin)?;
-        let data_done = slot.data.advance(&self.conn.plugin)?;
-        if !(side_done && data_done) {
+        let mut guard = locked(&self.state)?;
+        let state = &mut *guard;
+        if !state.slots.get(id as usize).is_some_and(|s| s.busy) {
+            return Err(Error::invalid_argument(format!(
+                "test of unknown request {id}"
+            )));
+        }
+        state
+            .in_flight
+            .advance(&self.conn.plugin, &mut state.slots)?;
+        let slot = &mut state.slots[id as usize];
+        if !(slot.side.is_done() && slot.data.is_done()) {
             return Ok(None);
         }
         // Retransmit: the sender's request ends after the resends, as on our own sockets.
@@ -477,12 +543,23 @@ struct RecvSlot {
     seq: u64,
 }
 
+impl Halves for RecvSlot {
+    fn half(&mut self, part: Part) -> &mut Half {
+        match part {
+            Part::Side => &mut self.side,
+            Part::Data => &mut self.data,
+        }
+    }
+}
+
 struct RecvState {
     slots: Vec<RecvSlot>,
     half_posted: Option<usize>,
     /// Number of the next message a side receive is posted for.
     seq: u64,
     warned_stale: bool,
+    /// The inner requests in flight, in posting order.
+    in_flight: InFlight,
 }
 
 /// The receiving half of a wrapped connection.
@@ -519,6 +596,7 @@ impl RecvConn for WrapRecvConn {
                 else {
                     return Ok(None);
                 };
+                state.in_flight.posted(id, Part::Side);
                 let slot = &mut state.slots[id];
                 slot.seq = state.seq;
                 state.seq += 1;
@@ -544,6 +622,7 @@ impl RecvConn for WrapRecvConn {
         {
             Some(req) => {
                 slot.data = Half::Pending(req);
+                state.in_flight.posted(id, Part::Data);
                 state.half_posted = None;
                 Ok(Some(id as RequestId))
             }
@@ -557,14 +636,16 @@ impl RecvConn for WrapRecvConn {
     fn test(&self, id: RequestId) -> Result<Option<Completion>> {
         let mut guard = locked(&self.state)?;
         let state = &mut *guard;
-        let slot = state
-            .slots
-            .get_mut(id as usize)
-            .filter(|s| s.busy)
-            .ok_or_else(|| Error::invalid_argument(format!("test of unknown request {id}")))?;
-        let side_done = slot.side.advance(&self.conn.plugin)?;
-        let data_done = slot.data.advance(&self.conn.plugin)?;
-        if !(side_done && data_done) {
+        if !state.slots.get(id as usize).is_some_and(|s| s.busy) {
+            return Err(Error::invalid_argument(format!(
+                "test of unknown request {id}"
+            )));
+        }
+        state
+            .in_flight
+            .advance(&self.conn.plugin, &mut state.slots)?;
+        let slot = &mut state.slots[id as usize];
+        if !(slot.side.is_done() && slot.data.is_done()) {
             return Ok(None);
         }
         let (Half::Done(side_len), Half::Done(size), Some(buf)) = (slot.side, slot.data, slot.buf)
