@@ -25,7 +25,7 @@ use common::{
 };
 use lossy_cli::harness::collectives::DataType;
 use lossy_cli::harness::plugin_client::{op, PluginClient, PluginLibrary};
-use lossy_cli::harness::worker::{Job, LinkKind, RunSpec, Task, WorkerReport};
+use lossy_cli::harness::worker::{Job, LinkKind, RunSpec, Task};
 use nccl_net_lossy::profile::Profile;
 use nccl_net_lossy::stats::report::load_run;
 use nccl_net_lossy::{Error, ErrorKind};
@@ -40,25 +40,29 @@ const PEER_LIB_ENV: &str = "LOSSY_TEST_NCCL_SOCKET";
 /// NCCL's Socket plugin, built (once) from the peer folder; `None`, after saying why, where
 /// that folder is absent. A folder that is present but does not build fails the test.
 fn nccl_socket() -> Option<PathBuf> {
-    static BUILT: OnceLock<Option<PathBuf>> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            if let Some(lib) = std::env::var_os(PEER_LIB_ENV) {
-                return Some(PathBuf::from(lib));
-            }
-            let src = repo_file(PEER_DIR);
-            if !src.join("build.sh").is_file() {
-                eprintln!(
-                    "SKIPPED: wrap mode over NCCL's Socket transport needs {} (the peer \
-                     plugin's sources, present in CI beside the repository, absent in a \
-                     fresh clone)",
-                    src.display()
-                );
-                return None;
-            }
-            Some(build_peer(&src))
-        })
-        .clone()
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        if let Some(lib) = std::env::var_os(PEER_LIB_ENV) {
+            return Ok(PathBuf::from(lib));
+        }
+        let src = repo_file(PEER_DIR);
+        if !src.join("build.sh").is_file() {
+            return Err(format!(
+                "wrap mode over NCCL's Socket transport needs {PEER_DIR} beside the repository \
+                 (the peer plugin's sources: present in CI, absent in a fresh clone); not \
+                 found at {}",
+                src.display()
+            ));
+        }
+        Ok(build_peer(&src))
+    });
+    match built {
+        Ok(lib) => Some(lib.clone()),
+        Err(why) => {
+            eprintln!("SKIPPED: {why}");
+            None
+        }
+    }
 }
 
 /// The target directory above the `lossy` binary (`target/`).
@@ -221,6 +225,47 @@ fn every_net_abi_version_is_bit_exact_over_nccl_socket() {
     }
 }
 
+/// Runs `lossy` with `args` and `env` (over loopback); returns (success, stdout, stderr).
+fn lossy(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let out = Command::new(lossy_exe())
+        .args(args)
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .env_remove("NCCL_NET_PLUGIN")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run lossy");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bench_and_demo_drive_any_plugin_named_by_library_or_nccl_net_plugin() {
+    let Some(inner) = nccl_socket() else { return };
+    let peer = inner.display().to_string();
+    let bench = ["bench", "--ranks", "2", "--sizes", "64K,1M", "--iters", "2"];
+    let (ok, out, err) = lossy(&[&bench[..], &["--library", &peer]].concat(), &[]);
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("# plugin Socket from"), "{out}");
+    assert_eq!(out.matches("|    ok").count(), 2, "{out}");
+    // NCCL_NET_PLUGIN counts when it is a path, as NCCL reads it.
+    let (ok, out, err) = lossy(&bench, &[("NCCL_NET_PLUGIN", &peer)]);
+    assert!(ok && out.contains("# plugin Socket from"), "{out}\n{err}");
+    // A name is NCCL's to resolve: ours is used.
+    let (ok, out, err) = lossy(&bench, &[("NCCL_NET_PLUGIN", "lossy")]);
+    assert!(ok && out.contains("# plugin lossy from"), "{out}\n{err}");
+    let demo = ["demo", "--ranks", "2", "--sizes", "64K", "--library", &peer];
+    let (ok, out, err) = lossy(&demo, &[]);
+    assert!(ok, "{out}\n{err}");
+    assert_eq!(out.matches("bit-exact").count(), 3, "{out}");
+    let missing = fresh_dir("no-library").join("libnccl-net-missing.so");
+    let missing = missing.display().to_string();
+    let (ok, out, err) = lossy(&[&bench[..], &["--library", &missing]].concat(), &[]);
+    assert!(!ok && err.contains("does not exist"), "{out}\n{err}");
+}
+
 /// With the Socket transport's helper threads (several data sockets per connection), the
 /// sizes still travel on the control socket in the order requests are tested.
 #[test]
@@ -236,19 +281,51 @@ fn helper_threads_of_nccl_socket_are_bit_exact_too() {
     assert_all_exact(&reports, n);
 }
 
-/// 2 ranks x `count` messages of 1 MiB, announced as all-reduce, under `profile`.
-fn profile_messages(inner: &Path, profile: &str, stats: &Path) -> Vec<WorkerReport> {
+/// 2 ranks x 40 messages of 1 MiB, announced as all-reduce, under the profile at `rel` with
+/// `overrides` and packets of `mtu` bytes; checks the receivers' packets against the
+/// statistics the senders wrote and returns the packets lost.
+fn profile_messages(inner: &Path, rel: &str, overrides: &str, mtu: usize, stats: &Path) -> u64 {
+    let name = format!("{rel} [{overrides}]");
+    let profile = Profile::load(Some(&repo_file(rel)), overrides).expect("a shipped profile");
     let mut job = Job::collectives(library(), vec![LinkKind::Plugin], Vec::new());
     job.task = Task::Messages {
         bytes: 1 << 20,
         count: 40,
-        mtu: 4096,
+        mtu,
         op_bits: op::ALL_REDUCE,
     };
     job.timeout_s = 120.0;
-    let mut env = wrap_env(inner, profile);
+    let mut env = wrap_env(inner, rel);
     env.push(("NCCL_LOSSY_STATS".into(), stats.display().to_string()));
-    launch_env(2, job, env).unwrap_or_else(|e| panic!("{profile}: run failed: {e}"))
+    env.push(("NCCL_LOSSY_SET".into(), overrides.into()));
+    let reports = launch_env(2, job, env).unwrap_or_else(|e| panic!("{name}: run failed: {e}"));
+    let census = total_census(&reports);
+    let run = load_run(stats).unwrap_or_else(|e| panic!("{name}: statistics: {e}"));
+    let counts = run.total.counts;
+    assert_eq!(run.ranks, 2, "{name}: one statistics file per rank");
+    assert_eq!(counts.messages, 80, "{name}");
+    assert_eq!(counts.packets, census.packets, "{name}: {census:?}");
+    assert_eq!(
+        census.other, 0,
+        "{name}: damage no effect explains: {census:?}"
+    );
+    let damaged = census.zeroed + census.stale + census.flipped;
+    if profile.corrupts_data() {
+        // Every packet the statistics call lost, and only those, arrived damaged.
+        assert_eq!(damaged, counts.lost_packets, "{name}: {census:?}");
+    } else {
+        assert_eq!(damaged, 0, "{name}: {census:?}");
+        if counts.lost_packets > 0 {
+            assert!(counts.retransmit_delay_ns > 0, "{name}: {counts:?}");
+        }
+    }
+    assert_eq!(
+        census.intact + damaged,
+        census.packets,
+        "{name}: {census:?}"
+    );
+    assert_eq!(run.profile["transport"], "wrap", "{name}");
+    counts.lost_packets
 }
 
 #[test]
@@ -264,42 +341,25 @@ fn every_shipped_profile_completes_over_nccl_socket_with_the_loss_it_reports() {
     assert!(profiles.len() >= 7, "{profiles:?}");
     let mut lossy_profiles = 0;
     for name in &profiles {
-        let rel = format!("configs/{name}");
-        let profile = Profile::load(Some(&repo_file(&rel)), "").expect("a shipped profile");
         let stats = dir.join(name.trim_end_matches(".toml"));
-        let census = total_census(&profile_messages(&inner, &rel, &stats));
-        let run = load_run(&stats).unwrap_or_else(|e| panic!("{name}: statistics: {e}"));
-        let counts = run.total.counts;
-        assert_eq!(run.ranks, 2, "{name}: one statistics file per rank");
-        assert_eq!(counts.messages, 80, "{name}");
-        assert_eq!(counts.packets, census.packets, "{name}: {census:?}");
-        assert_eq!(
-            census.other, 0,
-            "{name}: damage no effect explains: {census:?}"
-        );
-        let damaged = census.zeroed + census.stale + census.flipped;
-        if profile.corrupts_data() {
-            // Every packet the statistics call lost, and only those, arrived damaged.
-            assert_eq!(damaged, counts.lost_packets, "{name}: {census:?}");
-        } else {
-            assert_eq!(damaged, 0, "{name}: {census:?}");
-            if counts.lost_packets > 0 {
-                assert!(counts.retransmit_delay_ns > 0, "{name}: {counts:?}");
-            }
-        }
-        assert_eq!(
-            census.intact + damaged,
-            census.packets,
-            "{name}: {census:?}"
-        );
-        assert_eq!(run.profile["transport"], "wrap", "{name}");
-        lossy_profiles += usize::from(counts.lost_packets > 0);
+        let lost = profile_messages(&inner, &format!("configs/{name}"), "", 4096, &stats);
+        lossy_profiles += usize::from(lost > 0);
     }
     // Every profile with a loss rule that matches all-reduce traffic lost packets.
     assert!(
         lossy_profiles >= 5,
         "only {lossy_profiles} profiles lost packets"
     );
+    // Side messages too large to travel inline in the Socket transport's control message
+    // (over 128 bytes: 1024 packets per message, a 128-byte loss bitmap).
+    let lost = profile_messages(
+        &inner,
+        "configs/uniform-1pct.toml",
+        "mtu=1024;model.rate=0.05",
+        1024,
+        &dir.join("large-side-messages"),
+    );
+    assert!(lost > 80 * 20, "{lost} packets lost");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
