@@ -5,9 +5,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::{Context, Runtime};
+use crate::ids::{self, CollectiveId};
 use crate::loss::engine::ConnectionLoss;
 use crate::loss::plan::{Effect, LossPlan};
-use crate::ids::{self, CollectiveId};
 use crate::loss::rules::{Direction, MatchContext};
 use crate::stats::{self, BurstTracker, ConnectionStats, MessageRecord};
 use crate::switches;

@@ -1,6 +1,7 @@
 //! `lossy bench`: an nccl-tests-style all-reduce table for the plugin and, in the same run
 //! and the same worker processes, plain loopback TCP with as many streams, with the ratio.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use crate::harness::collectives::{Collective, DataType};
@@ -41,6 +42,27 @@ pub struct Args {
     /// Element type: f32 or u8.
     #[arg(long, default_value = "f32")]
     pub dtype: String,
+    /// The net plugin library to drive: any NCCL net plugin (default: `NCCL_NET_PLUGIN` when
+    /// it is a path, else this command's plugin library).
+    #[arg(long, value_name = "PATH")]
+    pub library: Option<PathBuf>,
+}
+
+/// The net plugin library `bench` and `demo` drive: `--library`, else `NCCL_NET_PLUGIN` when
+/// it is a path (a name is NCCL's to resolve, and `lossy` stands for this plugin), else this
+/// command's plugin library.
+pub fn plugin_library(arg: Option<&Path>) -> Result<PathBuf> {
+    let from_env = std::env::var_os("NCCL_NET_PLUGIN")
+        .map(PathBuf::from)
+        .filter(|p| p.components().count() > 1);
+    match arg.map(Path::to_path_buf).or(from_env) {
+        Some(path) if path.is_file() => Ok(path),
+        Some(path) => Err(nccl_net_lossy::Error::invalid_argument(format!(
+            "net plugin library {} does not exist",
+            path.display()
+        ))),
+        None => default_library_path(),
+    }
 }
 
 /// Parses `4096`, `4K`, `1M`, `64MiB`, `1G` into bytes.
@@ -163,7 +185,8 @@ fn bench(args: &Args) -> Result<()> {
         links.push(LinkKind::PluginLossless);
     }
     let per_size = links.len();
-    let mut job = Job::collectives(default_library_path()?, links, runs);
+    let library = plugin_library(args.library.as_deref())?;
+    let mut job = Job::collectives(library.clone(), links, runs);
     job.chunk = chunk.max(dtype.size());
     job.version = args.net_version;
     job.lossless = args.lossless;
@@ -179,6 +202,11 @@ fn bench(args: &Args) -> Result<()> {
         "# all_reduce, {n} ranks, {dtype}, chunk {}, {streams} streams per connection, loss {}",
         fmt_bytes(chunk),
         if args.lossless { "off" } else { "as profiled" }
+    );
+    println!(
+        "# plugin {} from {}",
+        reports.first().map_or("?", |r| r.plugin.as_str()),
+        library.display()
     );
     let (extra_head, extra_units) = if args.vs_lossless {
         (

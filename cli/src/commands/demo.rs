@@ -5,10 +5,9 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use super::bench::{fmt_bytes, parse_sizes, slowest, Check};
+use super::bench::{fmt_bytes, parse_sizes, plugin_library, slowest, Check};
 use crate::harness::collectives::{Collective, DataType};
 use crate::harness::launch::{self, Launch};
-use crate::harness::plugin_client::default_library_path;
 use crate::harness::worker::{Job, LinkKind, RunSpec};
 use nccl_net_lossy::profile::{Profile, PROFILE_ENV};
 use nccl_net_lossy::stats::report::{load_run, RunSummary};
@@ -28,6 +27,10 @@ pub struct Args {
     /// else a temporary one).
     #[arg(long)]
     pub stats_dir: Option<PathBuf>,
+    /// The net plugin library to drive: any NCCL net plugin (default: `NCCL_NET_PLUGIN` when
+    /// it is a path, else this command's plugin library).
+    #[arg(long, value_name = "PATH")]
+    pub library: Option<PathBuf>,
 }
 
 /// Runs `lossy demo`: exit 1 when data came out wrong although the profile never changes data.
@@ -71,7 +74,7 @@ fn demo(args: &Args) -> Result<bool> {
         nccl_net_lossy::Error::system(format!("cannot create {}: {e}", stats_dir.display()))
     })?;
     let job = Job::collectives(
-        default_library_path()?,
+        plugin_library(args.library.as_deref())?,
         vec![LinkKind::Plugin],
         runs.clone(),
     );

@@ -7,6 +7,7 @@
 pub mod inner;
 pub mod side;
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -214,6 +215,7 @@ impl Connector for WrapConnector {
                 slots: (0..self.slots).map(|_| SendSlot::default()).collect(),
                 half_posted: None,
                 seq: 0,
+                in_flight: InFlight::default(),
             }),
         })))
     }
@@ -243,6 +245,7 @@ impl Listener for WrapListener {
                 half_posted: None,
                 seq: 0,
                 warned_stale: false,
+                in_flight: InFlight::default(),
             }),
         })))
     }
@@ -430,29 +433,78 @@ enum Half {
 }
 
 impl Half {
-    /// Tests a pending half of `conn`; true once done.
-    fn advance(&mut self, conn: &InnerConn) -> Result<bool> {
-        match *self {
-            Half::Pending(req) => {
-                // SAFETY: a request of this connection's live comm that has neither tested
-                // done nor failed (either ends `Pending`, so it is never tested again).
-                match unsafe { conn.plugin.net.test(req) } {
-                    Ok(Some(sizes)) => *self = Half::Done(usize::try_from(sizes[0]).unwrap_or(0)),
-                    Ok(None) => {}
-                    Err(err) => {
-                        *self = Half::Failed;
-                        return Err(err);
-                    }
+    fn is_done(&self) -> bool {
+        matches!(self, Half::Done(_))
+    }
+}
+
+/// Which half of a slot an inner request carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Part {
+    Side,
+    Data,
+}
+
+/// A slot with a side half and a data half.
+trait Halves {
+    fn half(&mut self, part: Part) -> &mut Half;
+}
+
+/// The inner requests of one connection and direction in posting order (side, data, side,
+/// data, ...), oldest first, as (slot, part).
+///
+/// Inner plugins only guarantee what NCCL's proxy needs: it tests the requests of a
+/// connection one at a time, oldest first, and tests a request only once every earlier one
+/// has completed. Some match a request to a message when it is first tested rather than
+/// when it is posted (NCCL's own Socket transport reads the next message's size then), so
+/// testing a later request early would hand it an earlier message. So wrap mode tests inner
+/// requests only through this queue, from its head, and stops at the first one not done.
+#[derive(Default)]
+struct InFlight(VecDeque<(usize, Part)>);
+
+impl InFlight {
+    /// Records a request just posted for `part` of `slot`.
+    fn posted(&mut self, slot: usize, part: Part) {
+        self.0.push_back((slot, part));
+    }
+
+    /// Tests the oldest inner requests in posting order, marking each done one in its slot,
+    /// until one is still in progress (or none is left).
+    ///
+    /// A request whose test fails is marked `Failed` and never tested again (the inner plugin
+    /// may have released it); a later test of that connection reports the failure again.
+    fn advance<S: Halves>(&mut self, conn: &InnerConn, slots: &mut [S]) -> Result<()> {
+        while let Some(&(slot, part)) = self.0.front() {
+            let half = slots
+                .get_mut(slot)
+                .map(|s| s.half(part))
+                .ok_or_else(|| Error::internal(format!("wrap mode: no slot {slot}")))?;
+            let req = match *half {
+                Half::Pending(req) => req,
+                Half::Failed => {
+                    return Err(Error::internal(
+                        "wrap mode: test of a message whose inner request already failed",
+                    ))
+                }
+                other => {
+                    return Err(Error::internal(format!(
+                        "wrap mode: slot {slot} {part:?} queued but {other:?}"
+                    )))
+                }
+            };
+            // SAFETY: a request of this connection's live comm that has neither tested done
+            // nor failed (either takes it out of `Pending`, so it is never tested again).
+            match unsafe { conn.plugin.net.test(req) } {
+                Ok(Some(sizes)) => *half = Half::Done(usize::try_from(sizes[0]).unwrap_or(0)),
+                Ok(None) => return Ok(()),
+                Err(err) => {
+                    *half = Half::Failed;
+                    return Err(err);
                 }
             }
-            Half::Failed => {
-                return Err(Error::internal(
-                    "wrap mode: test of a message whose inner request already failed",
-                ))
-            }
-            Half::Unposted | Half::Done(_) => {}
+            self.0.pop_front();
         }
-        Ok(matches!(self, Half::Done(_)))
+        Ok(())
     }
 }
 
@@ -466,12 +518,23 @@ struct SendSlot {
     ready_at: Option<Instant>,
 }
 
+impl Halves for SendSlot {
+    fn half(&mut self, part: Part) -> &mut Half {
+        match part {
+            Part::Side => &mut self.side,
+            Part::Data => &mut self.data,
+        }
+    }
+}
+
 struct SendState {
     slots: Vec<SendSlot>,
     /// A message whose side message is posted but whose data the inner plugin refused for
     /// now: NCCL posts the same message again and only the data goes out then.
     half_posted: Option<usize>,
     seq: u64,
+    /// The inner requests in flight, in posting order.
+    in_flight: InFlight,
 }
 
 /// The sending half of a wrapped connection.
@@ -515,6 +578,7 @@ impl SendConn for WrapSendConn {
                     return Ok(None);
                 };
                 state.seq += 1;
+                state.in_flight.posted(id, Part::Side);
                 let delay = if plan.effect == Effect::Retransmit {
                     plan.retransmit_timeout * plan.loss_events() as u32
                 } else {
@@ -536,6 +600,7 @@ impl SendConn for WrapSendConn {
         match unsafe { self.conn.isend(buf.as_ptr(), buf.len(), tag, mr)? } {
             Some(req) => {
                 state.slots[id].data = Half::Pending(req);
+                state.in_flight.posted(id, Part::Data);
                 state.half_posted = None;
                 Ok(Some(id as RequestId))
             }
@@ -547,15 +612,16 @@ impl SendConn for WrapSendConn {
     }
 
     fn test(&self, id: RequestId) -> Result<Option<Completion>> {
-        let mut state = locked(&self.state)?;
-        let slot = state
-            .slots
-            .get_mut(id as usize)
-            .filter(|s| s.busy)
-            .ok_or_else(|| Error::invalid_argument(format!("test of unknown request {id}")))?;
-        let side_done = slot.side.advance(&self.conn)?;
-        let data_done = slot.data.advance(&self.conn)?;
-        if !(side_done && data_done) {
+        let mut guard = locked(&self.state)?;
+        let state = &mut *guard;
+        if !state.slots.get(id as usize).is_some_and(|s| s.busy) {
+            return Err(Error::invalid_argument(format!(
+                "test of unknown request {id}"
+            )));
+        }
+        state.in_flight.advance(&self.conn, &mut state.slots)?;
+        let slot = &mut state.slots[id as usize];
+        if !(slot.side.is_done() && slot.data.is_done()) {
             return Ok(None);
         }
         // Retransmit: the sender's request ends after the resends, as on our own sockets.
@@ -594,12 +660,23 @@ struct RecvSlot {
     seq: u64,
 }
 
+impl Halves for RecvSlot {
+    fn half(&mut self, part: Part) -> &mut Half {
+        match part {
+            Part::Side => &mut self.side,
+            Part::Data => &mut self.data,
+        }
+    }
+}
+
 struct RecvState {
     slots: Vec<RecvSlot>,
     half_posted: Option<usize>,
     /// Number of the next message a side receive is posted for.
     seq: u64,
     warned_stale: bool,
+    /// The inner requests in flight, in posting order.
+    in_flight: InFlight,
 }
 
 /// The receiving half of a wrapped connection.
@@ -636,6 +713,7 @@ impl RecvConn for WrapRecvConn {
                 }) else {
                     return Ok(None);
                 };
+                state.in_flight.posted(id, Part::Side);
                 let slot = &mut state.slots[id];
                 slot.seq = state.seq;
                 state.seq += 1;
@@ -661,6 +739,7 @@ impl RecvConn for WrapRecvConn {
         match unsafe { self.conn.irecv(buf.as_ptr(), buf.len(), tag, mr)? } {
             Some(req) => {
                 slot.data = Half::Pending(req);
+                state.in_flight.posted(id, Part::Data);
                 state.half_posted = None;
                 Ok(Some(id as RequestId))
             }
@@ -674,14 +753,14 @@ impl RecvConn for WrapRecvConn {
     fn test(&self, id: RequestId) -> Result<Option<Completion>> {
         let mut guard = locked(&self.state)?;
         let state = &mut *guard;
-        let slot = state
-            .slots
-            .get_mut(id as usize)
-            .filter(|s| s.busy)
-            .ok_or_else(|| Error::invalid_argument(format!("test of unknown request {id}")))?;
-        let side_done = slot.side.advance(&self.conn)?;
-        let data_done = slot.data.advance(&self.conn)?;
-        if !(side_done && data_done) {
+        if !state.slots.get(id as usize).is_some_and(|s| s.busy) {
+            return Err(Error::invalid_argument(format!(
+                "test of unknown request {id}"
+            )));
+        }
+        state.in_flight.advance(&self.conn, &mut state.slots)?;
+        let slot = &mut state.slots[id as usize];
+        if !(slot.side.is_done() && slot.data.is_done()) {
             return Ok(None);
         }
         let (Half::Done(side_len), Half::Done(size), Some(buf)) = (slot.side, slot.data, slot.buf)
