@@ -5,13 +5,13 @@
 //! arrived. Design and costs: `docs/wrap.md`.
 
 pub mod inner;
+mod inner_conn;
 pub mod side;
 
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::ffi::net::{NetComm, NetMr, NetRecvBuf, NetRequest};
+use crate::ffi::net::{NetComm, NetMr};
 use crate::ffi::{ncclDebugLogger_t, NCCL_PTR_HOST};
 use crate::loss::effect::{flip_lost, lost_ranges, zero_lost};
 use crate::loss::plan::{Effect, LossPlan, PacketRun};
@@ -22,6 +22,7 @@ use crate::transport::{
 use crate::{log, Error, Result};
 
 use inner::InnerPlugin;
+use inner_conn::{Direction, Half, Halves, InFlight, InnerConn, Part};
 
 /// Requests one wrapped connection keeps in flight per direction by default: NCCL's proxy
 /// posts at most 8 (`NCCL_STEPS`); each costs two inner requests (side + data).
@@ -257,254 +258,6 @@ impl Drop for WrapListener {
         if let Err(err) = unsafe { self.plugin.net.close_listen(self.comm) } {
             log::warn(&err.to_string());
         }
-    }
-}
-
-/// The side-message buffers of one connection (one per slot), registered once with its
-/// inner comm.
-struct SideArea {
-    _memory: Vec<u8>,
-    buf: HostBuf,
-    mr: NetMr,
-}
-
-impl SideArea {
-    /// Allocates and registers the side buffers of the live comm `comm`.
-    fn new(plugin: &InnerPlugin, comm: NetComm, slots: usize) -> Result<SideArea> {
-        let mut memory = vec![0u8; slots * side::CAPACITY];
-        // SAFETY: the SideArea owns `memory` next to `buf`, so the heap block (which does not
-        // move with the Vec) lives as long as `buf`; it is reached only through `slot`.
-        let buf = unsafe { HostBuf::from_slice(&mut memory) };
-        // SAFETY: `comm` is live (the caller's contract); the memory is owned by this area,
-        // which deregisters it (InnerConn's drop) before freeing it.
-        let mr = unsafe { plugin.net.reg_mr(comm, buf.as_ptr(), buf.len())? };
-        Ok(SideArea {
-            _memory: memory,
-            buf,
-            mr,
-        })
-    }
-
-    /// The side buffer of slot `i`: its address, and its bytes.
-    ///
-    /// # Safety
-    /// While the bytes are in use, nothing else may access slot `i`'s buffer: the caller holds
-    /// the connection's state lock and the inner plugin has no request on that buffer.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn slot(&self, i: usize) -> (*mut u8, &mut [u8]) {
-        let range = i * side::CAPACITY..(i + 1) * side::CAPACITY;
-        // SAFETY: `buf` is `_memory`, alive as long as `self`; the caller guarantees that
-        // nothing else uses this slot's bytes meanwhile.
-        let bytes = unsafe { self.buf.slice_mut(range.start, range.end) };
-        (bytes.as_mut_ptr(), bytes)
-    }
-}
-
-/// Which half of a connection an inner comm is.
-#[derive(Clone, Copy)]
-enum Direction {
-    Send,
-    Recv,
-}
-
-/// Closes the live inner comm `comm` of `direction`.
-///
-/// # Safety
-/// `comm` is a live comm of `plugin` of that direction, not used afterwards.
-unsafe fn close(plugin: &InnerPlugin, comm: NetComm, direction: Direction) -> Result<()> {
-    match direction {
-        // SAFETY: per this function's contract.
-        Direction::Send => unsafe { plugin.net.close_send(comm) },
-        // SAFETY: per this function's contract.
-        Direction::Recv => unsafe { plugin.net.close_recv(comm) },
-    }
-}
-
-/// What both halves of a wrapped connection hold: the inner comm (live until this is
-/// dropped) and its side buffers. Dropping it releases the side buffers and closes the comm.
-struct InnerConn {
-    plugin: Arc<InnerPlugin>,
-    comm: NetComm,
-    side: SideArea,
-    direction: Direction,
-}
-
-impl InnerConn {
-    /// Takes over the live comm `comm`, registering its side buffers; closes it when that
-    /// fails.
-    fn new(
-        plugin: &Arc<InnerPlugin>,
-        comm: NetComm,
-        slots: usize,
-        direction: Direction,
-    ) -> Result<InnerConn> {
-        let side = SideArea::new(plugin, comm, slots).inspect_err(|_| {
-            // SAFETY: the comm the plugin just returned, given up here.
-            let _ = unsafe { close(plugin, comm, direction) };
-        })?;
-        Ok(InnerConn {
-            plugin: Arc::clone(plugin),
-            comm,
-            side,
-            direction,
-        })
-    }
-
-    fn register(&self, buf: HostBuf) -> Result<MrHandle> {
-        // SAFETY: our live comm; NCCL registers memory it keeps allocated until deregMr.
-        let mr = unsafe { self.plugin.net.reg_mr(self.comm, buf.as_ptr(), buf.len())? };
-        Ok(mr.addr())
-    }
-
-    fn deregister(&self, mr: MrHandle) -> Result<()> {
-        // SAFETY: our live comm; NCCL passes back an mhandle our `register` returned for this
-        // connection, once, with no request using it (its deregMr contract).
-        unsafe { self.plugin.net.dereg_mr(self.comm, NetMr::from_addr(mr)) }
-    }
-
-    /// Posts a send of `len` bytes at `data` registered by `mr`.
-    ///
-    /// # Safety
-    /// As [`crate::ffi::net::NetPlugin::isend`]: the memory stays as it is until the request
-    /// tests done.
-    unsafe fn isend(
-        &self,
-        data: *mut u8,
-        len: usize,
-        tag: i32,
-        mr: NetMr,
-    ) -> Result<Option<NetRequest>> {
-        // SAFETY: our live send comm; the rest per this function's contract.
-        unsafe { self.plugin.net.isend(self.comm, data, len, tag, mr) }
-    }
-
-    /// Posts a receive of one buffer.
-    ///
-    /// # Safety
-    /// As [`crate::ffi::net::NetPlugin::irecv`]: the memory is left to the plugin until the
-    /// request tests done.
-    unsafe fn irecv(
-        &self,
-        data: *mut u8,
-        size: usize,
-        tag: i32,
-        mr: NetMr,
-    ) -> Result<Option<NetRequest>> {
-        let buf = NetRecvBuf {
-            data,
-            size,
-            tag,
-            mr,
-        };
-        // SAFETY: our live receive comm; the rest per this function's contract.
-        unsafe { self.plugin.net.irecv(self.comm, &[buf]) }
-    }
-}
-
-impl Drop for InnerConn {
-    fn drop(&mut self) {
-        // SAFETY: the side registration of our live comm, released once; then the comm is
-        // closed once and never used again (this is its owner).
-        let outcome = unsafe {
-            self.plugin.net.dereg_mr(self.comm, self.side.mr).and(close(
-                &self.plugin,
-                self.comm,
-                self.direction,
-            ))
-        };
-        if let Err(err) = outcome {
-            log::warn(&err.to_string());
-        }
-    }
-}
-
-/// Where one half (side or data) of a message is.
-#[derive(Clone, Copy, Debug, Default)]
-enum Half {
-    /// Not handed to the inner plugin yet.
-    #[default]
-    Unposted,
-    /// Posted; the inner request.
-    Pending(NetRequest),
-    /// Done, with the size the inner plugin reported.
-    Done(usize),
-    /// Its test failed: the inner plugin may have released the request.
-    Failed,
-}
-
-impl Half {
-    fn is_done(&self) -> bool {
-        matches!(self, Half::Done(_))
-    }
-}
-
-/// Which half of a slot an inner request carries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Part {
-    Side,
-    Data,
-}
-
-/// A slot with a side half and a data half.
-trait Halves {
-    fn half(&mut self, part: Part) -> &mut Half;
-}
-
-/// The inner requests of one connection and direction in posting order (side, data, side,
-/// data, ...), oldest first, as (slot, part).
-///
-/// Inner plugins only guarantee what NCCL's proxy needs: it tests the requests of a
-/// connection one at a time, oldest first, and tests a request only once every earlier one
-/// has completed. Some match a request to a message when it is first tested rather than
-/// when it is posted (NCCL's own Socket transport reads the next message's size then), so
-/// testing a later request early would hand it an earlier message. So wrap mode tests inner
-/// requests only through this queue, from its head, and stops at the first one not done.
-#[derive(Default)]
-struct InFlight(VecDeque<(usize, Part)>);
-
-impl InFlight {
-    /// Records a request just posted for `part` of `slot`.
-    fn posted(&mut self, slot: usize, part: Part) {
-        self.0.push_back((slot, part));
-    }
-
-    /// Tests the oldest inner requests in posting order, marking each done one in its slot,
-    /// until one is still in progress (or none is left).
-    ///
-    /// A request whose test fails is marked `Failed` and never tested again (the inner plugin
-    /// may have released it); a later test of that connection reports the failure again.
-    fn advance<S: Halves>(&mut self, conn: &InnerConn, slots: &mut [S]) -> Result<()> {
-        while let Some(&(slot, part)) = self.0.front() {
-            let half = slots
-                .get_mut(slot)
-                .map(|s| s.half(part))
-                .ok_or_else(|| Error::internal(format!("wrap mode: no slot {slot}")))?;
-            let req = match *half {
-                Half::Pending(req) => req,
-                Half::Failed => {
-                    return Err(Error::internal(
-                        "wrap mode: test of a message whose inner request already failed",
-                    ))
-                }
-                other => {
-                    return Err(Error::internal(format!(
-                        "wrap mode: slot {slot} {part:?} queued but {other:?}"
-                    )))
-                }
-            };
-            // SAFETY: a request of this connection's live comm that has neither tested done
-            // nor failed (either takes it out of `Pending`, so it is never tested again).
-            match unsafe { conn.plugin.net.test(req) } {
-                Ok(Some(sizes)) => *half = Half::Done(usize::try_from(sizes[0]).unwrap_or(0)),
-                Ok(None) => return Ok(()),
-                Err(err) => {
-                    *half = Half::Failed;
-                    return Err(err);
-                }
-            }
-            self.0.pop_front();
-        }
-        Ok(())
     }
 }
 
