@@ -15,16 +15,21 @@
 //! does live in the workspace member crate `cli/` (package `lossy-cli`), which depends on
 //! this one; nothing here depends on them.
 
-pub mod abi;
+// Public: what the `lossy` command, the harness, the benches and the examples build on.
 pub mod error;
 pub mod ffi;
-pub mod ids;
-pub mod log;
 pub mod loss;
 pub mod profile;
-pub mod runtime;
 pub mod stats;
-pub mod switches;
 pub mod transport;
 
+// Internal: NCCL reaches these only through the exported C symbols (`#[no_mangle]`, exported
+// from the cdylib whatever the module's visibility).
+pub(crate) mod abi;
+pub(crate) mod ids;
+pub(crate) mod log;
+pub(crate) mod runtime;
+pub(crate) mod switches;
+
 pub use error::{Error, ErrorKind, Result};
+pub use runtime::{check_forced_protocol, PLUGIN_NAME};

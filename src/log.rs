@@ -28,13 +28,6 @@ pub fn set_sink(sink: Sink) {
     }
 }
 
-/// Removes the installed sink (before the library is unloaded).
-pub fn clear_sink() {
-    if let Ok(mut slot) = SINK.write() {
-        *slot = None;
-    }
-}
-
 fn emit(level: Level, message: &str, also_stderr: bool) {
     let delivered = match SINK.read() {
         Ok(slot) => match slot.as_ref() {

@@ -35,8 +35,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 pub use comms::{Connecting, ListenComm, RecvComm, SendComm};
-pub use context::{Context, OpCode, PendingKey};
-pub use environment::{check_forced_protocol, forced_ll_protocol, wrap_target, INNER_ENV};
+pub use context::{Context, PendingKey};
+pub use environment::{check_forced_protocol, wrap_target, INNER_ENV};
 pub use output::{stats_file, write_stats};
 
 use crate::ffi::ncclDebugLogger_t;
@@ -203,11 +203,6 @@ impl Runtime {
         slot()?.runtime.clone().ok_or_else(|| {
             Error::invalid_usage("the plugin is not initialised (no init, or after its finalize)")
         })
-    }
-
-    /// The active loss profile.
-    pub fn profile(&self) -> &Profile {
-        &self.profile
     }
 
     /// Number of devices NCCL may use.

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use nccl_net_lossy::profile::{Profile, PROFILE_ENV, SET_ENV};
-use nccl_net_lossy::runtime::{check_forced_protocol, PLUGIN_NAME};
 use nccl_net_lossy::stats::writer::STATS_DIR_ENV;
+use nccl_net_lossy::{check_forced_protocol, PLUGIN_NAME};
 
 /// Arguments of `lossy run`.
 #[derive(clap::Args, Debug)]
