@@ -303,6 +303,23 @@ fn per_step_report_prints_the_plugins_counts_by_collective_beside_the_training_l
         assert!(svg.contains(text), "no {text:?} in the plot");
     }
 
+    // a sweep: each run's directory holds its training log, found by the metric's name
+    std::fs::copy(&jsonl, run_a.join("perf.jsonl")).expect("copy");
+    std::fs::copy(&csv, run_b.join("train.csv")).expect("copy");
+    let found = stdout_of(&[
+        "report",
+        &s(&run_a),
+        &s(&run_b),
+        "--per-step",
+        "--metric",
+        "loss",
+        "--csv",
+    ]);
+    assert_eq!(parse_csv(&found), rows);
+    let out = lossy(&["report", &s(&run_a), "--per-step", "--metric", "lr"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no training log"));
+
     // the totals' plot draws too (its text is measured with a font for SVG as for PNG)
     let totals = dir.join("totals.svg");
     stdout_of(&["report", &s(&run_a), "--plot", &s(&totals)]);

@@ -29,11 +29,12 @@ pub struct Args {
     /// Lost packets per training step by collective instead of the totals.
     #[arg(long)]
     pub per_step: bool,
-    /// The training log's column to show beside the loss per step (with `--train-log`).
-    #[arg(long, default_value = "loss", requires = "per_step")]
-    pub metric: String,
+    /// The training log's column to show beside the packet loss per step (default `loss`);
+    /// without `--train-log`, each run's directory must hold a training log with it.
+    #[arg(long, requires = "per_step")]
+    pub metric: Option<String>,
     /// A training log (CSV or JSON lines with `step` and the metric), one per run in the
-    /// order of the runs, or one for a single run.
+    /// order of the runs.
     #[arg(long, value_name = "FILE", requires = "per_step")]
     pub train_log: Vec<PathBuf>,
 }
@@ -86,11 +87,17 @@ fn per_step(args: &Args) -> ExitCode {
         );
         return ExitCode::from(2);
     }
+    let metric = args.metric.as_deref().unwrap_or("loss");
     let mut runs: Vec<RunSteps> = Vec::new();
     for (i, dir) in args.dirs.iter().enumerate() {
         let loaded = report_steps::load_run_steps(dir).and_then(|mut run| {
-            if let Some(log) = args.train_log.get(i) {
-                run.metric = report_steps::read_train_log(log, &args.metric)?;
+            let log = match args.train_log.get(i) {
+                Some(log) => Some(log.clone()),
+                None if args.metric.is_some() => Some(report_steps::find_train_log(dir, metric)?),
+                None => None,
+            };
+            if let Some(log) = log {
+                run.metric = report_steps::read_train_log(&log, metric)?;
             }
             Ok(run)
         });
@@ -111,13 +118,12 @@ fn per_step(args: &Args) -> ExitCode {
             }
         }
     } else if args.csv {
-        print!("{}", report_steps::csv(&runs, &args.metric));
+        print!("{}", report_steps::csv(&runs, metric));
     } else {
-        print!("{}", report_steps::table(&runs, &args.metric));
+        print!("{}", report_steps::table(&runs, metric));
     }
     if let Some(path) = &args.plot {
         let size = (1200, 600);
-        let metric = &args.metric;
         let drawn = register_font().and_then(|()| match plot_kind(path) {
             Some(PlotKind::Svg) => report_steps::draw(
                 &runs,

@@ -189,6 +189,30 @@ pub fn read_train_log(path: &Path, metric: &str) -> Result<BTreeMap<u64, f64>, S
     Ok(out)
 }
 
+/// The training log in a run's directory: its first `.jsonl` or `.csv` file (by name) with
+/// `step` and `metric`.
+pub fn find_train_log(dir: &Path, metric: &str) -> Result<std::path::PathBuf, String> {
+    let mut candidates: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| e.eq_ignore_ascii_case("jsonl") || e.eq_ignore_ascii_case("csv"))
+        })
+        .collect();
+    candidates.sort();
+    candidates
+        .into_iter()
+        .find(|p| read_train_log(p, metric).is_ok())
+        .ok_or_else(|| {
+            format!(
+                "{} holds no training log (.jsonl or .csv with step and {metric:?}): give --train-log",
+                dir.display()
+            )
+        })
+}
+
 /// The per-step table: one line per (run, step, collective), the metric when given.
 pub fn table(runs: &[RunSteps], metric: &str) -> String {
     let with_metric = runs.iter().any(|r| !r.metric.is_empty());

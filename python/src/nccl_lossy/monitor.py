@@ -46,7 +46,15 @@ RECORD_KEYS = (
 
 
 class PerformanceMonitor:
-    """The state behind :func:`performance_monitor` (also usable as ``monitor(fn)``)."""
+    """The state behind :func:`performance_monitor` (also usable as ``monitor(fn)``).
+
+    ``output``: the JSONL file (appended to; None: records only in :attr:`records`).
+    ``batch_size`` (samples per step) and ``seq_length`` (tokens per sample): throughput.
+    ``integration``: a :class:`~nccl_lossy.LossyMegatronIntegration` whose step numbers the
+    records carry (else ``first_step``, ``first_step + 1``, ...). ``profiler``: stepped after
+    each call. ``count_flops``: count with ``torch.utils.flop_counter.FlopCounterMode``.
+    ``tensorboard_dir``, ``use_wandb``: optional sinks. ``stats_source``: where the plugin's
+    statistics document comes from (default: the live counters of this process)."""
 
     def __init__(
         self,
@@ -60,7 +68,7 @@ class PerformanceMonitor:
         tensorboard_dir: Optional[Union[str, Path]] = None,
         use_wandb: bool = False,
         first_step: int = 0,
-        read_stats: Optional[Callable[[], Dict[str, Any]]] = None,
+        stats_source: Optional[Callable[[], Dict[str, Any]]] = None,
     ):
         self.output = Path(output) if output is not None else None
         self.batch_size = batch_size
@@ -68,7 +76,7 @@ class PerformanceMonitor:
         self.integration = integration
         self.profiler = profiler
         self.count_flops = count_flops
-        self._read = read_stats or (lambda: _control.control().stats())
+        self._read = stats_source or (lambda: _control.control().stats())
         self._next_step = first_step
         self._stats_ok = True
         #: Every record written, in order.
