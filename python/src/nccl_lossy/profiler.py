@@ -23,6 +23,7 @@ import logging
 import os
 import shutil
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -194,10 +195,10 @@ def _file_tag() -> str:
 
 
 def profiler_active() -> bool:
-    """Whether a torch profiler is recording in this process (False without torch)."""
-    try:
-        import torch
-    except ImportError:
+    """Whether a torch profiler is recording in this process (False while torch is not
+    imported: then none can be; cheap enough to ask at every phase change)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
         return False
     try:
         return bool(torch.autograd._profiler_enabled())
