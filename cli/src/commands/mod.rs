@@ -4,6 +4,7 @@ pub mod bench;
 pub mod demo;
 pub mod install;
 pub mod report;
+pub mod report_steps;
 pub mod run;
 pub mod simulate;
 pub mod validate;

@@ -1,4 +1,5 @@
-//! `lossy report DIR [DIR...]`: one table over every rank of one or more runs.
+//! `lossy report DIR [DIR...]`: one table over every rank of one or more runs; with
+//! `--per-step`, lost packets per training step by collective (see [`super::report_steps`]).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -6,6 +7,7 @@ use std::process::ExitCode;
 use plotters::coord::{CoordTranslate, Shift};
 use plotters::prelude::*;
 
+use super::report_steps::{self, RunSteps};
 use nccl_net_lossy::stats::report::{load_run, OpSummary, RunSummary};
 
 /// Arguments of `lossy report`.
@@ -20,13 +22,28 @@ pub struct Args {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
-    /// Also draw the burst-length distribution and loss per collective (.svg or .png).
+    /// Also draw the burst-length distribution and loss per collective (.svg or .png); with
+    /// `--per-step`, lost packets and the training metric per step.
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
+    /// Lost packets per training step by collective instead of the totals.
+    #[arg(long)]
+    pub per_step: bool,
+    /// The training log's column to show beside the packet loss per step (default `loss`);
+    /// without `--train-log`, each run's directory must hold a training log with it.
+    #[arg(long, requires = "per_step")]
+    pub metric: Option<String>,
+    /// A training log (CSV or JSON lines with `step` and the metric), one per run in the
+    /// order of the runs.
+    #[arg(long, value_name = "FILE", requires = "per_step")]
+    pub train_log: Vec<PathBuf>,
 }
 
 /// Runs `lossy report`.
 pub fn run(args: Args) -> ExitCode {
+    if args.per_step {
+        return per_step(&args);
+    }
     let mut runs = Vec::new();
     for dir in &args.dirs {
         match load_run(dir) {
@@ -58,6 +75,92 @@ pub fn run(args: Args) -> ExitCode {
         eprintln!("lossy report: wrote {}", path.display());
     }
     ExitCode::SUCCESS
+}
+
+/// `lossy report --per-step`.
+fn per_step(args: &Args) -> ExitCode {
+    if !args.train_log.is_empty() && args.train_log.len() != args.dirs.len() {
+        eprintln!(
+            "lossy report: {} training logs for {} runs: give one per run, in the runs' order",
+            args.train_log.len(),
+            args.dirs.len()
+        );
+        return ExitCode::from(2);
+    }
+    let metric = args.metric.as_deref().unwrap_or("loss");
+    let mut runs: Vec<RunSteps> = Vec::new();
+    for (i, dir) in args.dirs.iter().enumerate() {
+        let loaded = report_steps::load_run_steps(dir).and_then(|mut run| {
+            let log = match args.train_log.get(i) {
+                Some(log) => Some(log.clone()),
+                None if args.metric.is_some() => Some(report_steps::find_train_log(dir, metric)?),
+                None => None,
+            };
+            if let Some(log) = log {
+                run.metric = report_steps::read_train_log(&log, metric)?;
+            }
+            Ok(run)
+        });
+        match loaded {
+            Ok(run) => runs.push(run),
+            Err(err) => {
+                eprintln!("lossy report: {err}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    if args.json {
+        match serde_json::to_string_pretty(&runs) {
+            Ok(text) => println!("{text}"),
+            Err(err) => {
+                eprintln!("lossy report: {err}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else if args.csv {
+        print!("{}", report_steps::csv(&runs, metric));
+    } else {
+        print!("{}", report_steps::table(&runs, metric));
+    }
+    if let Some(path) = &args.plot {
+        let size = (1200, 600);
+        let drawn = register_font().and_then(|()| match plot_kind(path) {
+            Some(PlotKind::Svg) => report_steps::draw(
+                &runs,
+                metric,
+                SVGBackend::new(path, size).into_drawing_area(),
+            ),
+            Some(PlotKind::Png) => {
+                let area = BitMapBackend::new(path, size).into_drawing_area();
+                report_steps::draw(&runs, metric, area)
+            }
+            None => Err("the plot file must end in .svg or .png".to_string()),
+        });
+        if let Err(err) = drawn {
+            eprintln!("lossy report: cannot draw {}: {err}", path.display());
+            return ExitCode::FAILURE;
+        }
+        eprintln!("lossy report: wrote {}", path.display());
+    }
+    ExitCode::SUCCESS
+}
+
+enum PlotKind {
+    Svg,
+    Png,
+}
+
+fn plot_kind(path: &Path) -> Option<PlotKind> {
+    match path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
+        Some("svg") => Some(PlotKind::Svg),
+        Some("png") => Some(PlotKind::Png),
+        _ => None,
+    }
 }
 
 fn rows(run: &RunSummary) -> impl Iterator<Item = &OpSummary> {
@@ -160,7 +263,7 @@ fn csv(runs: &[RunSummary]) -> String {
     out
 }
 
-/// Where a TrueType font may live, for PNG text (SVG leaves fonts to the viewer).
+/// Where a TrueType font may live: the plots measure their text with it (SVG and PNG alike).
 const FONT_CANDIDATES: [&str; 4] = [
     "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
     "/usr/share/fonts/TTF/DejaVuSans.ttf",
@@ -168,13 +271,12 @@ const FONT_CANDIDATES: [&str; 4] = [
     "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
 ];
 
-fn register_png_font() -> Result<(), String> {
+fn register_font() -> Result<(), String> {
     let bytes = FONT_CANDIDATES
         .iter()
         .find_map(|path| std::fs::read(path).ok())
         .ok_or_else(|| {
-            "PNG output needs a TrueType font (e.g. Debian's fonts-dejavu-core); or write .svg"
-                .to_string()
+            "plots need a TrueType font (e.g. Debian's fonts-dejavu-core)".to_string()
         })?;
     // Registered once per process; the CLI exits soon after, so leaking the bytes is fine.
     let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
@@ -189,18 +291,11 @@ fn plot(runs: &[RunSummary], path: &Path) -> Result<(), String> {
         520
     };
     let size = (1200, height);
-    match path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase)
-        .as_deref()
-    {
-        Some("svg") => draw(runs, SVGBackend::new(path, size).into_drawing_area()),
-        Some("png") => {
-            register_png_font()?;
-            draw(runs, BitMapBackend::new(path, size).into_drawing_area())
-        }
-        _ => Err("the plot file must end in .svg or .png".to_string()),
+    register_font()?;
+    match plot_kind(path) {
+        Some(PlotKind::Svg) => draw(runs, SVGBackend::new(path, size).into_drawing_area()),
+        Some(PlotKind::Png) => draw(runs, BitMapBackend::new(path, size).into_drawing_area()),
+        None => Err("the plot file must end in .svg or .png".to_string()),
     }
 }
 

@@ -5,7 +5,12 @@
 - :class:`LossyMegatronIntegration`: switches, phases and steps for a training run, with the
   megatron-core compatibility patches of :mod:`nccl_lossy.megatron`;
 - :func:`stats` (live counters of this process) and :func:`read_stats` (a run's files, as
-  tables: per collective and phase, per step, per step x collective x phase, histograms).
+  tables: per collective and phase, per step, per step x collective x phase, histograms);
+- :mod:`nccl_lossy.profiler`: :class:`LossyProfiler` (torch.profiler with a schedule, Chrome
+  and TensorBoard exports, the plugin's trace merged onto the same timeline) and
+  :func:`merge_traces`;
+- :func:`performance_monitor`: a training-step decorator writing time, throughput, lost
+  packets per collective and phase, FLOPs and the loss per step as JSONL.
 """
 
 import logging
@@ -28,7 +33,9 @@ from .megatron import (
     megatron_core_patch,
     revert_megatron_core_patch,
 )
+from .monitor import PerformanceMonitor, performance_monitor
 from .network import LossyConfigError, LossyNetwork, NcclAlreadyInitializedError
+from .profiler import LossyProfiler, ProfilerConfig, merge_trace_files, merge_traces
 from .statsfile import load_stats_files, read_all, read_stats, rows_from_stats, summarize
 
 __version__ = "0.1.0"
@@ -41,13 +48,19 @@ __all__ = [
     "LossyConfigError",
     "LossyMegatronIntegration",
     "LossyNetwork",
+    "LossyProfiler",
     "NcclAlreadyInitializedError",
     "PHASE_ANY",
     "PHASE_BACKWARD",
     "PHASE_FORWARD",
+    "PerformanceMonitor",
+    "ProfilerConfig",
     "apply_megatron_core_patch",
     "library_path",
     "megatron_core_patch",
+    "merge_trace_files",
+    "merge_traces",
+    "performance_monitor",
     "read_all",
     "read_stats",
     "revert_megatron_core_patch",

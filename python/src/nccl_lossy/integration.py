@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
@@ -11,6 +12,7 @@ from . import control as _control
 from .config import LossyConfigError, check_bool, check_config_keys
 from .megatron import apply_megatron_core_patch, is_patched, revert_megatron_core_patch
 from .network import LossyNetwork, SetLike
+from .profiler import profiler_active
 from .statsfile import STEP_OP_COUNTERS, as_table
 from .steps import StepRecorder
 
@@ -30,7 +32,9 @@ CONFIG_KEYS = (
     "stats_dir",
 )
 #: Keywords the constructor takes (named in the error for a misspelt one).
-KEYWORDS = CONFIG_KEYS + ("network", "patch_megatron", "apply_env", "record_steps")
+KEYWORDS = CONFIG_KEYS + ("network", "patch_megatron", "apply_env", "record_steps", "profile_ranges")
+#: Names of the ``record_function`` ranges: ``lossy:step 12``, ``lossy:forward``, ...
+RANGE_PREFIX = "lossy:"
 
 _DEFAULTS: Dict[str, Any] = {
     "loss_rate": None,
@@ -79,6 +83,13 @@ class LossyMegatronIntegration:
     ``read_stats(dir, table="step_ops")``). It costs one read of the plugin's statistics per
     step.
 
+    ``profile_ranges`` (default True): while a torch profiler records (e.g.
+    :class:`nccl_lossy.profiler.LossyProfiler`), each step is a ``record_function`` range
+    ``lossy:step N`` and each phase within it a range ``lossy:forward``, ``lossy:backward`` or
+    ``lossy:any``, so that the profiler's timeline (and the plugin's loss events merged into
+    it) shows which section of training a transfer belonged to. Without torch or a recording
+    profiler nothing is recorded.
+
     Every change (``enable()``, ``disable()``, the phase, the step, and assigning
     ``enable_on_forward``, ``enable_on_backward``, ``enabled``, ``phase`` or ``step_number``)
     is pushed to the plugin at once, so the plugin injects exactly when :meth:`injecting` says.
@@ -100,6 +111,7 @@ class LossyMegatronIntegration:
         patch_megatron: bool = True,
         apply_env: bool = True,
         record_steps: bool = True,
+        profile_ranges: bool = True,
         **unknown: Any,
     ):
         if unknown:
@@ -139,6 +151,7 @@ class LossyMegatronIntegration:
         self.patch_megatron = check_bool("patch_megatron", patch_megatron)
         self.apply_env = check_bool("apply_env", apply_env)
         self.record_steps = check_bool("record_steps", record_steps)
+        self.profile_ranges = check_bool("profile_ranges", profile_ranges)
         self._enable_on_forward = check_bool("enable_on_forward", given["enable_on_forward"])
         self._enable_on_backward = check_bool("enable_on_backward", given["enable_on_backward"])
         network_keys = ("loss_rate", "burst_length", "effect", "profile", "set", "stats_dir")
@@ -170,6 +183,9 @@ class LossyMegatronIntegration:
         self._detachers: List[Callable[[], None]] = []
         self._recorder = StepRecorder(lambda: _control.control().stats())
         self._recording = False
+        self._step_range: Any = None
+        self._phase_range: Any = None
+        self._range_thread: Optional[int] = None
 
     # -- state, pushed to the plugin on every change --------------------------------------
 
@@ -214,6 +230,7 @@ class LossyMegatronIntegration:
             raise LossyConfigError(f"phase={value!r}: allowed: {', '.join(PHASES)}")
         self._phase = value
         self._push()
+        self._mark_ranges(new_step=False)
 
     @property
     def step_number(self) -> int:
@@ -228,6 +245,45 @@ class LossyMegatronIntegration:
             self._recorder.end_step(self._step)
         self._step = value
         _control.control().set_step(value)
+        self._mark_ranges(new_step=True)
+
+    # -- profiler ranges ------------------------------------------------------------------
+
+    def _mark_ranges(self, new_step: bool) -> None:
+        """Ends the phase range (and the step range at a new step) and, while enabled and a
+        torch profiler records, opens the ranges of the current step and phase."""
+        if not self.profile_ranges:
+            return
+        if self._step_range is not None and threading.get_ident() != self._range_thread:
+            # A hook in another thread (autograd runs backward hooks of CUDA tensors in its
+            # own threads): torch drops a range ended in another thread than it began, so the
+            # ranges of the training thread stay; the backward pass gets a range of its own in
+            # this thread, ended when the backward pass ends.
+            if self._phase == "backward" and self._enabled and profiler_active():
+                _backward_range(f"{RANGE_PREFIX}{self._phase}")
+            return
+        active = self._enabled and profiler_active()
+        self._close_ranges(step_too=new_step or not active)
+        if not active:
+            return
+        from torch.profiler import record_function
+
+        if self._step_range is None:
+            self._step_range = record_function(f"{RANGE_PREFIX}step {self._step}")
+            self._step_range.__enter__()
+            self._range_thread = threading.get_ident()
+        self._phase_range = record_function(f"{RANGE_PREFIX}{self._phase}")
+        self._phase_range.__enter__()
+
+    def _close_ranges(self, step_too: bool) -> None:
+        if self._range_thread is not None and threading.get_ident() != self._range_thread:
+            return  # ended in another thread, torch would drop them
+        if self._phase_range is not None:
+            self._phase_range.__exit__(None, None, None)
+            self._phase_range = None
+        if step_too and self._step_range is not None:
+            self._step_range.__exit__(None, None, None)
+            self._step_range = None
 
     def injecting(self) -> bool:
         """Whether loss is injected right now, given the phase and the switches."""
@@ -261,6 +317,7 @@ class LossyMegatronIntegration:
             self._patched_here = not already and is_patched()
         self._enabled = True
         self._push()
+        self._mark_ranges(new_step=False)
         if self.record_steps and not self._recording:
             self._recorder.start()
             self._recording = True
@@ -279,6 +336,7 @@ class LossyMegatronIntegration:
         self._enabled = False
         self._phase = "any"
         self._push()
+        self._close_ranges(step_too=True)
         if self._recording:
             self._recorder.end_step(self._step)
             self._recording = False
@@ -338,6 +396,7 @@ class LossyMegatronIntegration:
         self.mark_forward()
 
     def _on_forward_post(self, module: Any, args: Any, output: Any) -> None:
+        self._close_ranges(step_too=False)  # the forward section ends here on the timeline
         tensors = [t for t in _tensors(output) if getattr(t, "requires_grad", False)]
         if not tensors:
             return
@@ -425,3 +484,17 @@ def _tensors(value: Any) -> List[Any]:
     if isinstance(value, dict):
         return [t for item in value.values() for t in _tensors(item)]
     return []
+
+
+def _backward_range(name: str) -> None:
+    """A ``record_function`` range from now to the end of the running backward pass (in the
+    calling thread); outside a backward pass, an empty one."""
+    import torch
+    from torch.profiler import record_function
+
+    rng = record_function(name)
+    rng.__enter__()
+    try:
+        torch.autograd.Variable._execution_engine.queue_callback(lambda: rng.__exit__(None, None, None))
+    except RuntimeError:
+        rng.__exit__(None, None, None)

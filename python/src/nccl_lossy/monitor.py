@@ -1,0 +1,207 @@
+"""A decorator for the training step: time, throughput, lost packets, FLOPs, per step.
+
+::
+
+    @performance_monitor("perf.jsonl", batch_size=8, seq_length=2048, integration=integ)
+    def train_step(batch):
+        ...
+        return loss
+
+Each call appends one JSON line (:data:`RECORD_KEYS`): the step, wall time, samples/s and
+tokens/s (when told the batch size), the plugin's packets and lost packets during the call by
+collective and phase (from its live counters, :func:`nccl_lossy.stats`), the FLOP count
+(``count_flops=True``, ``torch.utils.flop_counter``) and the training loss when the step
+returns it (a number, a one-element tensor, or a dict with ``"loss"``). The JSONL is a
+training log ``lossy report RUN --per-step --metric loss --train-log FILE`` reads.
+TensorBoard (``tensorboard_dir``) and wandb (``use_wandb``) get the same scalars when they are
+installed; when they are not, the monitor logs one warning and goes on without them.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Union
+
+from . import control as _control
+from .steps import cell_totals
+
+log = logging.getLogger("nccl_lossy")
+
+#: Keys of every JSONL record, in order.
+RECORD_KEYS = (
+    "step",
+    "wall_s",
+    "samples_per_s",
+    "tokens_per_s",
+    "packets",
+    "lost_packets",
+    "by_op",
+    "flops",
+    "loss",
+)
+
+
+class PerformanceMonitor:
+    """The state behind :func:`performance_monitor` (also usable as ``monitor(fn)``).
+
+    ``output``: the JSONL file (appended to; None: records only in :attr:`records`).
+    ``batch_size`` (samples per step) and ``seq_length`` (tokens per sample): throughput.
+    ``integration``: a :class:`~nccl_lossy.LossyMegatronIntegration` whose step numbers the
+    records carry (else ``first_step``, ``first_step + 1``, ...). ``profiler``: stepped after
+    each call. ``count_flops``: count with ``torch.utils.flop_counter.FlopCounterMode``.
+    ``tensorboard_dir``, ``use_wandb``: optional sinks. ``stats_source``: where the plugin's
+    statistics document comes from (default: the live counters of this process)."""
+
+    def __init__(
+        self,
+        output: Optional[Union[str, Path]] = None,
+        *,
+        batch_size: Optional[int] = None,
+        seq_length: Optional[int] = None,
+        integration: Any = None,
+        profiler: Any = None,
+        count_flops: bool = False,
+        tensorboard_dir: Optional[Union[str, Path]] = None,
+        use_wandb: bool = False,
+        first_step: int = 0,
+        stats_source: Optional[Callable[[], Dict[str, Any]]] = None,
+    ):
+        self.output = Path(output) if output is not None else None
+        self.batch_size = batch_size
+        self.seq_length = seq_length
+        self.integration = integration
+        self.profiler = profiler
+        self.count_flops = count_flops
+        self._read = stats_source or (lambda: _control.control().stats())
+        self._next_step = first_step
+        self._stats_ok = True
+        #: Every record written, in order.
+        self.records: List[Dict[str, Any]] = []
+        self._tb: Any = None
+        if tensorboard_dir is not None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(tensorboard_dir))
+            except ImportError as err:
+                log.warning("performance_monitor: TensorBoard not installed (%s); not logging to it", err)
+        self._wandb: Any = None
+        if use_wandb:
+            try:
+                import wandb
+
+                self._wandb = wandb
+            except ImportError:
+                log.warning("performance_monitor: wandb not installed; not logging to it")
+
+    def _counters(self) -> Optional[Dict[Any, Dict[str, int]]]:
+        if not self._stats_ok:
+            return None
+        try:
+            return cell_totals(self._read())
+        except (_control.ControlError, OSError) as err:
+            log.warning("performance_monitor: no plugin counters (%s); lost packets not recorded", err)
+            self._stats_ok = False
+            return None
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if self.integration is not None:
+                step = int(self.integration.step_number)
+            else:
+                step = self._next_step
+            self._next_step = step + 1
+            before = self._counters()
+            flops = None
+            start = time.perf_counter()
+            if self.count_flops:
+                from torch.utils.flop_counter import FlopCounterMode
+
+                counter = FlopCounterMode(display=False)
+                with counter:
+                    result = fn(*args, **kwargs)
+                flops = int(counter.get_total_flops())
+            else:
+                result = fn(*args, **kwargs)
+            wall = time.perf_counter() - start
+            after = self._counters() if before is not None else None
+            self._record(step, wall, before, after, flops, result)
+            if self.profiler is not None:
+                self.profiler.step()
+            return result
+
+        wrapper.monitor = self  # type: ignore[attr-defined]
+        return wrapper
+
+    def _record(self, step: int, wall: float, before: Any, after: Any, flops: Optional[int],
+                result: Any) -> None:
+        record: Dict[str, Any] = {"step": step, "wall_s": wall}
+        samples = self.batch_size
+        record["samples_per_s"] = samples / wall if samples and wall > 0 else None
+        tokens = samples * self.seq_length if samples and self.seq_length else None
+        record["tokens_per_s"] = tokens / wall if tokens and wall > 0 else None
+        if before is not None and after is not None:
+            by_op = []
+            for (op, phase), counts in sorted(after.items()):
+                prev = before.get((op, phase), {})
+                grown = {c: counts[c] - prev.get(c, 0) for c in ("messages", "packets", "lost_packets")}
+                if grown["messages"] or grown["packets"]:
+                    by_op.append({"op": op, "phase": phase, **grown})
+            record["packets"] = sum(r["packets"] for r in by_op)
+            record["lost_packets"] = sum(r["lost_packets"] for r in by_op)
+            record["by_op"] = by_op
+        else:
+            record.update(packets=None, lost_packets=None, by_op=None)
+        record["flops"] = flops
+        record["loss"] = _loss_value(result)
+        self.records.append(record)
+        if self.output is not None:
+            self.output.parent.mkdir(parents=True, exist_ok=True)
+            with self.output.open("a", encoding="utf-8") as out:
+                out.write(json.dumps(record) + "\n")
+        scalars = {k: record[k] for k in ("wall_s", "samples_per_s", "tokens_per_s", "packets",
+                                          "lost_packets", "flops", "loss") if record[k] is not None}
+        for row in record["by_op"] or []:
+            scalars[f"lost_packets/{row['op']}/{row['phase']}"] = row["lost_packets"]
+        if self._tb is not None:
+            for key, value in scalars.items():
+                self._tb.add_scalar(f"lossy/{key}", value, step)
+            self._tb.flush()
+        if self._wandb is not None and getattr(self._wandb, "run", None) is not None:
+            self._wandb.log({f"lossy/{k}": v for k, v in scalars.items()}, step=step)
+
+    def close(self) -> None:
+        """Closes the TensorBoard writer (if any)."""
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def performance_monitor(output: Optional[Union[str, Path]] = None, **options: Any) -> Callable[..., Any]:
+    """Decorator factory: ``@performance_monitor("perf.jsonl", batch_size=8, ...)`` (options of
+    :class:`PerformanceMonitor`). The wrapped function has the monitor as ``.monitor``."""
+    return PerformanceMonitor(output, **options)
+
+
+def _loss_value(result: Any) -> Optional[float]:
+    if isinstance(result, dict):
+        result = result.get("loss")
+    if isinstance(result, (tuple, list)) and result:
+        result = result[0]
+    if isinstance(result, bool) or result is None:
+        return None
+    if isinstance(result, (int, float)):
+        return float(result)
+    item = getattr(result, "item", None)
+    numel = getattr(result, "numel", None)
+    if callable(item) and (numel is None or numel() == 1):
+        try:
+            return float(item())
+        except (TypeError, ValueError, RuntimeError):
+            return None
+    return None

@@ -1,0 +1,326 @@
+"""Loss on the training timeline: a ``torch.profiler`` wrapper and the merge of the plugin's
+trace with the torch profiler's, one timeline per rank (see ``docs/timeline.md``).
+
+:class:`LossyProfiler` runs ``torch.profiler.profile`` with a wait/warmup/active/repeat
+schedule and, each time a cycle's trace is ready, writes into ``output_dir``:
+
+- ``torch-trace-rank{R}-{host}-{pid}-{n}.json``: the torch profiler's Chrome trace
+  (``export_chrome_trace``);
+- ``tensorboard/``: the same trace for TensorBoard's profiler plugin, named as
+  ``torch.profiler.tensorboard_trace_handler`` names it (``export_tensorboard``);
+- ``merged-trace-rank{R}-{host}-{pid}-{n}.json``: the torch trace with the events of the
+  plugin's trace file of this process (``lossy-trace-rank{R}-{host}-{pid}.json`` in
+  ``trace_dir``, default ``NCCL_LOSSY_TRACE``) moved onto the torch trace's clock
+  (:func:`merge_traces`), when that file exists. Perfetto and ``chrome://tracing`` open it.
+
+torch is imported only when a profiler is built: the rest of the package never needs it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+from .steps import launcher_rank
+
+log = logging.getLogger("nccl_lossy")
+
+#: Environment variable naming the directory the plugin writes its trace files into.
+TRACE_DIR_ENV = "NCCL_LOSSY_TRACE"
+#: Key of the plugin's metadata in its trace file.
+PLUGIN_META_KEY = "lossy_trace"
+#: Newest plugin trace layout this module reads.
+PLUGIN_TRACE_VERSION = 1
+#: Merged files put the plugin's tracks at this thread id plus the plugin's track number, so
+#: that they never share a row with one of the torch trace's threads.
+MERGED_TID_BASE = 1 << 30
+#: Activities by name.
+ACTIVITIES = ("cpu", "cuda")
+
+
+class TraceFormatError(ValueError):
+    """A file is not a trace this module can read."""
+
+
+@dataclass
+class ProfilerConfig:
+    """What :class:`LossyProfiler` records and writes.
+
+    The schedule is torch's: ``wait`` steps idle, ``warmup`` steps recorded and discarded,
+    ``active`` steps recorded, the cycle repeated ``repeat`` times (0: until stopped)."""
+
+    output_dir: Union[str, Path] = "profiler"
+    activities: Sequence[str] = ("cpu", "cuda")
+    wait: int = 1
+    warmup: int = 1
+    active: int = 3
+    repeat: int = 1
+    record_shapes: bool = False
+    with_stack: bool = False
+    export_chrome_trace: bool = True
+    export_tensorboard: bool = False
+    #: Where the plugin's trace files are (default: ``NCCL_LOSSY_TRACE``); None and unset: no
+    #: merge.
+    trace_dir: Optional[Union[str, Path]] = None
+    #: Write the merged trace when the plugin's trace file of this process is there.
+    merge: bool = True
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+    def check(self) -> None:
+        for name in ("wait", "warmup", "active", "repeat"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}={value!r}: allowed: an integer >= 0")
+        if self.active < 1:
+            raise ValueError(f"active={self.active!r}: allowed: an integer >= 1")
+        for a in self.activities:
+            if a not in ACTIVITIES:
+                raise ValueError(f"activity {a!r}: allowed: {', '.join(ACTIVITIES)}")
+
+
+class LossyProfiler:
+    """``torch.profiler.profile`` with :class:`ProfilerConfig`'s schedule and exports, and
+    the plugin's trace merged in on export. ``start()``, ``step()`` once per training step,
+    ``stop()``; or ``with LossyProfiler(cfg) as prof: ... prof.step()``."""
+
+    def __init__(self, config: Optional[ProfilerConfig] = None, **overrides: Any):
+        config = config or ProfilerConfig()
+        for key, value in overrides.items():
+            if not hasattr(config, key):
+                raise ValueError(f"LossyProfiler: unknown setting {key!r}")
+            setattr(config, key, value)
+        config.check()
+        self.config = config
+        self.output_dir = Path(config.output_dir)
+        #: Paths written so far, by kind (``torch``, ``merged``).
+        self.written: Dict[str, List[Path]] = {"torch": [], "merged": []}
+        self._profile: Any = None
+        self._cycles = 0
+
+    def _activities(self) -> List[Any]:
+        import torch
+        from torch.profiler import ProfilerActivity
+
+        wanted = []
+        for name in self.config.activities:
+            if name == "cuda" and not torch.cuda.is_available():
+                log.info("profiler: no CUDA device, recording CPU activity only")
+                continue
+            wanted.append(ProfilerActivity.CPU if name == "cpu" else ProfilerActivity.CUDA)
+        return wanted or [ProfilerActivity.CPU]
+
+    def start(self) -> "LossyProfiler":
+        """Builds the torch profiler and starts it (its schedule starts at step 0)."""
+        import torch.profiler as tp
+
+        cfg = self.config
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self._profile = tp.profile(
+            activities=self._activities(),
+            schedule=tp.schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=cfg.repeat),
+            on_trace_ready=self._on_trace_ready,
+            record_shapes=cfg.record_shapes,
+            with_stack=cfg.with_stack,
+            **cfg.extra,
+        )
+        self._profile.start()
+        return self
+
+    def step(self) -> None:
+        """Ends one training step in the profiler's schedule."""
+        if self._profile is not None:
+            self._profile.step()
+
+    def stop(self) -> None:
+        """Stops the profiler (a cycle still recording is exported)."""
+        if self._profile is not None:
+            self._profile.stop()
+            self._profile = None
+
+    def __enter__(self) -> "LossyProfiler":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def _on_trace_ready(self, prof: Any) -> None:
+        self._cycles += 1
+        tag = f"{_file_tag()}-{self._cycles}"
+        cfg = self.config
+        if not (cfg.export_chrome_trace or cfg.export_tensorboard or cfg.merge):
+            return
+        # torch exports a trace once: export it here, copy it where TensorBoard looks.
+        torch_path = self.output_dir / f"torch-trace-{tag}.json"
+        prof.export_chrome_trace(str(torch_path))
+        if cfg.export_tensorboard:
+            board = self.output_dir / "tensorboard"
+            board.mkdir(parents=True, exist_ok=True)
+            # the name torch.profiler.tensorboard_trace_handler gives: WORKER.MILLIS.pt.trace.json
+            shutil.copyfile(torch_path, board / f"{_file_tag()}.{int(time.time() * 1000)}.pt.trace.json")
+        if self.config.export_chrome_trace:
+            self.written["torch"].append(torch_path)
+        if self.config.merge:
+            plugin = self.plugin_trace_path()
+            if plugin is not None and plugin.is_file():
+                merged = self.output_dir / f"merged-trace-{tag}.json"
+                merge_trace_files(torch_path, plugin, merged)
+                self.written["merged"].append(merged)
+                log.info("profiler: wrote %s (torch + plugin trace %s)", merged, plugin)
+            else:
+                log.info("profiler: no plugin trace file for this process (%s), no merge", plugin)
+        if not self.config.export_chrome_trace:
+            torch_path.unlink()
+
+    def plugin_trace_path(self) -> Optional[Path]:
+        """The plugin trace file of this process (it may not exist yet)."""
+        directory = self.config.trace_dir or os.environ.get(TRACE_DIR_ENV)
+        if not directory:
+            return None
+        return Path(directory) / f"lossy-trace-{_file_tag()}.json"
+
+
+def _file_tag() -> str:
+    """``rank{R}-{host}-{pid}``, as the plugin names its files."""
+    rank = launcher_rank()
+    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname())
+    return f"rank{'x' if rank is None else rank}-{host}-{os.getpid()}"
+
+
+def profiler_active() -> bool:
+    """Whether a torch profiler is recording in this process (False while torch is not
+    imported: then none can be; cheap enough to ask at every phase change)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    try:
+        return bool(torch.autograd._profiler_enabled())
+    except AttributeError:
+        return False
+
+
+# -- traces -------------------------------------------------------------------------------
+
+
+def load_trace(path: Union[str, Path]) -> Dict[str, Any]:
+    """A Chrome trace file as a dict with ``traceEvents`` (the bare-list form is wrapped)."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise TraceFormatError(f"{path} is not valid JSON: {err}") from err
+    if isinstance(doc, list):
+        doc = {"traceEvents": doc}
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise TraceFormatError(f"{path} is not a Chrome trace (no traceEvents)")
+    return doc
+
+
+def plugin_epoch_offset_ns(plugin: Dict[str, Any]) -> Tuple[int, Dict[str, Any]]:
+    """(ns to add to a plugin timestamp in ns to get Unix epoch ns, the metadata)."""
+    meta = plugin.get(PLUGIN_META_KEY)
+    if not isinstance(meta, dict):
+        raise TraceFormatError(f"not a nccl-net-lossy trace: no {PLUGIN_META_KEY!r} metadata")
+    version = meta.get("format_version")
+    if not isinstance(version, int) or version < 1:
+        raise TraceFormatError(f"plugin trace: bad format_version {version!r}")
+    if version > PLUGIN_TRACE_VERSION:
+        log.warning("plugin trace format %d is newer than this package's %d", version, PLUGIN_TRACE_VERSION)
+    clock = meta.get("clock")
+    if clock == "CLOCK_MONOTONIC":
+        offset = meta.get("monotonic_to_epoch_ns")
+        if not isinstance(offset, int):
+            raise TraceFormatError("plugin trace: CLOCK_MONOTONIC without an integer monotonic_to_epoch_ns")
+        return offset, meta
+    if clock == "CLOCK_REALTIME":
+        return 0, meta
+    raise TraceFormatError(f"plugin trace: clock {clock!r}: allowed: CLOCK_MONOTONIC, CLOCK_REALTIME")
+
+
+def torch_epoch_base_ns(trace: Dict[str, Any]) -> int:
+    """Epoch ns of the torch trace's ``ts`` 0: its ``baseTimeNanoseconds`` (Kineto writes
+    ``ts`` in microseconds after it); 0 for traces that write epoch microseconds."""
+    base = trace.get("baseTimeNanoseconds", 0)
+    return int(base) if isinstance(base, (int, float)) else 0
+
+
+def merge_traces(torch_trace: Dict[str, Any], plugin_trace: Dict[str, Any]) -> Dict[str, Any]:
+    """The torch trace with the plugin trace's events converted onto its clock.
+
+    A plugin timestamp ``ts`` (microseconds on the clock its metadata names) becomes epoch
+    nanoseconds ``ts * 1000 + monotonic_to_epoch_ns``, then the torch trace's microseconds
+    after its ``baseTimeNanoseconds``. Plugin tracks move to thread ids
+    ``MERGED_TID_BASE + track`` in the plugin process's pid; the plugin's metadata is kept
+    under ``lossy_trace`` with the shift applied (``merged_shift_us``)."""
+    offset_ns, meta = plugin_epoch_offset_ns(plugin_trace)
+    base_ns = torch_epoch_base_ns(torch_trace)
+    shift_us = (offset_ns - base_ns) / 1000.0
+    merged = dict(torch_trace)
+    events = list(torch_trace["traceEvents"])
+    for event in plugin_trace.get("traceEvents", []):
+        if not isinstance(event, dict):
+            continue
+        event = dict(event)
+        if "ts" in event:
+            event["ts"] = float(event["ts"]) + shift_us
+        if "tid" in event and isinstance(event["tid"], int):
+            event["tid"] = MERGED_TID_BASE + event["tid"]
+        events.append(event)
+    merged["traceEvents"] = events
+    merged[PLUGIN_META_KEY] = {**meta, "merged_shift_us": shift_us}
+    return merged
+
+
+def merge_trace_files(torch_path: Union[str, Path], plugin_path: Union[str, Path],
+                      out_path: Union[str, Path]) -> Path:
+    """:func:`merge_traces` of two files, written to ``out_path`` (atomically)."""
+    merged = merge_traces(load_trace(torch_path), load_trace(plugin_path))
+    out = Path(out_path)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps(merged), encoding="utf-8")
+    os.replace(tmp, out)
+    return out
+
+
+#: Fields each event phase needs (the Chrome trace event format).
+_REQUIRED = {
+    "X": ("name", "ts", "dur", "pid", "tid"),
+    "B": ("name", "ts", "pid", "tid"),
+    "E": ("ts", "pid", "tid"),
+    "i": ("name", "ts", "pid"),
+    "I": ("name", "ts", "pid"),
+    "C": ("name", "ts", "pid", "args"),
+    "M": ("name", "pid", "args"),
+}
+
+
+def check_trace_events(trace: Dict[str, Any]) -> List[str]:
+    """Problems of a trace against the Chrome trace event format (empty when none): every
+    event of a known phase has that phase's fields with the right types (``ts`` and ``dur``
+    numbers, ``dur`` >= 0, counter ``args`` numeric). Phases outside :data:`_REQUIRED` (flows,
+    async events, which torch also writes) are only checked for ``ts``."""
+    problems = []
+    for i, event in enumerate(trace.get("traceEvents", [])):
+        if not isinstance(event, dict) or "ph" not in event:
+            problems.append(f"event {i}: not an object with ph")
+            continue
+        ph = event["ph"]
+        for key in _REQUIRED.get(ph, ()):
+            if key not in event:
+                problems.append(f"event {i} ({ph} {event.get('name')!r}): no {key}")
+        for key in ("ts", "dur"):
+            if key in event and not isinstance(event[key], (int, float)):
+                problems.append(f"event {i}: {key} is not a number")
+        if ph == "X" and isinstance(event.get("dur"), (int, float)) and event["dur"] < 0:
+            problems.append(f"event {i}: negative dur")
+        if ph == "C":
+            for k, v in (event.get("args") or {}).items():
+                if not isinstance(v, (int, float)):
+                    problems.append(f"event {i}: counter {k} is not a number")
+    return problems

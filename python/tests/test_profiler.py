@@ -1,0 +1,282 @@
+"""nccl_lossy.profiler and performance_monitor with the real torch profiler (CPU) and the real
+plugin, loaded the way NCCL loads it (tests/net_harness.py).
+
+The plugin does not write its trace files yet (docs/timeline.md): the merge tests build a file
+in the plugin's trace format from transfers measured here (tests/plugin_trace.py). The
+end-to-end test with the plugin's own trace waits for the plugin side."""
+
+import json
+
+import pytest
+
+from conftest import TESTS, clean_env, run_python
+
+torch = pytest.importorskip("torch")
+
+from nccl_lossy.profiler import (  # noqa: E402
+    LossyProfiler,
+    ProfilerConfig,
+    check_trace_events,
+    load_trace,
+    merge_traces,
+)
+
+
+def _ranges(trace, name):
+    return [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("name") == name]
+
+
+def test_schedule_exports_chrome_and_tensorboard_traces_on_cpu(tmp_path):
+    config = ProfilerConfig(output_dir=tmp_path, activities=("cpu", "cuda"), wait=1, warmup=1,
+                            active=2, repeat=1, record_shapes=True, export_tensorboard=True)
+    x = torch.randn(64, 64)
+    with LossyProfiler(config) as prof:
+        for step in range(6):
+            with torch.profiler.record_function(f"train step {step}"):
+                x = torch.tanh(x @ x)
+            prof.step()
+    assert len(prof.written["torch"]) == 1 and prof.written["merged"] == []  # no plugin trace
+    trace = load_trace(prof.written["torch"][0])
+    assert check_trace_events(trace) == []
+    # wait 1 (step 0), warmup 1 (step 1), active 2: steps 2 and 3 only
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert {"train step 2", "train step 3"} <= names
+    assert not names & {"train step 0", "train step 1", "train step 4", "train step 5"}
+    assert any(e.get("name") == "aten::mm" and "Input Dims" in e.get("args", {}) for e in trace["traceEvents"])
+    assert list((tmp_path / "tensorboard").glob("*.pt.trace.json"))
+
+
+def test_config_rejects_a_bad_schedule(tmp_path):
+    with pytest.raises(ValueError, match="active"):
+        LossyProfiler(output_dir=tmp_path, active=0)
+    with pytest.raises(ValueError, match="activity"):
+        LossyProfiler(output_dir=tmp_path, activities=("tpu",))
+    with pytest.raises(ValueError, match="unknown setting"):
+        LossyProfiler(output_dir=tmp_path, actve=2)
+
+
+# One 1 MiB message (512-byte packets, rate 0.5) before a known record_function range, one
+# inside it, one in the backward phase; the steps and phases come from the integration.
+MERGE_SCRIPT = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import torch
+import nccl_lossy
+from nccl_lossy.profiler import LossyProfiler
+from net_harness import Link
+from plugin_trace import counters_delta, write_plugin_trace
+
+out_dir, trace_dir = sys.argv[2], sys.argv[3]
+integ = nccl_lossy.LossyMegatronIntegration(
+    set={"mtu": 512, "model.rate": 0.5, "effect": "zero"}, patch_megatron=False)
+integ.enable()
+link = Link(1 << 20)
+transfers = []
+
+def transfer():
+    before = nccl_lossy.stats()
+    t0 = time.monotonic_ns()
+    link.send()
+    t1 = time.monotonic_ns()
+    transfers.append({"t0_ns": t0, "t1_ns": t1, "step": integ.step_number,
+                      "cells": counters_delta(before, nccl_lossy.stats())})
+
+prof = LossyProfiler(output_dir=out_dir, trace_dir=trace_dir, activities=("cpu",),
+                     wait=0, warmup=0, active=4, repeat=1)
+prof.start()
+integ.step(1)
+integ.mark_forward()
+transfer()                                   # 0: forward, outside the known range
+time.sleep(0.01)
+with torch.profiler.record_function("known transfer"):
+    transfer()                               # 1: inside it
+time.sleep(0.01)
+integ.mark_backward()
+transfer()                                   # 2: backward
+integ.step(2)
+write_plugin_trace(trace_dir, transfers)
+prof.stop()
+link.close()
+integ.disable()
+print(json.dumps({"merged": [str(p) for p in prof.written["merged"]], "transfers": transfers}))
+"""
+
+
+def test_merged_trace_puts_a_known_transfer_inside_its_record_function_range(tmp_path):
+    proc = run_python(MERGE_SCRIPT, env=clean_env(NCCL_SOCKET_IFNAME="lo", RANK=0),
+                      args=(str(TESTS), str(tmp_path / "prof"), str(tmp_path / "trace")))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(out["merged"]) == 1
+    merged = load_trace(out["merged"][0])
+    assert check_trace_events(merged) == []
+    plugin = sorted((e for e in merged["traceEvents"] if e.get("cat") == "lossy" and e["ph"] == "X"),
+                    key=lambda e: e["args"]["message"])
+    assert [e["args"]["message"] for e in plugin] == [0, 1, 2]
+    for event, transfer in zip(plugin, out["transfers"]):
+        (cell,) = transfer["cells"]
+        assert event["args"]["lost_packets"] == cell["lost_packets"]
+        assert event["args"]["packets"] == 2048 and 820 <= cell["lost_packets"] <= 1228
+
+    def inside(event, rng):
+        return rng["ts"] <= event["ts"] and event["ts"] + event["dur"] <= rng["ts"] + rng["dur"]
+
+    (known,) = _ranges(merged, "known transfer")
+    assert inside(plugin[1], known)
+    assert not inside(plugin[0], known) and not inside(plugin[2], known)
+    # the integration's ranges frame the transfers: step 1, forward then backward
+    (step1,) = _ranges(merged, "lossy:step 1")
+    assert all(inside(e, step1) for e in plugin)
+    (forward,) = _ranges(merged, "lossy:forward")
+    # the phase goes on into step 2 (a range of its own there)
+    (backward,) = [r for r in _ranges(merged, "lossy:backward") if inside(r, step1)]
+    (step2,) = _ranges(merged, "lossy:step 2")
+    assert step1["ts"] + step1["dur"] <= step2["ts"]
+    assert inside(plugin[0], forward) and inside(plugin[1], forward)
+    assert inside(plugin[2], backward) and not inside(plugin[2], forward)
+    assert forward["ts"] + forward["dur"] <= backward["ts"]
+    assert [e["args"]["phase"] for e in plugin] == ["forward", "forward", "backward"]
+    assert all(e["args"]["step"] == 1 for e in plugin)
+
+
+def test_merge_converts_the_plugin_clock_with_its_offset():
+    # torch: ts 0 = epoch 1_000_000_000_000 ns; plugin: monotonic ns + 999_000_000_000 = epoch.
+    torch_trace = {"baseTimeNanoseconds": 1_000_000_000_000, "traceEvents": [
+        {"ph": "X", "name": "r", "pid": 1, "tid": 1, "ts": 10.0, "dur": 5.0}]}
+    plugin_trace = {"traceEvents": [
+        {"ph": "X", "name": "AllReduce", "cat": "lossy", "pid": 1, "tid": 2,
+         "ts": 1_000_012.0, "dur": 1.0, "args": {}}],
+        "lossy_trace": {"format_version": 1, "clock": "CLOCK_MONOTONIC",
+                        "monotonic_to_epoch_ns": 999_000_000_000}}
+    merged = merge_traces(torch_trace, plugin_trace)
+    event = merged["traceEvents"][1]
+    # epoch = 1_000_012 us * 1000 + 999e9 ns = 1_000_000_012_000 ns -> 12 us after the base
+    assert event["ts"] == pytest.approx(12.0)
+    assert event["tid"] == (1 << 30) + 2
+    with pytest.raises(ValueError, match="monotonic_to_epoch_ns"):
+        merge_traces(torch_trace, {"traceEvents": [], "lossy_trace": {"format_version": 1,
+                                                                       "clock": "CLOCK_MONOTONIC"}})
+
+
+# Three decorated steps through the real plugin: one message per phase each, a known matmul
+# for the FLOP counter, the loss returned as a tensor.
+MONITOR_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import torch
+import nccl_lossy
+from nccl_lossy import performance_monitor
+from net_harness import Link
+
+integ = nccl_lossy.LossyMegatronIntegration(
+    set={"mtu": 512, "model.rate": 0.5, "effect": "zero"}, patch_megatron=False)
+integ.enable()
+integ.step(1)
+link = Link(1 << 20)
+a, b = torch.randn(32, 64), torch.randn(64, 16)
+
+@performance_monitor(sys.argv[2], batch_size=4, seq_length=16, integration=integ,
+                     count_flops=True, tensorboard_dir=sys.argv[3], use_wandb=True)
+def train_step(k):
+    integ.mark_forward()
+    link.send()
+    y = a @ b
+    integ.mark_backward()
+    link.send()
+    integ.mark_any()
+    integ.step()
+    return torch.tensor(10.0 / k)
+
+for k in (1, 2, 3):
+    train_step(k)
+by_step = {s["step"]: s["lost_packets"] for s in nccl_lossy.stats()["by_step"]}
+link.close()
+integ.disable()
+print(json.dumps({"by_step": by_step}))
+"""
+
+
+def test_performance_monitor_writes_one_jsonl_record_per_step(tmp_path):
+    jsonl = tmp_path / "perf.jsonl"
+    proc = run_python(MONITOR_SCRIPT, env=clean_env(NCCL_SOCKET_IFNAME="lo"),
+                      args=(str(TESTS), str(jsonl), str(tmp_path / "tb")))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    by_step = {int(k): v for k, v in json.loads(proc.stdout.strip().splitlines()[-1])["by_step"].items()}
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    from nccl_lossy.monitor import RECORD_KEYS
+
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for k, r in enumerate(records, start=1):
+        assert list(r) == list(RECORD_KEYS)
+        assert r["wall_s"] > 0
+        assert r["samples_per_s"] == pytest.approx(4 / r["wall_s"])
+        assert r["tokens_per_s"] == pytest.approx(64 / r["wall_s"])
+        assert [(c["op"], c["phase"], c["messages"], c["packets"]) for c in r["by_op"]] == [
+            ("Unknown", "backward", 1, 2048), ("Unknown", "forward", 1, 2048)]
+        assert r["packets"] == 4096
+        assert r["lost_packets"] == sum(c["lost_packets"] for c in r["by_op"]) == by_step[r["step"]]
+        assert 2 * 820 <= r["lost_packets"] <= 2 * 1228
+        assert r["flops"] == 2 * 32 * 64 * 16
+        assert r["loss"] == pytest.approx(10.0 / k)
+    # TensorBoard and wandb are optional: without them the monitor went on (above) without them
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        assert not (tmp_path / "tb").exists()
+    else:
+        assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+# attach() on a real model and optimizer: the hooks' phases and steps become ranges.
+RANGES_SCRIPT = r"""
+import json, sys
+import torch
+import nccl_lossy
+from nccl_lossy.profiler import LossyProfiler
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+integ = nccl_lossy.LossyMegatronIntegration(loss_rate=0.01, patch_megatron=False, apply_env=False)
+integ.enable()
+integ.attach(model, opt)
+prof = LossyProfiler(output_dir=sys.argv[1], activities=("cpu",), wait=0, warmup=0, active=5,
+                     repeat=1, export_chrome_trace=True)
+prof.start()
+x = torch.randn(8, 16)
+for _ in range(2):
+    opt.zero_grad()
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    opt.step()
+integ.disable()
+prof.stop()
+print(json.dumps({"torch": [str(p) for p in prof.written["torch"]]}))
+"""
+
+
+def test_attached_model_marks_steps_and_phases_as_ranges(tmp_path):
+    proc = run_python(RANGES_SCRIPT, env=clean_env(), args=(str(tmp_path),))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    trace = load_trace(out["torch"][0])
+
+    def inside(event, rng):
+        return rng["ts"] <= event["ts"] and event["ts"] + event.get("dur", 0) <= rng["ts"] + rng["dur"]
+
+    steps = sorted(_ranges(trace, "lossy:step 0") + _ranges(trace, "lossy:step 1"), key=lambda e: e["ts"])
+    assert [s["name"] for s in steps] == ["lossy:step 0", "lossy:step 1"]
+    phases = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("name") in
+              ("lossy:forward", "lossy:backward", "lossy:any")]
+    # step 1 begins after the optimizer's step, in phase any (zero_grad), until the forward
+    for step, before in zip(steps, ([], ["lossy:any"])):
+        inner = sorted((p for p in phases if inside(p, step)), key=lambda e: e["ts"])
+        assert [p["name"] for p in inner] == before + ["lossy:forward", "lossy:backward", "lossy:any"]
+        forward, backward, _ = inner[len(before):]
+        assert forward["ts"] + forward["dur"] <= backward["ts"]
+        # the model's matmuls sit in the forward range; their gradients in the backward range
+        mms = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("name") == "aten::addmm"
+               and inside(e, step)]
+        assert len(mms) == 2 and all(inside(e, forward) for e in mms)
+        assert any(e.get("name") == "aten::mm" and inside(e, backward) for e in trace["traceEvents"]
+                   if e.get("ph") == "X")
