@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::{launch_job, library};
+use std::time::{Duration, Instant};
+
+use common::{launch_job, library, park, say, Peer, ROLE_ENV};
 use lossy_cli::harness::plugin_client::{PluginClient, PluginLibrary};
 use lossy_cli::harness::worker::{Job, Task};
 
@@ -45,5 +47,92 @@ fn interleaved_tags_land_in_their_buffers() {
                 );
             }
         }
+    }
+}
+
+const CHILD: &str = "conformance_peer";
+
+fn peer_env() -> [(&'static str, &'static str); 1] {
+    [("NCCL_SOCKET_IFNAME", "lo")]
+}
+
+/// Out of file descriptors in the accepting process: `accept` must fail (as NCCL's Socket
+/// transport does), not return "no comm yet" forever while the connecting side believes it
+/// is connected.
+#[test]
+fn accept_out_of_descriptors_fails() {
+    std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
+    let lib = PluginLibrary::open(&library()).expect("dlopen");
+    let client = PluginClient::init(&lib, 12, 0x1310).expect("init");
+    let mut p = Peer::spawn(CHILD, "accept_few_fds", &peer_env());
+    let handle = p.read_handle();
+    // The connect completes in the kernel's backlog, whatever the listener does.
+    let send = client
+        .connect(0, &handle)
+        .wait(Duration::from_secs(30))
+        .expect("connect");
+    let outcome = p.expect_line("ACCEPT");
+    assert!(
+        outcome.starts_with("error") && outcome.contains("accept returned ncclSystemError"),
+        "the accepting process got: {outcome}"
+    );
+    drop(send);
+    client.finalize().expect("finalize");
+}
+
+/// Leaves exactly one descriptor free below a lowered `RLIMIT_NOFILE`.
+fn leave_one_descriptor() -> Vec<std::fs::File> {
+    let max_fd = std::fs::read_dir("/proc/self/fd")
+        .expect("fd list")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u64>().ok())
+        .max()
+        .expect("open descriptors");
+    let limit = libc::rlimit {
+        rlim_cur: max_fd + 2,
+        rlim_max: max_fd + 2,
+    };
+    // SAFETY: setrlimit reads the struct we pass and nothing else.
+    let rc = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
+    assert_eq!(rc, 0, "setrlimit");
+    // Fill every hole and the last slot, then give one back.
+    let mut held = Vec::new();
+    while let Ok(f) = std::fs::File::open("/dev/null") {
+        held.push(f);
+    }
+    held.pop();
+    held
+}
+
+/// The peer process of these tests: its role comes from [`ROLE_ENV`].
+#[test]
+#[ignore = "the peer process of the conformance tests, started by them"]
+fn conformance_peer() {
+    let Ok(role) = std::env::var(ROLE_ENV) else {
+        return;
+    };
+    let lib = PluginLibrary::open(&library()).expect("dlopen");
+    let client = PluginClient::init(&lib, 12, 0x1390).expect("init");
+    match role.as_str() {
+        "accept_few_fds" => {
+            let (handle, mut listen) = client.listen(0).expect("listen");
+            let _held = leave_one_descriptor();
+            say(&format!("HANDLE {}", common::hex(&handle)));
+            let start = Instant::now();
+            let mut polls = 0u64;
+            let outcome = loop {
+                polls += 1;
+                match listen.poll_accept() {
+                    Ok(Some(_)) => break "ok: a comm".to_string(),
+                    Err(e) => break format!("error: {e}"),
+                    Ok(None) if start.elapsed() > Duration::from_secs(5) => {
+                        break format!("none after {polls} polls in 5 s")
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(1)),
+                }
+            };
+            say(&format!("ACCEPT {outcome}"));
+            park();
+        }
+        other => panic!("unknown role {other}"),
     }
 }
