@@ -120,6 +120,7 @@ impl SendConn for SocketSendConn {
             // Nothing will be sent: the request fails at `test` when the connection failed,
             // and is done at once when the receiver closed its end in an orderly way.
             g.side.slots[slot].buf = buf;
+            g.side.slots[slot].chunks_left = 0;
             let state = if g.peer_left { DONE } else { PENDING };
             shared.slot_state[slot].store(state, Ordering::Release);
             return Ok(Some(slot as RequestId));
@@ -201,6 +202,10 @@ fn send_loop(shared: &Shared<SendSide>, s: usize) -> Exit {
                 };
             }
             let mut g = shared.lock();
+            if g.peer_left {
+                // Every queued message is already done, and its slot may be reused.
+                return Exit::Stopped;
+            }
             let side = &mut g.side;
             side.slots[job.slot].chunks_left -= 1;
             if side.slots[job.slot].chunks_left == 0 {
