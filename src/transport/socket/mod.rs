@@ -50,8 +50,7 @@ pub const DEFAULT_SPEED_MBPS: i32 = 10_000;
 pub const MAX_COMMS: i32 = 65_536;
 
 /// The `maxRecvs` the socket transport advertises: 1, as NCCL's own Socket transport does, so
-/// NCCL never groups receives (nor shares a comm among sub-operations whose sends interleave);
-/// see docs/transport.md, "Grouped receives".
+/// NCCL never groups receives on our comms; see docs/transport.md, "Grouped receives".
 pub const ADVERTISED_MAX_RECVS: i32 = 1;
 
 /// Logs a warning about the transport. The one place transport messages leave the library,
