@@ -22,6 +22,7 @@ fn grouped_job(version: u32) -> Job {
     job.version = version;
     job.task = Task::Grouped {
         count: 8,
+        depth: 1,
         rounds: 20,
     };
     job

@@ -41,8 +41,9 @@ fn run(groups: usize, timeout_s: f64) -> StressCounts {
             "rank {}: every group arrived",
             r.rank
         );
+        // Groups hold at most the plugin's maxRecvs messages (1 for ours: one per receive).
         assert!(
-            s.zero_byte > 0 && s.messages > s.groups,
+            s.zero_byte > 0 && s.messages >= s.groups,
             "rank {}: {s:?}",
             r.rank
         );

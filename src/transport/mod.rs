@@ -27,7 +27,9 @@ pub type WireHandle = [u8; HANDLE_WIRE_SIZE];
 /// Most requests one connection may have outstanding (NCCL posts at most 32 per comm).
 pub const MAX_REQUESTS: usize = 32;
 
-/// Most buffers one grouped receive may carry (the `maxRecvs` we advertise).
+/// Most buffers one grouped receive may carry (NCCL's `NCCL_NET_MAX_RECVS`): the size of the
+/// per-request arrays. What a transport advertises as `maxRecvs` may be lower (the socket
+/// transport advertises 1).
 pub const MAX_RECVS: usize = 8;
 
 /// A transport's memory registration, opaque to everyone else (NCCL keeps it as `mhandle`).

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use exchanges::{grouped, messages, stress, MessageShape, StressShape};
+use exchanges::{grouped, messages, stress, GroupShape, MessageShape, StressShape};
 
 use super::bootstrap::Bootstrap;
 use super::collectives::{
@@ -60,11 +60,16 @@ pub enum Task {
         /// The runs, in order.
         runs: Vec<RunSpec>,
     },
-    /// Grouped receives: each rank sends `count` tagged messages to the next rank in reverse
-    /// tag order and receives them from the previous one with one `irecv` of `count` buffers.
+    /// Grouped receives: each rank sends `depth` groups of `count` tagged messages to the next
+    /// rank, interleaved by tag in reverse tag order, and receives them from the previous one
+    /// with one `irecv` of `count` buffers per group when the plugin's `maxRecvs` allows it
+    /// (as NCCL's proxy does), one `irecv` per message otherwise.
     Grouped {
         /// Messages per group (at most 8).
         count: usize,
+        /// Groups in flight at once (0 counts as 1).
+        #[serde(default)]
+        depth: usize,
         /// Groups exchanged.
         rounds: usize,
     },
@@ -258,8 +263,17 @@ pub fn run_job(job: &Job, boot: &mut Bootstrap) -> Result<WorkerReport> {
         Task::Collectives { links, runs } => {
             run_collectives(job, &lib, boot, links, runs, &mut report)?
         }
-        Task::Grouped { count, rounds } => {
-            report.groups_checked = grouped(job, &lib, boot, *count, *rounds, &mut report)?
+        Task::Grouped {
+            count,
+            depth,
+            rounds,
+        } => {
+            let shape = GroupShape {
+                count: *count,
+                depth: *depth,
+                rounds: *rounds,
+            };
+            report.groups_checked = grouped(job, &lib, boot, &shape, &mut report)?
         }
         Task::Messages {
             bytes,

@@ -107,10 +107,19 @@ impl SocketListener {
                 Err(e) => match e.raw_os_error() {
                     // The peer gave up before we got to it: nothing to do.
                     Some(libc::ECONNABORTED | libc::EINTR | libc::EPROTO | libc::EPERM) => {}
-                    // Out of descriptors or memory: try again on a later poll.
-                    Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => {
-                        log_warn(format_args!("cannot accept a connection now: {e}"));
-                        return Ok(());
+                    // Out of descriptors or memory: an error, as in NCCL's Socket transport.
+                    // Retrying would spin while the peer, whose connect completed in the
+                    // kernel, believes it is connected.
+                    Some(libc::EMFILE | libc::ENFILE) => {
+                        return Err(Error::system(format!(
+                            "cannot accept a connection: {e}; each connection takes \
+                             NCCL_LOSSY_NSOCKS descriptors on each side, and each listen \
+                             one more (raise the limit, e.g. `ulimit -n`, or lower \
+                             NCCL_LOSSY_NSOCKS)"
+                        )))
+                    }
+                    Some(libc::ENOBUFS | libc::ENOMEM) => {
+                        return Err(Error::from(e).context("out of memory accepting a connection"))
                     }
                     _ => return Err(Error::from(e).context("accepting a connection")),
                 },

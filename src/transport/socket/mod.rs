@@ -35,7 +35,7 @@ pub use iface::{Family, IfaceAddr, IfaceFilter, MAX_DEVICES};
 pub use listen::{SocketListener, HELLO_TIMEOUT, MAX_PENDING};
 pub use wire::{Handle, Hello, MAX_SOCKETS};
 
-use crate::transport::{Connector, DeviceProps, Listener, Transport, WireHandle, MAX_RECVS};
+use crate::transport::{Connector, DeviceProps, Listener, Transport, WireHandle};
 use crate::{Error, Result};
 
 /// Sockets per connection when `NCCL_LOSSY_NSOCKS` is unset. On a 2-core host 4 sockets moved
@@ -48,6 +48,10 @@ pub const DEFAULT_SPEED_MBPS: i32 = 10_000;
 
 /// Connections per device we advertise (the value NCCL's own socket transport uses).
 pub const MAX_COMMS: i32 = 65_536;
+
+/// The `maxRecvs` the socket transport advertises: 1, as NCCL's own Socket transport does, so
+/// NCCL never groups receives on our comms; see docs/transport.md, "Grouped receives".
+pub const ADVERTISED_MAX_RECVS: i32 = 1;
 
 /// Logs a warning about the transport. The one place transport messages leave the library,
 /// so routing them to NCCL's logger later is a one-line change.
@@ -210,7 +214,7 @@ impl SocketTransport {
                     port: 0,
                     latency_us: 0.0,
                     max_comms: MAX_COMMS,
-                    max_recvs: MAX_RECVS as i32,
+                    max_recvs: ADVERTISED_MAX_RECVS,
                     max_p2p_bytes: wire::MAX_MESSAGE_BYTES as usize,
                     max_coll_bytes: wire::MAX_MESSAGE_BYTES as usize,
                 };

@@ -42,6 +42,11 @@ pub const MAX_MESSAGE_BYTES: u64 = 1 << 40;
 /// Longest retransmission timeout per loss event a header may carry.
 pub const MAX_RETRANSMIT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The one byte a receiving side writes on each socket (the only bytes that ever flow from
+/// receiver to sender) when its comm is closed in an orderly way, just before shutting the
+/// socket down: a sender whose send then fails knows the peer left on purpose, not died.
+pub const GOODBYE: u8 = 0x42;
+
 fn get_u16(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }

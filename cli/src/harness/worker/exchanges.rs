@@ -17,62 +17,99 @@ use crate::harness::plugin_client::{
 };
 use nccl_net_lossy::{Error, Result};
 
-/// Size of the message with `tag` from `rank` (distinct per tag, so a mix-up shows).
-fn grouped_size(rank: usize, tag: usize, round: usize) -> usize {
-    (tag * 4099 + rank * 17 + round * 3) % 20_000 + tag
+/// Size of the message with `tag` of `step` from `rank`: distinct per tag (so a mix-up
+/// shows), mostly small, every fourth one over 128 KiB so it is cut into chunks on several
+/// sockets.
+fn grouped_size(rank: usize, tag: usize, step: usize) -> usize {
+    let big = if (tag + step) % 4 == 0 { 150_000 } else { 0 };
+    (tag * 4099 + rank * 17 + step * 3) % 20_000 + tag + big
 }
 
-fn grouped_byte(rank: usize, tag: usize, round: usize, i: usize) -> u8 {
-    (rank * 31 + tag * 7 + round * 13 + i) as u8
+fn grouped_byte(rank: usize, tag: usize, step: usize, i: usize) -> u8 {
+    (rank * 31 + tag * 7 + step * 13 + i) as u8
+}
+
+/// How many messages one grouped exchange takes (sends and receives in flight at once).
+pub(super) struct GroupShape {
+    /// Tags per group (1 to 8).
+    pub(super) count: usize,
+    /// Groups posted at once (at least 1).
+    pub(super) depth: usize,
+    /// Times the whole exchange is repeated.
+    pub(super) rounds: usize,
 }
 
 /// The grouped-receive exchange of [`Task::Grouped`](super::Task::Grouped); returns the
 /// groups checked.
+///
+/// Each round the receiver expects `depth` groups of `count` tagged messages, and the sender
+/// posts them interleaved by tag (tag-major, last tag first: `b1 b2 a1 a2` for groups
+/// `{a, b}, {a, b}`). As NCCL's proxy does, the receives of a group are one `irecv` only when
+/// the plugin advertises `maxRecvs >= count`; otherwise each message has its own `irecv`,
+/// posted in the order of the sends.
 pub(super) fn grouped(
     job: &Job,
     lib: &Rc<PluginLibrary>,
     boot: &mut Bootstrap,
-    count: usize,
-    rounds: usize,
+    shape: &GroupShape,
     report: &mut WorkerReport,
 ) -> Result<usize> {
     let (rank, n) = (boot.rank(), boot.nranks());
     let prev = (rank + n - 1) % n;
+    let (count, depth) = (shape.count, shape.depth.max(1));
+    if !(1..=8).contains(&count) {
+        return Err(Error::invalid_argument(format!(
+            "groups of {count} messages (allowed 1 to 8)"
+        )));
+    }
     let client = PluginClient::init(lib, job.version, 0x6209)?;
     report.plugin = client.name();
     let max_recvs = client.properties(0)?.max_recvs;
-    if count < 1 || count > max_recvs.max(1) as usize {
-        return Err(Error::invalid_argument(format!(
-            "groups of {count} but the plugin's maxRecvs is {max_recvs}"
-        )));
-    }
+    let group = count > 1 && usize::try_from(max_recvs).is_ok_and(|m| m >= count);
     let (send, recv) = ring_comms(&client, boot, job.timeout())?;
     client.set_net_attr(op::SEND_RECV)?;
     let deadline = Instant::now() + job.timeout();
-    let cap = 20_000 + count;
+    let cap = 170_000 + count;
+    // (group, tag) of every message of a round, in the order the sender posts them.
+    let order: Vec<(usize, usize)> = (0..count)
+        .rev()
+        .flat_map(|tag| (0..depth).map(move |d| (d, tag)))
+        .collect();
+    let posts: Vec<Vec<(usize, usize)>> = if group {
+        (0..depth)
+            .map(|d| (0..count).map(|tag| (d, tag)).collect())
+            .collect()
+    } else {
+        order.iter().map(|&m| vec![m]).collect()
+    };
     let mut checked = 0;
-    for round in 0..rounds {
-        let items = (0..count)
-            .map(|tag| {
-                let mut buf = vec![0u8; cap].into_boxed_slice();
-                let mr = recv.reg_mr(&mut buf)?;
-                Ok(RecvItem {
-                    buf,
-                    size: cap,
-                    tag: tag as i32,
-                    mr,
+    for round in 0..shape.rounds {
+        let step = |d: usize| round * depth + d;
+        let mut rreqs = Vec::with_capacity(posts.len());
+        for post in &posts {
+            let items = post
+                .iter()
+                .map(|&(_, tag)| {
+                    let mut buf = vec![0u8; cap].into_boxed_slice();
+                    let mr = recv.reg_mr(&mut buf)?;
+                    Ok(RecvItem {
+                        buf,
+                        size: cap,
+                        tag: tag as i32,
+                        mr,
+                    })
                 })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let mut rreq = match recv.irecv(items)? {
-            Posted::Started(r) => r,
-            Posted::Busy(_) => return Err(Error::internal("no receive slot for one request")),
-        };
-        let mut sreqs = Vec::new();
-        for tag in (0..count).rev() {
-            let size = grouped_size(rank, tag, round);
+                .collect::<Result<Vec<_>>>()?;
+            match recv.irecv(items)? {
+                Posted::Started(r) => rreqs.push(r),
+                Posted::Busy(_) => return Err(Error::internal("no receive slot")),
+            }
+        }
+        let mut sreqs = Vec::with_capacity(order.len());
+        for &(d, tag) in &order {
+            let size = grouped_size(rank, tag, step(d));
             let mut buf: Vec<u8> = (0..size)
-                .map(|i| grouped_byte(rank, tag, round, i))
+                .map(|i| grouped_byte(rank, tag, step(d), i))
                 .collect();
             let mr = send.reg_mr(&mut buf)?;
             match send.isend(buf.into_boxed_slice(), size, tag as i32, mr)? {
@@ -80,9 +117,8 @@ pub(super) fn grouped(
                 Posted::Busy(_) => return Err(Error::internal("no send slot")),
             }
         }
-        while !(rreq.is_done() && sreqs.iter().all(|r| r.is_done())) {
-            rreq.test()?;
-            for r in sreqs.iter_mut() {
+        while !(rreqs.iter().all(|r| r.is_done()) && sreqs.iter().all(|r| r.is_done())) {
+            for r in rreqs.iter_mut().chain(sreqs.iter_mut()) {
                 r.test()?;
             }
             if Instant::now() > deadline {
@@ -93,21 +129,25 @@ pub(super) fn grouped(
         for r in sreqs {
             r.finish()?;
         }
-        let (bufs, sizes) = rreq.finish()?;
-        for (tag, (buf, size)) in bufs.iter().zip(&sizes).enumerate() {
-            let want = grouped_size(prev, tag, round);
-            if *size != want {
-                return Err(Error::remote(format!(
-                    "round {round}: buffer with tag {tag} got {size} bytes, expected {want}"
-                )));
-            }
-            if let Some(i) = (0..want).find(|&i| buf[i] != grouped_byte(prev, tag, round, i)) {
-                return Err(Error::remote(format!(
-                    "round {round}: buffer with tag {tag} differs at byte {i}"
-                )));
+        for (post, r) in posts.iter().zip(rreqs) {
+            let (bufs, sizes) = r.finish()?;
+            for (&(d, tag), (buf, size)) in post.iter().zip(bufs.iter().zip(&sizes)) {
+                let want = grouped_size(prev, tag, step(d));
+                if *size != want {
+                    return Err(Error::remote(format!(
+                        "round {round} group {d}: buffer with tag {tag} got {size} bytes, \
+                         expected {want}"
+                    )));
+                }
+                if let Some(i) = (0..want).find(|&i| buf[i] != grouped_byte(prev, tag, step(d), i))
+                {
+                    return Err(Error::remote(format!(
+                        "round {round} group {d}: buffer with tag {tag} differs at byte {i}"
+                    )));
+                }
             }
         }
-        checked += 1;
+        checked += depth;
     }
     send.close()?;
     recv.close()?;
@@ -252,9 +292,10 @@ fn mix(a: u64, b: u64, c: u64, d: u64) -> u64 {
     x ^ (x >> 29)
 }
 
-/// Messages in group `g` of communicator `c` (the same on both ends): 1 to 8.
-fn stress_group_len(c: usize, g: usize) -> usize {
-    1 + (mix(c as u64, g as u64, 1, 0) % 8) as usize
+/// Messages in group `g` of communicator `c` (the same on both ends): 1 to 8, and at most
+/// the plugin's `maxRecvs` (NCCL groups no more receives than that).
+fn stress_group_len(c: usize, g: usize, max_recvs: usize) -> usize {
+    1 + (mix(c as u64, g as u64, 1, 0) % max_recvs.clamp(1, 8) as u64) as usize
 }
 
 /// Tag of message `m` of a group: every third group reuses tags, so several buffers of one
@@ -319,8 +360,10 @@ pub(super) fn stress(
     let clients = (0..shape.comms)
         .map(|c| PluginClient::init(lib, job.version, 0x5700 + c as u64))
         .collect::<Result<Vec<_>>>()?;
+    let mut max_recvs = 1;
     if let Some(first) = clients.first() {
         report.plugin = first.name();
+        max_recvs = usize::try_from(first.properties(0)?.max_recvs).unwrap_or(1);
     }
     let mut handles = Vec::with_capacity(shape.comms * HANDLE_BYTES);
     let mut listens = Vec::with_capacity(shape.comms);
@@ -366,7 +409,7 @@ pub(super) fn stress(
             // Receives: one grouped irecv per group.
             while comm.recvs.len() < shape.in_flight && comm.next_recv < shape.groups {
                 let g = comm.next_recv;
-                let k = stress_group_len(c, g);
+                let k = stress_group_len(c, g, max_recvs);
                 let items = (0..k)
                     .map(|b| {
                         let m = stress_message_for_buffer(g, k, b);
@@ -403,7 +446,7 @@ pub(super) fn stress(
                 {
                     Posted::Started(r) => {
                         comm.sends.push_back(r);
-                        comm.next_send = if m + 1 == stress_group_len(c, g) {
+                        comm.next_send = if m + 1 == stress_group_len(c, g, max_recvs) {
                             (g + 1, 0)
                         } else {
                             (g, m + 1)

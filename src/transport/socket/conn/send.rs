@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use socket2::Socket;
 
-use super::shared::{send_all, Exit, Running, Shared, DONE, PENDING};
+use super::shared::{peek_arrived, send_all, Exit, Running, Shared, DONE, PENDING};
 use super::{chunk_count, chunk_span, roles};
 use crate::loss::effect::{self, MIN_MTU};
 use crate::loss::plan::{Effect, LossPlan, PacketRun};
@@ -116,6 +116,15 @@ impl SendConn for SocketSendConn {
         let Some(slot) = shared.free_slot() else {
             return Ok(None);
         };
+        if g.failed.is_some() || g.peer_left {
+            // Nothing will be sent: the request fails at `test` when the connection failed,
+            // and is done at once when the receiver closed its end in an orderly way.
+            g.side.slots[slot].buf = buf;
+            g.side.slots[slot].chunks_left = 0;
+            let state = if g.peer_left { DONE } else { PENDING };
+            shared.slot_state[slot].store(state, Ordering::Release);
+            return Ok(Some(slot as RequestId));
+        }
         let n = shared.sockets.len();
         let side = &mut g.side;
         let seq = side.next_seq;
@@ -187,9 +196,16 @@ fn send_loop(shared: &Shared<SendSide>, s: usize) -> Exit {
         };
         if let Some(job) = job {
             if let Err(exit) = send_chunk(shared, s, &job, &runs, &mut wire_buf) {
-                return exit;
+                return match exit {
+                    Exit::Failed(_) if said_goodbye(&shared.sockets[s]) => receiver_left(shared),
+                    exit => exit,
+                };
             }
             let mut g = shared.lock();
+            if g.peer_left {
+                // Every queued message is already done, and its slot may be reused.
+                return Exit::Stopped;
+            }
             let side = &mut g.side;
             side.slots[job.slot].chunks_left -= 1;
             if side.slots[job.slot].chunks_left == 0 {
@@ -199,6 +215,28 @@ fn send_loop(shared: &Shared<SendSide>, s: usize) -> Exit {
         }
         seq += 1;
     }
+}
+
+/// Whether the receiver wrote [`wire::GOODBYE`] on `sock` before closing it.
+fn said_goodbye(sock: &Socket) -> bool {
+    let mut b = [0u8; 1];
+    matches!(peek_arrived(sock, &mut b), Ok(1)) && b[0] == wire::GOODBYE
+}
+
+/// The receiver closed its comm in an orderly way: every message still queued, and every one
+/// posted from now on, is done (its bytes are discarded; nobody will receive them), as when a
+/// peer closes while NCCL's own plugins still send. Not a failure.
+fn receiver_left(shared: &Shared<SendSide>) -> Exit {
+    let mut g = shared.lock();
+    if g.over() {
+        return Exit::Stopped;
+    }
+    let side = &mut g.side;
+    for (_, slot) in side.posted.drain(..) {
+        shared.slot_state[slot].store(DONE, Ordering::Release);
+    }
+    shared.peer_left(g);
+    Exit::Stopped
 }
 
 fn send_chunk(

@@ -123,6 +123,14 @@ pub(super) fn recv_all(sock: &Socket, buf: &mut [u8], progress: &Progress) -> io
     Ok(())
 }
 
+/// Peeks at up to `buf.len()` bytes that have already arrived on `sock`, without waiting and
+/// without consuming them.
+pub(super) fn peek_arrived(sock: &Socket, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: as in `recv_until_eof`: `recv` only stores initialised bytes into the slice.
+    let view = unsafe { &mut *(buf as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
+    sock.recv_with_flags(view, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+}
+
 /// Why an I/O thread stopped.
 pub(super) enum Exit {
     /// The connection is closing or already failed: nothing more to report.
@@ -136,6 +144,16 @@ pub(super) struct Locked<S> {
     pub(super) side: S,
     pub(super) failed: Option<Error>,
     pub(super) stopping: bool,
+    /// The peer closed its end in an orderly way (sending side: it said goodbye): nothing
+    /// more will move, and that is no failure.
+    pub(super) peer_left: bool,
+}
+
+impl<S> Locked<S> {
+    /// The I/O threads have nothing more to do: closing, failed, or the peer left.
+    pub(super) fn over(&self) -> bool {
+        self.stopping || self.failed.is_some() || self.peer_left
+    }
 }
 
 /// What the owner and the I/O threads of one connection share.
@@ -169,6 +187,7 @@ impl<S> Shared<S> {
                 side,
                 failed: None,
                 stopping: false,
+                peer_left: false,
             }),
             wake: Condvar::new(),
             slot_state: std::array::from_fn(|_| AtomicU8::new(FREE)),
@@ -188,7 +207,7 @@ impl<S> Shared<S> {
         ready: impl Fn(&S) -> bool,
     ) -> std::result::Result<Guard<'a, S>, Exit> {
         loop {
-            if g.stopping || g.failed.is_some() {
+            if g.over() {
                 return Err(Exit::Stopped);
             }
             if ready(&g.side) {
@@ -201,7 +220,7 @@ impl<S> Shared<S> {
     /// Waits for one wake-up; `Err(Stopped)` once the connection closes or fails.
     pub(super) fn wait_once<'a>(&self, g: Guard<'a, S>) -> std::result::Result<Guard<'a, S>, Exit> {
         let g = self.wake.wait(g).unwrap_or_else(|p| p.into_inner());
-        if g.stopping || g.failed.is_some() {
+        if g.over() {
             return Err(Exit::Stopped);
         }
         Ok(g)
@@ -212,7 +231,7 @@ impl<S> Shared<S> {
         let deadline = Instant::now() + dur;
         let mut g = self.lock();
         loop {
-            if g.stopping || g.failed.is_some() {
+            if g.over() {
                 return Err(Exit::Stopped);
             }
             let now = Instant::now();
@@ -241,7 +260,7 @@ impl<S> Shared<S> {
 
     /// As [`Shared::fail`], with the lock already held.
     pub(super) fn fail_locked(&self, mut g: Guard<'_, S>, err: Error, warn: bool) {
-        if g.stopping || g.failed.is_some() {
+        if g.over() {
             return;
         }
         if warn {
@@ -266,22 +285,32 @@ impl<S> Shared<S> {
     /// Turns an I/O error into a thread exit: quiet while closing, a failure otherwise.
     pub(super) fn io_exit(&self, err: io::Error, what: fmt::Arguments<'_>) -> Exit {
         let g = self.lock();
-        if g.stopping || g.failed.is_some() {
+        if g.over() {
             return Exit::Stopped;
         }
         drop(g);
         Exit::Failed(Error::from(err).context(format_args!("{what} with {}", self.peer)))
     }
 
-    /// Fails unless new requests may be posted.
+    /// Fails unless new requests may be posted: only while closing. A failed connection
+    /// still takes requests, which fail at `test` (as with NCCL's own plugins, an `isend` or
+    /// `irecv` never reports the peer's failure).
     pub(super) fn usable(&self, g: &Guard<'_, S>) -> Result<()> {
-        if let Some(err) = &g.failed {
-            return Err(err.clone());
-        }
         if g.stopping {
             return Err(Error::internal("connection is closing"));
         }
         Ok(())
+    }
+
+    /// Shuts the sockets down once the peer left, so threads blocked on them return.
+    pub(super) fn peer_left(&self, mut g: Guard<'_, S>) {
+        if g.over() {
+            return;
+        }
+        g.peer_left = true;
+        self.wake.notify_all();
+        drop(g);
+        self.shutdown_sockets();
     }
 
     fn timeout_error(&self, limit: Duration) -> Error {
