@@ -383,3 +383,32 @@ fn profiles_and_traces_must_be_regular_files_of_bounded_size() {
     assert!(e.contains("big.txt") && e.contains("larger than"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn out_of_range_numbers_say_so_with_the_range() {
+    for set in ["mtu=1e10", "mtu=10000000000", "mtu=0"] {
+        let got = err("", set);
+        assert!(
+            got.contains("out of range") && got.contains("64"),
+            "for {set:?}: {got}"
+        );
+    }
+}
+
+#[test]
+fn a_quoted_semicolon_does_not_split_an_override() {
+    let p = Profile::parse(
+        "",
+        "x.toml",
+        "description=\"a; b\"; seed=3; model.rate='c;d'",
+    );
+    // model.rate='c;d' is not a number: the error must quote the whole string.
+    let e = p.unwrap_err().message;
+    assert!(e.contains("c;d"), "{e}");
+    let p = Profile::parse("", "x.toml", "description=\"a; b\"; seed=3").unwrap();
+    assert_eq!(p.description.as_deref(), Some("a; b"));
+    assert_eq!(p.seed, 3);
+    // An unterminated quote is an error, not a silent split.
+    let e = err("", "description=\"a; seed=3");
+    assert!(e.contains("NCCL_LOSSY_SET") && e.contains("quote"), "{e}");
+}
