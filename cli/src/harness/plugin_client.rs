@@ -76,10 +76,11 @@ extern "C" {
         ...
     );
     /// Installs the function the C logger passes finished lines to.
-    fn lossy_harness_set_log_sink(
-        sink: unsafe extern "C" fn(c_int, *const c_char, c_int, *const c_char),
-    );
+    fn lossy_harness_set_log_sink(sink: LogSink);
 }
+
+/// What the C logger calls with each finished line: level, file, line, text.
+type LogSink = unsafe extern "C" fn(c_int, *const c_char, c_int, *const c_char);
 
 /// Receives each formatted line from the C logger and prints it (warnings always, the rest
 /// with `NCCL_DEBUG` set to more than WARN).
