@@ -5,7 +5,8 @@
 //! The sink is process-wide, not part of the runtime: any thread logs, with no context, and
 //! lines about a runtime that failed to build must still reach NCCL's log.
 
-use std::sync::RwLock;
+use std::sync::{Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 /// How serious a log line is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,4 +66,146 @@ pub fn info(message: &str) {
 /// always written to stderr as well as to NCCL's log.
 pub fn loud(message: &str) {
     emit(Level::Warn, message, true);
+}
+
+/// Warnings of one kind that may come in floods (a port scan sends thousands of garbage
+/// connections): per kind of warning, the first [`RateLimit::new`]`(per_interval, ..)` lines
+/// of each interval are logged, the rest are counted, and the count is logged, with an
+/// example, with the first warning of that kind after the interval ends. A kind is the
+/// message's reason with its digits removed ("closed after 3 of 32 hello bytes" and "closed
+/// after 0 of 32 hello bytes" are one kind), so different problems stay visible. At most
+/// [`MAX_KINDS`] kinds are tracked; the rest share one.
+pub struct RateLimit {
+    per_interval: u32,
+    interval: Duration,
+    kinds: Mutex<Vec<Kind>>,
+}
+
+/// Kinds of warning one [`RateLimit`] tells apart.
+pub const MAX_KINDS: usize = 16;
+
+struct Kind {
+    key: String,
+    since: Instant,
+    logged: u32,
+    suppressed: u64,
+    example: String,
+}
+
+impl RateLimit {
+    /// At most `per_interval` lines per kind in each `interval_secs` seconds.
+    pub const fn new(per_interval: u32, interval_secs: u64) -> RateLimit {
+        RateLimit {
+            per_interval,
+            interval: Duration::from_secs(interval_secs),
+            kinds: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Logs `message` (a warning whose reason is `reason`) unless this interval already had
+    /// its share of that kind.
+    pub fn warn(&self, reason: &str, message: &str) {
+        for line in self.admit(reason, message, Instant::now()) {
+            warn(&line);
+        }
+    }
+
+    /// The lines to log for one warning at `now`: none, the message, or a summary of the
+    /// last interval's suppressed warnings and the message.
+    fn admit(&self, reason: &str, message: &str, now: Instant) -> Vec<String> {
+        let Ok(mut kinds) = self.kinds.lock() else {
+            return vec![message.to_string()];
+        };
+        let key: String = reason.chars().filter(|c| !c.is_ascii_digit()).collect();
+        let at = match kinds.iter().position(|k| k.key == key) {
+            Some(at) => at,
+            None if kinds.len() < MAX_KINDS => {
+                kinds.push(Kind {
+                    key,
+                    since: now,
+                    logged: 0,
+                    suppressed: 0,
+                    example: String::new(),
+                });
+                kinds.len() - 1
+            }
+            // Full: the last kind takes every other reason too.
+            None => MAX_KINDS - 1,
+        };
+        let kind = &mut kinds[at];
+        let mut lines = Vec::new();
+        if now.duration_since(kind.since) >= self.interval {
+            if kind.suppressed > 0 {
+                lines.push(format!(
+                    "{} more warnings like this one were not logged in the last {} s: {}",
+                    kind.suppressed,
+                    now.duration_since(kind.since).as_secs(),
+                    kind.example
+                ));
+            }
+            kind.since = now;
+            kind.logged = 0;
+            kind.suppressed = 0;
+        }
+        if kind.logged < self.per_interval {
+            kind.logged += 1;
+            if kind.logged == self.per_interval {
+                kind.example = message.to_string();
+                lines.push(format!(
+                    "{message} (more like this are counted, not logged, for {} s)",
+                    self.interval.as_secs()
+                ));
+            } else {
+                lines.push(message.to_string());
+            }
+        } else {
+            kind.suppressed += 1;
+        }
+        lines
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flood_of_one_kind_logs_the_first_few_then_a_count() {
+        let limit = RateLimit::new(3, 10);
+        let t0 = Instant::now();
+        let mut lines = Vec::new();
+        for i in 0..2000 {
+            let why = format!("closed after {} of 32 hello bytes", i % 7);
+            lines.extend(limit.admit(&why, &format!("drop {i}: {why}"), t0));
+        }
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert!(
+            lines[2].contains("counted, not logged, for 10 s"),
+            "{}",
+            lines[2]
+        );
+        // Another reason is another kind: still logged.
+        let other = limit.admit("wrong magic", "drop: wrong magic", t0);
+        assert_eq!(other, vec!["drop: wrong magic".to_string()]);
+        // After the interval, the count comes with the next warning of that kind.
+        let later = limit.admit(
+            "closed after 1 of 32 hello bytes",
+            "drop x",
+            t0 + Duration::from_secs(11),
+        );
+        assert_eq!(later.len(), 2, "{later:?}");
+        assert!(
+            later[0].starts_with(
+                "1997 more warnings like this one were not logged in the last 11 s: drop 2:"
+            ),
+            "{}",
+            later[0]
+        );
+        assert_eq!(later[1], "drop x");
+        // More kinds than tracked share the last slot, and nothing grows without bound.
+        for i in 0..100 {
+            limit.admit(&format!("reason {}", "x".repeat(i)), "m", t0);
+        }
+        assert_eq!(limit.kinds.lock().unwrap().len(), MAX_KINDS);
+    }
 }

@@ -230,10 +230,13 @@ fn hostile_peers_are_rejected_with_a_reason_and_the_listener_keeps_serving() {
             "no logged reason with {reason:?}:\n{text}"
         );
     }
-    // Every handshake input was dropped with a reason (the flood: at least those pushed out).
+    // Every kind of handshake input was dropped with its reason (above), and the log stayed
+    // short: drops are logged at most 5 per reason per 10 s, then counted (src/log.rs), so
+    // these ~1,000 drops give a few lines per reason, not one each.
+    let inputs = 300 + HELLO_SIZE + 32 + 10 + (FLOOD - 256);
     assert!(
-        dropped >= 300 + HELLO_SIZE + 32 + 10 + (FLOOD - 256),
-        "only {dropped} drops logged"
+        dropped > 0 && dropped < inputs / 4,
+        "{dropped} drops logged for {inputs} dropped inputs"
     );
     // Headers claimed up to 1 TiB; the peer's whole process stayed far below that.
     assert!(peak < 512 << 10, "peak RSS {peak} KiB");

@@ -10,7 +10,9 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{library, message_bytes, post_recv, post_send, say, wait_request, Peer, ROLE_ENV};
+use common::{
+    heap_in_use, library, message_bytes, post_recv, post_send, say, wait_request, Peer, ROLE_ENV,
+};
 use lossy_cli::harness::plugin_client::{establish, PluginClient, PluginLibrary};
 
 const CHILD: &str = "runtime_child";
@@ -49,10 +51,7 @@ fn a_thousand_init_finalize_cycles_leave_threads_fds_and_heap_at_baseline() {
             ("NCCL_LOSSY_PROFILE", profile.to_str().expect("utf-8")),
             ("NCCL_LOSSY_STATS", stats.to_str().expect("utf-8")),
             // Exact heap accounting: one arena, no per-thread cache of freed chunks.
-            (
-                "GLIBC_TUNABLES",
-                "glibc.malloc.arena_max=1:glibc.malloc.tcache_count=0",
-            ),
+            common::EXACT_HEAP_ENV,
         ],
     );
     println!("{said}");
@@ -129,14 +128,6 @@ fn entries(dir: &str) -> usize {
     std::fs::read_dir(dir)
         .map(|d| d.count())
         .expect("read /proc")
-}
-
-/// Bytes of heap in use in the whole process, every arena and mmapped chunk included (freed
-/// chunks in a thread's cache count as in use: the test disables that cache).
-fn heap_in_use() -> usize {
-    // SAFETY: mallinfo2 takes no argument and only reads the allocator's counters.
-    let info = unsafe { libc::mallinfo2() };
-    info.uordblks + info.hblkhd
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

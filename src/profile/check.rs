@@ -97,7 +97,20 @@ impl Checker<'_> {
     fn integer(&self, node: &Node, key: &str, lo: i64, hi: i64) -> Result<i64> {
         match node.val {
             Val::Int(i) if (lo..=hi).contains(&i) => Ok(i),
-            Val::Int(_) => Err(self.bad(node, key, format!("must be an integer in [{lo}, {hi}]"))),
+            Val::Int(_) => Err(self.bad(
+                node,
+                key,
+                format!("must be an integer in [{lo}, {hi}]: out of range"),
+            )),
+            // 1e10 is a TOML float: say what is wrong with it, not only that it has a point.
+            Val::Float(f) if !(lo as f64..=hi as f64).contains(&f) => Err(self.bad(
+                node,
+                key,
+                format!("must be an integer in [{lo}, {hi}]: out of range"),
+            )),
+            Val::Float(_) => {
+                Err(self.bad(node, key, format!("must be an integer in [{lo}, {hi}]")))
+            }
             _ => Err(self.bad(node, key, "must be an integer")),
         }
     }

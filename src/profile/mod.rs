@@ -16,6 +16,7 @@ use crate::loss::engine::LossEngine;
 use crate::loss::model::short;
 use crate::loss::plan::Effect;
 use crate::loss::rules::{Action, Direction, Rule};
+use crate::loss::trace::read_regular_file;
 
 mod check;
 #[cfg(test)]
@@ -30,6 +31,9 @@ pub const SET_ENV: &str = "NCCL_LOSSY_SET";
 pub const EMBEDDED_ORIGIN: &str = "embedded default";
 /// The profile used when `NCCL_LOSSY_PROFILE` is not set.
 pub const DEFAULT_PROFILE: &str = include_str!("../../configs/default.toml");
+/// Largest profile file read, in bytes (profiles are a few KiB; a FIFO or `/dev/zero` is
+/// refused before any read, a huge file before it fills memory).
+pub const MAX_PROFILE_BYTES: u64 = 64 << 20;
 /// Seed used when a profile sets none.
 pub const DEFAULT_SEED: u64 = 1;
 
@@ -137,12 +141,8 @@ impl Profile {
         match path {
             None => Profile::parse_in(DEFAULT_PROFILE, EMBEDDED_ORIGIN, None, overrides),
             Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|err| {
-                    Error::invalid_argument(format!(
-                        "{}: cannot read profile: {err}",
-                        path.display()
-                    ))
-                })?;
+                let text = read_regular_file(path, MAX_PROFILE_BYTES, "profile")
+                    .map_err(Error::invalid_argument)?;
                 Profile::parse_in(&text, &path.display().to_string(), path.parent(), overrides)
             }
         }

@@ -174,7 +174,7 @@ fn errors_name_file_line_key_and_what_is_allowed() {
         ("retransmit_timeout_us = -5\n", "configs/x.toml:1: retransmit_timeout_us = -5: must be a number >= 0"),
         ("rules = 3\n", "configs/x.toml:1: rules = 3: must be a list of tables"),
         ("model = { kind = \"markov4\", p13 = 0.6, p14 = 0.6 }\n", "configs/x.toml:1: model.p14 = 0.6: p13 + p14 = 1.2 must be at most 1"),
-        ("model = { kind = \"trace\", file = \"missing-trace.txt\" }\n", "configs/x.toml:1: model.file = \"missing-trace.txt\": cannot read trace"),
+        ("model = { kind = \"trace\", file = \"missing-trace.txt\" }\n", "configs/x.toml:1: model.file = \"missing-trace.txt\": configs/missing-trace.txt: cannot read trace"),
         // The parser places an unclosed array where its line ends.
         ("seed = 1\nmtu = [\n", "configs/x.toml:2: not valid TOML: unclosed array"),
         ("seed = 1\nmtu = [1,\n\n", "configs/x.toml:2: not valid TOML: unclosed array"),
@@ -299,4 +299,116 @@ fn trace_files_resolve_next_to_the_profile() {
         .message;
     assert!(e.contains("nope.toml: cannot read profile"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Runs `f` on a thread and gives up after a few seconds: a hang is a failure, not a stuck test.
+fn within_seconds<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(5))
+        .expect("loading did not finish within 5 s (it blocks or reads forever)")
+}
+
+fn make_fifo(path: &std::path::Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
+    let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+    assert_eq!(rc, 0, "mkfifo {}", path.display());
+}
+
+#[test]
+fn profiles_and_traces_must_be_regular_files_of_bounded_size() {
+    let dir = std::env::temp_dir().join(format!("lossy-profile-kinds-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // A FIFO with no writer: opening it for reading would block forever.
+    let fifo = dir.join("fifo.toml");
+    make_fifo(&fifo);
+    let path = fifo.clone();
+    let e = within_seconds(move || Profile::load(Some(&path), ""))
+        .unwrap_err()
+        .message;
+    assert!(
+        e.contains("fifo.toml") && e.contains("not a regular file") && e.contains("64 MiB"),
+        "{e}"
+    );
+    // A character device that never ends.
+    let e = within_seconds(|| Profile::load(Some(std::path::Path::new("/dev/zero")), ""))
+        .unwrap_err()
+        .message;
+    assert!(
+        e.contains("/dev/zero") && e.contains("not a regular file"),
+        "{e}"
+    );
+    // A directory.
+    let e = Profile::load(Some(&dir), "").unwrap_err().message;
+    assert!(e.contains("not a regular file"), "{e}");
+    // A regular file over the cap (sparse: no disk used).
+    let big = dir.join("big.toml");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(MAX_PROFILE_BYTES + 1)
+        .unwrap();
+    let e = Profile::load(Some(&big), "").unwrap_err().message;
+    assert!(
+        e.contains("big.toml") && e.contains("larger than") && e.contains("64 MiB"),
+        "{e}"
+    );
+    // Traces: the same rules, with their own cap.
+    let trace_fifo = dir.join("drops.fifo");
+    make_fifo(&trace_fifo);
+    let profile = dir.join("p.toml");
+    std::fs::write(
+        &profile,
+        "model = { kind = \"trace\", file = \"drops.fifo\" }\n",
+    )
+    .unwrap();
+    let path = profile.clone();
+    let e = within_seconds(move || Profile::load(Some(&path), ""))
+        .unwrap_err()
+        .message;
+    assert!(
+        e.contains("drops.fifo") && e.contains("not a regular file"),
+        "{e}"
+    );
+    let big_trace = dir.join("big.txt");
+    std::fs::File::create(&big_trace)
+        .unwrap()
+        .set_len(crate::loss::trace::MAX_TRACE_BYTES + 1)
+        .unwrap();
+    let e = Profile::load(Some(&profile), "model.file=big.txt")
+        .unwrap_err()
+        .message;
+    assert!(e.contains("big.txt") && e.contains("larger than"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn out_of_range_numbers_say_so_with_the_range() {
+    for set in ["mtu=1e10", "mtu=10000000000", "mtu=0"] {
+        let got = err("", set);
+        assert!(
+            got.contains("out of range") && got.contains("64"),
+            "for {set:?}: {got}"
+        );
+    }
+}
+
+#[test]
+fn a_quoted_semicolon_does_not_split_an_override() {
+    let p = Profile::parse(
+        "",
+        "x.toml",
+        "description=\"a; b\"; seed=3; model.rate='c;d'",
+    );
+    // model.rate='c;d' is not a number: the error must quote the whole string.
+    let e = p.unwrap_err().message;
+    assert!(e.contains("c;d"), "{e}");
+    let p = Profile::parse("", "x.toml", "description=\"a; b\"; seed=3").unwrap();
+    assert_eq!(p.description.as_deref(), Some("a; b"));
+    assert_eq!(p.seed, 3);
+    // An unterminated quote is an error, not a silent split.
+    let e = err("", "description=\"a; seed=3");
+    assert!(e.contains("NCCL_LOSSY_SET") && e.contains("quote"), "{e}");
 }

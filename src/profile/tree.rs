@@ -194,7 +194,7 @@ pub(super) fn parse(text: &str, origin: &str) -> Result<Node> {
 
 /// Writes `overrides` (`a.b=v;c=w`) into the tree.
 pub(super) fn apply_overrides(root: &mut Node, overrides: &str) -> Result<()> {
-    for item in overrides.split(';') {
+    for item in split_overrides(overrides)? {
         let item = item.trim();
         if item.is_empty() {
             continue;
@@ -225,6 +225,37 @@ pub(super) fn apply_overrides(root: &mut Node, overrides: &str) -> Result<()> {
             .map_err(|msg| Error::invalid_argument(format!("{SET_ENV}: {key}: {msg}")))?;
     }
     Ok(())
+}
+
+/// Splits `a=1;b="x;y"` at the `;` outside quotes: a quoted TOML string (basic `"..."` with
+/// backslash escapes, or literal `'...'`) may contain `;`.
+fn split_overrides(overrides: &str) -> Result<Vec<&str>> {
+    let mut items = Vec::new();
+    let mut start = 0;
+    let mut quote: Option<char> = None;
+    let mut escaped = false;
+    for (i, c) in overrides.char_indices() {
+        match quote {
+            Some('"') if escaped => escaped = false,
+            Some('"') if c == '\\' => escaped = true,
+            Some(q) if c == q => quote = None,
+            Some(_) => {}
+            None if c == '"' || c == '\'' => quote = Some(c),
+            None if c == ';' => {
+                items.push(&overrides[start..i]);
+                start = i + 1;
+            }
+            None => {}
+        }
+    }
+    if let Some(q) = quote {
+        return Err(Error::invalid_argument(format!(
+            "{SET_ENV}: `{}`: unterminated {q} quote",
+            overrides[start..].trim()
+        )));
+    }
+    items.push(&overrides[start..]);
+    Ok(items)
 }
 
 fn set_path(

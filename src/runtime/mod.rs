@@ -118,6 +118,7 @@ impl Runtime {
             return Ok(runtime);
         }
         let mut profile = Profile::from_env()?;
+        output::check_stats_dir()?;
         check_forced_protocol(&profile, std::env::var("NCCL_PROTO").ok().as_deref())?;
         let inner_env = std::env::var(INNER_ENV)
             .ok()
@@ -178,8 +179,12 @@ impl Runtime {
                 retire(runtime, implicit);
                 Ok(())
             }
-            // Not the last communicator: its numbers still go to the file now.
-            None => write_stats().map(|_| ()),
+            // Not the last communicator: its numbers still go to the file now. A write that
+            // fails is warned about, never NCCL's error: statistics are not the run.
+            None => {
+                output::write_logged();
+                Ok(())
+            }
         }
     }
 
@@ -372,9 +377,7 @@ fn retire(runtime: Arc<Runtime>, implicit: Option<Arc<Context>>) {
         implicit.abandon_pending();
     }
     runtime.retire_output();
-    if let Err(err) = write_stats() {
-        log::warn(&format!("statistics not written: {err}"));
-    }
+    output::write_logged();
     drop(runtime);
 }
 

@@ -106,7 +106,24 @@ pub fn write_stats() -> Result<Option<PathBuf>> {
     }
 }
 
-fn write_logged() {
+/// Checks at `init` that `NCCL_LOSSY_STATS`, when set, is a directory statistics can be
+/// written to: a run that cannot keep its statistics is refused up front, with the variable
+/// and the path named, rather than warned about at every write.
+pub(super) fn check_stats_dir() -> Result<()> {
+    match stats_dir() {
+        Some(dir) => StatsFile::check_dir(Path::new(&dir)).map_err(|err| {
+            err.context(format!(
+                "{STATS_DIR_ENV}={}: statistics cannot be written there (set it to a \
+                 writable directory, or unset it)",
+                Path::new(&dir).display()
+            ))
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Writes the statistics file; a failure is a warning (statistics never fail NCCL's calls).
+pub(super) fn write_logged() {
     if let Err(err) = write_stats() {
         log::warn(&format!("statistics not written: {err}"));
     }

@@ -96,6 +96,27 @@ impl StatsFile {
         Ok(path)
     }
 
+    /// Creates `dir` when missing and checks that a file can be created in it (a probe file,
+    /// removed again), so a directory that cannot take statistics is found at `init`, not at
+    /// every write.
+    pub fn check_dir(dir: &Path) -> Result<()> {
+        fs::create_dir_all(dir).map_err(|e| {
+            Error::system(format!(
+                "cannot create stats directory {}: {e}",
+                dir.display()
+            ))
+        })?;
+        let probe = dir.join(format!(".lossy-stats-probe-{}.tmp", std::process::id()));
+        fs::File::create(&probe)
+            .and_then(|_| fs::remove_file(&probe))
+            .map_err(|e| {
+                Error::system(format!(
+                    "cannot write a file in stats directory {}: {e}",
+                    dir.display()
+                ))
+            })
+    }
+
     /// Reads a statistics file.
     pub fn read(path: &Path) -> Result<StatsFile> {
         let text = fs::read(path)

@@ -1,34 +1,73 @@
 //! `lossy validate`: check profiles and print a one-line summary of each.
+//!
+//! It checks what the plugin will load: the profile (the files given, or else the one
+//! `NCCL_LOSSY_PROFILE` names, or else the embedded default) with `NCCL_LOSSY_SET` applied,
+//! then each `--set` on top (later overrides win, as they do within `NCCL_LOSSY_SET`). The
+//! overrides it applied are printed below each summary with where they came from.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use nccl_net_lossy::profile::Profile;
+use nccl_net_lossy::profile::{Profile, PROFILE_ENV, SET_ENV};
 
 /// Arguments of `lossy validate`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Profile files (TOML) to check; none: the embedded default profile.
+    /// Profile files (TOML) to check; none: the profile NCCL_LOSSY_PROFILE names, or the
+    /// embedded default when it is not set (what the plugin would load).
     pub files: Vec<PathBuf>,
-    /// Override a dotted key, as NCCL_LOSSY_SET does (repeatable): --set model.rate=0.02
+    /// Override a dotted key on top of NCCL_LOSSY_SET (repeatable): --set model.rate=0.02
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
 }
 
+/// The overrides `lossy validate` applies, in order, each with where it came from.
+fn overrides(args: &Args) -> Result<Vec<(String, String)>, String> {
+    let mut all = Vec::new();
+    match std::env::var(SET_ENV) {
+        Ok(env) if !env.trim().is_empty() => all.push((SET_ENV.to_string(), env)),
+        Ok(_) | Err(std::env::VarError::NotPresent) => {}
+        Err(std::env::VarError::NotUnicode(_)) => {
+            return Err(format!("{SET_ENV} is not valid UTF-8"))
+        }
+    }
+    all.extend(args.set.iter().map(|s| ("--set".to_string(), s.clone())));
+    Ok(all)
+}
+
 /// Runs `lossy validate`: exit 0 when every file is valid, 2 (with the errors) otherwise.
 pub fn run(args: Args) -> ExitCode {
-    let overrides = args.set.join(";");
+    let applied = match overrides(&args) {
+        Ok(applied) => applied,
+        Err(err) => {
+            eprintln!("lossy validate: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let joined = applied
+        .iter()
+        .map(|(_, set)| set.as_str())
+        .collect::<Vec<_>>()
+        .join(";");
     let mut failed = false;
-    // No file names the embedded default, so that `lossy validate --set ...` previews what a
-    // run without NCCL_LOSSY_PROFILE would do.
+    // No file: what a run would load, the profile NCCL_LOSSY_PROFILE names or the embedded
+    // default, so `lossy validate --set ...` previews the run.
+    let env_profile = std::env::var_os(PROFILE_ENV)
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from);
     let files: Vec<Option<&PathBuf>> = if args.files.is_empty() {
-        vec![None]
+        vec![env_profile.as_ref()]
     } else {
         args.files.iter().map(Some).collect()
     };
     for file in files {
-        match Profile::load(file.map(PathBuf::as_path), &overrides) {
-            Ok(profile) => println!("{}", profile.summary()),
+        match Profile::load(file.map(PathBuf::as_path), &joined) {
+            Ok(profile) => {
+                println!("{}", profile.summary());
+                for (from, set) in &applied {
+                    println!("  override from {from}: {}", set.trim());
+                }
+            }
             Err(err) => {
                 eprintln!("lossy validate: {err}");
                 failed = true;

@@ -100,15 +100,26 @@ impl PluginLibrary {
     }
 
     /// Turns loss injection on or off through the library's control API
-    /// (`ncclLossySetEnabled`).
+    /// (`ncclLossySetEnabled`). The control API is this library's own: a plugin without it
+    /// (a third party's, or a raw-TCP-only job's) is left as it is when loss is asked on,
+    /// and only a job that needs loss off (a lossless baseline) fails, naming the symbol.
     pub fn set_loss_enabled(&self, enabled: bool) -> Result<()> {
         // SAFETY: the control header declares `int ncclLossySetEnabled(int)`; the library
         // stays loaded during the call.
         let f = unsafe {
             self.lib
                 .function::<extern "C" fn(c_int) -> c_int>("ncclLossySetEnabled")
-        }
-        .ok_or_else(|| missing("ncclLossySetEnabled"))?;
+        };
+        let Some(f) = f else {
+            return if enabled {
+                Ok(())
+            } else {
+                Err(missing("ncclLossySetEnabled").context(
+                    "cannot switch loss injection off for a lossless run (a plugin without \
+                     this project's control API)",
+                ))
+            };
+        };
         match f(c_int::from(enabled)) {
             0 => Ok(()),
             code => Err(Error::internal(format!(
@@ -118,15 +129,18 @@ impl PluginLibrary {
     }
 
     /// Asks the library to write its statistics file now (`ncclLossyWriteStats`); `Ok(false)`
-    /// when `NCCL_LOSSY_STATS` is not set.
+    /// when `NCCL_LOSSY_STATS` is not set or the library has no control API (a third
+    /// party's plugin keeps no statistics of ours).
     pub fn write_stats(&self) -> Result<bool> {
         // SAFETY: the control header declares `int ncclLossyWriteStats(void)`; the library
         // stays loaded during the call.
         let f = unsafe {
             self.lib
                 .function::<extern "C" fn() -> c_int>("ncclLossyWriteStats")
-        }
-        .ok_or_else(|| missing("ncclLossyWriteStats"))?;
+        };
+        let Some(f) = f else {
+            return Ok(false);
+        };
         match f() {
             0 => Ok(true),
             1 => Ok(false),

@@ -64,56 +64,55 @@ pub const PROTO_SIMPLE_BIT: u32 = 1 << 2;
 
 // ---- logging --------------------------------------------------------------------------------
 
-/// Receives the plugin's log lines. NCCL's logger is printf-like and variadic, which stable
-/// Rust cannot define; this plugin always logs with a single `%s` argument, so the harness
-/// takes exactly one pointer after the format (the calling convention passes the first
-/// variadic pointer where a sixth fixed pointer argument goes on x86-64 and AArch64 Linux).
+extern "C" {
+    /// The C logger (src/harness/logger.c, built by build.rs): formats NCCL's printf-style
+    /// varargs with `vsnprintf`, as NCCL's own logger does, and hands the line to the sink.
+    fn lossy_harness_logger(
+        level: ncclDebugLogLevel,
+        flags: c_ulong,
+        file: *const c_char,
+        line: c_int,
+        fmt: *const c_char,
+        ...
+    );
+    /// Installs the function the C logger passes finished lines to.
+    fn lossy_harness_set_log_sink(sink: LogSink);
+}
+
+/// What the C logger calls with each finished line: level, file, line, text.
+type LogSink = unsafe extern "C" fn(c_int, *const c_char, c_int, *const c_char);
+
+/// Receives each formatted line from the C logger and prints it (warnings always, the rest
+/// with `NCCL_DEBUG` set to more than WARN).
 ///
 /// # Safety
-/// `fmt` is NULL or a NUL-terminated string; when it holds exactly one `%s`, `arg` is NULL or
-/// a NUL-terminated string (NCCL's logger contract, which the plugin follows).
+/// `text` is NULL or a NUL-terminated string (the C logger's buffer).
 unsafe extern "C" fn log_line(
-    level: ncclDebugLogLevel,
-    _flags: c_ulong,
+    level: c_int,
     _file: *const c_char,
     _line: c_int,
-    fmt: *const c_char,
-    arg: *const c_char,
+    text: *const c_char,
 ) {
     let verbose = std::env::var_os(DEBUG_ENV).is_some_and(|v| v != "WARN" && v != "0");
-    let warn = matches!(level, ncclDebugLogLevel::NCCL_LOG_WARN);
-    if fmt.is_null() || !(warn || verbose) {
+    let warn = level == ncclDebugLogLevel::NCCL_LOG_WARN as c_int;
+    if text.is_null() || !(warn || verbose) {
         return;
     }
-    // SAFETY: NCCL's contract (which the plugin follows) gives a NUL-terminated format.
-    let fmt = unsafe { CStr::from_ptr(fmt) }.to_string_lossy();
-    let text = if fmt.matches('%').count() == 1 && fmt.contains("%s") && !arg.is_null() {
-        // SAFETY: the format has exactly one `%s`, so the one argument is a C string.
-        let arg = unsafe { CStr::from_ptr(arg) }.to_string_lossy();
-        fmt.replacen("%s", &arg, 1)
-    } else {
-        fmt.into_owned()
-    };
+    // SAFETY: the C logger passes its NUL-terminated line buffer, alive during this call.
+    let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
     let tag = if warn { "WARN" } else { "INFO" };
     eprintln!("[pid {}] {tag} {text}", std::process::id());
 }
 
-/// The logger handed to the plugin's `init`.
-fn logger() -> ncclDebugLogger_t {
-    type Fixed = unsafe extern "C" fn(
-        ncclDebugLogLevel,
-        c_ulong,
-        *const c_char,
-        c_int,
-        *const c_char,
-        *const c_char,
-    );
-    type Variadic =
-        unsafe extern "C" fn(ncclDebugLogLevel, c_ulong, *const c_char, c_int, *const c_char, ...);
-    let fixed: Fixed = log_line;
-    // SAFETY: both are `extern "C"` function pointers of the same size; see `log_line` for
-    // why a call through the variadic type reaches it with the right arguments.
-    Some(unsafe { std::mem::transmute::<Fixed, Variadic>(fixed) })
+/// The logger handed to a plugin's `init`: printf-like, as NCCL's.
+pub fn logger() -> ncclDebugLogger_t {
+    static SINK: std::sync::Once = std::sync::Once::new();
+    SINK.call_once(|| {
+        // SAFETY: stores a function pointer in the C logger's static; the Once makes this
+        // happen once, before any logger is handed out (so before any plugin logs).
+        unsafe { lossy_harness_set_log_sink(log_line) }
+    });
+    Some(lossy_harness_logger)
 }
 
 // ---- the client ------------------------------------------------------------------------------

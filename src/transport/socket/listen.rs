@@ -77,7 +77,12 @@ impl SocketListener {
     fn reject(&mut self, index: usize, why: &str) {
         let p = self.pending.remove(index);
         self.rejected += 1;
-        log_warn(format_args!("dropping connection from {}: {why}", p.peer));
+        // A port scan must not write a line per connection: rate-limited per reason.
+        static DROPS: crate::log::RateLimit = crate::log::RateLimit::new(5, 10);
+        DROPS.warn(
+            why,
+            &format!("socket: dropping connection from {}: {why}", p.peer),
+        );
     }
 
     fn accept_new(&mut self) -> Result<()> {

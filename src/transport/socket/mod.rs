@@ -142,7 +142,12 @@ impl SocketConfig {
         let nsocks = number(text("NCCL_LOSSY_NSOCKS"), |n: &usize| {
             (1..=MAX_SOCKETS).contains(n)
         })
-        .map_err(|v| invalid("NCCL_LOSSY_NSOCKS", &v))?;
+        .map_err(|v| {
+            Error::invalid_argument(format!(
+                "NCCL_LOSSY_NSOCKS={v} is not a valid value: sockets per connection, an integer \
+                 from 1 to {MAX_SOCKETS}"
+            ))
+        })?;
         let speed_mbps = number(text("NCCL_LOSSY_SPEED_MBPS"), |s: &i32| *s > 0)
             .map_err(|v| invalid("NCCL_LOSSY_SPEED_MBPS", &v))?;
         let sockbuf = number(text("NCCL_LOSSY_SOCKBUF"), |b: &usize| {

@@ -1,0 +1,121 @@
+//! `lossy validate` checks exactly what the plugin will load: the profile with the
+//! `NCCL_LOSSY_SET` of the environment and each `--set` on top, printing the overrides it
+//! applied; with no file, the profile `NCCL_LOSSY_PROFILE` names. A FIFO or device given as a
+//! profile is refused at once.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{fresh_dir, lossy_exe};
+
+fn lossy(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(lossy_exe());
+    cmd.args(args)
+        .env_remove("NCCL_LOSSY_SET")
+        .env_remove("NCCL_LOSSY_PROFILE")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("run lossy");
+    let start = Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if start.elapsed() > Duration::from_secs(10) {
+            child.kill().ok();
+            child.wait().ok();
+            panic!("lossy {args:?} did not finish within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
+}
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn write(dir: &Path, name: &str, body: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, body).expect("write profile");
+    path.display().to_string()
+}
+
+#[test]
+fn validate_applies_nccl_lossy_set_like_the_plugin() {
+    let dir = fresh_dir("validate-set");
+    let good = write(
+        &dir,
+        "good.toml",
+        "model = { kind = \"uniform\", rate = 0.01 }\n",
+    );
+    // The environment breaks the profile: validate must say so, as init would.
+    let out = lossy(
+        &["validate", &good],
+        &[("NCCL_LOSSY_SET", "model.rate=1.5")],
+    );
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("NCCL_LOSSY_SET: model.rate = 1.5: must be a probability"),
+        "{stderr}"
+    );
+    // The environment's overrides and --set apply in that order, and both are printed.
+    let out = lossy(
+        &["validate", &good, "--set", "model.rate=0.05"],
+        &[("NCCL_LOSSY_SET", "seed=42;model.rate=0.5")],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("seed 42"), "{stdout}");
+    assert!(stdout.contains("expected loss 5%"), "{stdout}");
+    assert!(
+        stdout.contains("override from NCCL_LOSSY_SET: seed=42;model.rate=0.5")
+            && stdout.contains("override from --set: model.rate=0.05"),
+        "{stdout}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn validate_without_a_file_checks_the_profile_nccl_lossy_profile_names() {
+    let dir = fresh_dir("validate-env-profile");
+    let bad = write(&dir, "bad.toml", "effect = \"drop\"\n");
+    let out = lossy(&["validate"], &[("NCCL_LOSSY_PROFILE", &bad)]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("bad.toml") && stderr.contains("unknown effect"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn validate_refuses_a_fifo_at_once() {
+    let dir = fresh_dir("validate-fifo");
+    let fifo = dir.join("profile.toml");
+    let c = std::ffi::CString::new(fifo.to_str().expect("utf-8")).expect("path");
+    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    let fifo = fifo.display().to_string();
+    for env in [vec![], vec![("NCCL_LOSSY_PROFILE", fifo.as_str())]] {
+        let args: &[&str] = if env.is_empty() {
+            &["validate", &fifo]
+        } else {
+            &["validate"]
+        };
+        let out = lossy(args, &env);
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("not a regular file (a FIFO)"), "{stderr}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -1,0 +1,108 @@
+//! `NCCL_LOSSY_STATS` that cannot take statistics: `init` refuses it with an error that names
+//! the variable and the path, and once a run is under way, a statistics write that fails is a
+//! warning: `finalize` never fails for statistics.
+//!
+//! Each case runs in a fresh process (this binary again, with the ignored test `stats_child`),
+//! because the runtime and the environment it reads are process-wide.
+
+mod common;
+
+use std::path::Path;
+use std::process::Stdio;
+
+use common::{library, say, Peer, ROLE_ENV};
+use lossy_cli::harness::plugin_client::{PluginClient, PluginLibrary};
+
+const CHILD: &str = "stats_child";
+
+/// Runs `role` in a fresh process with `env`; returns what it said and what it logged.
+fn run_child(role: &str, env: &[(&str, &str)], log: &Path) -> (String, String) {
+    let mut all = vec![("NCCL_SOCKET_IFNAME", "lo")];
+    all.extend_from_slice(env);
+    let file = std::fs::File::create(log).expect("log file");
+    let mut peer = Peer::spawn_with_stderr(CHILD, role, &all, Stdio::from(file));
+    let said = peer.expect_line("OK");
+    let status = peer.wait();
+    let logged = std::fs::read_to_string(log).expect("read the log");
+    assert!(
+        status.success(),
+        "{role}: the child failed: {status}\n{logged}"
+    );
+    (said, logged)
+}
+
+#[test]
+fn init_refuses_a_stats_directory_that_cannot_be_created() {
+    let dir = common::fresh_dir("stats-unwritable");
+    // A regular file where a directory would have to be: no one, root included, can create
+    // the directory below it.
+    let blocker = dir.join("a-file");
+    std::fs::write(&blocker, "not a directory\n").expect("write");
+    let stats = blocker.join("stats");
+    let stats = stats.to_str().expect("utf-8");
+    let (said, logged) = run_child("refused", &[("NCCL_LOSSY_STATS", stats)], &dir.join("log"));
+    println!("{said}");
+    assert!(
+        logged.contains(&format!(
+            "NCCL_LOSSY_STATS={stats}: statistics cannot be written"
+        )),
+        "the error names neither the variable nor the path:\n{logged}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn finalize_never_fails_because_statistics_cannot_be_written() {
+    let dir = common::fresh_dir("stats-vanishing");
+    let stats = dir.join("stats");
+    let (said, logged) = run_child(
+        "vanishing",
+        &[("NCCL_LOSSY_STATS", stats.to_str().expect("utf-8"))],
+        &dir.join("log"),
+    );
+    println!("{said}");
+    assert!(
+        logged.contains("statistics not written"),
+        "a failed write is not warned about:\n{logged}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The child side of the tests above: acts on [`ROLE_ENV`].
+#[test]
+#[ignore = "run by the other tests of this file in a process of its own"]
+fn stats_child() {
+    let Ok(role) = std::env::var(ROLE_ENV) else {
+        return;
+    };
+    let stats = std::env::var("NCCL_LOSSY_STATS").expect("NCCL_LOSSY_STATS");
+    let lib = PluginLibrary::open(&library()).expect("dlopen");
+    match role.as_str() {
+        "refused" => {
+            for version in [12, 9] {
+                let err = PluginClient::init(&lib, version, 1)
+                    .err()
+                    .unwrap_or_else(|| {
+                        panic!("v{version}: init accepted NCCL_LOSSY_STATS={stats}")
+                    });
+                println!("v{version}: init refused NCCL_LOSSY_STATS={stats}: {err}");
+            }
+            say("OK init refuses an unwritable NCCL_LOSSY_STATS");
+        }
+        "vanishing" => {
+            let keeper = PluginClient::init(&lib, 12, 1).expect("init");
+            let client = PluginClient::init(&lib, 12, 2).expect("init");
+            // The directory goes away under the run, and a file takes its place.
+            std::fs::remove_dir_all(&stats).expect("remove the stats directory");
+            std::fs::write(&stats, "in the way\n").expect("write");
+            client
+                .finalize()
+                .expect("finalize (not the last) failed for statistics");
+            keeper
+                .finalize()
+                .expect("finalize (the last) failed for statistics");
+            say("OK finalize succeeds when statistics cannot be written");
+        }
+        other => panic!("unknown role {other}"),
+    }
+}

@@ -1,0 +1,66 @@
+//! The harness drives a plugin that has none of this library's control API (`ncclLossy*`),
+//! as it must for a third party's plugin: a plugin without those symbols runs on the plugin
+//! and raw TCP links, and a job that needs the control API (switching loss off) says which
+//! symbol is missing. The plugin is a small C library (tests/fixtures/forward_plugin.c, built
+//! here with the system C compiler) that exports only `ncclNetPlugin_v12`, copied from this
+//! project's library.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::{every, launch_env, library, repo_file};
+use lossy_cli::harness::collectives::DataType;
+use lossy_cli::harness::worker::{Job, LinkKind};
+
+/// Builds the forwarding plugin into a fresh folder.
+fn forward_plugin() -> PathBuf {
+    let out = common::fresh_dir("forward-plugin").join("libnccl-net-forward.so");
+    let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
+    let status = Command::new(&compiler)
+        .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-I"])
+        .arg(repo_file("nccl_headers"))
+        .arg(repo_file("cli/tests/fixtures/forward_plugin.c"))
+        .arg("-o")
+        .arg(&out)
+        .arg("-ldl")
+        .status()
+        .unwrap_or_else(|e| panic!("run the C compiler {compiler}: {e}"));
+    assert!(status.success(), "building the forwarding plugin failed");
+    out
+}
+
+fn env() -> Vec<(String, String)> {
+    vec![(
+        "FORWARD_PLUGIN_TARGET".to_string(),
+        library().display().to_string(),
+    )]
+}
+
+#[test]
+fn a_plugin_without_the_control_api_runs_on_the_plugin_and_raw_links() {
+    let plugin = forward_plugin();
+    let runs = every(&[4096, 1 << 20], &[DataType::F32]);
+    let n = runs.len();
+    let job = Job::collectives(plugin, vec![LinkKind::Plugin, LinkKind::RawTcp], runs);
+    // Lossless profile: every result must be bit-exact on both links.
+    let mut env = env();
+    env.push(("NCCL_LOSSY_SET".to_string(), "model.rate=0".to_string()));
+    let reports = launch_env(2, job, env).unwrap_or_else(|e| panic!("the job failed: {e}"));
+    for report in &reports {
+        assert_eq!(report.results.len(), 2 * n, "{report:?}");
+        assert!(report.results.iter().all(|r| r.ok), "{report:?}");
+    }
+}
+
+#[test]
+fn a_job_that_needs_the_control_api_names_the_missing_symbol() {
+    let plugin = forward_plugin();
+    let runs = every(&[4096], &[DataType::F32]);
+    let mut job = Job::collectives(plugin, vec![LinkKind::Plugin], runs);
+    job.lossless = true;
+    let err = launch_env(2, job, env()).expect_err("loss cannot be switched off");
+    let text = err.to_string();
+    assert!(text.contains("ncclLossySetEnabled"), "{text}");
+}
