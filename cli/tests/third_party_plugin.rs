@@ -64,3 +64,21 @@ fn a_job_that_needs_the_control_api_names_the_missing_symbol() {
     let text = err.to_string();
     assert!(text.contains("ncclLossySetEnabled"), "{text}");
 }
+
+#[test]
+fn a_v12_init_that_leaves_the_context_null_is_accepted() {
+    // NCCL accepts a v11+ `init` that leaves the context NULL (its own Socket transport does)
+    // and then passes NULL back to listen, connect and finalize; the harness must too.
+    let plugin = forward_plugin();
+    let runs = every(&[4096, 1 << 20], &[DataType::F32]);
+    let n = runs.len();
+    let job = Job::collectives(plugin, vec![LinkKind::Plugin], runs);
+    let mut env = env();
+    env.push(("FORWARD_PLUGIN_NULL_CONTEXT".to_string(), "1".to_string()));
+    env.push(("NCCL_LOSSY_SET".to_string(), "model.rate=0".to_string()));
+    let reports = launch_env(2, job, env).unwrap_or_else(|e| panic!("the job failed: {e}"));
+    for report in &reports {
+        assert_eq!(report.results.len(), n, "{report:?}");
+        assert!(report.results.iter().all(|r| r.ok), "{report:?}");
+    }
+}
