@@ -14,9 +14,10 @@ use common::{every, launch_env, library, repo_file};
 use lossy_cli::harness::collectives::DataType;
 use lossy_cli::harness::worker::{Job, LinkKind};
 
-/// Builds the forwarding plugin into a fresh folder.
-fn forward_plugin() -> PathBuf {
-    let out = common::fresh_dir("forward-plugin").join("libnccl-net-forward.so");
+/// Builds the forwarding plugin into a fresh folder of its own for test `test` (tests of this
+/// file run in parallel: a shared folder would be wiped under another test's ranks).
+fn forward_plugin(test: &str) -> PathBuf {
+    let out = common::fresh_dir(&format!("forward-plugin-{test}")).join("libnccl-net-forward.so");
     let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
     let status = Command::new(&compiler)
         .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-I"])
@@ -40,7 +41,7 @@ fn env() -> Vec<(String, String)> {
 
 #[test]
 fn a_plugin_without_the_control_api_runs_on_the_plugin_and_raw_links() {
-    let plugin = forward_plugin();
+    let plugin = forward_plugin("links");
     let runs = every(&[4096, 1 << 20], &[DataType::F32]);
     let n = runs.len();
     let job = Job::collectives(plugin, vec![LinkKind::Plugin, LinkKind::RawTcp], runs);
@@ -56,7 +57,7 @@ fn a_plugin_without_the_control_api_runs_on_the_plugin_and_raw_links() {
 
 #[test]
 fn a_job_that_needs_the_control_api_names_the_missing_symbol() {
-    let plugin = forward_plugin();
+    let plugin = forward_plugin("control");
     let runs = every(&[4096], &[DataType::F32]);
     let mut job = Job::collectives(plugin, vec![LinkKind::Plugin], runs);
     job.lossless = true;
@@ -69,7 +70,7 @@ fn a_job_that_needs_the_control_api_names_the_missing_symbol() {
 fn a_v12_init_that_leaves_the_context_null_is_accepted() {
     // NCCL accepts a v11+ `init` that leaves the context NULL (its own Socket transport does)
     // and then passes NULL back to listen, connect and finalize; the harness must too.
-    let plugin = forward_plugin();
+    let plugin = forward_plugin("null-context");
     let runs = every(&[4096, 1 << 20], &[DataType::F32]);
     let n = runs.len();
     let job = Job::collectives(plugin, vec![LinkKind::Plugin], runs);
