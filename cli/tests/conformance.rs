@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::{launch_job, library, message_bytes, park, post_recv, say, Peer, ROLE_ENV};
 use lossy_cli::harness::plugin_client::{
-    establish, PluginClient, PluginLibrary, Posted, RequestFifo, SendComm,
+    PluginClient, PluginLibrary, Posted, RequestFifo, SendComm,
 };
 use lossy_cli::harness::worker::{Job, Task};
 use nccl_net_lossy::ErrorKind;
@@ -87,14 +87,7 @@ fn orderly_close_while_sends_are_posted_fails_nothing() {
     std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
     let lib = PluginLibrary::open(&library()).expect("dlopen");
     let client = PluginClient::init(&lib, 12, 0x1320).expect("init");
-    let (handle, mut listen) = client.listen(0).expect("listen");
-    let (send, recv) = establish(
-        client.connect(0, &handle),
-        &mut listen,
-        Duration::from_secs(30),
-    )
-    .expect("link");
-    listen.close().expect("closeListen");
+    let (send, recv) = client.local_pair(0, Duration::from_secs(30)).expect("link");
     const SIZE: usize = 4 << 20;
     let receives: Vec<_> = (0..32)
         .map(|_| post_recv(&recv, SIZE, 0).expect("irecv"))

@@ -15,9 +15,7 @@ use common::{
     heap_in_use, library, message_bytes, post_recv, post_send, say, wait_request, Peer,
     EXACT_HEAP_ENV, ROLE_ENV,
 };
-use lossy_cli::harness::plugin_client::{
-    establish, PluginClient, PluginLibrary, RecvComm, SendComm,
-};
+use lossy_cli::harness::plugin_client::{PluginClient, PluginLibrary, RecvComm, SendComm};
 
 const CHILD: &str = "leaks_child";
 /// Tells the child how many cycles to run.
@@ -81,13 +79,9 @@ fn settled(want: Option<Counts>) -> Counts {
 /// One connection's life; it moves a message when `message` is set (17 or 300,001 bytes,
 /// multi-socket every other time, so the data path's buffers are part of what must come back).
 fn cycle(client: &PluginClient, i: usize, message: bool) {
-    let (handle, mut listen) = client.listen(0).expect("listen");
-    let (send, recv) = establish(
-        client.connect(0, &handle),
-        &mut listen,
-        Duration::from_secs(10),
-    )
-    .expect("connect and accept");
+    let (send, recv) = client
+        .local_pair(0, Duration::from_secs(10))
+        .expect("connect and accept");
     if message {
         one_message(&send, &recv, i);
     }
@@ -99,7 +93,6 @@ fn cycle(client: &PluginClient, i: usize, message: bool) {
         recv.close().expect("closeRecv");
         send.close().expect("closeSend");
     }
-    listen.close().expect("closeListen");
 }
 
 fn one_message(send: &SendComm, recv: &RecvComm, i: usize) {
@@ -154,13 +147,9 @@ fn open_close(cycles: usize) -> String {
     // have a fixed size once each size was seen), so the data path must give back all it
     // took, per message.
     let client = PluginClient::init(&lib, 12, 1 << 20).expect("init");
-    let (handle, mut listen) = client.listen(0).expect("listen");
-    let (send, recv) = establish(
-        client.connect(0, &handle),
-        &mut listen,
-        Duration::from_secs(10),
-    )
-    .expect("connect and accept");
+    let (send, recv) = client
+        .local_pair(0, Duration::from_secs(10))
+        .expect("connect and accept");
     for i in 0..20 {
         one_message(&send, &recv, i);
     }
@@ -171,7 +160,6 @@ fn open_close(cycles: usize) -> String {
     let heap_after_msgs = heap_in_use();
     send.close().expect("closeSend");
     recv.close().expect("closeRecv");
-    listen.close().expect("closeListen");
     client.finalize().expect("finalize");
     drop(client);
 

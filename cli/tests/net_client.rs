@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::library;
-use lossy_cli::harness::plugin_client::{establish, PluginClient, PluginLibrary, Posted, RecvItem};
+use lossy_cli::harness::plugin_client::{PluginClient, PluginLibrary, Posted, RecvItem};
 use nccl_net_lossy::ffi::net::{
     NetLibrary, NetPlugin, NetProperties, V8_MAX_BYTES, V8_MAX_COLL_BYTES,
 };
@@ -93,13 +93,9 @@ fn every_version_carries_messages_both_ways() {
     for version in 8..=12 {
         let client = PluginClient::init(&lib, version, 100 + u64::from(version)).expect("init");
         assert_eq!(client.version(), version);
-        let (handle, mut listen) = client.listen(0).expect("listen");
-        let (send, recv) = establish(
-            client.connect(0, &handle),
-            &mut listen,
-            Duration::from_secs(10),
-        )
-        .unwrap_or_else(|e| panic!("v{version}: {e}"));
+        let (send, recv) = client
+            .local_pair(0, Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("v{version}: {e}"));
         for len in [0usize, 1, 70_001] {
             let payload: Vec<u8> = (0..len)
                 .map(|i| (i * 31 + version as usize) as u8)
@@ -130,7 +126,6 @@ fn every_version_carries_messages_both_ways() {
         }
         send.close().expect("closeSend");
         recv.close().expect("closeRecv");
-        listen.close().expect("closeListen");
         client.finalize().expect("finalize");
     }
 }

@@ -14,7 +14,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::{fresh_dir, library, lossy_exe, message_bytes, post_recv, post_send, wait_request};
-use lossy_cli::harness::plugin_client::{establish, op, PluginClient, PluginLibrary};
+use lossy_cli::harness::plugin_client::{op, PluginClient, PluginLibrary};
 use nccl_net_lossy::stats::report::load_run;
 
 const MIB: usize = 1 << 20;
@@ -107,13 +107,9 @@ fn real_run(stats: &Path) -> BTreeMap<(u64, String), (u64, u64)> {
     let lib = PluginLibrary::open(&path).expect("load the plugin");
     let control = Control::of(&path);
     let client = PluginClient::init(&lib, 12, 0x5eed).expect("init");
-    let (handle, mut listen) = client.listen(0).expect("listen");
-    let (send, recv) = establish(
-        client.connect(0, &handle),
-        &mut listen,
-        Duration::from_secs(30),
-    )
-    .expect("connect");
+    let (send, recv) = client
+        .local_pair(0, Duration::from_secs(30))
+        .expect("connect");
     let mut rows = Vec::new();
     let mut expected = BTreeMap::new();
     let mut last = control.cells();
@@ -149,7 +145,6 @@ fn real_run(stats: &Path) -> BTreeMap<(u64, String), (u64, u64)> {
     }
     send.close().expect("close send");
     recv.close().expect("close recv");
-    listen.close().expect("close listen");
     assert!(lib.write_stats().expect("write statistics"));
     let doc = serde_json::json!({"format_version": 1, "rank": 0, "host": "test", "pid": std::process::id(),
         "written_at_unix_ms": 0, "steps": rows});

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::{
     heap_in_use, library, message_bytes, post_recv, post_send, say, wait_request, Peer, ROLE_ENV,
 };
-use lossy_cli::harness::plugin_client::{establish, PluginClient, PluginLibrary};
+use lossy_cli::harness::plugin_client::{PluginClient, PluginLibrary};
 
 const CHILD: &str = "runtime_child";
 
@@ -103,13 +103,9 @@ fn bad_profile() {
 
 /// Connects to a new listener of `client`, moves one message of `size` bytes, closes all.
 fn one_message(client: &PluginClient, size: usize, seed: u64) {
-    let (handle, mut listen) = client.listen(0).expect("listen");
-    let (send, recv) = establish(
-        client.connect(0, &handle),
-        &mut listen,
-        Duration::from_secs(10),
-    )
-    .expect("connect and accept");
+    let (send, recv) = client
+        .local_pair(0, Duration::from_secs(10))
+        .expect("connect and accept");
     let mut r = post_recv(&recv, size, 7).expect("irecv");
     let mut s = post_send(&send, message_bytes(size, seed), 7).expect("isend");
     wait_request(&mut s, Duration::from_secs(30)).expect("send");
@@ -119,7 +115,6 @@ fn one_message(client: &PluginClient, size: usize, seed: u64) {
     assert_eq!(bufs[0].len(), size);
     send.close().expect("closeSend");
     recv.close().expect("closeRecv");
-    listen.close().expect("closeListen");
 }
 
 // ---- (b) init/finalize cycles leave nothing behind ---------------------------------------------
@@ -160,13 +155,9 @@ fn settled(want: Counts) -> Counts {
 fn cycle(lib: &std::rc::Rc<PluginLibrary>, i: usize) {
     let client = PluginClient::init(lib, 12, i as u64 + 1).expect("init");
     if i % 4 == 0 {
-        let (handle, mut listen) = client.listen(0).expect("listen");
-        let (send, recv) = establish(
-            client.connect(0, &handle),
-            &mut listen,
-            Duration::from_secs(10),
-        )
-        .expect("connect and accept");
+        let (send, recv) = client
+            .local_pair(0, Duration::from_secs(10))
+            .expect("connect and accept");
         if i % 8 == 0 {
             send.close().expect("closeSend");
             recv.close().expect("closeRecv");
@@ -174,7 +165,6 @@ fn cycle(lib: &std::rc::Rc<PluginLibrary>, i: usize) {
             recv.close().expect("closeRecv");
             send.close().expect("closeSend");
         }
-        listen.close().expect("closeListen");
     }
     client.finalize().expect("finalize");
 }
@@ -278,13 +268,9 @@ fn abandon_connects(client: &PluginClient, n: usize) {
 /// memory an abandoned connect used (the allocator hands freed blocks of one size back first).
 fn fresh_connects(client: &PluginClient, n: usize) {
     for i in 0..n {
-        let (handle, mut listen) = client.listen(0).expect("listen");
-        let (send, recv) = establish(
-            client.connect(0, &handle),
-            &mut listen,
-            Duration::from_secs(10),
-        )
-        .unwrap_or_else(|e| panic!("connect {i} after the abandoned ones: {e}"));
+        let (send, recv) = client
+            .local_pair(0, Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("connect {i} after the abandoned ones: {e}"));
         let mut r = post_recv(&recv, 64, 3).expect("irecv");
         let mut s = post_send(&send, message_bytes(64, i as u64), 3).expect("isend");
         wait_request(&mut s, Duration::from_secs(10)).expect("send");
@@ -297,7 +283,6 @@ fn fresh_connects(client: &PluginClient, n: usize) {
         );
         send.close().expect("closeSend");
         recv.close().expect("closeRecv");
-        listen.close().expect("closeListen");
     }
 }
 

@@ -221,6 +221,16 @@ impl PluginClient {
         ))
     }
 
+    /// A connection from this client to itself on device `dev`: listens, connects to that
+    /// listener and accepts it (as [`establish`] does), then closes the listen comm. What the
+    /// tests use to move messages through one process.
+    pub fn local_pair(&self, dev: i32, timeout: Duration) -> Result<(SendComm, RecvComm)> {
+        let (handle, mut listen) = self.listen(dev)?;
+        let pair = establish(self.connect(dev, &handle), &mut listen, timeout)?;
+        listen.close()?;
+        Ok(pair)
+    }
+
     /// Starts connecting to the listener that produced `handle` on device `dev`.
     pub fn connect(&self, dev: i32, handle: &ConnHandle) -> Connecting {
         Connecting {
