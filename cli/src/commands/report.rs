@@ -54,8 +54,25 @@ pub fn run(args: Args) -> ExitCode {
             }
         }
     }
+    emit(
+        &args,
+        &runs,
+        || csv(&runs),
+        || table(&runs),
+        |path| plot(&runs, path),
+    )
+}
+
+/// Prints `runs` as `--json`, `--csv` or the table, then draws `--plot` if asked.
+fn emit<T: serde::Serialize>(
+    args: &Args,
+    runs: &T,
+    csv: impl FnOnce() -> String,
+    table: impl FnOnce() -> String,
+    plot: impl FnOnce(&Path) -> Result<(), String>,
+) -> ExitCode {
     if args.json {
-        match serde_json::to_string_pretty(&runs) {
+        match serde_json::to_string_pretty(runs) {
             Ok(text) => println!("{text}"),
             Err(err) => {
                 eprintln!("lossy report: {err}");
@@ -63,12 +80,12 @@ pub fn run(args: Args) -> ExitCode {
             }
         }
     } else if args.csv {
-        print!("{}", csv(&runs));
+        print!("{}", csv());
     } else {
-        print!("{}", table(&runs));
+        print!("{}", table());
     }
     if let Some(path) = &args.plot {
-        if let Err(err) = plot(&runs, path) {
+        if let Err(err) = plot(path) {
             eprintln!("lossy report: cannot draw {}: {err}", path.display());
             return ExitCode::FAILURE;
         }
@@ -109,40 +126,29 @@ fn per_step(args: &Args) -> ExitCode {
             }
         }
     }
-    if args.json {
-        match serde_json::to_string_pretty(&runs) {
-            Ok(text) => println!("{text}"),
-            Err(err) => {
-                eprintln!("lossy report: {err}");
-                return ExitCode::FAILURE;
+    emit(
+        args,
+        &runs,
+        || report_steps::csv(&runs, metric),
+        || report_steps::table(&runs, metric),
+        |path| {
+            let size = (1200, 600);
+            register_font()?;
+            match plot_kind(path) {
+                Some(PlotKind::Svg) => report_steps::draw(
+                    &runs,
+                    metric,
+                    SVGBackend::new(path, size).into_drawing_area(),
+                ),
+                Some(PlotKind::Png) => report_steps::draw(
+                    &runs,
+                    metric,
+                    BitMapBackend::new(path, size).into_drawing_area(),
+                ),
+                None => Err("the plot file must end in .svg or .png".to_string()),
             }
-        }
-    } else if args.csv {
-        print!("{}", report_steps::csv(&runs, metric));
-    } else {
-        print!("{}", report_steps::table(&runs, metric));
-    }
-    if let Some(path) = &args.plot {
-        let size = (1200, 600);
-        let drawn = register_font().and_then(|()| match plot_kind(path) {
-            Some(PlotKind::Svg) => report_steps::draw(
-                &runs,
-                metric,
-                SVGBackend::new(path, size).into_drawing_area(),
-            ),
-            Some(PlotKind::Png) => {
-                let area = BitMapBackend::new(path, size).into_drawing_area();
-                report_steps::draw(&runs, metric, area)
-            }
-            None => Err("the plot file must end in .svg or .png".to_string()),
-        });
-        if let Err(err) = drawn {
-            eprintln!("lossy report: cannot draw {}: {err}", path.display());
-            return ExitCode::FAILURE;
-        }
-        eprintln!("lossy report: wrote {}", path.display());
-    }
-    ExitCode::SUCCESS
+        },
+    )
 }
 
 enum PlotKind {
