@@ -69,7 +69,7 @@ fn demo_under_a_zeroing_profile_marks_damage_as_expected_and_succeeds() {
 fn bench_prints_plugin_and_raw_tcp_side_by_side() {
     let out = lossy(&["bench", "--sizes", "small", "--iters", "2", "--lossless"]);
     let rows: Vec<&str> = out.lines().filter(|l| !l.starts_with('#')).collect();
-    assert_eq!(rows.len(), 3, "{out}");
+    assert_eq!(rows.len(), 18, "{out}");
     assert!(rows.iter().all(|r| r.trim_end().ends_with("ok")), "{out}");
     assert!(out.contains("raw us") && out.contains("ratio"), "{out}");
 }

@@ -1,5 +1,7 @@
 //! `lossy bench`: an nccl-tests-style all-reduce table for the plugin and, in the same run
-//! and the same worker processes, plain loopback TCP with as many streams, with the ratio.
+//! and the same worker processes, plain loopback TCP with as many streams, with the ratio:
+//! per size the mean time, the p50 and p99 of the per-iteration times (slowest rank of each
+//! iteration), algbw and busbw, over `--comms` ring channels.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -17,7 +19,8 @@ pub struct Args {
     /// Local ranks (processes).
     #[arg(long, default_value_t = 2)]
     pub ranks: usize,
-    /// Sizes: a comma-separated list (`64K,1M,64M`), `small` or `large`.
+    /// Sizes: a comma-separated list (`64K,1M,64M`), `small` (8 B to 1 MiB, doubling),
+    /// `large` or `all` (8 B to 256 MiB, doubling).
     #[arg(long, default_value = "large")]
     pub sizes: String,
     /// Turn loss injection off (through the plugin's control API).
@@ -27,9 +30,17 @@ pub struct Args {
     /// lossy/lossless: what the profile's loss costs in bandwidth.
     #[arg(long, conflicts_with = "lossless")]
     pub vs_lossless: bool,
-    /// Timed iterations per size (default: more for small sizes).
+    /// Timed iterations per size (default: 64 MiB / size, within 5 to 1000).
     #[arg(long)]
     pub iters: Option<usize>,
+    /// Ring channels (NCCL's channels): send/receive comm pairs per neighbour, each carrying
+    /// a contiguous slice of the buffer; the raw TCP baseline opens as many.
+    #[arg(long, default_value_t = 1)]
+    pub comms: usize,
+    /// Streams per comm of the raw TCP baseline (default: the plugin's sockets per
+    /// connection, `NCCL_LOSSY_NSOCKS` as the plugin reads it).
+    #[arg(long)]
+    pub raw_streams: Option<usize>,
     /// Untimed iterations per size.
     #[arg(long, default_value_t = 1)]
     pub warmup: usize,
@@ -85,13 +96,75 @@ pub fn parse_size(text: &str) -> std::result::Result<usize, String> {
         .ok_or_else(|| format!("bad size `{text}` (e.g. 4096, 64K, 1M, 1G)"))
 }
 
-/// Parses a size list or preset.
+/// Sizes from `from` to `to` bytes, doubling (nccl-tests' `-b from -e to -f 2`).
+fn doubling(from: usize, to: usize) -> Vec<usize> {
+    std::iter::successors(Some(from), |&b| b.checked_mul(2))
+        .take_while(|&b| b <= to)
+        .collect()
+}
+
+/// Parses a size list or preset (`lossy demo`'s: `small` is 4 KiB, 64 KiB and 1 MiB).
 pub fn parse_sizes(text: &str) -> std::result::Result<Vec<usize>, String> {
     match text {
         "small" => Ok(vec![4 << 10, 64 << 10, 1 << 20]),
         "large" => Ok(vec![1 << 20, 4 << 20, 16 << 20, 64 << 20, 128 << 20]),
         list => list.split(',').map(parse_size).collect(),
     }
+}
+
+/// Parses `lossy bench`'s sizes: the sweeps `small` (8 B to 1 MiB) and `all` (8 B to
+/// 256 MiB), doubling as nccl-tests' `-f 2` does, else as [`parse_sizes`].
+pub fn parse_bench_sizes(text: &str) -> std::result::Result<Vec<usize>, String> {
+    match text {
+        "small" => Ok(doubling(8, 1 << 20)),
+        "all" => Ok(doubling(8, 256 << 20)),
+        other => parse_sizes(other),
+    }
+}
+
+/// Bytes the default iteration count aims to move per size and link.
+const ITER_BYTES: usize = 64 << 20;
+/// Fewest and most timed iterations the default gives a size.
+const MIN_ITERS: usize = 5;
+const MAX_ITERS: usize = 1000;
+
+/// The default timed iterations for `bytes`: as many as move [`ITER_BYTES`], within
+/// [`MIN_ITERS`] to [`MAX_ITERS`], so that a size costs about the same bounded time whether
+/// latency (small sizes, many iterations) or bandwidth (large sizes, few) dominates.
+pub fn default_iters(bytes: usize) -> usize {
+    (ITER_BYTES / bytes.max(1)).clamp(MIN_ITERS, MAX_ITERS)
+}
+
+/// A size as the run uses it: whole elements, at least one.
+pub fn element_bytes(bytes: usize, dtype: DataType) -> usize {
+    (bytes / dtype.size()).max(1) * dtype.size()
+}
+
+/// The `p`-th percentile (0 < p <= 100) of `sorted` by the nearest-rank rule: the smallest
+/// sample with at least p% of the samples at or below it (so p99 of fewer than 100 samples
+/// is the maximum). 0 for no samples.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Per-iteration times of result `index`, each the slowest rank's (as nccl-tests reports
+/// the maximum over ranks), sorted.
+pub fn slowest_samples(reports: &[WorkerReport], index: usize) -> Vec<f64> {
+    let per_rank: Vec<&[f64]> = reports
+        .iter()
+        .filter_map(|r| r.results.get(index))
+        .map(|r| r.samples.as_slice())
+        .collect();
+    let iters = per_rank.iter().map(|s| s.len()).min().unwrap_or(0);
+    let mut out: Vec<f64> = (0..iters)
+        .map(|i| per_rank.iter().map(|s| s[i]).fold(0.0, f64::max))
+        .collect();
+    out.sort_by(f64::total_cmp);
+    out
 }
 
 /// Parses an element type name.
@@ -162,21 +235,62 @@ pub fn run(args: Args) -> ExitCode {
     }
 }
 
+/// One link's columns of a row: mean, p50, p99 (us), algbw, busbw (GB/s).
+fn link_columns(reports: &[WorkerReport], index: usize, bytes: usize, factor: f64) -> String {
+    let mean = slowest(reports, index);
+    let samples = slowest_samples(reports, index);
+    let algbw = if mean > 0.0 {
+        bytes as f64 / mean / 1e9
+    } else {
+        0.0
+    };
+    format!(
+        "{:>10.1} {:>9.1} {:>9.1} {:>8.2} {:>8.2}",
+        mean * 1e6,
+        percentile(&samples, 50.0) * 1e6,
+        percentile(&samples, 99.0) * 1e6,
+        algbw,
+        algbw * factor
+    )
+}
+
+/// Header cells matching [`link_columns`].
+fn link_head(name: &str) -> (String, String) {
+    (
+        format!(
+            "{:>10} {:>9} {:>9} {:>8} {:>8}",
+            format!("{name} us"),
+            "p50",
+            "p99",
+            "algbw",
+            "busbw"
+        ),
+        format!(
+            "{:>10} {:>9} {:>9} {:>8} {:>8}",
+            "(mean)", "(us)", "(us)", "(GB/s)", "(GB/s)"
+        ),
+    )
+}
+
 fn bench(args: &Args) -> Result<()> {
     let bad = nccl_net_lossy::Error::invalid_argument;
-    let sizes = parse_sizes(&args.sizes).map_err(bad)?;
     let chunk = parse_size(&args.chunk).map_err(bad)?;
     let dtype = parse_dtype(&args.dtype).map_err(bad)?;
+    let sizes: Vec<usize> = parse_bench_sizes(&args.sizes)
+        .map_err(bad)?
+        .into_iter()
+        .map(|b| element_bytes(b, dtype))
+        .collect();
+    if args.comms == 0 {
+        return Err(bad("--comms must be at least 1".into()));
+    }
     let runs: Vec<RunSpec> = sizes
         .iter()
         .map(|&bytes| RunSpec {
             collective: Collective::AllReduce,
             dtype,
             bytes,
-            iters: args
-                .iters
-                .unwrap_or(if bytes >= 16 << 20 { 5 } else { 20 })
-                .max(1),
+            iters: args.iters.unwrap_or_else(|| default_iters(bytes)).max(1),
             warmup: args.warmup,
         })
         .collect();
@@ -186,20 +300,22 @@ fn bench(args: &Args) -> Result<()> {
     }
     let per_size = links.len();
     let library = plugin_library(args.library.as_deref())?;
-    let mut job = Job::collectives(library.clone(), links, runs);
+    let mut job = Job::collectives(library.clone(), links, runs.clone());
     job.chunk = chunk.max(dtype.size());
     job.version = args.net_version;
     job.lossless = args.lossless;
     job.verify = true;
-    let streams = raw_streams_default();
+    job.comms = args.comms;
+    let streams = args.raw_streams.unwrap_or_else(raw_streams_default).max(1);
     job.raw_streams = streams;
     // Damage is the expected outcome of a profile whose effects change data (and loss is on).
     let corrupts_data = !args.lossless && Profile::from_env()?.corrupts_data();
     let reports = launch::run(&Launch::new(args.ranks, job)?)?;
     let n = args.ranks;
     let factor = Collective::AllReduce.bus_factor(n);
+    let opened = |k: usize| reports.first().and_then(|r| r.results.get(k));
     println!(
-        "# all_reduce, {n} ranks, {dtype}, chunk {}, {streams} streams per connection, loss {}",
+        "# all_reduce, {n} ranks, {dtype}, chunk {}, loss {}",
         fmt_bytes(chunk),
         if args.lossless { "off" } else { "as profiled" }
     );
@@ -208,34 +324,41 @@ fn bench(args: &Args) -> Result<()> {
         reports.first().map_or("?", |r| r.plugin.as_str()),
         library.display()
     );
+    println!(
+        "# plugin: {} send comms per rank",
+        opened(0).map_or(0, |r| r.comms)
+    );
+    println!(
+        "# raw TCP: {} comms x {} streams per rank, inline non-blocking",
+        opened(1).map_or(0, |r| r.comms),
+        opened(1).map_or(0, |r| r.streams)
+    );
+    println!(
+        "# times: mean of the slowest rank; p50/p99 over iterations of the slowest rank per \
+         iteration (nearest rank: p99 of under 100 iterations is the maximum)"
+    );
+    let (plugin_head, plugin_units) = link_head("plugin");
+    let (raw_head, raw_units) = link_head("raw");
     let (extra_head, extra_units) = if args.vs_lossless {
+        let (h, u) = link_head("lossless");
         (
-            format!(" | {:>10} {:>8} {:>8}", "lossless", "busbw", "vs"),
-            format!(" | {:>10} {:>8} {:>8}", "us", "(GB/s)", "lossless"),
+            format!(" | {h} {:>8}", "vs"),
+            format!(" | {u} {:>8}", "lossless"),
         )
     } else {
         (String::new(), String::new())
     };
     println!(
-        "# {:>10} {:>10} | {:>10} {:>8} {:>8} | {:>10} {:>8} {:>8} | {:>6}{extra_head} | {:>5}",
-        "size",
-        "count",
-        "plugin us",
-        "algbw",
-        "busbw",
-        "raw us",
-        "algbw",
-        "busbw",
-        "ratio",
-        "check"
+        "# {:>10} {:>10} {:>5} | {plugin_head} | {raw_head} | {:>6}{extra_head} | {:>5}",
+        "size", "count", "iters", "ratio", "check"
     );
     println!(
-        "# {:>10} {:>10} | {:>10} {:>8} {:>8} | {:>10} {:>8} {:>8} | {:>6}{extra_units} | {:>5}",
-        "(B)", "(elems)", "", "(GB/s)", "(GB/s)", "", "(GB/s)", "(GB/s)", "vs raw", ""
+        "# {:>10} {:>10} {:>5} | {plugin_units} | {raw_units} | {:>6}{extra_units} | {:>5}",
+        "(B)", "(elems)", "", "vs raw", ""
     );
     let mut all_ok = true;
-    for (i, &bytes) in sizes.iter().enumerate() {
-        let bytes = bytes / dtype.size() * dtype.size();
+    for (i, run) in runs.iter().enumerate() {
+        let bytes = run.bytes;
         let first = per_size * i;
         let (plugin, raw) = (slowest(&reports, first), slowest(&reports, first + 1));
         // Damage is judged on the lossy plugin link only; the others must be bit-exact.
@@ -250,7 +373,6 @@ fn bench(args: &Args) -> Result<()> {
             Check::Wrong
         };
         all_ok &= check.passed();
-        let algbw = |t: f64| if t > 0.0 { bytes as f64 / t / 1e9 } else { 0.0 };
         let ratio = |base: f64, t: f64| {
             if base > 0.0 {
                 100.0 * base / t.max(1e-12)
@@ -261,24 +383,20 @@ fn bench(args: &Args) -> Result<()> {
         let extra = if args.vs_lossless {
             let lossless = slowest(&reports, first + 2);
             format!(
-                " | {:>10.1} {:>8.2} {:>7.0}%",
-                lossless * 1e6,
-                algbw(lossless) * factor,
+                " | {} {:>7.0}%",
+                link_columns(&reports, first + 2, bytes, factor),
                 ratio(lossless, plugin)
             )
         } else {
             String::new()
         };
         println!(
-            "  {:>10} {:>10} | {:>10.1} {:>8.2} {:>8.2} | {:>10.1} {:>8.2} {:>8.2} | {:>5.0}%{extra} | {:>5}",
+            "  {:>10} {:>10} {:>5} | {} | {} | {:>5.0}%{extra} | {:>5}",
             bytes,
             bytes / dtype.size(),
-            plugin * 1e6,
-            algbw(plugin),
-            algbw(plugin) * factor,
-            raw * 1e6,
-            algbw(raw),
-            algbw(raw) * factor,
+            run.iters,
+            link_columns(&reports, first, bytes, factor),
+            link_columns(&reports, first + 1, bytes, factor),
             ratio(raw, plugin),
             match check {
                 Check::Exact => "ok",
@@ -321,8 +439,33 @@ mod tests {
         assert_eq!(parse_size("2G"), Ok(2 << 30));
         assert!(parse_size("lots").is_err());
         assert_eq!(parse_sizes("small").map(|v| v.len()), Ok(3));
+        assert_eq!(parse_bench_sizes("small").map(|v| v.len()), Ok(18));
+        assert_eq!(
+            parse_bench_sizes("all").map(|v| (v[0], v.len())),
+            Ok((8, 26))
+        );
         assert_eq!(parse_sizes("1K,2K"), Ok(vec![1024, 2048]));
         assert_eq!(fmt_bytes(64 << 20), "64 MiB");
         assert_eq!(fmt_bytes(1027), "1027 B");
+    }
+
+    #[test]
+    fn iterations_fall_with_size_within_bounds_and_sizes_are_whole_elements() {
+        assert_eq!(default_iters(8), MAX_ITERS);
+        assert_eq!(default_iters(1 << 20), 64);
+        assert_eq!(default_iters(256 << 20), MIN_ITERS);
+        assert_eq!(element_bytes(1, DataType::F32), 4);
+        assert_eq!(element_bytes(6, DataType::F32), 4);
+        assert_eq!(element_bytes(1, DataType::U8), 1);
+    }
+
+    #[test]
+    fn percentiles_use_the_nearest_rank() {
+        let five = [1.0, 2.0, 3.0, 4.0, 5.0];
+        assert_eq!(percentile(&five, 50.0), 3.0);
+        assert_eq!(percentile(&five, 99.0), 5.0);
+        let hundred: Vec<f64> = (1..=200).map(f64::from).collect();
+        assert_eq!(percentile(&hundred, 99.0), 198.0);
+        assert_eq!(percentile(&[], 50.0), 0.0);
     }
 }

@@ -299,8 +299,40 @@ pub fn run(
     input: &[u8],
     output: &mut [u8],
 ) -> Result<()> {
+    run_channels(&mut [link], staging, spec, rank, n, input, output)
+}
+
+/// The element range channel `c` of `channels` carries: contiguous slices of the buffer,
+/// sizes differing by at most one element (NCCL's channels split a buffer the same way).
+pub fn channel_slice(count: usize, channels: usize, c: usize) -> (usize, usize) {
+    segment(count, channels.max(1), c)
+}
+
+/// Runs one collective spread over `links`, one ring channel each: channel `c` carries the
+/// contiguous slice [`channel_slice`] of the buffer as a collective of its own, and every
+/// channel progresses in this one loop on this thread, as NCCL's proxy drives its channels'
+/// connections. More than one channel is an all-reduce only.
+pub fn run_channels(
+    links: &mut [&mut dyn RingLink],
+    staging: &mut Staging,
+    spec: &CollectiveSpec,
+    rank: usize,
+    n: usize,
+    input: &[u8],
+    output: &mut [u8],
+) -> Result<()> {
     if n < 2 {
         return Err(Error::invalid_argument("a ring needs at least 2 ranks"));
+    }
+    if links.is_empty() {
+        return Err(Error::invalid_argument("a collective needs a ring channel"));
+    }
+    if links.len() > 1 && spec.collective != Collective::AllReduce {
+        return Err(Error::invalid_argument(format!(
+            "{} over {} channels (more than one channel is all-reduce only)",
+            spec.collective,
+            links.len()
+        )));
     }
     let es = spec.dtype.size();
     let chunk = (spec.chunk / es).max(1) * es;
@@ -310,11 +342,6 @@ pub fn run(
             staging.pool.chunk
         )));
     }
-    let depth = spec.in_flight.clamp(1, MAX_IN_FLIGHT);
-    let (shift, steps, reduce_steps) = spec.collective.shape(n);
-    let seg_at = |r: usize, k: usize, extra: isize| -> usize {
-        (r as isize - k as isize + shift + extra).rem_euclid(n as isize) as usize
-    };
     if input.len() != input_elems(spec, rank, n).1 * es || output.len() != output_len(spec, rank, n)
     {
         return Err(Error::invalid_argument(format!(
@@ -325,61 +352,178 @@ pub fn run(
             spec.count
         )));
     }
-    let (my_a, _) = seg_bytes(spec, n, rank);
-
-    // The receive sequence, in posting order.
-    let mut recv_plan: VecDeque<MsgPos> = VecDeque::new();
-    for k in 0..steps {
-        let s = seg_at(rank, k, -1);
-        let (a, b) = seg_bytes(spec, n, s);
-        for (off, len) in chunks(b - a, chunk) {
-            recv_plan.push_back(MsgPos {
-                step: k,
-                seg: s,
-                off,
-                len,
-            });
-        }
-    }
-    // Step 0 sends, from the rank's own input.
-    let s0 = seg_at(rank, 0, 0);
-    let (s0a, s0b) = seg_bytes(spec, n, s0);
-    let mut local: VecDeque<(usize, usize)> = chunks(s0b - s0a, chunk).collect();
-    let total_sends = local.len() + recv_plan.iter().filter(|m| m.step + 1 < steps).count();
+    let nch = links.len();
+    let mut channels: Vec<Channel> = (0..nch)
+        .map(|c| {
+            let (a, b) = channel_slice(spec.count, nch, c);
+            Channel::new(spec, rank, n, b - a, a * es, chunk)
+        })
+        .collect();
     if spec.collective == Collective::AllGather {
+        let my_a = channels[0].my_a;
         output[my_a..my_a + input.len()].copy_from_slice(input);
     }
-    let input_at = |seg_start: usize| -> usize {
-        match spec.collective {
-            Collective::AllGather => seg_start - my_a,
-            _ => seg_start,
-        }
-    };
-    let out_at = |seg_start: usize| -> usize {
-        match spec.collective {
-            Collective::ReduceScatter => seg_start - my_a,
-            _ => seg_start,
-        }
-    };
-
-    link.set_op(spec.collective.op_bits())?;
-    let pool = &mut staging.pool;
-    let mut forward: VecDeque<(HostBuffer, usize)> = VecDeque::new();
-    let mut posted_recvs: VecDeque<MsgPos> = VecDeque::new();
-    let mut sends_done = 0;
+    for link in links.iter_mut() {
+        link.set_op(spec.collective.op_bits())?;
+    }
     let deadline = Instant::now() + spec.timeout;
     let mut idle_rounds = 0u32;
     loop {
         let mut progressed = false;
+        for (ch, link) in channels.iter_mut().zip(links.iter_mut()) {
+            progressed |= ch.poll(&mut **link, &mut staging.pool, input, output)?;
+        }
+        if channels.iter().all(Channel::done) {
+            return Ok(());
+        }
+        if progressed {
+            idle_rounds = 0;
+        } else {
+            if Instant::now() > deadline {
+                let (done, total, left) = channels.iter().fold((0, 0, 0), |acc, ch| {
+                    (
+                        acc.0 + ch.sends_done,
+                        acc.1 + ch.total_sends,
+                        acc.2 + ch.recv_plan.len() + ch.posted_recvs.len(),
+                    )
+                });
+                return Err(Error::remote(format!(
+                    "{} of {} elements did not finish within {:?} ({done} of {total} sends \
+                     done, {left} receives left)",
+                    spec.collective, spec.count, spec.timeout,
+                )));
+            }
+            idle_rounds = idle_rounds.saturating_add(1);
+            idle(idle_rounds);
+        }
+    }
+}
+
+/// One channel's part of a collective: the ring algorithm over its slice of the buffer,
+/// `base` bytes into the input and output (0 for a single channel).
+struct Channel {
+    collective: Collective,
+    dtype: DataType,
+    count: usize,
+    n: usize,
+    base: usize,
+    chunk: usize,
+    depth: usize,
+    steps: usize,
+    reduce_steps: usize,
+    my_a: usize,
+    s0a: usize,
+    recv_plan: VecDeque<MsgPos>,
+    posted_recvs: VecDeque<MsgPos>,
+    local: VecDeque<(usize, usize)>,
+    forward: VecDeque<(HostBuffer, usize)>,
+    total_sends: usize,
+    sends_done: usize,
+}
+
+impl Channel {
+    fn new(
+        spec: &CollectiveSpec,
+        rank: usize,
+        n: usize,
+        count: usize,
+        base: usize,
+        chunk: usize,
+    ) -> Channel {
+        let (shift, steps, reduce_steps) = spec.collective.shape(n);
+        let es = spec.dtype.size();
+        let seg = |s: usize| {
+            let (a, b) = segment(count, n, s);
+            (a * es, b * es)
+        };
+        let seg_at = |k: usize, extra: isize| -> usize {
+            (rank as isize - k as isize + shift + extra).rem_euclid(n as isize) as usize
+        };
+        // The receive sequence, in posting order.
+        let mut recv_plan = VecDeque::new();
+        for k in 0..steps {
+            let s = seg_at(k, -1);
+            let (a, b) = seg(s);
+            for (off, len) in chunks(b - a, chunk) {
+                recv_plan.push_back(MsgPos {
+                    step: k,
+                    seg: s,
+                    off,
+                    len,
+                });
+            }
+        }
+        // Step 0 sends, from the rank's own input.
+        let (s0a, s0b) = seg(seg_at(0, 0));
+        let local: VecDeque<(usize, usize)> = chunks(s0b - s0a, chunk).collect();
+        let total_sends = local.len() + recv_plan.iter().filter(|m| m.step + 1 < steps).count();
+        Channel {
+            collective: spec.collective,
+            dtype: spec.dtype,
+            count,
+            n,
+            base,
+            chunk,
+            depth: spec.in_flight.clamp(1, MAX_IN_FLIGHT),
+            steps,
+            reduce_steps,
+            my_a: seg(rank).0,
+            s0a,
+            recv_plan,
+            posted_recvs: VecDeque::new(),
+            local,
+            forward: VecDeque::new(),
+            total_sends,
+            sends_done: 0,
+        }
+    }
+
+    fn seg_start(&self, s: usize) -> usize {
+        segment(self.count, self.n, s).0 * self.dtype.size()
+    }
+
+    fn input_at(&self, seg_start: usize) -> usize {
+        self.base
+            + match self.collective {
+                Collective::AllGather => seg_start - self.my_a,
+                _ => seg_start,
+            }
+    }
+
+    fn out_at(&self, seg_start: usize) -> usize {
+        self.base
+            + match self.collective {
+                Collective::ReduceScatter => seg_start - self.my_a,
+                _ => seg_start,
+            }
+    }
+
+    fn done(&self) -> bool {
+        self.recv_plan.is_empty()
+            && self.posted_recvs.is_empty()
+            && self.sends_done == self.total_sends
+            && self.forward.is_empty()
+    }
+
+    /// Posts what the window allows and takes what completed; true when anything moved.
+    fn poll(
+        &mut self,
+        link: &mut dyn RingLink,
+        pool: &mut Pool,
+        input: &[u8],
+        output: &mut [u8],
+    ) -> Result<bool> {
+        debug_assert!(pool.chunk >= self.chunk);
+        let mut progressed = false;
         // Sends, strictly in message order: step 0 from the input, then forwards.
-        while link.sends_in_flight() < depth {
-            let from_local = !local.is_empty();
-            let (buf, len) = if let Some(&(off, len)) = local.front() {
+        while link.sends_in_flight() < self.depth {
+            let from_local = !self.local.is_empty();
+            let (buf, len) = if let Some(&(off, len)) = self.local.front() {
                 let mut buf = pool.get();
-                let from = input_at(s0a) + off;
+                let from = self.input_at(self.s0a) + off;
                 buf[..len].copy_from_slice(&input[from..from + len]);
                 (buf, len)
-            } else if let Some(next) = forward.pop_front() {
+            } else if let Some(next) = self.forward.pop_front() {
                 next
             } else {
                 break;
@@ -387,7 +531,7 @@ pub fn run(
             match link.post_send(buf, len)? {
                 None => {
                     if from_local {
-                        local.pop_front();
+                        self.local.pop_front();
                     }
                     progressed = true;
                 }
@@ -396,85 +540,63 @@ pub fn run(
                     break;
                 }
                 Some(back) => {
-                    forward.push_front((back, len));
+                    self.forward.push_front((back, len));
                     break;
                 }
             }
         }
         // Receives, as many as the window allows.
-        while link.recvs_in_flight() < depth {
-            let Some(pos) = recv_plan.pop_front() else {
+        while link.recvs_in_flight() < self.depth {
+            let Some(pos) = self.recv_plan.pop_front() else {
                 break;
             };
             let buf = pool.get();
             match link.post_recv(buf, pos.len)? {
                 None => {
-                    posted_recvs.push_back(pos);
+                    self.posted_recvs.push_back(pos);
                     progressed = true;
                 }
                 Some(back) => {
                     pool.put(back);
-                    recv_plan.push_front(pos);
+                    self.recv_plan.push_front(pos);
                     break;
                 }
             }
         }
         while let Some(buf) = link.test_send()? {
             pool.put(buf);
-            sends_done += 1;
+            self.sends_done += 1;
             progressed = true;
         }
         while let Some((mut buf, got)) = link.test_recv()? {
-            let pos = posted_recvs
+            let pos = self
+                .posted_recvs
                 .pop_front()
                 .ok_or_else(|| Error::internal("a receive completed that was never posted"))?;
             if got != pos.len {
                 return Err(Error::remote(format!(
                     "{}: step {} chunk at {} got {got} bytes, expected {}",
-                    spec.collective, pos.step, pos.off, pos.len
+                    self.collective, pos.step, pos.off, pos.len
                 )));
             }
-            let (sa, _) = seg_bytes(spec, n, pos.seg);
+            let sa = self.seg_start(pos.seg);
             let data = &mut buf[..pos.len];
-            if pos.step < reduce_steps {
-                let from = input_at(sa) + pos.off;
-                spec.dtype.reduce_into(data, &input[from..from + pos.len]);
+            if pos.step < self.reduce_steps {
+                let from = self.input_at(sa) + pos.off;
+                self.dtype.reduce_into(data, &input[from..from + pos.len]);
             }
-            if pos.step + 1 >= reduce_steps {
-                let to = out_at(sa) + pos.off;
+            if pos.step + 1 >= self.reduce_steps {
+                let to = self.out_at(sa) + pos.off;
                 output[to..to + pos.len].copy_from_slice(data);
             }
-            if pos.step + 1 < steps {
-                forward.push_back((buf, pos.len));
+            if pos.step + 1 < self.steps {
+                self.forward.push_back((buf, pos.len));
             } else {
                 pool.put(buf);
             }
             progressed = true;
         }
-        if recv_plan.is_empty()
-            && posted_recvs.is_empty()
-            && sends_done == total_sends
-            && forward.is_empty()
-        {
-            return Ok(());
-        }
-        if progressed {
-            idle_rounds = 0;
-        } else {
-            if Instant::now() > deadline {
-                return Err(Error::remote(format!(
-                    "{} of {} elements did not finish within {:?} ({} of {} sends done, {} receives left)",
-                    spec.collective,
-                    spec.count,
-                    spec.timeout,
-                    sends_done,
-                    total_sends,
-                    recv_plan.len() + posted_recvs.len()
-                )));
-            }
-            idle_rounds = idle_rounds.saturating_add(1);
-            idle(idle_rounds);
-        }
+        Ok(progressed)
     }
 }
 
@@ -508,6 +630,44 @@ impl Verdict {
 /// ring order (`acc + x`), starting at the rank that sent the segment at step 0, so the
 /// float result is reproduced exactly.
 pub fn verify(spec: &CollectiveSpec, rank: usize, n: usize, output: &[u8]) -> Verdict {
+    verify_slice(spec, spec.count, 0, rank, n, output)
+}
+
+/// [`verify`] for a collective spread over `channels` ([`run_channels`]): each channel's
+/// slice is a ring of its own, with its own segments and so its own summation order.
+pub fn verify_channels(
+    spec: &CollectiveSpec,
+    channels: usize,
+    rank: usize,
+    n: usize,
+    output: &[u8],
+) -> Verdict {
+    if channels <= 1 {
+        return verify(spec, rank, n, output);
+    }
+    let es = spec.dtype.size();
+    let mut verdict = Verdict::default();
+    for c in 0..channels {
+        let (a, b) = channel_slice(spec.count, channels, c);
+        let part = output.get(a * es..b * es).unwrap_or(&[]);
+        let v = verify_slice(spec, b - a, a, rank, n, part);
+        verdict.mismatches += v.mismatches;
+        if verdict.first_mismatch.is_none() {
+            verdict.first_mismatch = v.first_mismatch;
+        }
+    }
+    verdict
+}
+
+/// Checks the `count` elements of a ring whose element 0 is element `first` of the buffer.
+fn verify_slice(
+    spec: &CollectiveSpec,
+    count: usize,
+    first: usize,
+    rank: usize,
+    n: usize,
+    output: &[u8],
+) -> Verdict {
     let es = spec.dtype.size();
     let (shift, _, _) = spec.collective.shape(n);
     let mut verdict = Verdict::default();
@@ -521,18 +681,18 @@ pub fn verify(spec: &CollectiveSpec, rank: usize, n: usize, output: &[u8]) -> Ve
         Collective::ReduceScatter => rank + 1,
         _ => n,
     };
-    let base = seg_bytes(spec, n, first_seg).0 / es;
+    let base = segment(count, n, first_seg).0;
     for s in first_seg..last_seg {
-        let (a, b) = segment(spec.count, n, s);
+        let (a, b) = segment(count, n, s);
         // Segment s leaves rank (s - shift) at step 0 and collects ranks in ring order.
         let start = (s as isize - shift).rem_euclid(n as isize) as usize;
         for i in a..b {
             match spec.collective {
-                Collective::AllGather => spec.dtype.fill(s, i, &mut expected),
+                Collective::AllGather => spec.dtype.fill(s, first + i, &mut expected),
                 _ => {
-                    spec.dtype.fill(start, i, &mut expected);
+                    spec.dtype.fill(start, first + i, &mut expected);
                     for j in 1..n {
-                        spec.dtype.fill((start + j) % n, i, &mut term);
+                        spec.dtype.fill((start + j) % n, first + i, &mut term);
                         spec.dtype.reduce_into(&mut expected, &term);
                     }
                 }
@@ -540,7 +700,7 @@ pub fn verify(spec: &CollectiveSpec, rank: usize, n: usize, output: &[u8]) -> Ve
             let at = (i - base) * es;
             if output.get(at..at + es) != Some(&expected[..]) {
                 verdict.mismatches += 1;
-                verdict.first_mismatch.get_or_insert(i - base);
+                verdict.first_mismatch.get_or_insert(first + i - base);
             }
         }
     }

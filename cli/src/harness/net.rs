@@ -1,15 +1,13 @@
 //! Ring links: one connection to rank + 1 (sends) and one from rank - 1 (receives), as a
 //! ring channel of NCCL's proxy sees them. [`PluginLink`] goes through the plugin library;
-//! [`RawTcpLink`] is plain TCP over loopback with the same number of streams, the baseline
-//! `lossy bench` compares against. Both keep their requests in FIFO order and only ever test
+//! [`RawTcpLink`] is plain TCP over loopback with the same number of streams, non-blocking
+//! and progressed inline by the caller, the baseline `lossy bench` compares against. Both keep their requests in FIFO order and only ever test
 //! the oldest one, as the proxy does.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::io::{ErrorKind, IoSlice, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::rc::Rc;
-use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::bootstrap::Bootstrap;
@@ -59,9 +57,11 @@ pub trait RingLink {
 // ---- the plugin ---------------------------------------------------------------------------------
 
 /// A ring channel through the plugin: `connect` to the next rank's handle, `accept` from the
-/// previous rank, buffers registered with each comm on first use.
+/// previous rank, buffers registered with each comm on first use. The channels of one rank
+/// share one plugin context ([`PluginLink::connect_channels`]), as NCCL's channels share the
+/// plugin NCCL initialised once.
 pub struct PluginLink {
-    client: PluginClient,
+    client: Rc<PluginClient>,
     send: SendComm,
     recv: RecvComm,
     send_mrs: HashMap<usize, MrHandle>,
@@ -79,20 +79,40 @@ impl PluginLink {
         boot: &mut Bootstrap,
         timeout: Duration,
     ) -> Result<PluginLink> {
-        let client = PluginClient::init(lib, version, comm_id)?;
+        let mut links = PluginLink::connect_channels(lib, version, comm_id, boot, timeout, 1)?;
+        links
+            .pop()
+            .ok_or_else(|| Error::internal("no ring channel was built"))
+    }
+
+    /// Builds `channels` ring channels over one plugin context: each its own send comm to
+    /// the next rank and receive comm from the previous one.
+    pub fn connect_channels(
+        lib: &Rc<PluginLibrary>,
+        version: u32,
+        comm_id: u64,
+        boot: &mut Bootstrap,
+        timeout: Duration,
+        channels: usize,
+    ) -> Result<Vec<PluginLink>> {
+        let client = Rc::new(PluginClient::init(lib, version, comm_id)?);
         if client.devices()? < 1 {
             return Err(Error::system("the plugin reports no devices"));
         }
-        let (send, recv) = ring_comms(&client, boot, timeout)?;
-        Ok(PluginLink {
-            client,
-            send,
-            recv,
-            send_mrs: HashMap::new(),
-            recv_mrs: HashMap::new(),
-            sends: VecDeque::new(),
-            recvs: VecDeque::new(),
-        })
+        (0..channels.max(1))
+            .map(|_| {
+                let (send, recv) = ring_comms(&client, boot, timeout)?;
+                Ok(PluginLink {
+                    client: Rc::clone(&client),
+                    send,
+                    recv,
+                    send_mrs: HashMap::new(),
+                    recv_mrs: HashMap::new(),
+                    sends: VecDeque::new(),
+                    recvs: VecDeque::new(),
+                })
+            })
+            .collect()
     }
 
     /// The client, e.g. to read properties.
@@ -223,105 +243,144 @@ impl RingLink for PluginLink {
         drop(link.recvs);
         link.send.close()?;
         link.recv.close()?;
-        link.client.finalize()
+        // The last channel of the context finalizes it.
+        match Rc::try_unwrap(link.client) {
+            Ok(client) => client.finalize(),
+            Err(_) => Ok(()),
+        }
     }
 }
 
 // ---- raw TCP ------------------------------------------------------------------------------------
 
-/// A message handed to a stream thread, or back from it.
-type Job = (HostBuffer, usize);
+/// Bytes of the length header in front of every raw TCP message.
+const HEADER: usize = 8;
 
-/// One direction of one TCP stream, served by its own thread.
-struct Stream {
-    jobs: Option<Sender<Job>>,
-    done: Receiver<Result<Job>>,
-    socket: TcpStream,
-    thread: Option<JoinHandle<()>>,
+/// A send queued on one stream: header and payload, and how much of both has left.
+struct TxMsg {
+    buf: HostBuffer,
+    len: usize,
+    header: [u8; HEADER],
+    done: usize,
 }
 
-impl Stream {
-    fn start(socket: TcpStream, sending: bool) -> Result<Stream> {
-        let (job_tx, job_rx) = mpsc::channel::<Job>();
-        let (done_tx, done_rx) = mpsc::channel::<Result<Job>>();
-        let mut io = socket.try_clone()?;
-        let thread = std::thread::Builder::new()
-            .name(if sending { "raw-tx" } else { "raw-rx" }.into())
-            .stack_size(256 << 10)
-            .spawn(move || {
-                for (mut buf, len) in job_rx {
-                    let outcome = if sending {
-                        raw_send(&mut io, &buf[..len]).map(|()| (buf, len))
-                    } else {
-                        raw_recv(&mut io, &mut buf[..len]).map(|got| (buf, got))
-                    };
-                    let failed = outcome.is_err();
-                    if done_tx.send(outcome).is_err() || failed {
-                        return;
-                    }
-                }
-            })?;
-        Ok(Stream {
-            jobs: Some(job_tx),
-            done: done_rx,
+/// A receive queued on one stream: the header as it arrives, then the payload.
+struct RxMsg {
+    buf: HostBuffer,
+    cap: usize,
+    header: [u8; HEADER],
+    len: Option<usize>,
+    done: usize,
+}
+
+/// One non-blocking socket and its queue of messages in order; the first `finished` are
+/// complete and wait for `test`.
+struct RawStream<M> {
+    socket: TcpStream,
+    queue: VecDeque<M>,
+    finished: usize,
+}
+
+impl<M> RawStream<M> {
+    fn new(socket: TcpStream) -> Result<RawStream<M>> {
+        socket.set_nonblocking(true)?;
+        Ok(RawStream {
             socket,
-            thread: Some(thread),
+            queue: VecDeque::new(),
+            finished: 0,
         })
     }
 
-    fn post(&self, job: Job) -> Result<()> {
-        self.jobs
-            .as_ref()
-            .and_then(|jobs| jobs.send(job).ok())
-            .ok_or_else(|| Error::remote("raw TCP stream thread ended"))
-    }
-
-    fn poll(&self) -> Result<Option<Job>> {
-        match self.done.try_recv() {
-            Ok(outcome) => outcome.map(Some),
-            Err(TryRecvError::Empty) => Ok(None),
-            Err(TryRecvError::Disconnected) => Err(Error::remote("raw TCP stream thread ended")),
+    /// The oldest message, once complete.
+    fn pop_finished(&mut self) -> Option<M> {
+        if self.finished == 0 {
+            return None;
         }
+        self.finished -= 1;
+        self.queue.pop_front()
     }
 }
 
-impl Drop for Stream {
-    fn drop(&mut self) {
-        self.jobs = None;
-        let _ = self.socket.shutdown(Shutdown::Both);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+/// What one non-blocking read or write did.
+enum Moved {
+    Bytes(usize),
+    WouldBlock,
+}
+
+fn moved(outcome: std::io::Result<usize>) -> Result<Moved> {
+    match outcome {
+        Ok(0) => Err(Error::remote("raw TCP peer closed the connection")),
+        Ok(k) => Ok(Moved::Bytes(k)),
+        Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(Moved::WouldBlock),
+        Err(e) if e.kind() == ErrorKind::Interrupted => Ok(Moved::Bytes(0)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+impl RawStream<TxMsg> {
+    /// Writes as much of the queued messages as the socket takes now.
+    fn progress(&mut self) -> Result<()> {
+        while let Some(m) = self.queue.get_mut(self.finished) {
+            while m.done < HEADER + m.len {
+                let outcome = if m.done < HEADER {
+                    // Header and payload in one call, so a small message is one segment.
+                    let parts = [
+                        IoSlice::new(&m.header[m.done..]),
+                        IoSlice::new(&m.buf[..m.len]),
+                    ];
+                    self.socket.write_vectored(&parts)
+                } else {
+                    self.socket.write(&m.buf[m.done - HEADER..m.len])
+                };
+                match moved(outcome)? {
+                    Moved::Bytes(k) => m.done += k,
+                    Moved::WouldBlock => return Ok(()),
+                }
+            }
+            self.finished += 1;
         }
+        Ok(())
     }
 }
 
-/// Writes a length header, then the payload.
-fn raw_send(io: &mut TcpStream, data: &[u8]) -> Result<()> {
-    io.write_all(&(data.len() as u64).to_le_bytes())?;
-    io.write_all(data)?;
-    Ok(())
+impl RawStream<RxMsg> {
+    /// Reads as much of the queued messages as the socket has now.
+    fn progress(&mut self) -> Result<()> {
+        while let Some(m) = self.queue.get_mut(self.finished) {
+            loop {
+                let outcome = match m.len {
+                    None if m.done == HEADER => {
+                        let len = u64::from_le_bytes(m.header) as usize;
+                        if len > m.cap {
+                            return Err(Error::invalid_usage(format!(
+                                "raw TCP message of {len} bytes for a {}-byte receive",
+                                m.cap
+                            )));
+                        }
+                        m.len = Some(len);
+                        continue;
+                    }
+                    None => self.socket.read(&mut m.header[m.done..]),
+                    Some(len) if m.done == HEADER + len => break,
+                    Some(len) => self.socket.read(&mut m.buf[m.done - HEADER..len]),
+                };
+                match moved(outcome)? {
+                    Moved::Bytes(k) => m.done += k,
+                    Moved::WouldBlock => return Ok(()),
+                }
+            }
+            self.finished += 1;
+        }
+        Ok(())
+    }
 }
 
-/// Reads a length header and the payload into `buf`; a message longer than `buf` is an error.
-fn raw_recv(io: &mut TcpStream, buf: &mut [u8]) -> Result<usize> {
-    let mut len = [0u8; 8];
-    io.read_exact(&mut len)?;
-    let len = u64::from_le_bytes(len) as usize;
-    let cap = buf.len();
-    let dst = buf.get_mut(..len).ok_or_else(|| {
-        Error::invalid_usage(format!(
-            "raw TCP message of {len} bytes for a {cap}-byte receive"
-        ))
-    })?;
-    io.read_exact(dst)?;
-    Ok(len)
-}
-
-/// Plain TCP ring channel with `nstreams` sockets each way; message `m` travels whole on
-/// stream `m mod nstreams`, one blocking thread per stream and direction.
+/// Plain TCP ring channel with `nstreams` non-blocking sockets each way, progressed inline
+/// by the caller's `test_send`/`test_recv` (no thread), as a minimal net plugin would:
+/// message `m` travels whole, behind an 8-byte length, on stream `m mod nstreams`.
 pub struct RawTcpLink {
-    tx: Vec<Stream>,
-    rx: Vec<Stream>,
+    tx: Vec<RawStream<TxMsg>>,
+    rx: Vec<RawStream<RxMsg>>,
     sends: VecDeque<usize>,
     recvs: VecDeque<usize>,
     next_send: usize,
@@ -368,20 +427,22 @@ impl RawTcpLink {
             *slot = Some(s);
         }
         Ok(RawTcpLink {
-            tx: tx
-                .into_iter()
-                .map(|s| Stream::start(s, true))
-                .collect::<Result<_>>()?,
+            tx: tx.into_iter().map(RawStream::new).collect::<Result<_>>()?,
             rx: rx
                 .into_iter()
                 .flatten()
-                .map(|s| Stream::start(s, false))
+                .map(RawStream::new)
                 .collect::<Result<_>>()?,
             sends: VecDeque::new(),
             recvs: VecDeque::new(),
             next_send: 0,
             next_recv: 0,
         })
+    }
+
+    /// Sockets per direction.
+    pub fn streams(&self) -> usize {
+        self.tx.len()
     }
 }
 
@@ -392,7 +453,12 @@ impl RingLink for RawTcpLink {
 
     fn post_send(&mut self, buf: HostBuffer, len: usize) -> Result<Option<HostBuffer>> {
         let s = self.next_send % self.tx.len();
-        self.tx[s].post((buf, len))?;
+        self.tx[s].queue.push_back(TxMsg {
+            buf,
+            len,
+            header: (len as u64).to_le_bytes(),
+            done: 0,
+        });
         self.sends.push_back(s);
         self.next_send += 1;
         Ok(None)
@@ -400,7 +466,13 @@ impl RingLink for RawTcpLink {
 
     fn post_recv(&mut self, buf: HostBuffer, len: usize) -> Result<Option<HostBuffer>> {
         let s = self.next_recv % self.rx.len();
-        self.rx[s].post((buf, len))?;
+        self.rx[s].queue.push_back(RxMsg {
+            buf,
+            cap: len,
+            header: [0; HEADER],
+            len: None,
+            done: 0,
+        });
         self.recvs.push_back(s);
         self.next_recv += 1;
         Ok(None)
@@ -415,25 +487,31 @@ impl RingLink for RawTcpLink {
     }
 
     fn test_send(&mut self) -> Result<Option<HostBuffer>> {
+        for stream in &mut self.tx {
+            stream.progress()?;
+        }
         let Some(&s) = self.sends.front() else {
             return Ok(None);
         };
-        let done = self.tx[s].poll()?;
+        let done = self.tx[s].pop_finished();
         if done.is_some() {
             self.sends.pop_front();
         }
-        Ok(done.map(|(buf, _)| buf))
+        Ok(done.map(|m| m.buf))
     }
 
     fn test_recv(&mut self) -> Result<Option<(HostBuffer, usize)>> {
+        for stream in &mut self.rx {
+            stream.progress()?;
+        }
         let Some(&s) = self.recvs.front() else {
             return Ok(None);
         };
-        let done = self.rx[s].poll()?;
+        let done = self.rx[s].pop_finished();
         if done.is_some() {
             self.recvs.pop_front();
         }
-        Ok(done)
+        Ok(done.map(|m| (m.buf, m.len.unwrap_or(0))))
     }
 
     fn set_op(&mut self, _op_bits: u32) -> Result<()> {

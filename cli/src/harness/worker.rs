@@ -159,8 +159,12 @@ pub struct Job {
     pub chunk: usize,
     /// Requests in flight per connection and direction.
     pub in_flight: usize,
-    /// Streams of the raw TCP baseline.
+    /// Streams of the raw TCP baseline, per comm and direction.
     pub raw_streams: usize,
+    /// Ring channels per collective (NCCL's channels): each link kind opens this many send
+    /// and receive comms per rank, every one carrying a contiguous slice of the buffer.
+    #[serde(default = "one")]
+    pub comms: usize,
     /// Check every result bit by bit.
     pub verify: bool,
     /// Turn loss injection off through the control API.
@@ -180,6 +184,7 @@ impl Job {
             chunk: DEFAULT_CHUNK,
             in_flight: MAX_IN_FLIGHT,
             raw_streams: raw_streams_default(),
+            comms: 1,
             verify: true,
             lossless: false,
             timeout_s: 60.0,
@@ -191,6 +196,10 @@ impl Job {
     pub fn timeout(&self) -> Duration {
         Duration::from_secs_f64(self.timeout_s.clamp(0.1, 3600.0))
     }
+}
+
+fn one() -> usize {
+    1
 }
 
 /// Streams per connection the plugin uses (`NCCL_LOSSY_NSOCKS`, else its default), read as
@@ -215,6 +224,16 @@ pub struct RunResult {
     pub iters: usize,
     /// Mean seconds per repetition on this rank.
     pub seconds: f64,
+    /// Seconds of every timed repetition on this rank, in order.
+    #[serde(default)]
+    pub samples: Vec<f64>,
+    /// Send comms (ring channels) the link opened on this rank.
+    #[serde(default)]
+    pub comms: usize,
+    /// Sockets per comm and direction of a raw TCP link (0 for the plugin, whose sockets
+    /// are its own).
+    #[serde(default)]
+    pub streams: usize,
     /// Bit-exact (true when not verified).
     pub ok: bool,
     /// Elements that differed.
@@ -311,6 +330,9 @@ fn loss_on(job: &Job, kind: LinkKind) -> bool {
     !job.lossless && kind != LinkKind::PluginLossless
 }
 
+/// One link kind's ring channels, one per comm.
+type Channels = Vec<Box<dyn RingLink>>;
+
 fn run_collectives(
     job: &Job,
     lib: &Rc<PluginLibrary>,
@@ -320,27 +342,44 @@ fn run_collectives(
     report: &mut WorkerReport,
 ) -> Result<()> {
     let (rank, n) = (boot.rank(), boot.nranks());
-    let mut opened: Vec<(LinkKind, Box<dyn RingLink>)> = Vec::new();
+    let channels = job.comms.max(1);
+    let mut opened: Vec<(LinkKind, Channels, usize)> = Vec::new();
     for &kind in links {
-        let link: Box<dyn RingLink> = match kind {
+        let (set, streams): (Channels, usize) = match kind {
             LinkKind::Plugin | LinkKind::PluginLossless => {
                 let comm_id = if kind == LinkKind::Plugin {
                     0x10551
                 } else {
                     0x10552
                 };
-                let link =
-                    PluginLink::connect_ring(lib, job.version, comm_id, boot, job.timeout())?;
-                report.plugin = link.client().name();
-                Box::new(link)
+                let set = PluginLink::connect_channels(
+                    lib,
+                    job.version,
+                    comm_id,
+                    boot,
+                    job.timeout(),
+                    channels,
+                )?;
+                if let Some(first) = set.first() {
+                    report.plugin = first.client().name();
+                }
+                let set = set
+                    .into_iter()
+                    .map(|l| Box::new(l) as Box<dyn RingLink>)
+                    .collect();
+                (set, 0)
             }
-            LinkKind::RawTcp => Box::new(RawTcpLink::connect_ring(
-                boot,
-                job.raw_streams,
-                job.timeout(),
-            )?),
+            LinkKind::RawTcp => {
+                let set = (0..channels)
+                    .map(|_| {
+                        RawTcpLink::connect_ring(boot, job.raw_streams, job.timeout())
+                            .map(|l| Box::new(l) as Box<dyn RingLink>)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                (set, job.raw_streams)
+            }
         };
-        opened.push((kind, link));
+        opened.push((kind, set, streams));
     }
     let mut staging = Staging::new(job.chunk);
     for run in runs {
@@ -354,42 +393,50 @@ fn run_collectives(
         };
         let input = collectives::make_input(&spec, rank, n);
         let mut output = vec![0u8; output_len(&spec, rank, n)];
-        let mut run_once = |link: &mut Box<dyn RingLink>, output: &mut [u8]| {
-            collectives::run(link.as_mut(), &mut staging, &spec, rank, n, &input, output)
+        let mut run_once = |set: &mut Vec<Box<dyn RingLink + 'static>>, output: &mut [u8]| {
+            let mut refs: Vec<&mut dyn RingLink> = set
+                .iter_mut()
+                .map(|l| &mut **l as &mut dyn RingLink)
+                .collect();
+            collectives::run_channels(&mut refs, &mut staging, &spec, rank, n, &input, output)
         };
-        for (kind, link) in opened.iter_mut() {
+        for (kind, set, _) in opened.iter_mut() {
             lib.set_loss_enabled(loss_on(job, *kind))?;
             for _ in 0..run.warmup {
-                run_once(link, &mut output)?;
+                run_once(set, &mut output)?;
             }
         }
         // Iterations alternate between the links, each after a barrier, so a noisy neighbour
         // on a shared machine slows both alike and the ratio stays meaningful.
         let iters = run.iters.max(1);
-        let mut seconds = vec![0.0f64; opened.len()];
+        let mut samples = vec![Vec::with_capacity(iters); opened.len()];
         let mut verdicts = vec![collectives::Verdict::default(); opened.len()];
         for iter in 0..iters {
-            for (i, (kind, link)) in opened.iter_mut().enumerate() {
+            for (i, (kind, set, _)) in opened.iter_mut().enumerate() {
                 output.fill(0);
                 // Senders decide drops, so every rank switches before the barrier.
                 lib.set_loss_enabled(loss_on(job, *kind))?;
                 boot.barrier()?;
                 let start = Instant::now();
-                run_once(link, &mut output)?;
-                seconds[i] += start.elapsed().as_secs_f64();
+                run_once(set, &mut output)?;
+                samples[i].push(start.elapsed().as_secs_f64());
                 if job.verify && iter + 1 == iters {
-                    verdicts[i] = collectives::verify(&spec, rank, n, &output);
+                    verdicts[i] = collectives::verify_channels(&spec, set.len(), rank, n, &output);
                 }
             }
         }
-        for (i, (kind, _)) in opened.iter().enumerate() {
+        for (i, (kind, set, streams)) in opened.iter().enumerate() {
+            let samples = std::mem::take(&mut samples[i]);
             report.results.push(RunResult {
                 link: *kind,
                 collective: run.collective,
                 dtype: run.dtype,
                 bytes: spec.count * run.dtype.size(),
                 iters,
-                seconds: seconds[i] / iters as f64,
+                seconds: samples.iter().sum::<f64>() / iters as f64,
+                samples,
+                comms: set.len(),
+                streams: *streams,
                 ok: verdicts[i].ok(),
                 mismatches: verdicts[i].mismatches,
                 first_mismatch: verdicts[i].first_mismatch,
@@ -399,8 +446,10 @@ fn run_collectives(
     // No barrier before closing: a sender's last requests may complete before the next rank
     // has read everything, and the transport delivers those bytes after the close
     // (docs/harness.md, "Teardown"; tests/faults.rs checks it).
-    for (_, link) in opened {
-        link.close()?;
+    for (_, set, _) in opened {
+        for link in set {
+            link.close()?;
+        }
     }
     Ok(())
 }

@@ -1,0 +1,208 @@
+//! `lossy bench` as a user runs it: the small-size sweep, the latency percentiles, channels
+//! (`--comms`) and the raw-TCP baseline's stream count, each in real worker processes.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::lossy_exe;
+
+/// Runs `lossy args` with `env` added; asserts it succeeded and returns its stdout.
+fn bench(args: &[&str], env: &[(&str, &str)]) -> String {
+    let out = Command::new(lossy_exe())
+        .arg("bench")
+        .args(args)
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .env_remove("NCCL_LOSSY_STATS")
+        .env_remove("NCCL_LOSSY_NSOCKS")
+        .envs(env.iter().copied())
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .output()
+        .expect("run lossy bench");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "lossy bench {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// One table row: `size count iters | avg p50 p99 algbw busbw | (raw, same) | ratio | check`.
+struct Row {
+    size: usize,
+    iters: usize,
+    /// avg, p50, p99 in microseconds, then algbw and busbw.
+    plugin: [f64; 5],
+    raw: [f64; 5],
+    check: String,
+}
+
+fn numbers(group: &str) -> Vec<f64> {
+    group
+        .split_whitespace()
+        .map(|w| {
+            w.trim_end_matches('%')
+                .parse::<f64>()
+                .unwrap_or_else(|_| panic!("`{w}` in `{group}` is not a number"))
+        })
+        .collect()
+}
+
+fn rows(out: &str) -> Vec<Row> {
+    out.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let groups: Vec<&str> = l.split('|').collect();
+            assert!(groups.len() >= 5, "row `{l}`");
+            let head = numbers(groups[0]);
+            let five = |g: &str| -> [f64; 5] {
+                numbers(g)
+                    .try_into()
+                    .unwrap_or_else(|v| panic!("five numbers in `{g}`: {v:?}"))
+            };
+            Row {
+                size: head[0] as usize,
+                iters: head[2] as usize,
+                plugin: five(groups[1]),
+                raw: five(groups[2]),
+                check: groups[groups.len() - 1].trim().to_string(),
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn small_sweep_is_8_bytes_to_1_mib_doubling_and_every_size_is_bit_exact() {
+    let out = bench(&["--sizes", "small", "--iters", "2", "--lossless"], &[]);
+    let rows = rows(&out);
+    let sizes: Vec<usize> = rows.iter().map(|r| r.size).collect();
+    let want: Vec<usize> = (3..=20).map(|k| 1usize << k).collect();
+    assert_eq!(sizes, want, "{out}");
+    assert!(rows.iter().all(|r| r.check == "ok"), "{out}");
+    assert!(rows.iter().all(|r| r.iters == 2), "{out}");
+}
+
+#[test]
+fn small_sizes_get_more_iterations_and_complete_bit_exact() {
+    let out = bench(&["--sizes", "8,4K,4M", "--lossless"], &[]);
+    let rows = rows(&out);
+    assert_eq!(
+        rows.iter().map(|r| r.size).collect::<Vec<_>>(),
+        [8, 4096, 4 << 20],
+        "{out}"
+    );
+    assert!(rows.iter().all(|r| r.check == "ok"), "{out}");
+    assert!(rows[0].iters >= rows[2].iters * 10, "{out}");
+    assert!(rows[1].iters >= rows[2].iters * 10, "{out}");
+}
+
+#[test]
+fn sizes_below_one_element_round_up_to_one_element() {
+    let out = bench(&["--sizes", "1,6", "--iters", "2", "--lossless"], &[]);
+    let rows = rows(&out);
+    assert_eq!(
+        rows.iter().map(|r| r.size).collect::<Vec<_>>(),
+        [4, 4],
+        "{out}"
+    );
+    assert!(rows.iter().all(|r| r.check == "ok"), "{out}");
+}
+
+#[test]
+fn every_row_has_p50_at_most_p99_for_plugin_and_raw() {
+    let out = bench(&["--sizes", "8,64K", "--iters", "20", "--lossless"], &[]);
+    assert!(out.contains("p50") && out.contains("p99"), "{out}");
+    let rows = rows(&out);
+    assert_eq!(rows.len(), 2, "{out}");
+    for r in &rows {
+        for side in [r.plugin, r.raw] {
+            let [avg, p50, p99, _, _] = side;
+            assert!(p50 > 0.0 && p50 <= p99, "{out}");
+            assert!(
+                avg <= p99 * 1.0001,
+                "the mean is at most the maximum: {out}"
+            );
+        }
+    }
+}
+
+fn fresh_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("lossy-bench-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// Send connections of the bench's plugin link with messages, per rank file in `dir`.
+fn busy_send_connections(dir: &Path) -> Vec<usize> {
+    let mut per_rank = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("statistics directory") {
+        let path = entry.expect("entry").path();
+        if path.extension().and_then(|e| e.to_str()) != Some("json") {
+            continue;
+        }
+        let doc: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).expect("read statistics"))
+                .expect("statistics are JSON");
+        let conns = doc["connections"].as_array().expect("connections");
+        per_rank.push(
+            conns
+                .iter()
+                .filter(|c| c["total"]["messages"].as_u64().unwrap_or(0) > 0)
+                .count(),
+        );
+    }
+    per_rank.sort_unstable();
+    per_rank
+}
+
+#[test]
+fn comms_4_spreads_the_collective_over_4_send_comms_per_rank_bit_exact() {
+    let stats = fresh_dir("comms");
+    let stats_s = stats.display().to_string();
+    let out = bench(
+        // Three ranks: float sums then depend on each channel's own ring order, which the
+        // check reproduces.
+        &[
+            "--ranks",
+            "3",
+            "--sizes",
+            "8,4K,1M",
+            "--iters",
+            "3",
+            "--comms",
+            "4",
+            "--lossless",
+        ],
+        &[("NCCL_LOSSY_STATS", &stats_s)],
+    );
+    let rows = rows(&out);
+    assert_eq!(rows.len(), 3, "{out}");
+    assert!(rows.iter().all(|r| r.check == "ok"), "{out}");
+    assert!(out.contains("# plugin: 4 send comms per rank"), "{out}");
+    // The plugin's own statistics: one connection per send comm, every one carried data.
+    assert_eq!(busy_send_connections(&stats), [4, 4, 4], "{out}");
+    let _ = std::fs::remove_dir_all(&stats);
+}
+
+#[test]
+fn raw_baseline_opens_as_many_streams_as_the_plugin_per_comm() {
+    let out = bench(
+        &[
+            "--sizes",
+            "64K",
+            "--iters",
+            "2",
+            "--comms",
+            "2",
+            "--lossless",
+        ],
+        &[("NCCL_LOSSY_NSOCKS", "3")],
+    );
+    assert!(
+        out.contains("# raw TCP: 2 comms x 3 streams per rank, inline non-blocking"),
+        "{out}"
+    );
+    assert!(rows(&out).iter().all(|r| r.check == "ok"), "{out}");
+}
