@@ -371,12 +371,15 @@ fn run_collectives(
             }
             LinkKind::RawTcp => {
                 let set = (0..channels)
-                    .map(|_| {
-                        RawTcpLink::connect_ring(boot, job.raw_streams, job.timeout())
-                            .map(|l| Box::new(l) as Box<dyn RingLink>)
-                    })
+                    .map(|_| RawTcpLink::connect_ring(boot, job.raw_streams, job.timeout()))
                     .collect::<Result<Vec<_>>>()?;
-                (set, job.raw_streams)
+                // The sockets the links really opened, for the table's header.
+                let streams = set.first().map_or(0, RawTcpLink::streams);
+                let set = set
+                    .into_iter()
+                    .map(|l| Box::new(l) as Box<dyn RingLink>)
+                    .collect();
+                (set, streams)
             }
         };
         opened.push((kind, set, streams));
