@@ -250,6 +250,26 @@ fn bench_and_demo_drive_any_plugin_named_by_library_or_nccl_net_plugin() {
     assert!(ok, "{out}\n{err}");
     assert!(out.contains("# plugin Socket from"), "{out}");
     assert_eq!(out.matches("|    ok").count(), 2, "{out}");
+    // The small sweep's sizes and several channels (comms) per neighbour work on it too.
+    let channels = [
+        "bench",
+        "--ranks",
+        "3",
+        "--sizes",
+        "8,4K,1M",
+        "--iters",
+        "3",
+        "--comms",
+        "3",
+        "--library",
+        &peer,
+    ];
+    let (ok, out, err) = lossy(&channels, &[]);
+    assert!(
+        ok && out.contains("# plugin: 3 send comms per rank"),
+        "{out}\n{err}"
+    );
+    assert_eq!(out.matches("|    ok").count(), 3, "{out}");
     // NCCL_NET_PLUGIN counts when it is a path, as NCCL reads it.
     let (ok, out, err) = lossy(&bench, &[("NCCL_NET_PLUGIN", &peer)]);
     assert!(ok && out.contains("# plugin Socket from"), "{out}\n{err}");
