@@ -396,7 +396,7 @@ fn run_collectives(
         };
         let input = collectives::make_input(&spec, rank, n);
         let mut output = vec![0u8; output_len(&spec, rank, n)];
-        let mut run_once = |set: &mut Vec<Box<dyn RingLink + 'static>>, output: &mut [u8]| {
+        let mut run_once = |set: &mut Channels, output: &mut [u8]| {
             let mut refs: Vec<&mut dyn RingLink> = set
                 .iter_mut()
                 .map(|l| &mut **l as &mut dyn RingLink)
