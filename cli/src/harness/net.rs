@@ -1,8 +1,8 @@
 //! Ring links: one connection to rank + 1 (sends) and one from rank - 1 (receives), as a
 //! ring channel of NCCL's proxy sees them. [`PluginLink`] goes through the plugin library;
 //! [`RawTcpLink`] is plain TCP over loopback with the same number of streams, non-blocking
-//! and progressed inline by the caller, the baseline `lossy bench` compares against. Both keep their requests in FIFO order and only ever test
-//! the oldest one, as the proxy does.
+//! and progressed inline by the caller, the baseline `lossy bench` compares against. Both
+//! keep their requests in FIFO order and only ever test the oldest one, as the proxy does.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{ErrorKind, IoSlice, Read, Write};
