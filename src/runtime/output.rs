@@ -194,3 +194,41 @@ pub(super) fn write_trace() -> Result<Option<PathBuf>> {
     let trace = timeline::trace_json(&ring.snapshot(), &super::comms::effect_name);
     timeline::write_trace(dir, &trace).map(Some)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_trace_setting_fails_init_naming_the_variable_or_key() {
+        let profile = Profile::parse("trace = \"t\"\n", "p.toml", "").expect("profile");
+        let err = start_trace(&profile, None, Some("lots".into())).expect_err("bad capacity");
+        assert!(
+            err.message
+                .contains("NCCL_LOSSY_TRACE_EVENTS=lots: must be an integer"),
+            "{err}"
+        );
+        let dir = std::env::temp_dir().join(format!("lossy-trace-blocked-{}", std::process::id()));
+        std::fs::write(&dir, "a file in the way\n").expect("write");
+        let below = dir.join("trace").display().to_string();
+        let err = start_trace(&profile, Some(below.clone()), None).expect_err("unwritable");
+        assert!(
+            err.message.contains(&format!(
+                "NCCL_LOSSY_TRACE={below}: the trace cannot be written"
+            )),
+            "{err}"
+        );
+        let bare = Profile::parse("", "p.toml", "").expect("profile");
+        let err = start_trace(&bare, Some(below), None).expect_err("unwritable");
+        assert!(err.message.contains("NCCL_LOSSY_TRACE="), "{err}");
+        let mut from_profile = profile.clone();
+        from_profile.trace = Some(dir.join("t").display().to_string());
+        let err = start_trace(&from_profile, None, None).expect_err("unwritable");
+        assert!(err.message.contains("trace (profile p.toml)="), "{err}");
+        std::fs::remove_file(&dir).ok();
+        assert!(
+            timeline::ring().is_none(),
+            "a refused trace allocates nothing"
+        );
+    }
+}

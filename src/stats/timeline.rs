@@ -468,4 +468,22 @@ mod tests {
             "{before} {at} {after}"
         );
     }
+
+    /// What one record costs: `cargo test --release --lib timeline::tests::record_cost --
+    /// --ignored --nocapture` (docs/performance.md quotes it).
+    #[test]
+    #[ignore = "a measurement, not a check"]
+    fn record_cost() {
+        let ring = Timeline::new(DEFAULT_CAPACITY);
+        let n = 10_000_000u64;
+        let started = Instant::now();
+        for i in 0..n {
+            let mut e = event(i, i & 1);
+            e.end_ns = ring.monotonic_of(Instant::now());
+            ring.record(std::hint::black_box(&e));
+        }
+        let ns = started.elapsed().as_nanos() as f64 / n as f64;
+        println!("{ns:.1} ns per message (Instant::now + record)");
+        assert_eq!(ring.snapshot().recorded, n);
+    }
 }
