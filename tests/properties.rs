@@ -245,7 +245,7 @@ proptest! {
 
 /// The top-level keys, model kinds, model keys and collective names, as messages list them.
 const TOP_KEYS: &str = "description, seed, mtu, stats_interval, effect, model, \
-                        retransmit_timeout_us, rules, transport, inner";
+                        retransmit_timeout_us, rules, transport, inner, trace, trace_events";
 const KINDS: [&str; 5] = ["none", "uniform", "gilbert_elliott", "markov4", "trace"];
 const MODEL_KEYS: &str = "kind, rate, mean_burst, p, r, h_loss, k_loss, p13, p31, p32, p23, p14, \
                           file, format, length, at_end, start";

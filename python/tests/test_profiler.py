@@ -1,9 +1,8 @@
 """nccl_lossy.profiler and performance_monitor with the real torch profiler (CPU) and the real
 plugin, loaded the way NCCL loads it (tests/net_harness.py).
 
-The plugin does not write its trace files yet (docs/timeline.md): the merge tests build a file
-in the plugin's trace format from transfers measured here (tests/plugin_trace.py). The
-end-to-end test with the plugin's own trace waits for the plugin side."""
+The merge test runs with the plugin's own trace file (NCCL_LOSSY_TRACE, docs/timeline.md),
+written when the plugin's last connection closes."""
 
 import json
 
@@ -64,9 +63,20 @@ import torch
 import nccl_lossy
 from nccl_lossy.profiler import LossyProfiler
 from net_harness import Link
-from plugin_trace import counters_delta, write_plugin_trace
+from nccl_lossy.steps import cell_totals
 
 out_dir, trace_dir = sys.argv[2], sys.argv[3]
+
+def counters_delta(before, after):
+    a, b = cell_totals(before), cell_totals(after)
+    out = []
+    for (op, phase), counts in sorted(b.items()):
+        prev = a.get((op, phase), {})
+        grown = {c: counts[c] - prev.get(c, 0) for c in counts}
+        if grown["messages"]:
+            out.append({"op": op, "phase": phase, **grown})
+    return out
+
 integ = nccl_lossy.LossyMegatronIntegration(
     set={"mtu": 512, "model.rate": 0.5, "effect": "zero"}, patch_megatron=False)
 integ.enable()
@@ -94,25 +104,35 @@ time.sleep(0.01)
 integ.mark_backward()
 transfer()                                   # 2: backward
 integ.step(2)
-write_plugin_trace(trace_dir, transfers)
+link.close()          # the last connection closes: the plugin writes its trace file
+plugin = json.load(open(prof.plugin_trace_path()))
 prof.stop()
-link.close()
 integ.disable()
-print(json.dumps({"merged": [str(p) for p in prof.written["merged"]], "transfers": transfers}))
+print(json.dumps({"merged": [str(p) for p in prof.written["merged"]], "transfers": transfers,
+                  "plugin": plugin}))
 """
 
 
 def test_merged_trace_puts_a_known_transfer_inside_its_record_function_range(tmp_path):
-    proc = run_python(MERGE_SCRIPT, env=clean_env(NCCL_SOCKET_IFNAME="lo", RANK=0),
+    trace_dir = tmp_path / "trace"
+    proc = run_python(MERGE_SCRIPT, env=clean_env(NCCL_SOCKET_IFNAME="lo", RANK=0,
+                                                  NCCL_LOSSY_TRACE=str(trace_dir)),
                       args=(str(TESTS), str(tmp_path / "prof"), str(tmp_path / "trace")))
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(out["merged"]) == 1
     merged = load_trace(out["merged"][0])
     assert check_trace_events(merged) == []
+    # the plugin's own file: one send event per transfer, on the plugin's monotonic clock,
+    # inside the window the script measured around it
+    own = sorted((e for e in out["plugin"]["traceEvents"] if e["ph"] == "X"), key=lambda e: e["ts"])
+    assert [e["args"]["direction"] for e in own] == ["send"] * 3
+    for event, transfer in zip(own, out["transfers"]):
+        assert transfer["t0_ns"] <= event["ts"] * 1000 + 1000
+        assert (event["ts"] + event["dur"]) * 1000 <= transfer["t1_ns"] + 1000
     plugin = sorted((e for e in merged["traceEvents"] if e.get("cat") == "lossy" and e["ph"] == "X"),
-                    key=lambda e: e["args"]["message"])
-    assert [e["args"]["message"] for e in plugin] == [0, 1, 2]
+                    key=lambda e: e["ts"])
+    assert len(plugin) == 3
     for event, transfer in zip(plugin, out["transfers"]):
         (cell,) = transfer["cells"]
         assert event["args"]["lost_packets"] == cell["lost_packets"]

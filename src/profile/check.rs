@@ -12,7 +12,7 @@ use crate::loss::model::{kind_names, model_keys, ModelSpec, RawModel};
 use crate::loss::plan::{Effect, DEFAULT_MTU, DEFAULT_RETRANSMIT_TIMEOUT};
 use crate::loss::rules::{Action, Direction, Match, Rule};
 use crate::profile::tree::{At, Node, Val};
-use crate::profile::{Profile, TransportKind, DEFAULT_SEED, SET_ENV};
+use crate::profile::{Profile, TransportKind, DEFAULT_SEED, MAX_TRACE_EVENTS, SET_ENV};
 
 const TOP_KEYS: &[&str] = &[
     "description",
@@ -25,6 +25,8 @@ const TOP_KEYS: &[&str] = &[
     "rules",
     "transport",
     "inner",
+    "trace",
+    "trace_events",
 ];
 const RULE_KEYS: &[&str] = &[
     "name",
@@ -393,6 +395,20 @@ impl Checker<'_> {
             }
             None => None,
         };
+        let trace = match root.get("trace") {
+            Some(n) => {
+                let dir = self.string(n, "trace")?;
+                if dir.trim().is_empty() {
+                    return Err(self.bad(n, "trace", "must name a directory for trace files"));
+                }
+                Some(dir)
+            }
+            None => None,
+        };
+        let trace_events = match root.get("trace_events") {
+            Some(n) => Some(self.integer(n, "trace_events", 1, MAX_TRACE_EVENTS)? as usize),
+            None => None,
+        };
         let base_action = Action {
             effect: Effect::Retransmit,
             model: ModelSpec::None,
@@ -420,6 +436,8 @@ impl Checker<'_> {
             description,
             transport,
             inner,
+            trace,
+            trace_events,
         })
     }
 }

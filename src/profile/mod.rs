@@ -57,6 +57,9 @@ impl TransportKind {
 }
 
 /// A resolved loss profile.
+/// Largest trace ring a profile or `NCCL_LOSSY_TRACE_EVENTS` may ask for: 2^24 messages.
+pub const MAX_TRACE_EVENTS: i64 = 1 << 24;
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Profile {
     /// Seed every stream's generators derive from.
@@ -79,6 +82,10 @@ pub struct Profile {
     pub transport: Option<TransportKind>,
     /// The net plugin to wrap under `transport = "wrap"` (a path or a name like "ib").
     pub inner: Option<String>,
+    /// Directory for the loss timeline's trace files (`NCCL_LOSSY_TRACE` wins).
+    pub trace: Option<String>,
+    /// Capacity of the trace ring in messages (`NCCL_LOSSY_TRACE_EVENTS` wins).
+    pub trace_events: Option<usize>,
 }
 
 /// "model, effect E, expected loss X% (mean burst B)".

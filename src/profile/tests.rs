@@ -168,6 +168,9 @@ fn errors_name_file_line_key_and_what_is_allowed() {
         ("[[rules]]\ndirection = \"up\"\n", "configs/x.toml:2: rules.0.direction = \"up\": allowed: \"send\", \"recv\""),
         ("[[rules]]\npeer = -1\n", "configs/x.toml:2: rules.0.peer = -1: must be an integer in [0, 4294967295]"),
         ("stats_interval = 0\n", "configs/x.toml:1: stats_interval = 0: must be a number > 0"),
+        ("trace_events = 0\n", "configs/x.toml:1: trace_events = 0: must be an integer in [1, 16777216]"),
+        ("trace = \"\"\n", "configs/x.toml:1: trace = \"\": must name a directory"),
+        ("trace = 3\n", "configs/x.toml:1: trace = 3: must be a string"),
         ("transport = \"ib\"\n", "configs/x.toml:1: transport = \"ib\": allowed: \"socket\", \"wrap\""),
         ("inner = \"ib\"\n", "configs/x.toml:1: inner = \"ib\": only used with transport = \"wrap\""),
         ("transport = \"wrap\"\ninner = \" \"\n", "configs/x.toml:2: inner = \" \": must name a net plugin library"),
@@ -227,6 +230,11 @@ fn overrides_apply_on_top_and_name_the_variable() {
     .unwrap();
     assert!((p.defaults.model.expected_loss_rate() - 0.05).abs() < 1e-12);
     assert_eq!(p.stats_interval, Some(Duration::from_secs(1)));
+    let p = Profile::parse("trace = \"runs/t\"\n", "x.toml", "trace_events=16").unwrap();
+    assert_eq!(
+        (p.trace.as_deref(), p.trace_events),
+        (Some("runs/t"), Some(16))
+    );
     let p = Profile::parse("", "x.toml", "model.kind=uniform;model.rate=0.1").unwrap();
     assert_eq!(p.defaults.model, ModelSpec::Uniform { rate: 0.1 });
     let cases: &[(&str, &str)] = &[

@@ -9,6 +9,7 @@ use crate::ids::{self, CollectiveId};
 use crate::loss::engine::ConnectionLoss;
 use crate::loss::plan::{Effect, LossPlan};
 use crate::loss::rules::{Direction, MatchContext};
+use crate::stats::timeline::{self, Side, TimelineEvent};
 use crate::stats::{self, BurstTracker, ConnectionStats, MessageRecord};
 use crate::switches;
 use crate::transport::{
@@ -96,6 +97,7 @@ impl Connecting {
             conn,
             stats,
             peer: self.peer,
+            index: self.index,
             local_rank: self.runtime.rank(),
             comm_size: self.runtime.comm_size(self.ctx.comm_id),
             sender: Mutex::new(SenderState::new(loss)),
@@ -114,8 +116,36 @@ struct SenderState {
     /// advance the loss chain twice.
     pending_len: Option<usize>,
     bursts: BurstTracker,
-    /// When each request slot was posted, for the latency histogram.
-    posted_at: [Option<(Instant, usize)>; MAX_REQUESTS],
+    /// When each request slot was posted, for the latency histogram and the timeline.
+    posted_at: [Option<Posted>; MAX_REQUESTS],
+}
+
+/// A message in flight: when it was posted, its collective slot, and its timeline event
+/// (when tracing is on) waiting for its end time.
+#[derive(Clone, Copy)]
+struct Posted {
+    at: Instant,
+    op: usize,
+    event: Option<TimelineEvent>,
+}
+
+/// The code of `effect` in timeline events, and back to its name: the order of [`EFFECTS`].
+const EFFECTS: [Effect; 4] = [
+    Effect::Zero,
+    Effect::Stale,
+    Effect::Retransmit,
+    Effect::Bitflip,
+];
+
+fn effect_code(effect: Effect) -> u8 {
+    EFFECTS.iter().position(|e| *e == effect).unwrap_or(0) as u8
+}
+
+/// The name of an effect code of a timeline event.
+pub(super) fn effect_name(code: u8) -> &'static str {
+    EFFECTS
+        .get(usize::from(code))
+        .map_or("unknown", |e| e.name())
 }
 
 impl SenderState {
@@ -136,6 +166,7 @@ pub struct SendComm {
     conn: Box<dyn SendConn>,
     stats: Arc<ConnectionStats>,
     peer: Option<u32>,
+    index: u32,
     local_rank: Option<u32>,
     comm_size: Option<u32>,
     sender: Mutex<SenderState>,
@@ -202,8 +233,26 @@ impl SendComm {
         state.bursts.observe(op, packets, runs, |op, len| {
             self.stats.record_burst(op, len)
         });
+        let at = Instant::now();
+        let event = timeline::ring().map(|ring| TimelineEvent {
+            start_ns: ring.monotonic_of(at),
+            end_ns: 0,
+            comm_id: self.ctx.comm_id,
+            connection: self.index,
+            peer: self.peer,
+            side: Side::Send,
+            op,
+            phase: phase as usize,
+            step,
+            bytes: buf.len() as u64,
+            packets,
+            lost_packets,
+            loss_events: plan.loss_events(),
+            effect: effect_code(plan.effect),
+            retransmit_delay_ns,
+        });
         if let Some(slot) = state.posted_at.get_mut(id as usize) {
-            *slot = Some((Instant::now(), op));
+            *slot = Some(Posted { at, op, event });
         }
         Ok(Some(id))
     }
@@ -224,8 +273,14 @@ impl SendComm {
         if done.is_some() {
             let mut state = self.state()?;
             if let Some(posted) = state.posted_at.get_mut(id as usize).and_then(Option::take) {
-                let ns = posted.0.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64;
-                self.stats.record_latency_ns(posted.1, ns);
+                let now = Instant::now();
+                let ns = now.saturating_duration_since(posted.at).as_nanos();
+                self.stats
+                    .record_latency_ns(posted.op, ns.min(u128::from(u64::MAX)) as u64);
+                if let (Some(mut event), Some(ring)) = (posted.event, timeline::ring()) {
+                    event.end_ns = ring.monotonic_of(now);
+                    ring.record(&event);
+                }
             }
         }
         Ok(done)

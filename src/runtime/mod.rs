@@ -119,6 +119,11 @@ impl Runtime {
         }
         let mut profile = Profile::from_env()?;
         output::check_stats_dir()?;
+        output::start_trace(
+            &profile,
+            std::env::var(crate::stats::timeline::TRACE_DIR_ENV).ok(),
+            std::env::var(crate::stats::timeline::TRACE_EVENTS_ENV).ok(),
+        )?;
         check_forced_protocol(&profile, std::env::var("NCCL_PROTO").ok().as_deref())?;
         let inner_env = std::env::var(INNER_ENV)
             .ok()

@@ -7,10 +7,13 @@
 //! would crash the process.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use super::Runtime;
+use crate::profile::{Profile, MAX_TRACE_EVENTS};
 use crate::stats::periodic::PeriodicWriter;
+use crate::stats::timeline::{self, DEFAULT_CAPACITY, TRACE_DIR_ENV, TRACE_EVENTS_ENV};
 use crate::stats::writer::{StatsFile, STATS_DIR_ENV};
 use crate::switches;
 use crate::{log, stats, Result};
@@ -37,7 +40,8 @@ impl Runtime {
             return;
         };
         live.open += 1;
-        if live.writer.is_some() || live.retired || stats_dir().is_none() {
+        if live.writer.is_some() || live.retired || (stats_dir().is_none() && trace_dir().is_none())
+        {
             return;
         }
         match PeriodicWriter::start(self.stats_interval, MIN_GAP, write_logged) {
@@ -122,9 +126,109 @@ pub(super) fn check_stats_dir() -> Result<()> {
     }
 }
 
-/// Writes the statistics file; a failure is a warning (statistics never fail NCCL's calls).
+/// Writes the statistics file and the trace; a failure is a warning (statistics never fail
+/// NCCL's calls).
 pub(super) fn write_logged() {
     if let Err(err) = write_stats() {
         log::warn(&format!("statistics not written: {err}"));
+    }
+    if let Err(err) = write_trace() {
+        log::warn(&format!("trace not written: {err}"));
+    }
+}
+
+/// The trace directory the first `init` that turned tracing on chose.
+static TRACE_DIR: OnceLock<PathBuf> = OnceLock::new();
+
+fn trace_dir() -> Option<&'static PathBuf> {
+    TRACE_DIR.get()
+}
+
+/// Turns the loss timeline on at `init` when `NCCL_LOSSY_TRACE` (`env_dir`, which wins) or
+/// the profile's `trace` names a directory: checks the directory as for statistics, sizes the
+/// ring from `NCCL_LOSSY_TRACE_EVENTS` (`env_events`, which wins), the profile's
+/// `trace_events` or the default, and allocates it. The first `init` that turns it on decides
+/// for the process.
+pub(super) fn start_trace(
+    profile: &Profile,
+    env_dir: Option<String>,
+    env_events: Option<String>,
+) -> Result<()> {
+    let (dir, source) = match env_dir.filter(|d| !d.trim().is_empty()) {
+        Some(dir) => (dir, TRACE_DIR_ENV.to_string()),
+        None => match &profile.trace {
+            Some(dir) => (dir.clone(), format!("trace (profile {})", profile.origin)),
+            None => return Ok(()),
+        },
+    };
+    let capacity = match env_events.filter(|v| !v.trim().is_empty()) {
+        Some(text) => match text.trim().parse::<i64>() {
+            Ok(n) if (1..=MAX_TRACE_EVENTS).contains(&n) => n as usize,
+            _ => {
+                return Err(crate::Error::invalid_argument(format!(
+                    "{TRACE_EVENTS_ENV}={text}: must be an integer in [1, {MAX_TRACE_EVENTS}] \
+                     (messages the trace ring holds)"
+                )))
+            }
+        },
+        None => profile.trace_events.unwrap_or(DEFAULT_CAPACITY),
+    };
+    let path = PathBuf::from(&dir);
+    StatsFile::check_dir(&path).map_err(|err| {
+        err.context(format!(
+            "{source}={}: the trace cannot be written there (set it to a writable \
+             directory, or unset it)",
+            path.display()
+        ))
+    })?;
+    timeline::enable(capacity);
+    let _ = TRACE_DIR.set(path);
+    Ok(())
+}
+
+/// Writes the trace file into the trace directory; `Ok(None)` when tracing is off.
+pub(super) fn write_trace() -> Result<Option<PathBuf>> {
+    let (Some(dir), Some(ring)) = (trace_dir(), timeline::ring()) else {
+        return Ok(None);
+    };
+    let trace = timeline::trace_json(&ring.snapshot(), &super::comms::effect_name);
+    timeline::write_trace(dir, &trace).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_trace_setting_fails_init_naming_the_variable_or_key() {
+        let profile = Profile::parse("trace = \"t\"\n", "p.toml", "").expect("profile");
+        let err = start_trace(&profile, None, Some("lots".into())).expect_err("bad capacity");
+        assert!(
+            err.message
+                .contains("NCCL_LOSSY_TRACE_EVENTS=lots: must be an integer"),
+            "{err}"
+        );
+        let dir = std::env::temp_dir().join(format!("lossy-trace-blocked-{}", std::process::id()));
+        std::fs::write(&dir, "a file in the way\n").expect("write");
+        let below = dir.join("trace").display().to_string();
+        let err = start_trace(&profile, Some(below.clone()), None).expect_err("unwritable");
+        assert!(
+            err.message.contains(&format!(
+                "NCCL_LOSSY_TRACE={below}: the trace cannot be written"
+            )),
+            "{err}"
+        );
+        let bare = Profile::parse("", "p.toml", "").expect("profile");
+        let err = start_trace(&bare, Some(below), None).expect_err("unwritable");
+        assert!(err.message.contains("NCCL_LOSSY_TRACE="), "{err}");
+        let mut from_profile = profile.clone();
+        from_profile.trace = Some(dir.join("t").display().to_string());
+        let err = start_trace(&from_profile, None, None).expect_err("unwritable");
+        assert!(err.message.contains("trace (profile p.toml)="), "{err}");
+        std::fs::remove_file(&dir).ok();
+        assert!(
+            timeline::ring().is_none(),
+            "a refused trace allocates nothing"
+        );
     }
 }

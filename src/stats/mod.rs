@@ -7,6 +7,7 @@
 
 pub mod periodic;
 pub mod report;
+pub mod timeline;
 pub mod writer;
 
 use std::sync::atomic::{AtomicU64, Ordering};

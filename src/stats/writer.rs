@@ -134,7 +134,7 @@ pub fn launcher_rank() -> Option<u64> {
         .find_map(|var| std::env::var(var).ok()?.trim().parse().ok())
 }
 
-fn host_name() -> String {
+pub(crate) fn host_name() -> String {
     fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .ok()
@@ -142,7 +142,7 @@ fn host_name() -> String {
         .unwrap_or_else(|| "unknown-host".to_string())
 }
 
-fn sanitize(text: &str) -> String {
+pub(crate) fn sanitize(text: &str) -> String {
     text.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
