@@ -294,3 +294,146 @@ fn a_rank_killed_mid_run_fails_the_others_naming_it() {
         "rank 0: {err}"
     );
 }
+
+/// Two network namespaces joined by a veth pair, deleted (with the pair) when dropped.
+struct NetnsPair {
+    names: [String; 2],
+    ifaces: [String; 2],
+    addrs: [&'static str; 2],
+}
+
+/// Why the namespace tests cannot run here; only these two reasons skip them.
+fn netns_unavailable() -> Option<&'static str> {
+    let uid = Command::new("id").arg("-u").output().ok()?;
+    if text(&uid.stdout).trim() != "0" {
+        return Some("not root");
+    }
+    if Command::new("ip").arg("-V").output().is_err() {
+        return Some("no ip binary");
+    }
+    None
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("run ip");
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        text(&out.stderr)
+    );
+}
+
+impl NetnsPair {
+    fn create(tag: &str) -> NetnsPair {
+        let id = format!("{}{tag}", std::process::id());
+        let pair = NetnsPair {
+            names: [format!("lossy{id}a"), format!("lossy{id}b")],
+            // Interface names have at most 15 bytes.
+            ifaces: [format!("lv{id}a"), format!("lv{id}b")],
+            addrs: ["10.231.0.1", "10.231.0.2"],
+        };
+        for ns in &pair.names {
+            ip(&["netns", "add", ns]);
+        }
+        let [a, b] = &pair.ifaces;
+        ip(&["link", "add", a, "type", "veth", "peer", "name", b]);
+        for i in 0..2 {
+            let (ns, iface) = (&pair.names[i], &pair.ifaces[i]);
+            ip(&["link", "set", iface, "netns", ns]);
+            let cidr = format!("{}/24", pair.addrs[i]);
+            ip(&["-n", ns, "addr", "add", &cidr, "dev", iface]);
+            ip(&["-n", ns, "link", "set", iface, "up"]);
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+        }
+        pair
+    }
+}
+
+impl Drop for NetnsPair {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes the veth end in it, and with it the pair.
+        for ns in &self.names {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+/// Runs a 2-rank bench across the veth pair and returns rank 0's table.
+fn bench_across_veth(tag: &str, extra: &[&str]) -> Option<String> {
+    if let Some(why) = netns_unavailable() {
+        println!("skipped: {why} (network namespaces need root and the ip binary)");
+        return None;
+    }
+    let pair = NetnsPair::create(tag);
+    let rendezvous = format!("{}:29533", pair.addrs[0]);
+    let children: Vec<Child> = (0..2)
+        .map(|rank| {
+            let (r, ns) = (rank.to_string(), pair.names[rank].as_str());
+            let mut args = vec![
+                "--rank",
+                &r,
+                "--world",
+                "2",
+                "--rendezvous",
+                &rendezvous,
+                "--rendezvous-timeout",
+                "30",
+                "--sizes",
+                "1M",
+                "--iters",
+                "5",
+            ];
+            args.extend(extra);
+            let env = vars(&[("NCCL_SOCKET_IFNAME", pair.ifaces[rank].clone())]);
+            bench(&["ip", "netns", "exec", ns], &args, &env)
+        })
+        .collect();
+    let (outputs, _) = wait_all(children, Duration::from_secs(180));
+    for (rank, out) in outputs.iter().enumerate() {
+        assert!(
+            out.status.success(),
+            "rank {rank} failed: {}\n{}",
+            out.status,
+            text(&out.stderr)
+        );
+    }
+    assert!(outputs[1].stdout.is_empty(), "{}", text(&outputs[1].stdout));
+    let table = text(&outputs[0].stdout);
+    println!("{table}");
+    for rank in 0..2 {
+        let line = table
+            .lines()
+            .find(|l| l.starts_with(&format!("# {rank:>4} ")))
+            .unwrap_or_else(|| panic!("no line for rank {rank}:\n{table}"));
+        assert!(
+            line.contains(&pair.ifaces[rank]) && line.contains(pair.addrs[rank]),
+            "rank {rank} did not use its veth end:\n{table}"
+        );
+    }
+    Some(table)
+}
+
+/// Lost packets summed over rank 0's table.
+fn lost_packets(table: &str) -> u64 {
+    table
+        .lines()
+        .filter(|l| l.starts_with("# ") && l.ends_with('%'))
+        .filter_map(|l| l.split_whitespace().nth(6)?.parse::<u64>().ok())
+        .sum()
+}
+
+#[test]
+fn across_a_veth_pair_the_profile_loses_packets() {
+    if let Some(table) = bench_across_veth("l", &[]) {
+        assert!(lost_packets(&table) > 0, "no loss:\n{table}");
+    }
+}
+
+#[test]
+fn across_a_veth_pair_lossless_loses_nothing() {
+    if let Some(table) = bench_across_veth("n", &["--lossless"]) {
+        assert!(table.contains("loss off"), "{table}");
+        assert_eq!(lost_packets(&table), 0, "{table}");
+    }
+}
