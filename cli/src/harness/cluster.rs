@@ -45,8 +45,8 @@ pub struct ClusterArgs {
     /// Number of ranks of the multi-process job (with --rank).
     #[arg(long, requires = "rank")]
     pub world: Option<usize>,
-    /// host:port of the rendezvous, hosted by rank 0 (default: the launcher's, e.g.
-    /// MASTER_ADDR:MASTER_PORT, or NCCL_LOSSY_RENDEZVOUS).
+    /// host:port of the rendezvous, hosted by rank 0 (default: NCCL_LOSSY_RENDEZVOUS, else
+    /// the launcher's: MASTER_ADDR and MASTER_PORT + 1 under torchrun, the first Slurm node).
     #[arg(long, value_name = "HOST:PORT")]
     pub rendezvous: Option<String>,
     /// Port of the rendezvous on the first Slurm node (default: NCCL_LOSSY_RENDEZVOUS_PORT,
@@ -142,7 +142,19 @@ pub fn detect(args: &ClusterArgs, env: &dyn Fn(&str) -> Option<String>) -> Resul
             }
             let host = get("MASTER_ADDR").unwrap_or_default();
             let port = get("MASTER_PORT").unwrap_or_default();
-            let rendezvous = rendezvous_option().unwrap_or_else(|| join_host_port(&host, &port));
+            // torchrun's agent holds MASTER_PORT for its own store: the next port is ours.
+            let port = port
+                .trim()
+                .parse::<u16>()
+                .ok()
+                .and_then(|p| p.checked_add(1))
+                .ok_or_else(|| {
+                    Error::invalid_argument(format!("MASTER_PORT={port} is not a port below 65535"))
+                })?;
+            let rendezvous = match rendezvous_option() {
+                Some(r) => r,
+                None => join_host_port(&host, &port.to_string()),
+            };
             (
                 "torchrun",
                 number("RANK")?.unwrap_or(0),
@@ -564,7 +576,7 @@ mod tests {
                 m.rendezvous.as_str(),
                 m.job_id.as_str()
             ),
-            ("torchrun", 1, 2, "10.0.0.1:29400", "abc")
+            ("torchrun", 1, 2, "10.0.0.1:29401", "abc")
         );
         let explicit = ClusterArgs {
             rank: Some(0),
