@@ -1,10 +1,13 @@
-//! A tiny rendezvous over loopback TCP, standing in for NCCL's bootstrap: ranks all-gather
-//! small blobs (the 128-byte connection handles) and barrier.
+//! A tiny TCP rendezvous standing in for NCCL's bootstrap: ranks all-gather small blobs (the
+//! 128-byte connection handles) and barrier.
 //!
-//! The server runs on a thread of whoever starts the ranks (the launcher, or a test that is a
-//! rank itself). Every rank connects and says who it is; then, round after round, each rank
-//! sends one blob and receives all of them in rank order. A rank that disconnects ends the
-//! server, which makes every other rank's next call fail instead of hang.
+//! The server runs on a thread of whoever starts the ranks (the launcher, a test that is a
+//! rank itself, or rank 0 of a multi-process job), on loopback or on the address asked for.
+//! Every rank connects and says who it is: protocol version, rank, world size and job id; a
+//! hello that differs is answered with an error frame and fails the run for everyone. Then,
+//! round after round, each rank sends one blob and receives all of them in rank order. A rank
+//! that disconnects ends the server, which makes every other rank's next call fail instead of
+//! hang; with watch connections ([`Watch`]) the others hear at once which rank left.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -584,5 +587,30 @@ mod tests {
         let _only = Bootstrap::connect(server.addr(), 0, 2, Duration::from_secs(5)).expect("join");
         let err = server.join().expect_err("missing rank");
         assert!(err.message.contains("1 of 2"), "{err}");
+    }
+
+    #[test]
+    fn a_rank_of_another_job_is_refused_on_both_sides() {
+        let server = BootstrapServer::start_with(ServerOptions {
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            nranks: 2,
+            connect_timeout: Duration::from_secs(5),
+            round_timeout: Duration::from_secs(5),
+            job_id: "job-a".into(),
+            watch: false,
+        })
+        .expect("server");
+        let t = Duration::from_secs(5);
+        let mut first = Bootstrap::connect_job(server.addr(), 0, 2, "job-a", t).expect("join");
+        let err = Bootstrap::connect_job(server.addr(), 1, 2, "job-b", t)
+            .err()
+            .expect("refused");
+        assert!(
+            err.message.contains("job-a") && err.message.contains("job-b"),
+            "{err}"
+        );
+        let err = first.barrier().expect_err("the run is over");
+        assert!(err.message.contains("job-b"), "{err}");
+        assert!(server.join().is_err());
     }
 }
