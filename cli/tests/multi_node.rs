@@ -134,9 +134,19 @@ fn assert_table(outputs: &[Output], world: usize) {
 
 const SMALL: [&str; 4] = ["--sizes", "64K", "--iters", "2"];
 
+/// A port whose next port is free too (torchrun-style ranks meet on MASTER_PORT + 1).
+fn free_port_below_a_free_one() -> u16 {
+    loop {
+        let port = free_port();
+        if port < u16::MAX && TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+            return port;
+        }
+    }
+}
+
 #[test]
 fn two_ranks_launched_torchrun_style_print_one_table() {
-    let port = free_port().to_string();
+    let port = free_port_below_a_free_one().to_string();
     let children = (0..2)
         .map(|rank| {
             let env = vars(&[
@@ -327,6 +337,7 @@ fn ip(args: &[&str]) {
 impl NetnsPair {
     fn create(tag: &str) -> NetnsPair {
         let id = format!("{}{tag}", std::process::id());
+        // Made before the first `ip` call: a step that fails (panics) still deletes the rest.
         let pair = NetnsPair {
             names: [format!("lossy{id}a"), format!("lossy{id}b")],
             // Interface names have at most 15 bytes.
@@ -352,10 +363,14 @@ impl NetnsPair {
 
 impl Drop for NetnsPair {
     fn drop(&mut self) {
-        // Deleting a namespace deletes the veth end in it, and with it the pair.
+        // Deleting a namespace deletes the veth end in it, and with it the pair; a pair that
+        // never left this namespace (a step failed) is deleted by name.
         for ns in &self.names {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+            let _ = Command::new("ip").args(["netns", "del", ns]).output();
         }
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.ifaces[0]])
+            .output();
     }
 }
 

@@ -10,7 +10,7 @@
 //! hang; with watch connections ([`Watch`]) the others hear at once which rank left.
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -85,6 +85,29 @@ fn send_error(stream: &mut TcpStream, message: &str) {
     let _ = stream.write_all(&out);
 }
 
+/// Closes connections without losing what was last written to them: a socket closed with
+/// unread input sends a reset, which can discard data its peer has not read yet. Stops
+/// writing, then reads until each peer closes (at most half a second in all).
+fn close_gently(mut streams: Vec<TcpStream>) {
+    let deadline = Instant::now() + Duration::from_millis(500);
+    for stream in &mut streams {
+        let _ = stream.shutdown(Shutdown::Write);
+    }
+    let mut sink = [0u8; 4096];
+    for stream in &mut streams {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+                break;
+            }
+            match stream.read(&mut sink) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    }
+}
+
 /// Where the server listens, how long it waits and which job it serves.
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
@@ -147,6 +170,18 @@ impl BootstrapServer {
         self.addr
     }
 
+    /// Like [`join`](Self::join), but gives up after `wait` (`None`: still serving).
+    pub fn join_within(self, wait: Duration) -> Option<Result<()>> {
+        let deadline = Instant::now() + wait;
+        while self.thread.as_ref().is_some_and(|t| !t.is_finished()) {
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Some(self.join())
+    }
+
     /// Waits for the server to end (every rank gone, or a failure) and returns how it ended.
     pub fn join(mut self) -> Result<()> {
         match self.thread.take() {
@@ -159,14 +194,18 @@ impl BootstrapServer {
 }
 
 /// A hello, as the server reads it.
-struct Hello {
+struct RankHello {
     kind: u32,
     rank: usize,
     job_id: String,
 }
 
 /// Reads a hello and checks it against the server's job; the error says what differs.
-fn read_hello(stream: &mut TcpStream, options: &ServerOptions, from: SocketAddr) -> Result<Hello> {
+fn read_hello(
+    stream: &mut TcpStream,
+    options: &ServerOptions,
+    from: SocketAddr,
+) -> Result<RankHello> {
     let magic = read_u32(stream)?;
     if magic != MAGIC {
         return Err(Error::remote(format!(
@@ -193,7 +232,7 @@ fn read_hello(stream: &mut TcpStream, options: &ServerOptions, from: SocketAddr)
     }
     let mut id = vec![0u8; len];
     stream.read_exact(&mut id)?;
-    let hello = Hello {
+    let hello = RankHello {
         kind,
         rank,
         job_id: String::from_utf8_lossy(&id).into_owned(),
@@ -221,12 +260,33 @@ struct Joined {
 }
 
 impl Joined {
-    /// Tells every connected rank why the run ends.
-    fn fail(&mut self, err: Error) -> Error {
+    /// Tells every connected rank, and every connection still waiting in `listener`'s
+    /// queue (a rank's second connection), why the run ends, then closes them gently.
+    fn fail(&mut self, listener: &TcpListener, refused: Option<TcpStream>, err: Error) -> Error {
         let text = err.to_string();
-        for stream in self.data.iter_mut().chain(self.watch.iter_mut()).flatten() {
+        let mut all: Vec<TcpStream> = refused.into_iter().collect();
+        // Rank 0 last: in a multi-process job its process hosts this server.
+        for slots in [&mut self.data, &mut self.watch] {
+            all.extend(slots.iter_mut().skip(1).filter_map(Option::take));
+        }
+        for slots in [&mut self.data, &mut self.watch] {
+            all.extend(slots.first_mut().and_then(Option::take));
+        }
+        for stream in &mut all {
             send_error(stream, &text);
         }
+        let grace = Instant::now() + Duration::from_millis(200);
+        while Instant::now() < grace {
+            match listener.accept() {
+                Ok((mut stream, _)) => {
+                    let _ = stream.set_nonblocking(false);
+                    send_error(&mut stream, &text);
+                    all.push(stream);
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+        close_gently(all);
         err
     }
 
@@ -259,8 +319,7 @@ fn serve(listener: TcpListener, addr: SocketAddr, options: ServerOptions) -> Res
                 let hello = match read_hello(&mut stream, &options, from) {
                     Ok(hello) => hello,
                     Err(err) => {
-                        send_error(&mut stream, &err.to_string());
-                        return Err(joined.fail(err));
+                        return Err(joined.fail(&listener, Some(stream), err));
                     }
                 };
                 stream.set_read_timeout(Some(options.round_timeout))?;
@@ -280,8 +339,7 @@ fn serve(listener: TcpListener, addr: SocketAddr, options: ServerOptions) -> Res
                             "two processes (the second from {from}) claim rank {} of job `{}`",
                             hello.rank, hello.job_id
                         ));
-                        send_error(&mut stream, &err.to_string());
-                        return Err(joined.fail(err));
+                        return Err(joined.fail(&listener, Some(stream), err));
                     }
                 }
             }
@@ -297,16 +355,31 @@ fn serve(listener: TcpListener, addr: SocketAddr, options: ServerOptions) -> Res
                             .join(", "),
                         options.connect_timeout
                     ));
-                    return Err(joined.fail(err));
+                    return Err(joined.fail(&listener, None, err));
                 }
                 std::thread::sleep(Duration::from_millis(2));
             }
-            Err(e) => return Err(joined.fail(e.into())),
+            Err(e) => return Err(joined.fail(&listener, None, e.into())),
         }
     }
-    if options.watch {
-        watch_ranks(joined.watch.drain(..).flatten().collect())?;
+    let watchers = if options.watch {
+        watch_ranks(joined.watch.drain(..).flatten().collect())?
+    } else {
+        Vec::new()
+    };
+    let outcome = serve_rounds(joined, nranks);
+    // A normal end waits for every rank to say it finished: a server gone earlier would
+    // look, to a rank still reading the last round, like rank 0 gone.
+    if outcome.is_ok() {
+        for watcher in watchers {
+            let _ = watcher.join();
+        }
     }
+    outcome
+}
+
+/// Serves rounds until rank 0 leaves between rounds (the end) or a rank fails.
+fn serve_rounds(joined: Joined, nranks: usize) -> Result<()> {
     let mut streams: Vec<TcpStream> = joined.data.into_iter().flatten().collect();
     loop {
         let mut blobs = Vec::with_capacity(nranks);
@@ -320,6 +393,7 @@ fn serve(listener: TcpListener, addr: SocketAddr, options: ServerOptions) -> Res
                     for stream in &mut streams {
                         send_error(stream, &err.to_string());
                     }
+                    close_gently(streams);
                     return Err(err);
                 }
             }
@@ -336,15 +410,16 @@ fn serve(listener: TcpListener, addr: SocketAddr, options: ServerOptions) -> Res
 
 /// Watches every rank's watch connection on a thread of its own: a rank whose connection
 /// closes before it said it finished is gone, and every other rank hears which one.
-fn watch_ranks(streams: Vec<TcpStream>) -> Result<()> {
+fn watch_ranks(streams: Vec<TcpStream>) -> Result<Vec<JoinHandle<()>>> {
     let writers: Vec<TcpStream> = streams
         .iter()
         .map(TcpStream::try_clone)
         .collect::<std::io::Result<_>>()?;
     let writers = Arc::new(Mutex::new(writers));
+    let mut watchers = Vec::with_capacity(streams.len());
     for (rank, mut stream) in streams.into_iter().enumerate() {
         let writers = Arc::clone(&writers);
-        std::thread::Builder::new()
+        let watcher = std::thread::Builder::new()
             .name("lossy-watch".into())
             .spawn(move || {
                 let _ = stream.set_read_timeout(None);
@@ -359,15 +434,18 @@ fn watch_ranks(streams: Vec<TcpStream>) -> Result<()> {
                     "rank {rank} (at {peer}) left the job before it finished (killed or crashed?)"
                 );
                 if let Ok(mut all) = writers.lock() {
-                    for (other, w) in all.iter_mut().enumerate() {
+                    // Rank 0 last: its process hosts this server and ends when it hears.
+                    let n = all.len();
+                    for other in (1..n).chain(std::iter::once(0)) {
                         if other != rank {
-                            send_error(w, &text);
+                            send_error(&mut all[other], &text);
                         }
                     }
                 }
             })?;
+        watchers.push(watcher);
     }
-    Ok(())
+    Ok(watchers)
 }
 
 /// Connects to `addr`, trying again while nothing listens there yet (rank 0 may start

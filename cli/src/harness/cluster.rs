@@ -20,6 +20,8 @@ use super::plugin_client::PluginClient;
 use super::worker::{run_job, Job, WorkerReport};
 use nccl_net_lossy::stats::report::load_run;
 use nccl_net_lossy::stats::writer::STATS_DIR_ENV;
+use nccl_net_lossy::transport::socket::Handle;
+use nccl_net_lossy::transport::{WireHandle, HANDLE_WIRE_SIZE};
 use nccl_net_lossy::{Error, Result};
 
 /// The rendezvous `host:port` for launchers that give none (Open MPI, and Slurm with another
@@ -286,6 +288,27 @@ pub fn run_member(
     timeout: Duration,
     on_abort: impl FnOnce(Error) + Send + 'static,
 ) -> Result<Option<Vec<RankReport>>> {
+    // The statistics this rank reports (set before any thread of ours starts).
+    let temporary = std::env::var_os(STATS_DIR_ENV)
+        .filter(|d| !d.is_empty())
+        .is_none()
+        .then(|| std::env::temp_dir().join(format!("lossy-rank-{}", std::process::id())));
+    if let Some(dir) = &temporary {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::system(format!("cannot create {}: {e}", dir.display())))?;
+        std::env::set_var(STATS_DIR_ENV, dir);
+    }
+    // A rank told to abort ends its process at once: it removes the directory first.
+    let abandoned = temporary.clone();
+    let on_abort = move |err| {
+        if abandoned.is_some() {
+            // Else the plugin's statistics at exit would bring the directory back.
+            std::env::remove_var(STATS_DIR_ENV);
+        }
+        drop(RemovedOnDrop(abandoned));
+        on_abort(err)
+    };
+    let _temporary = RemovedOnDrop(temporary);
     let asked = resolve(&member.rendezvous, timeout)?;
     let server = if member.rank == 0 {
         Some(host_rendezvous(asked, member, timeout, job.timeout())?)
@@ -301,48 +324,54 @@ pub fn run_member(
         None => asked,
     };
     let (rank, world, id) = (member.rank, member.world, member.job_id.as_str());
-    let mut boot = Bootstrap::connect_job(addr, rank, world, id, timeout)?;
-    let watch = Watch::connect(addr, rank, world, id, timeout, on_abort)?;
-    // The first round waits for every rank to arrive; later ones for the slowest rank's work.
-    boot.barrier()?;
-    boot.set_timeout(job.timeout())?;
-    let temporary = std::env::var_os(STATS_DIR_ENV)
-        .filter(|d| !d.is_empty())
-        .is_none()
-        .then(|| std::env::temp_dir().join(format!("lossy-rank-{}", std::process::id())));
-    if let Some(dir) = &temporary {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| Error::system(format!("cannot create {}: {e}", dir.display())))?;
-        std::env::set_var(STATS_DIR_ENV, dir);
-    }
-    let outcome = run_job(job, &mut boot).and_then(|report| rank_report(job, report));
-    let stats_dir = std::env::var_os(STATS_DIR_ENV).map(PathBuf::from);
-    let mine = outcome.map(|mut mine| {
-        if let Some(total) = stats_dir.and_then(|d| load_run(&d).ok()) {
-            mine.packets = Some(total.total.counts.packets);
-            mine.lost_packets = Some(total.total.counts.lost_packets);
+    let outcome = (|| -> Result<Vec<Vec<u8>>> {
+        let mut boot = Bootstrap::connect_job(addr, rank, world, id, timeout)?;
+        let watch = Watch::connect(addr, rank, world, id, timeout, on_abort)?;
+        // The first round waits for every rank to arrive; later ones for the slowest rank's work.
+        // The server decides when arrival has taken too long (and says who is missing): this
+        // rank waits a little longer than it, so as to hear why.
+        boot.set_timeout(timeout + Duration::from_secs(5))?;
+        boot.barrier()?;
+        boot.set_timeout(job.timeout())?;
+        let outcome = run_job(job, &mut boot).and_then(|report| rank_report(job, report));
+        let stats_dir = std::env::var_os(STATS_DIR_ENV).map(PathBuf::from);
+        let mine = outcome.map(|mut mine| {
+            if let Some(total) = stats_dir.and_then(|d| load_run(&d).ok()) {
+                mine.packets = Some(total.total.counts.packets);
+                mine.lost_packets = Some(total.total.counts.lost_packets);
+            }
+            mine
+        });
+        let mine = mine?;
+        let blob = serde_json::to_vec(&mine)
+            .map_err(|e| Error::internal(format!("cannot encode the rank report: {e}")))?;
+        let all = boot.all_gather(&blob)?;
+        watch.done()?;
+        Ok(all)
+    })();
+    let Some(server) = server else {
+        return outcome.map(|_| None);
+    };
+    let all = match outcome {
+        Ok(all) => {
+            server.join()?;
+            all
         }
-        mine
-    });
-    if let Some(dir) = &temporary {
-        let _ = std::fs::remove_dir_all(dir);
-    }
-    let mine = mine?;
-    let blob = serde_json::to_vec(&mine)
-        .map_err(|e| Error::internal(format!("cannot encode the rank report: {e}")))?;
-    let all = boot.all_gather(&blob)?;
-    watch.done()?;
-    drop(boot);
-    if let Some(server) = server {
-        server.join()?;
-        let reports = all
-            .iter()
-            .map(|b| serde_json::from_slice::<RankReport>(b))
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| Error::remote(format!("a rank sent a bad report: {e}")))?;
-        return Ok(Some(reports));
-    }
-    Ok(None)
+        // This process hosts the rendezvous: it lets the server finish telling the other
+        // ranks why the job ends, and reports the server's reason (which names the rank).
+        Err(err) => {
+            return Err(match server.join_within(Duration::from_secs(2)) {
+                Some(Err(why)) => Error::remote(format!("{why} (rank 0: {err})")),
+                _ => err,
+            })
+        }
+    };
+    let reports = all
+        .iter()
+        .map(|b| serde_json::from_slice::<RankReport>(b))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| Error::remote(format!("a rank sent a bad report: {e}")))?;
+    Ok(Some(reports))
 }
 
 /// Every rank's report, and in a multi-process job what each rank's plugin used.
@@ -395,7 +424,22 @@ pub fn run_ranks(
 pub fn exit_on_abort(command: &'static str, rank: usize) -> impl FnOnce(Error) + Send + 'static {
     move |err| {
         eprintln!("lossy {command} rank {rank}: {err}");
+        if rank == 0 {
+            // Rank 0's process hosts the rendezvous: give it time to tell the other ranks.
+            std::thread::sleep(Duration::from_millis(800));
+        }
         std::process::exit(1)
+    }
+}
+
+/// A temporary directory, removed with everything in it when dropped.
+struct RemovedOnDrop(Option<PathBuf>);
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.0 {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
@@ -483,22 +527,11 @@ fn plugin_endpoint(lib: &std::rc::Rc<PluginLibrary>, version: u32) -> Result<(St
     Ok((name, handle_address(&handle).unwrap_or_else(|| "?".into())))
 }
 
-/// The listening address in a connection handle of this project's socket transport
-/// (family byte at 10, port at 12, address from 16); `None` for any other layout.
+/// The listening address in a connection handle of this project's socket transport (read
+/// by the transport's own decoder); `None` for another plugin's handle.
 fn handle_address(handle: &[u8]) -> Option<String> {
-    let port = u16::from_le_bytes([*handle.get(12)?, *handle.get(13)?]);
-    let ip: IpAddr = match handle.get(10)? {
-        4 => {
-            let b: [u8; 4] = handle.get(16..20)?.try_into().ok()?;
-            IpAddr::from(b)
-        }
-        6 => {
-            let b: [u8; 16] = handle.get(16..32)?.try_into().ok()?;
-            IpAddr::from(b)
-        }
-        _ => return None,
-    };
-    Some(SocketAddr::new(ip, port).to_string())
+    let wire: &WireHandle = handle.get(..HANDLE_WIRE_SIZE)?.try_into().ok()?;
+    Handle::decode(wire).ok().map(|h| h.addr.to_string())
 }
 
 /// This machine's host name (`?` when unknown).
@@ -621,13 +654,17 @@ mod tests {
     }
 
     #[test]
-    fn the_handle_address_is_read_from_the_socket_layout() {
-        let mut h = [0u8; 128];
-        h[10] = 4;
-        h[12..14].copy_from_slice(&4242u16.to_le_bytes());
-        h[16..20].copy_from_slice(&[10, 1, 2, 3]);
-        assert_eq!(handle_address(&h).as_deref(), Some("10.1.2.3:4242"));
-        h[10] = 9;
-        assert_eq!(handle_address(&h), None);
+    fn the_handle_address_is_read_from_the_transport_handle() {
+        let mut wire: WireHandle = [0u8; HANDLE_WIRE_SIZE];
+        let handle = Handle {
+            addr: "10.1.2.3:4242".parse().expect("address"),
+            nonce: [7; 16],
+        };
+        handle.encode(&mut wire);
+        let mut conn = [0u8; 128];
+        conn[..HANDLE_WIRE_SIZE].copy_from_slice(&wire);
+        assert_eq!(handle_address(&conn).as_deref(), Some("10.1.2.3:4242"));
+        conn[0] ^= 1;
+        assert_eq!(handle_address(&conn), None);
     }
 }
