@@ -39,6 +39,12 @@ const LAUNCHER_VARS: [&str; 14] = [
 
 /// `lossy bench` with `args` and `env`, over loopback, as a child process.
 fn bench(prefix: &[&str], args: &[&str], env: &[(String, String)]) -> Child {
+    lossy("bench", prefix, args, env)
+}
+
+/// `lossy command` with `args` and `env`, over loopback, as a child process (`prefix`: the
+/// command that starts it, e.g. `ip netns exec NS`).
+fn lossy(command: &str, prefix: &[&str], args: &[&str], env: &[(String, String)]) -> Child {
     let mut cmd = match prefix.split_first() {
         Some((first, rest)) => {
             let mut c = Command::new(first);
@@ -47,7 +53,7 @@ fn bench(prefix: &[&str], args: &[&str], env: &[(String, String)]) -> Child {
         }
         None => Command::new(lossy_exe()),
     };
-    cmd.arg("bench").args(args);
+    cmd.arg(command).args(args);
     for var in LAUNCHER_VARS {
         cmd.env_remove(var);
     }
@@ -203,6 +209,48 @@ fn two_ranks_launched_slurm_style_find_the_first_node() {
         .collect();
     let (outputs, _) = wait_all(children, Duration::from_secs(120));
     assert_table(&outputs, 2);
+}
+
+#[test]
+fn two_demo_ranks_print_one_table_with_a_line_per_rank() {
+    let rendezvous = format!("127.0.0.1:{}", free_port());
+    let children = (0..2)
+        .map(|rank| {
+            let rank = rank.to_string();
+            let args = [
+                "--rank",
+                &rank,
+                "--world",
+                "2",
+                "--rendezvous",
+                &rendezvous,
+                "--sizes",
+                "64K",
+            ];
+            lossy("demo", &[], &args, &[])
+        })
+        .collect();
+    let (outputs, _) = wait_all(children, Duration::from_secs(120));
+    for (rank, out) in outputs.iter().enumerate() {
+        assert!(out.status.success(), "rank {rank}: {}", text(&out.stderr));
+    }
+    let table = text(&outputs[0].stdout);
+    assert!(table.contains("lossy demo: 2 ranks"), "{table}");
+    assert_eq!(
+        table.lines().filter(|l| l.ends_with("bit-exact")).count(),
+        3,
+        "{table}"
+    );
+    for rank in 0..2 {
+        let head = format!("# {rank:>4} ");
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with(&head) && l.contains(" lo ")),
+            "{table}"
+        );
+    }
+    assert!(outputs[1].stdout.is_empty(), "{}", text(&outputs[1].stdout));
 }
 
 /// Two explicit ranks at one rendezvous, each with its own extra options.

@@ -141,6 +141,9 @@ fn demo(args: &Args) -> Result<bool> {
     if corrupts_data {
         println!("(\"damaged\": the profile's effect changed data, as it is meant to)");
     }
+    if members.is_some() {
+        println!("(the loss below is rank 0's own; the rank lines above give every rank's)");
+    }
     print_losses(stats.as_ref());
     Ok(all_ok)
 }
