@@ -6,8 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use crate::harness::cluster::{print_ranks, run_ranks, ClusterArgs, Ranks};
 use crate::harness::collectives::{Collective, DataType};
-use crate::harness::launch::{self, Launch};
+use crate::harness::launch::Launch;
 use crate::harness::plugin_client::default_library_path;
 use crate::harness::worker::{raw_streams_default, Job, LinkKind, RunSpec, WorkerReport};
 use nccl_net_lossy::profile::Profile;
@@ -57,6 +58,9 @@ pub struct Args {
     /// it is a path, else this command's plugin library).
     #[arg(long, value_name = "PATH")]
     pub library: Option<PathBuf>,
+    /// Running as one rank of a multi-process job (torchrun, mpirun, srun, or by hand).
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
 }
 
 /// The net plugin library `bench` and `demo` drive: `--library`, else `NCCL_NET_PLUGIN` when
@@ -310,8 +314,12 @@ fn bench(args: &Args) -> Result<()> {
     job.raw_streams = streams;
     // Damage is the expected outcome of a profile whose effects change data (and loss is on).
     let corrupts_data = !args.lossless && Profile::from_env()?.corrupts_data();
-    let reports = launch::run(&Launch::new(args.ranks, job)?)?;
-    let n = args.ranks;
+    let Some(Ranks { reports, members }) =
+        run_ranks(&args.cluster, "bench", &Launch::new(args.ranks, job)?)?
+    else {
+        return Ok(());
+    };
+    let n = reports.len();
     let factor = Collective::AllReduce.bus_factor(n);
     let opened = |k: usize| reports.first().and_then(|r| r.results.get(k));
     println!(
@@ -324,6 +332,9 @@ fn bench(args: &Args) -> Result<()> {
         reports.first().map_or("?", |r| r.plugin.as_str()),
         library.display()
     );
+    if let Some(members) = &members {
+        print_ranks(members);
+    }
     println!(
         "# plugin: {} send comms per rank",
         opened(0).map_or(0, |r| r.comms)

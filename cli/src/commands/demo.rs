@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use super::bench::{fmt_bytes, parse_sizes, plugin_library, slowest, Check};
+use crate::harness::cluster::{print_ranks, run_ranks, ClusterArgs, Ranks};
 use crate::harness::collectives::{Collective, DataType};
-use crate::harness::launch::{self, Launch};
+use crate::harness::launch::Launch;
 use crate::harness::worker::{Job, LinkKind, RunSpec};
 use nccl_net_lossy::profile::{Profile, PROFILE_ENV};
 use nccl_net_lossy::stats::report::{load_run, RunSummary};
@@ -31,6 +32,9 @@ pub struct Args {
     /// it is a path, else this command's plugin library).
     #[arg(long, value_name = "PATH")]
     pub library: Option<PathBuf>,
+    /// Running as one rank of a multi-process job (torchrun, mpirun, srun, or by hand).
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
 }
 
 /// Runs `lossy demo`: exit 1 when data came out wrong although the profile never changes data.
@@ -86,14 +90,21 @@ fn demo(args: &Args) -> Result<bool> {
     // failure; read it as the plugin will (a broken profile stops the demo here, loudly).
     let corrupts_data = Profile::from_env()?.corrupts_data();
     let profile = std::env::var(PROFILE_ENV).unwrap_or_else(|_| "embedded default".into());
-    println!(
-        "lossy demo: {} local ranks, ring collectives through the plugin, profile: {profile}",
-        args.ranks
-    );
-    let reports = launch::run(&launch)?;
+    let ranks = run_ranks(&args.cluster, "demo", &launch);
     let stats = load_run(&stats_dir).ok();
     if temporary {
         let _ = std::fs::remove_dir_all(&stats_dir);
+    }
+    let Some(Ranks { reports, members }) = ranks? else {
+        return Ok(true);
+    };
+    let n = reports.len();
+    println!(
+        "lossy demo: {n} {}ranks, ring collectives through the plugin, profile: {profile}",
+        if members.is_some() { "" } else { "local " }
+    );
+    if let Some(members) = &members {
+        print_ranks(members);
     }
     println!(
         "{:<15} {:>9} {:>10} {:>8} {:>8}  {:<9}",
@@ -118,7 +129,7 @@ fn demo(args: &Args) -> Result<bool> {
             fmt_bytes(run.bytes),
             t * 1e6,
             algbw,
-            algbw * run.collective.bus_factor(args.ranks),
+            algbw * run.collective.bus_factor(n),
             match check {
                 Check::Exact => "bit-exact",
                 Check::Damaged => "damaged",
@@ -129,6 +140,9 @@ fn demo(args: &Args) -> Result<bool> {
     println!("(GB/s; busbw as nccl-tests computes it)");
     if corrupts_data {
         println!("(\"damaged\": the profile's effect changed data, as it is meant to)");
+    }
+    if members.is_some() {
+        println!("(the loss below is rank 0's own; the rank lines above give every rank's)");
     }
     print_losses(stats.as_ref());
     Ok(all_ok)

@@ -1,13 +1,18 @@
-//! A tiny rendezvous over loopback TCP, standing in for NCCL's bootstrap: ranks all-gather
-//! small blobs (the 128-byte connection handles) and barrier.
+//! A tiny TCP rendezvous standing in for NCCL's bootstrap: ranks all-gather small blobs (the
+//! 128-byte connection handles) and barrier.
 //!
-//! The server runs on a thread of whoever starts the ranks (the launcher, or a test that is a
-//! rank itself). Every rank connects and says who it is; then, round after round, each rank
-//! sends one blob and receives all of them in rank order. A rank that disconnects ends the
-//! server, which makes every other rank's next call fail instead of hang.
+//! The server runs on a thread of whoever starts the ranks (the launcher, a test that is a
+//! rank itself, or rank 0 of a multi-process job), on loopback or on the address asked for.
+//! Every rank connects and says who it is: protocol version, rank, world size and job id; a
+//! hello that differs is answered with an error frame and fails the run for everyone. Then,
+//! round after round, each rank sends one blob and receives all of them in rank order. A rank
+//! that disconnects ends the server, which makes every other rank's next call fail instead of
+//! hang; with watch connections ([`Watch`]) the others hear at once which rank left.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -16,8 +21,27 @@ use nccl_net_lossy::{Error, Result};
 /// Identifies the bootstrap protocol on the first bytes of a connection.
 const MAGIC: u32 = 0x4c42_5331; // "LBS1"
 
+/// Version of the hello and of the frames after it; a peer with another one is refused.
+pub const PROTOCOL_VERSION: u32 = 2;
+
 /// Largest blob a rank may contribute to one round.
 pub const MAX_BLOB: usize = 1 << 20;
+
+/// Longest job id a hello may carry.
+pub const MAX_JOB_ID: usize = 256;
+
+/// The job id of a local launch (every rank is a child of the same launcher).
+pub const LOCAL_JOB: &str = "local";
+
+/// A frame length that announces an error message instead of a blob.
+const ERROR_FRAME: u64 = u64::MAX;
+
+/// A rank's data connection (all-gathers) or its watch connection (liveness).
+const KIND_DATA: u32 = 0;
+const KIND_WATCH: u32 = 1;
+
+/// What a watch connection sends when its rank finished normally.
+const WATCH_DONE: u8 = 1;
 
 fn read_u32(stream: &mut TcpStream) -> Result<u32> {
     let mut b = [0u8; 4];
@@ -26,9 +50,19 @@ fn read_u32(stream: &mut TcpStream) -> Result<u32> {
 }
 
 fn read_blob(stream: &mut TcpStream) -> Result<Vec<u8>> {
+    read_frame(stream)?.map_err(Error::remote)
+}
+
+/// Reads one frame: a blob, or (inner `Err`) the server's word on why the run ended.
+fn read_frame(stream: &mut TcpStream) -> Result<std::result::Result<Vec<u8>, String>> {
     let mut len = [0u8; 8];
     stream.read_exact(&mut len)?;
-    let len = u64::from_le_bytes(len) as usize;
+    let len = u64::from_le_bytes(len);
+    if len == ERROR_FRAME {
+        let text = read_blob(stream)?;
+        return Ok(Err(String::from_utf8_lossy(&text).into_owned()));
+    }
+    let len = len as usize;
     if len > MAX_BLOB {
         return Err(Error::remote(format!(
             "bootstrap blob of {len} bytes (at most {MAX_BLOB})"
@@ -36,12 +70,59 @@ fn read_blob(stream: &mut TcpStream) -> Result<Vec<u8>> {
     }
     let mut blob = vec![0u8; len];
     stream.read_exact(&mut blob)?;
-    Ok(blob)
+    Ok(Ok(blob))
 }
 
 fn write_blob(out: &mut Vec<u8>, blob: &[u8]) {
     out.extend_from_slice(&(blob.len() as u64).to_le_bytes());
     out.extend_from_slice(blob);
+}
+
+/// Tells `stream`'s rank why the run ended (best effort: it may be gone).
+fn send_error(stream: &mut TcpStream, message: &str) {
+    let mut out = ERROR_FRAME.to_le_bytes().to_vec();
+    write_blob(&mut out, message.as_bytes());
+    let _ = stream.write_all(&out);
+}
+
+/// Closes connections without losing what was last written to them: a socket closed with
+/// unread input sends a reset, which can discard data its peer has not read yet. Stops
+/// writing, then reads until each peer closes (at most half a second in all).
+fn close_gently(mut streams: Vec<TcpStream>) {
+    let deadline = Instant::now() + Duration::from_millis(500);
+    for stream in &mut streams {
+        let _ = stream.shutdown(Shutdown::Write);
+    }
+    let mut sink = [0u8; 4096];
+    for stream in &mut streams {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+                break;
+            }
+            match stream.read(&mut sink) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    }
+}
+
+/// Where the server listens, how long it waits and which job it serves.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// Address to bind (port 0: any free port).
+    pub bind: SocketAddr,
+    /// Number of ranks.
+    pub nranks: usize,
+    /// How long ranks have to arrive.
+    pub connect_timeout: Duration,
+    /// How long a round may wait for its slowest rank.
+    pub round_timeout: Duration,
+    /// The job id every hello must carry.
+    pub job_id: String,
+    /// Whether every rank also opens a watch connection (see [`Watch`]).
+    pub watch: bool,
 }
 
 /// The rendezvous point of one run.
@@ -51,19 +132,33 @@ pub struct BootstrapServer {
 }
 
 impl BootstrapServer {
-    /// Starts serving `nranks` ranks on a loopback port; every wait (for ranks to connect,
-    /// for a round to fill) gives up after `timeout`.
+    /// Starts serving `nranks` local ranks on a loopback port; every wait (for ranks to
+    /// connect, for a round to fill) gives up after `timeout`.
     pub fn start(nranks: usize, timeout: Duration) -> Result<BootstrapServer> {
-        if nranks == 0 {
+        BootstrapServer::start_with(ServerOptions {
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            nranks,
+            connect_timeout: timeout,
+            round_timeout: timeout,
+            job_id: LOCAL_JOB.into(),
+            watch: false,
+        })
+    }
+
+    /// Starts serving as `options` say.
+    pub fn start_with(options: ServerOptions) -> Result<BootstrapServer> {
+        if options.nranks == 0 {
             return Err(Error::invalid_argument(
                 "a bootstrap needs at least one rank",
             ));
         }
-        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let listener = TcpListener::bind(options.bind).map_err(|e| {
+            Error::from(e).context(format!("cannot listen for ranks on {}", options.bind))
+        })?;
         let addr = listener.local_addr()?;
         let thread = std::thread::Builder::new()
             .name("lossy-bootstrap".into())
-            .spawn(move || serve(listener, nranks, timeout))?;
+            .spawn(move || serve(listener, addr, options))?;
         Ok(BootstrapServer {
             addr,
             thread: Some(thread),
@@ -73,6 +168,18 @@ impl BootstrapServer {
     /// Where ranks connect.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Like [`join`](Self::join), but gives up after `wait` (`None`: still serving).
+    pub fn join_within(self, wait: Duration) -> Option<Result<()>> {
+        let deadline = Instant::now() + wait;
+        while self.thread.as_ref().is_some_and(|t| !t.is_finished()) {
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Some(self.join())
     }
 
     /// Waits for the server to end (every rank gone, or a failure) and returns how it ended.
@@ -86,56 +193,209 @@ impl BootstrapServer {
     }
 }
 
+/// A hello, as the server reads it.
+struct RankHello {
+    kind: u32,
+    rank: usize,
+    job_id: String,
+}
+
+/// Reads a hello and checks it against the server's job; the error says what differs.
+fn read_hello(
+    stream: &mut TcpStream,
+    options: &ServerOptions,
+    from: SocketAddr,
+) -> Result<RankHello> {
+    let magic = read_u32(stream)?;
+    if magic != MAGIC {
+        return Err(Error::remote(format!(
+            "a peer at {from} does not speak the lossy rendezvous (magic {magic:#x})"
+        )));
+    }
+    let version = read_u32(stream)?;
+    if version != PROTOCOL_VERSION {
+        return Err(Error::remote(format!(
+            "a peer at {from} speaks rendezvous protocol version {version}, this one speaks \
+             {PROTOCOL_VERSION} (mixed lossy versions?)"
+        )));
+    }
+    let (kind, rank, nranks, len) = (
+        read_u32(stream)?,
+        read_u32(stream)? as usize,
+        read_u32(stream)? as usize,
+        read_u32(stream)? as usize,
+    );
+    if len > MAX_JOB_ID {
+        return Err(Error::remote(format!(
+            "a peer at {from} sent a job id of {len} bytes"
+        )));
+    }
+    let mut id = vec![0u8; len];
+    stream.read_exact(&mut id)?;
+    let hello = RankHello {
+        kind,
+        rank,
+        job_id: String::from_utf8_lossy(&id).into_owned(),
+    };
+    if hello.job_id != options.job_id {
+        return Err(Error::remote(format!(
+            "rank {rank} (from {from}) belongs to job id `{}`, but the rendezvous at {} serves \
+             job id `{}`",
+            hello.job_id, options.bind, options.job_id
+        )));
+    }
+    if nranks != options.nranks || rank >= nranks || kind > KIND_WATCH {
+        return Err(Error::remote(format!(
+            "rank {rank} of {nranks} (from {from}) joined a rendezvous for {} ranks",
+            options.nranks
+        )));
+    }
+    Ok(hello)
+}
+
+/// The connections of every rank.
+struct Joined {
+    data: Vec<Option<TcpStream>>,
+    watch: Vec<Option<TcpStream>>,
+}
+
+impl Joined {
+    /// Tells every connected rank, and every connection still waiting in `listener`'s
+    /// queue (a rank's second connection), why the run ends, then closes them gently.
+    fn fail(&mut self, listener: &TcpListener, refused: Option<TcpStream>, err: Error) -> Error {
+        let text = err.to_string();
+        let mut all: Vec<TcpStream> = refused.into_iter().collect();
+        // Rank 0 last: in a multi-process job its process hosts this server.
+        for slots in [&mut self.data, &mut self.watch] {
+            all.extend(slots.iter_mut().skip(1).filter_map(Option::take));
+        }
+        for slots in [&mut self.data, &mut self.watch] {
+            all.extend(slots.first_mut().and_then(Option::take));
+        }
+        for stream in &mut all {
+            send_error(stream, &text);
+        }
+        let grace = Instant::now() + Duration::from_millis(200);
+        while Instant::now() < grace {
+            match listener.accept() {
+                Ok((mut stream, _)) => {
+                    let _ = stream.set_nonblocking(false);
+                    send_error(&mut stream, &text);
+                    all.push(stream);
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+        close_gently(all);
+        err
+    }
+
+    fn missing(&self, want_watch: bool) -> Vec<usize> {
+        (0..self.data.len())
+            .filter(|&r| self.data[r].is_none() || (want_watch && self.watch[r].is_none()))
+            .collect()
+    }
+}
+
 /// Accepts every rank, then serves rounds until a rank leaves.
-fn serve(listener: TcpListener, nranks: usize, timeout: Duration) -> Result<()> {
+fn serve(listener: TcpListener, addr: SocketAddr, options: ServerOptions) -> Result<()> {
+    let nranks = options.nranks;
     listener.set_nonblocking(true)?;
-    let deadline = Instant::now() + timeout;
-    let mut ranks: Vec<Option<TcpStream>> = (0..nranks).map(|_| None).collect();
-    let mut joined = 0;
-    while joined < nranks {
+    let deadline = Instant::now() + options.connect_timeout;
+    let mut joined = Joined {
+        data: (0..nranks).map(|_| None).collect(),
+        watch: (0..nranks).map(|_| None).collect(),
+    };
+    loop {
+        let missing = joined.missing(options.watch);
+        if missing.is_empty() {
+            break;
+        }
         match listener.accept() {
-            Ok((mut stream, _)) => {
+            Ok((mut stream, from)) => {
                 stream.set_nonblocking(false)?;
-                stream.set_read_timeout(Some(timeout))?;
+                stream.set_read_timeout(Some(options.connect_timeout))?;
                 stream.set_nodelay(true)?;
-                let (magic, rank, n) = (
-                    read_u32(&mut stream)?,
-                    read_u32(&mut stream)?,
-                    read_u32(&mut stream)?,
-                );
-                let slot = ranks.get_mut(rank as usize);
-                match slot {
-                    Some(slot @ None) if magic == MAGIC && n as usize == nranks => {
-                        *slot = Some(stream);
-                        joined += 1;
+                let hello = match read_hello(&mut stream, &options, from) {
+                    Ok(hello) => hello,
+                    Err(err) => {
+                        return Err(joined.fail(&listener, Some(stream), err));
                     }
-                    _ => {
-                        return Err(Error::remote(format!(
-                            "bad bootstrap hello: magic {magic:#x}, rank {rank} of {n} (expected {nranks} ranks)"
-                        )))
+                };
+                stream.set_read_timeout(Some(options.round_timeout))?;
+                let slots = if hello.kind == KIND_DATA {
+                    &mut joined.data
+                } else {
+                    &mut joined.watch
+                };
+                match &mut slots[hello.rank] {
+                    slot @ None => {
+                        // The welcome: an empty frame (a refused hello gets an error frame).
+                        stream.write_all(&0u64.to_le_bytes())?;
+                        *slot = Some(stream);
+                    }
+                    Some(_) => {
+                        let err = Error::remote(format!(
+                            "two processes (the second from {from}) claim rank {} of job `{}`",
+                            hello.rank, hello.job_id
+                        ));
+                        return Err(joined.fail(&listener, Some(stream), err));
                     }
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if Instant::now() > deadline {
-                    return Err(Error::remote(format!(
-                        "only {joined} of {nranks} ranks reached the bootstrap within {timeout:?}"
-                    )));
+                    let err = Error::remote(format!(
+                        "rank(s) {} of {nranks} did not reach the rendezvous at {addr} within \
+                         {:?}",
+                        missing
+                            .iter()
+                            .map(|r| r.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        options.connect_timeout
+                    ));
+                    return Err(joined.fail(&listener, None, err));
                 }
                 std::thread::sleep(Duration::from_millis(2));
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(joined.fail(&listener, None, e.into())),
         }
     }
-    let mut streams: Vec<TcpStream> = ranks.into_iter().flatten().collect();
+    let watchers = if options.watch {
+        watch_ranks(joined.watch.drain(..).flatten().collect())?
+    } else {
+        Vec::new()
+    };
+    let outcome = serve_rounds(joined, nranks);
+    // A normal end waits for every rank to say it finished: a server gone earlier would
+    // look, to a rank still reading the last round, like rank 0 gone.
+    if outcome.is_ok() {
+        for watcher in watchers {
+            let _ = watcher.join();
+        }
+    }
+    outcome
+}
+
+/// Serves rounds until rank 0 leaves between rounds (the end) or a rank fails.
+fn serve_rounds(joined: Joined, nranks: usize) -> Result<()> {
+    let mut streams: Vec<TcpStream> = joined.data.into_iter().flatten().collect();
     loop {
         let mut blobs = Vec::with_capacity(nranks);
-        for (rank, stream) in streams.iter_mut().enumerate() {
-            match read_blob(stream) {
+        for rank in 0..nranks {
+            match read_blob(&mut streams[rank]) {
                 Ok(blob) => blobs.push(blob),
                 // A rank that leaves between rounds is the normal end of a run.
                 Err(_) if rank == 0 && blobs.is_empty() => return Ok(()),
-                Err(err) => return Err(err.context(format!("bootstrap round, rank {rank}"))),
+                Err(err) => {
+                    let err = err.context(format!("bootstrap round, rank {rank}"));
+                    for stream in &mut streams {
+                        send_error(stream, &err.to_string());
+                    }
+                    close_gently(streams);
+                    return Err(err);
+                }
             }
         }
         let mut reply = Vec::new();
@@ -148,6 +408,105 @@ fn serve(listener: TcpListener, nranks: usize, timeout: Duration) -> Result<()> 
     }
 }
 
+/// Watches every rank's watch connection on a thread of its own: a rank whose connection
+/// closes before it said it finished is gone, and every other rank hears which one.
+fn watch_ranks(streams: Vec<TcpStream>) -> Result<Vec<JoinHandle<()>>> {
+    let writers: Vec<TcpStream> = streams
+        .iter()
+        .map(TcpStream::try_clone)
+        .collect::<std::io::Result<_>>()?;
+    let writers = Arc::new(Mutex::new(writers));
+    let mut watchers = Vec::with_capacity(streams.len());
+    for (rank, mut stream) in streams.into_iter().enumerate() {
+        let writers = Arc::clone(&writers);
+        let watcher = std::thread::Builder::new()
+            .name("lossy-watch".into())
+            .spawn(move || {
+                let _ = stream.set_read_timeout(None);
+                let peer = stream
+                    .peer_addr()
+                    .map_or_else(|_| "?".to_string(), |a| a.to_string());
+                let mut byte = [0u8; 1];
+                if matches!(stream.read(&mut byte), Ok(1) if byte[0] == WATCH_DONE) {
+                    return;
+                }
+                let text = format!(
+                    "rank {rank} (at {peer}) left the job before it finished (killed or crashed?)"
+                );
+                if let Ok(mut all) = writers.lock() {
+                    // Rank 0 last: its process hosts this server and ends when it hears.
+                    let n = all.len();
+                    for other in (1..n).chain(std::iter::once(0)) {
+                        if other != rank {
+                            send_error(&mut all[other], &text);
+                        }
+                    }
+                }
+            })?;
+        watchers.push(watcher);
+    }
+    Ok(watchers)
+}
+
+/// Connects to `addr`, trying again while nothing listens there yet (rank 0 may start
+/// last), and sends a hello.
+fn join(
+    addr: SocketAddr,
+    kind: u32,
+    rank: usize,
+    nranks: usize,
+    job_id: &str,
+    timeout: Duration,
+) -> Result<TcpStream> {
+    if rank >= nranks {
+        return Err(Error::invalid_argument(format!(
+            "rank {rank} of {nranks} ranks"
+        )));
+    }
+    if job_id.len() > MAX_JOB_ID {
+        return Err(Error::invalid_argument(format!(
+            "job id of {} bytes (at most {MAX_JOB_ID})",
+            job_id.len()
+        )));
+    }
+    let deadline = Instant::now() + timeout;
+    let mut stream = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(10))) {
+            Ok(stream) => break stream,
+            Err(e) if Instant::now() < deadline && e.kind() != std::io::ErrorKind::TimedOut => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => {
+                return Err(Error::from(e).context(format!(
+                    "no rendezvous at {addr} within {timeout:?} (is rank 0 running there?)"
+                )))
+            }
+        }
+    };
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    stream.set_nodelay(true)?;
+    let mut hello = Vec::with_capacity(24 + job_id.len());
+    for word in [
+        MAGIC,
+        PROTOCOL_VERSION,
+        kind,
+        rank as u32,
+        nranks as u32,
+        job_id.len() as u32,
+    ] {
+        hello.extend_from_slice(&word.to_le_bytes());
+    }
+    hello.extend_from_slice(job_id.as_bytes());
+    stream.write_all(&hello)?;
+    match read_frame(&mut stream) {
+        Ok(Ok(_)) => Ok(stream),
+        Ok(Err(text)) => Err(Error::remote(text)),
+        Err(err) => Err(err.context(format!("rendezvous at {addr} did not welcome rank {rank}"))),
+    }
+}
+
 /// One rank's connection to the bootstrap server.
 pub struct Bootstrap {
     stream: TcpStream,
@@ -156,7 +515,7 @@ pub struct Bootstrap {
 }
 
 impl Bootstrap {
-    /// Joins the run at `addr` as `rank` of `nranks`; every later wait gives up after
+    /// Joins the local run at `addr` as `rank` of `nranks`; every later wait gives up after
     /// `timeout`.
     pub fn connect(
         addr: SocketAddr,
@@ -164,21 +523,19 @@ impl Bootstrap {
         nranks: usize,
         timeout: Duration,
     ) -> Result<Bootstrap> {
-        if rank >= nranks {
-            return Err(Error::invalid_argument(format!(
-                "rank {rank} of {nranks} ranks"
-            )));
-        }
-        let mut stream = TcpStream::connect_timeout(&addr, timeout)
-            .map_err(|e| Error::from(e).context(format!("bootstrap connect to {addr}")))?;
-        stream.set_read_timeout(Some(timeout))?;
-        stream.set_write_timeout(Some(timeout))?;
-        stream.set_nodelay(true)?;
-        let mut hello = Vec::with_capacity(12);
-        for word in [MAGIC, rank as u32, nranks as u32] {
-            hello.extend_from_slice(&word.to_le_bytes());
-        }
-        stream.write_all(&hello)?;
+        Bootstrap::connect_job(addr, rank, nranks, LOCAL_JOB, timeout)
+    }
+
+    /// Joins job `job_id` at `addr` as `rank` of `nranks`, waiting up to `timeout` for the
+    /// server to listen; every later wait gives up after `timeout` too.
+    pub fn connect_job(
+        addr: SocketAddr,
+        rank: usize,
+        nranks: usize,
+        job_id: &str,
+        timeout: Duration,
+    ) -> Result<Bootstrap> {
+        let stream = join(addr, KIND_DATA, rank, nranks, job_id, timeout)?;
         Ok(Bootstrap {
             stream,
             rank,
@@ -196,6 +553,19 @@ impl Bootstrap {
         self.nranks
     }
 
+    /// The local address this rank reaches the rendezvous from: the interface other ranks
+    /// can reach it on (loopback in a local run).
+    pub fn local_ip(&self) -> Result<IpAddr> {
+        Ok(self.stream.local_addr()?.ip())
+    }
+
+    /// Sets how long a later round may wait.
+    pub fn set_timeout(&mut self, timeout: Duration) -> Result<()> {
+        self.stream.set_read_timeout(Some(timeout))?;
+        self.stream.set_write_timeout(Some(timeout))?;
+        Ok(())
+    }
+
     /// Sends `blob` and returns every rank's blob, in rank order.
     pub fn all_gather(&mut self, blob: &[u8]) -> Result<Vec<Vec<u8>>> {
         let mut out = Vec::with_capacity(blob.len() + 8);
@@ -211,6 +581,55 @@ impl Bootstrap {
     /// Returns once every rank has called it.
     pub fn barrier(&mut self) -> Result<()> {
         self.all_gather(&[]).map(|_| ())
+    }
+}
+
+/// A rank's watch connection: while the rank runs, a thread waits on it and hands
+/// `on_failure` the server's word that another rank is gone (or that the server is).
+pub struct Watch {
+    stream: TcpStream,
+    finished: Arc<AtomicBool>,
+}
+
+impl Watch {
+    /// Opens the watch connection of `rank` in job `job_id` at `addr`.
+    pub fn connect(
+        addr: SocketAddr,
+        rank: usize,
+        nranks: usize,
+        job_id: &str,
+        timeout: Duration,
+        on_failure: impl FnOnce(Error) + Send + 'static,
+    ) -> Result<Watch> {
+        let stream = join(addr, KIND_WATCH, rank, nranks, job_id, timeout)?;
+        let mut reader = stream.try_clone()?;
+        reader.set_read_timeout(None)?;
+        let finished = Arc::new(AtomicBool::new(false));
+        let seen = Arc::clone(&finished);
+        std::thread::Builder::new()
+            .name("lossy-watched".into())
+            .spawn(move || {
+                let frame = read_frame(&mut reader);
+                // After `done` the server closing this connection is the normal end.
+                if seen.load(Ordering::SeqCst) {
+                    return;
+                }
+                let err = match frame {
+                    Ok(Err(text)) => Error::remote(text),
+                    _ => Error::remote(format!(
+                        "lost the rendezvous at {addr} (rank 0, which hosts it, is gone)"
+                    )),
+                };
+                on_failure(err);
+            })?;
+        Ok(Watch { stream, finished })
+    }
+
+    /// Says this rank finished normally; the thread then hears nothing more.
+    pub fn done(mut self) -> Result<()> {
+        self.finished.store(true, Ordering::SeqCst);
+        self.stream.write_all(&[WATCH_DONE])?;
+        Ok(())
     }
 }
 
@@ -246,5 +665,30 @@ mod tests {
         let _only = Bootstrap::connect(server.addr(), 0, 2, Duration::from_secs(5)).expect("join");
         let err = server.join().expect_err("missing rank");
         assert!(err.message.contains("1 of 2"), "{err}");
+    }
+
+    #[test]
+    fn a_rank_of_another_job_is_refused_on_both_sides() {
+        let server = BootstrapServer::start_with(ServerOptions {
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
+            nranks: 2,
+            connect_timeout: Duration::from_secs(5),
+            round_timeout: Duration::from_secs(5),
+            job_id: "job-a".into(),
+            watch: false,
+        })
+        .expect("server");
+        let t = Duration::from_secs(5);
+        let mut first = Bootstrap::connect_job(server.addr(), 0, 2, "job-a", t).expect("join");
+        let err = Bootstrap::connect_job(server.addr(), 1, 2, "job-b", t)
+            .err()
+            .expect("refused");
+        assert!(
+            err.message.contains("job-a") && err.message.contains("job-b"),
+            "{err}"
+        );
+        let err = first.barrier().expect_err("the run is over");
+        assert!(err.message.contains("job-b"), "{err}");
+        assert!(server.join().is_err());
     }
 }

@@ -6,9 +6,11 @@
 //! - [`bootstrap`]: a tiny TCP rendezvous that all-gathers connection handles and barriers;
 //! - [`net`]: ring links (to rank + 1, from rank - 1) over the plugin or over raw TCP;
 //! - [`collectives`]: ring all-reduce, all-gather and reduce-scatter, verified bit-exact;
-//! - [`launch`] and [`worker`]: N local processes, one rank each, reporting JSON.
+//! - [`launch`] and [`worker`]: N local processes, one rank each, reporting JSON;
+//! - [`cluster`]: one rank of a job a cluster launcher (torchrun, mpirun, srun) started.
 
 pub mod bootstrap;
+pub mod cluster;
 pub mod collectives;
 pub mod launch;
 pub mod library;

@@ -399,7 +399,9 @@ impl RawTcpLink {
             return Err(Error::invalid_argument("raw TCP needs at least one stream"));
         }
         let (rank, n) = (boot.rank(), boot.nranks());
-        let listener = TcpListener::bind("127.0.0.1:0")?;
+        // Where the rank reaches the rendezvous: loopback locally, the real interface across
+        // machines or network namespaces.
+        let listener = TcpListener::bind((boot.local_ip()?, 0))?;
         let me = listener.local_addr()?.to_string();
         let addrs = boot.all_gather(me.as_bytes())?;
         let next: SocketAddr = String::from_utf8_lossy(&addrs[(rank + 1) % n])
