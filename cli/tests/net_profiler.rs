@@ -17,8 +17,8 @@ use common::{library, post_recv, post_send, say, wait_request};
 use lossy_cli::harness::plugin_client::{PluginClient, PluginLibrary};
 use nccl_net_lossy::ffi::{
     ncclLossyProfilerNetDescr_v1_t, ncclLossyProfilerNetMessage_v1_t, ncclResult_t,
-    NCCL_LOSSY_NET_EVENT_START, NCCL_LOSSY_NET_EVENT_STOP, NCCL_LOSSY_PROFILER_NET_ID,
-    NCCL_LOSSY_PROFILE_MESSAGE,
+    NCCL_LOSSY_EFFECT_RETRANSMIT, NCCL_LOSSY_EFFECT_ZERO, NCCL_LOSSY_NET_EVENT_START,
+    NCCL_LOSSY_NET_EVENT_STOP, NCCL_LOSSY_PROFILER_NET_ID, NCCL_LOSSY_PROFILE_MESSAGE,
 };
 
 const CHILD: &str = "net_profiler_child";
@@ -89,8 +89,16 @@ unsafe extern "C" fn record(
     }
 }
 
-/// Runs `role` in a fresh process; returns its stderr (the plugin's warnings).
+/// The loss the children run under (`effect=zero`).
+const LOSSY: &str = "mtu=1024;model.rate=0.05;effect=zero;seed=11";
+
+/// Runs `role` in a fresh process under [`LOSSY`]; returns its stderr (the plugin's warnings).
 fn run_child(role: &str) -> String {
+    run_child_with(role, LOSSY)
+}
+
+/// Runs `role` in a fresh process with `NCCL_LOSSY_SET=set`; returns its stderr.
+fn run_child_with(role: &str, set: &str) -> String {
     let exe = std::env::current_exe().expect("test binary");
     let out = Command::new(exe)
         .args([
@@ -102,10 +110,7 @@ fn run_child(role: &str) -> String {
         ])
         .env(common::ROLE_ENV, role)
         .env("NCCL_SOCKET_IFNAME", "lo")
-        .env(
-            "NCCL_LOSSY_SET",
-            "mtu=1024;model.rate=0.05;effect=zero;seed=11",
-        )
+        .env("NCCL_LOSSY_SET", set)
         .stdin(Stdio::null())
         .output()
         .expect("run the child");
@@ -123,6 +128,14 @@ fn v10_to_v12_report_every_sent_message_with_its_losses() {
     for v in [10, 11, 12] {
         run_child(&format!("report-{v}"));
     }
+}
+
+#[test]
+fn the_payload_carries_the_retransmit_effect_and_its_delay() {
+    run_child_with(
+        "retransmit-11",
+        "mtu=1024;model.rate=0.05;effect=retransmit;retransmit_timeout_us=50;seed=11",
+    );
 }
 
 #[test]
@@ -146,8 +159,8 @@ fn a_failing_callback_is_warned_about_once_and_ignored() {
 }
 
 /// The plugin's statistics of this process: (messages, packets, lost packets, loss events,
-/// bytes) of its only sending connection.
-fn connection_stats() -> [u64; 5] {
+/// bytes, retransmit delay) of its only sending connection.
+fn connection_stats() -> [u64; 6] {
     let path = CString::new(library().to_str().expect("utf-8").to_string()).expect("no NUL");
     // SAFETY: a valid C string; RTLD_NOLOAD only hands back the copy already loaded.
     let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
@@ -174,6 +187,7 @@ fn connection_stats() -> [u64; 5] {
         "lost_packets",
         "loss_events",
         "bytes",
+        "retransmit_delay_ns",
     ]
     .map(|k| t[k].as_u64().unwrap_or_else(|| panic!("total.{k}: {doc}")))
 }
@@ -199,7 +213,7 @@ fn send_to_self(client: &PluginClient) -> Vec<Option<usize>> {
 /// Checks the calls of a run that reported: a START with the documented payload under the
 /// message's own handle, then its STOP, for every message; the payloads add up to the
 /// connection's statistics.
-fn check_reports(version: u32, handles: &[Option<usize>], calls: &[Call]) {
+fn check_reports(version: u32, handles: &[Option<usize>], calls: &[Call], retransmit: bool) {
     let stats = connection_stats();
     assert_eq!(stats[0], MESSAGES as u64);
     assert!(
@@ -241,13 +255,20 @@ fn check_reports(version: u32, handles: &[Option<usize>], calls: &[Call]) {
     }
     assert!(started_at.is_empty(), "v{version}: events never stopped");
     let mut sums = [0u64; 5];
+    let mut delay = 0;
     for start in &starts {
         let m = start.message.expect("a descriptor at START");
         assert_eq!(m.commId, if version >= 11 { COMM_ID } else { 0 });
         assert_eq!(m.connection, 0);
         assert_eq!(m.bytes, SIZE as u64);
-        assert_eq!(m.effect, 0, "effect zero");
-        assert_eq!(m.retransmitDelayNs, 0);
+        if retransmit {
+            assert_eq!(m.effect, NCCL_LOSSY_EFFECT_RETRANSMIT);
+            assert_eq!(m.retransmitDelayNs, m.lossEvents * 50_000, "{m:?}");
+            delay += m.retransmitDelayNs;
+        } else {
+            assert_eq!(m.effect, NCCL_LOSSY_EFFECT_ZERO);
+            assert_eq!(m.retransmitDelayNs, 0);
+        }
         assert!(m.lostPackets <= m.packets && m.lossEvents <= m.lostPackets);
         for (sum, v) in sums
             .iter_mut()
@@ -257,8 +278,13 @@ fn check_reports(version: u32, handles: &[Option<usize>], calls: &[Call]) {
         }
     }
     assert_eq!(
-        sums, stats,
+        sums,
+        stats[..5],
         "v{version}: payloads (messages, packets, lost, loss events, bytes) vs statistics"
+    );
+    assert_eq!(
+        delay, stats[5],
+        "v{version}: retransmit delay vs statistics"
     );
 }
 
@@ -278,7 +304,9 @@ fn net_profiler_child() {
     let handles = send_to_self(&client);
     let calls = CALLS.lock().expect("calls").clone();
     match kind {
-        "report" | "failing" => check_reports(version, &handles, &calls),
+        "report" | "failing" | "retransmit" => {
+            check_reports(version, &handles, &calls, kind == "retransmit")
+        }
         "quiet" | "null" => {
             assert!(calls.is_empty(), "v{version} {kind}: {calls:?}");
             assert_eq!(handles.iter().all(Option::is_some), version >= 10);
