@@ -6,17 +6,20 @@ use std::path::PathBuf;
 fn main() {
     let header = "nccl_headers/nccl_net.h";
     let tuner_header = "nccl_headers/nccl_tuner.h";
+    let profiler_header = "nccl_headers/nccl_lossy_profiler.h";
     println!("cargo:rerun-if-changed=nccl_headers");
 
     let bindings = bindgen::Builder::default()
         .header(header)
         .header(tuner_header)
+        .header(profiler_header)
         .allowlist_type("ncclNet_v.*")
         .allowlist_type("ncclTuner_v.*")
         .allowlist_type("ncclNetProperties_v.*")
         .allowlist_type("ncclNetVDeviceProps_v.*")
         .allowlist_type("ncclNetCommConfig_v.*")
         .allowlist_type("ncclNetAttr_v.*")
+        .allowlist_type("ncclLossyProfilerNet.*")
         .allowlist_type("ncclResult_t")
         .allowlist_type("ncclDebugLogLevel")
         .allowlist_var("NCCL_.*")

@@ -7,6 +7,7 @@
 //! inside [`guard`], which turns errors and panics into `ncclResult_t` codes and log lines.
 
 pub mod control;
+mod net_profiler;
 pub mod tables;
 pub mod tuner;
 
@@ -14,11 +15,15 @@ use std::ffi::{c_char, c_int, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 
-use ffi::{ncclDebugLogLevel, ncclDebugLogger_t, ncclResult_t, result_code};
+use ffi::{
+    ncclDebugLogLevel, ncclDebugLogger_t, ncclProfilerCallback_t, ncclResult_t, result_code,
+};
 
 use crate::ffi;
 use crate::log;
-use crate::runtime::{Context, Hold, ListenComm, PendingKey, RecvComm, Runtime, SendComm};
+use crate::runtime::{
+    Context, Hold, ListenComm, PendingKey, ProfilerParent, RecvComm, Runtime, SendComm,
+};
 use crate::transport::{
     Completion, HostBuf, RequestId, WireHandle, HANDLE_SIZE, HANDLE_WIRE_SIZE, MAX_RECVS,
     MAX_REQUESTS,
@@ -92,10 +97,14 @@ pub(crate) fn install_logger(logger: ncclDebugLogger_t) {
 // ---- init, devices, properties ------------------------------------------------------------
 
 /// `init` of v8 to v10: holds the runtime (building it if need be) until the library is
-/// unloaded; one implicit context, and no word on which collective is posted.
-fn init_legacy(logger: ncclDebugLogger_t) -> Result<()> {
+/// unloaded; one implicit context, and no word on which collective is posted. v10 passes
+/// its profiler callback (`Some`, NULL or not), which the implicit context keeps.
+fn init_legacy(logger: ncclDebugLogger_t, profiler: Option<ncclProfilerCallback_t>) -> Result<()> {
     install_logger(logger);
     Runtime::acquire(Hold::UntilUnload, logger)?.note_legacy_api();
+    if let Some(profiler) = profiler {
+        Context::implicit().set_profiler(net_profiler::from_callback(profiler));
+    }
     Ok(())
 }
 
@@ -105,12 +114,14 @@ fn init_context(
     comm_id: u64,
     traffic_class: Option<i32>,
     logger: ncclDebugLogger_t,
+    profiler: ncclProfilerCallback_t,
 ) -> Result<()> {
     let ctx_out = non_null(ctx_out, "ctx")?;
     install_logger(logger);
     // Held until this context's finalize.
     Runtime::acquire(Hold::Counted, logger)?;
     let ctx = Box::new(Context::new(comm_id, traffic_class));
+    ctx.set_profiler(net_profiler::from_callback(profiler));
     // SAFETY: NCCL passes a valid pointer to where it keeps the context (checked non-NULL).
     unsafe { *ctx_out = Box::into_raw(ctx).cast() };
     Ok(())
@@ -433,6 +444,7 @@ fn isend(
     size: usize,
     tag: c_int,
     mhandle: *mut c_void,
+    phandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> Result<()> {
     let request = non_null(request, "request")?;
@@ -445,7 +457,10 @@ fn isend(
     // SAFETY: NCCL lends `size` bytes at `data` (registered host memory) until `test`
     // reports this request done, and does not touch them meanwhile.
     let buf = unsafe { HostBuf::new(data.cast(), size) }.with_mr(mhandle as usize);
-    let id = comm.comm.isend(buf, tag)?;
+    // NCCL's profiler handle is only handed back to its profiler callback, never read here.
+    let id = comm
+        .comm
+        .isend(buf, tag, ProfilerParent::new(phandle as usize))?;
     hand_out(&comm.slots, id, request)
 }
 

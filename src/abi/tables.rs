@@ -3,6 +3,7 @@
 //! functions whose signature did not change are shared by all tables.
 
 use std::ffi::{c_int, c_void};
+use std::ptr::null_mut;
 
 use super::ffi::{
     ncclDebugLogger_t, ncclNetAttr_v11_t, ncclNetCommConfig_v10_t, ncclNetDeviceHandle_v8_t,
@@ -201,14 +202,14 @@ extern "C" fn get_properties_v12(dev: c_int, props: *mut ncclNetProperties_v12_t
 // ---- v8 to v10: one implicit context -------------------------------------------------------
 
 extern "C" fn init_v8(logger: ncclDebugLogger_t) -> ncclResult_t {
-    guard("init", || super::init_legacy(logger))
+    guard("init", || super::init_legacy(logger, None))
 }
 
 extern "C" fn init_v10(
     logger: ncclDebugLogger_t,
-    _profiler: ncclProfilerCallback_t,
+    profiler: ncclProfilerCallback_t,
 ) -> ncclResult_t {
-    guard("init", || super::init_legacy(logger))
+    guard("init", || super::init_legacy(logger, Some(profiler)))
 }
 
 extern "C" fn listen_implicit(
@@ -256,7 +257,7 @@ extern "C" fn isend_v8(
         let size = usize::try_from(size).map_err(|_| {
             crate::Error::invalid_argument(format!("isend of negative size {size}"))
         })?;
-        super::isend(send_comm, data, size, tag, mhandle, request)
+        super::isend(send_comm, data, size, tag, mhandle, null_mut(), request)
     })
 }
 
@@ -269,7 +270,7 @@ extern "C" fn isend_v9(
     request: *mut *mut c_void,
 ) -> ncclResult_t {
     guard("isend", || {
-        super::isend(send_comm, data, size, tag, mhandle, request)
+        super::isend(send_comm, data, size, tag, mhandle, null_mut(), request)
     })
 }
 
@@ -279,11 +280,13 @@ extern "C" fn isend_v10(
     size: usize,
     tag: c_int,
     mhandle: *mut c_void,
-    _phandle: *mut c_void,
+    phandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
-    // v10 only adds a profiler handle, which we do not use.
-    isend_v9(send_comm, data, size, tag, mhandle, request)
+    // v10 adds NCCL's profiler handle for the message (see `net_profiler`).
+    guard("isend", || {
+        super::isend(send_comm, data, size, tag, mhandle, phandle, request)
+    })
 }
 
 extern "C" fn irecv_v8(
@@ -343,7 +346,7 @@ extern "C" fn irecv_v10(
     _phandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
-    // v10 only adds profiler handles, which we do not use.
+    // v10 only adds profiler handles, which receives do not report (sends do).
     irecv_v9(recv_comm, n, data, sizes, tags, mhandles, request)
 }
 
@@ -354,7 +357,7 @@ extern "C" fn init_v11(
     comm_id: u64,
     config: *mut ncclNetCommConfig_v10_t,
     logger: ncclDebugLogger_t,
-    _profiler: ncclProfilerCallback_t,
+    profiler: ncclProfilerCallback_t,
 ) -> ncclResult_t {
     guard("init", || {
         let traffic_class = if config.is_null() {
@@ -363,7 +366,7 @@ extern "C" fn init_v11(
             // SAFETY: NCCL passes a valid config struct or NULL (checked).
             Some(unsafe { (*config).trafficClass }).filter(|&tc| tc != NCCL_NET_TRAFFIC_CLASS_UNDEF)
         };
-        super::init_context(ctx, comm_id, traffic_class, logger)
+        super::init_context(ctx, comm_id, traffic_class, logger, profiler)
     })
 }
 

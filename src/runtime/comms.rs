@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::{Context, Runtime};
+use super::{Context, MessageProfiler, MessageReport, ProfilerEvent, ProfilerParent, Runtime};
 use crate::ids::{self, CollectiveId};
 use crate::loss::engine::ConnectionLoss;
 use crate::loss::plan::{Effect, LossPlan};
@@ -93,6 +93,7 @@ impl Connecting {
         stats::registry().register(Arc::clone(&stats));
         self.runtime.comm_opened();
         Ok(Some(SendComm {
+            profiler: self.ctx.profiler(),
             ctx: Arc::clone(&self.ctx),
             conn,
             stats,
@@ -120,13 +121,14 @@ struct SenderState {
     posted_at: [Option<Posted>; MAX_REQUESTS],
 }
 
-/// A message in flight: when it was posted, its collective slot, and its timeline event
-/// (when tracing is on) waiting for its end time.
+/// A message in flight: when it was posted, its collective slot, its timeline event (when
+/// tracing is on) waiting for its end time, and its profiler event (when NCCL profiles it).
 #[derive(Clone, Copy)]
 struct Posted {
     at: Instant,
     op: usize,
     event: Option<TimelineEvent>,
+    profiled: Option<ProfilerEvent>,
 }
 
 /// The code of `effect` in timeline events, and back to its name: the order of [`EFFECTS`].
@@ -170,6 +172,8 @@ pub struct SendComm {
     local_rank: Option<u32>,
     comm_size: Option<u32>,
     sender: Mutex<SenderState>,
+    /// The profiler NCCL gave the context's `init` (v10+), when it gave one.
+    profiler: Option<Arc<dyn MessageProfiler>>,
     /// Last: the connection above closes before the transport can go.
     runtime: Arc<Runtime>,
 }
@@ -181,12 +185,20 @@ impl SendComm {
             .map_err(|_| Error::internal("sender state poisoned by an earlier panic"))
     }
 
-    /// Queues `buf` for sending; `Ok(None)` asks NCCL to retry later.
-    pub fn isend(&self, buf: HostBuf, tag: i32) -> Result<Option<RequestId>> {
+    /// Queues `buf` for sending; `Ok(None)` asks NCCL to retry later. With `parent` (NCCL's
+    /// profiler handle for the message) and a profiler in the context, the message is
+    /// reported to it, from here to the `test` that sees it done.
+    pub fn isend(
+        &self,
+        buf: HostBuf,
+        tag: i32,
+        parent: Option<ProfilerParent>,
+    ) -> Result<Option<RequestId>> {
         let mut guard = self.state()?;
         let state = &mut *guard;
-        // One read of the op serves both the statistics slot and rule matching.
-        let op = ids::op_slot(self.ctx.op());
+        // One read of the op serves the statistics slot, rule matching and the profiler.
+        let op_bits = self.ctx.op();
+        let op = ids::op_slot(op_bits);
         let phase = switches::phase();
         let step = switches::step();
         if state.pending_len != Some(buf.len()) {
@@ -251,8 +263,33 @@ impl SendComm {
             effect: effect_code(plan.effect),
             retransmit_delay_ns,
         });
+        let profiled = match (&self.profiler, parent) {
+            (Some(profiler), Some(parent)) => Some(profiler.start(
+                parent,
+                &MessageReport {
+                    comm_id: self.ctx.comm_id,
+                    connection: self.index,
+                    peer: self.peer,
+                    op_bits,
+                    phase: phase as u32,
+                    step,
+                    bytes: buf.len() as u64,
+                    packets,
+                    lost_packets,
+                    loss_events: plan.loss_events(),
+                    effect: effect_code(plan.effect),
+                    retransmit_delay_ns,
+                },
+            )),
+            _ => None,
+        };
         if let Some(slot) = state.posted_at.get_mut(id as usize) {
-            *slot = Some(Posted { at, op, event });
+            *slot = Some(Posted {
+                at,
+                op,
+                event,
+                profiled,
+            });
         }
         Ok(Some(id))
     }
@@ -280,6 +317,9 @@ impl SendComm {
                 if let (Some(mut event), Some(ring)) = (posted.event, timeline::ring()) {
                     event.end_ns = ring.monotonic_of(now);
                     ring.record(&event);
+                }
+                if let (Some(event), Some(profiler)) = (posted.profiled, &self.profiler) {
+                    profiler.stop(event);
                 }
             }
         }

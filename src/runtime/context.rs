@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::Connecting;
+use super::{Connecting, MessageProfiler};
 use crate::transport::HANDLE_SIZE;
 use crate::{Error, Result};
 
@@ -45,6 +45,8 @@ pub struct Context {
     /// Connects in progress, dropped at `finalize` (each holds this context: the table is
     /// emptied explicitly, by [`Context::abandon_pending`]).
     pending: Mutex<HashMap<PendingKey, Box<Connecting>>>,
+    /// The profiler callback NCCL gave `init` (v10+), taken by each send comm as it connects.
+    profiler: Mutex<Option<Arc<dyn MessageProfiler>>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -68,7 +70,25 @@ impl Context {
             proto: AtomicU32::new(0),
             connections: AtomicU32::new(0),
             pending: Mutex::default(),
+            profiler: Mutex::new(None),
         })
+    }
+
+    /// Keeps the profiler NCCL's `init` gave this context (`None`: none, or NULL); send
+    /// comms connected afterwards report their messages to it.
+    pub fn set_profiler(&self, profiler: Option<Arc<dyn MessageProfiler>>) {
+        match self.profiler.lock() {
+            Ok(mut slot) => *slot = profiler,
+            Err(poisoned) => *poisoned.into_inner() = profiler,
+        }
+    }
+
+    /// The profiler send comms of this context report to, if any.
+    pub fn profiler(&self) -> Option<Arc<dyn MessageProfiler>> {
+        match self.profiler.lock() {
+            Ok(slot) => slot.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
     }
 
     /// Records the collective, algorithm and protocol NCCL is about to post.

@@ -27,6 +27,7 @@
 mod comms;
 mod context;
 mod environment;
+mod net_profiler;
 mod output;
 
 use std::collections::HashMap;
@@ -37,6 +38,7 @@ use std::time::Duration;
 pub use comms::{Connecting, ListenComm, RecvComm, SendComm};
 pub use context::{Context, PendingKey};
 pub use environment::{check_forced_protocol, wrap_target, INNER_ENV};
+pub use net_profiler::{MessageProfiler, MessageReport, ProfilerEvent, ProfilerParent};
 pub use output::{stats_file, write_stats};
 
 use crate::ffi::ncclDebugLogger_t;

@@ -22,7 +22,7 @@ use nccl_net_lossy::ffi::net::{
 };
 pub use nccl_net_lossy::ffi::net::{NetProperties, MAX_GROUPED_RECVS};
 pub use nccl_net_lossy::ffi::HANDLE_BYTES;
-use nccl_net_lossy::ffi::{ncclDebugLogLevel, ncclDebugLogger_t};
+use nccl_net_lossy::ffi::{ncclDebugLogLevel, ncclDebugLogger_t, ncclProfilerCallback_t};
 use nccl_net_lossy::{Error, Result};
 
 pub use super::library::{
@@ -123,6 +123,8 @@ struct ClientInner {
     /// The context from `init`; `None` after `finalize`.
     ctx: RefCell<Option<NetContext>>,
     lib: Rc<PluginLibrary>,
+    /// Made by [`PluginClient::init_profiled`]: v10+ sends carry a profiler handle.
+    profiled: bool,
 }
 
 impl Drop for ClientInner {
@@ -165,18 +167,41 @@ impl PluginClient {
     /// Adapts `ncclNetPlugin_v{version}` of `lib` and calls its `init`; `comm_id` is the
     /// communicator id v11+ receives.
     pub fn init(lib: &Rc<PluginLibrary>, version: u32, comm_id: u64) -> Result<PluginClient> {
+        Self::init_with(lib, version, comm_id, None, false)
+    }
+
+    /// As [`PluginClient::init`], as NCCL's proxy does with a profiler: v10+ `init` gets
+    /// `profiler` (NULL allowed) and every v10+ `isend` a non-NULL profiler handle of its own
+    /// ([`Request::profiler_handle`]), valid until the request tests done.
+    pub fn init_profiled(
+        lib: &Rc<PluginLibrary>,
+        version: u32,
+        comm_id: u64,
+        profiler: ncclProfilerCallback_t,
+    ) -> Result<PluginClient> {
+        Self::init_with(lib, version, comm_id, profiler, true)
+    }
+
+    fn init_with(
+        lib: &Rc<PluginLibrary>,
+        version: u32,
+        comm_id: u64,
+        profiler: ncclProfilerCallback_t,
+        profiled: bool,
+    ) -> Result<PluginClient> {
         if !(MIN_VERSION..=MAX_VERSION).contains(&version) {
             return Err(Error::invalid_argument(format!(
                 "net plugin version {version} (the harness drives {MIN_VERSION} to {MAX_VERSION})"
             )));
         }
         let plugin = NetPlugin::load(Arc::clone(&lib.lib), version..=version)?;
-        let ctx = plugin.init(comm_id, logger())?;
+        let ctx = plugin.init_profiled(comm_id, logger(), profiler)?;
         Ok(PluginClient {
             inner: Rc::new(ClientInner {
                 plugin,
                 ctx: RefCell::new(Some(ctx)),
                 lib: Rc::clone(lib),
+                profiled,
             }),
         })
     }
@@ -531,6 +556,7 @@ fn posted(
     outcome: Result<Option<NetRequest>>,
     comm: &Rc<CommInner>,
     lent: Vec<*mut [u8]>,
+    phandle: Option<Box<u64>>,
 ) -> Result<Posted> {
     match outcome {
         Ok(Some(raw)) => Ok(Posted::Started(Request {
@@ -539,6 +565,7 @@ fn posted(
             bufs: lent,
             sizes: None,
             failed: false,
+            phandle,
         })),
         // SAFETY: no request was started, so the plugin did not take the buffers.
         Ok(None) => Ok(Posted::Busy(unsafe { take_back(lent) })),
@@ -559,6 +586,8 @@ pub struct Request {
     sizes: Option<Vec<usize>>,
     /// `test` failed: the plugin may have released the request.
     failed: bool,
+    /// The profiler handle `isend` passed (see [`PluginClient::init_profiled`]).
+    phandle: Option<Box<u64>>,
 }
 
 impl Request {
@@ -589,6 +618,12 @@ impl Request {
             self.sizes = Some(sizes);
         }
         Ok(self.sizes.as_deref())
+    }
+
+    /// The address passed to `isend` as its profiler handle, if any: what the plugin hands
+    /// back to the profiler callback as the parent of the message's event.
+    pub fn profiler_handle(&self) -> Option<usize> {
+        self.phandle.as_deref().map(|h| h as *const u64 as usize)
     }
 
     /// True once `test` has reported the request done.
@@ -638,14 +673,21 @@ impl SendComm {
             )));
         }
         let lent = Box::into_raw(buf);
+        let client = &self.inner.client;
+        let mut phandle = (client.profiled && client.plugin.version() >= 10).then(|| Box::new(0));
+        let ph = phandle
+            .as_deref_mut()
+            .map_or(std::ptr::null_mut(), |h| (h as *mut u64).cast());
         // SAFETY: a live send comm and its registration (checked); `lent` holds at least
-        // `size` bytes we own and keep untouched until test reports the request done.
+        // `size` bytes we own and keep untouched until test reports the request done; the
+        // profiler handle is NULL or boxed memory the request owns (only its address is
+        // used: the plugin hands it back to the callback this client's init was given).
         let outcome = unsafe {
             self.inner
                 .plugin()
-                .isend(raw, lent.cast(), size, tag, mr.raw)
+                .isend_profiled(raw, lent.cast(), size, tag, mr.raw, ph)
         };
-        posted(outcome, &self.inner, vec![lent])
+        posted(outcome, &self.inner, vec![lent], phandle)
     }
 
     /// Calls `closeSend`.
@@ -705,7 +747,7 @@ impl RecvComm {
         // least its posted size of bytes we own (leaked into `lent`) and keep untouched
         // until test reports the request done.
         let outcome = unsafe { self.inner.plugin().irecv(raw, &bufs) };
-        posted(outcome, &self.inner, lent)
+        posted(outcome, &self.inner, lent, None)
     }
 
     /// Calls `closeRecv`.

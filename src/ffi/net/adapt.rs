@@ -9,7 +9,7 @@ use crate::ffi::{
     c_string, ncclDebugLogger_t, ncclNetAttr_v11_t, ncclNetCommConfig_v10_t,
     ncclNetDeviceHandle_v8_t, ncclNetProperties_v11_t, ncclNetProperties_v12_t,
     ncclNetProperties_v8_t, ncclNetProperties_v9_t, ncclNet_v10_t, ncclNet_v11_t, ncclNet_v12_t,
-    ncclNet_v8_t, ncclNet_v9_t, ncclResult_t, NCCL_NET_TRAFFIC_CLASS_UNDEF,
+    ncclNet_v8_t, ncclNet_v9_t, ncclProfilerCallback_t, ncclResult_t, NCCL_NET_TRAFFIC_CLASS_UNDEF,
 };
 use crate::{Error, Result};
 
@@ -195,11 +195,19 @@ pub(super) struct Shared {
 /// The entries whose signature changed across versions, in the current (v12) shape. Each
 /// method has the contract of the v12 entry it stands for (pointers as NCCL passes them).
 pub(super) trait Adapter {
-    /// `init`; v11+ writes its context to `ctx`, older versions leave it NULL.
+    /// `init`; v11+ writes its context to `ctx`, older versions leave it NULL; v10+ get
+    /// `profiler` (v8 and v9 have no such argument: it is dropped).
     ///
     /// # Safety
-    /// `logger` is NULL or a printf-like logger that outlives the plugin.
-    unsafe fn init(&self, ctx: &mut *mut c_void, comm_id: u64, logger: ncclDebugLogger_t) -> Code;
+    /// `logger` is NULL or a printf-like logger that outlives the plugin; `profiler` is NULL
+    /// or a function with the contract of NCCL's profiler callback that outlives the plugin.
+    unsafe fn init(
+        &self,
+        ctx: &mut *mut c_void,
+        comm_id: u64,
+        logger: ncclDebugLogger_t,
+        profiler: ncclProfilerCallback_t,
+    ) -> Code;
 
     /// `getProperties`, adapted.
     ///
@@ -229,10 +237,12 @@ pub(super) trait Adapter {
         handle: *mut c_void,
     ) -> (Code, *mut c_void);
 
-    /// `isend(comm, data, size, tag, mhandle, phandle = NULL, request)`.
+    /// `isend(comm, data, size, tag, mhandle, phandle, request)` (v8 and v9 have no
+    /// `phandle`: it is dropped).
     ///
     /// # Safety
     /// v12's `isend` contract; `size` at most the version's limit (v8: [`V8_MAX_BYTES`]).
+    #[allow(clippy::too_many_arguments)]
     unsafe fn isend(
         &self,
         comm: *mut c_void,
@@ -240,6 +250,7 @@ pub(super) trait Adapter {
         size: usize,
         tag: c_int,
         mh: *mut c_void,
+        phandle: *mut c_void,
         req: &mut *mut c_void,
     ) -> Code;
 
@@ -329,8 +340,14 @@ unsafe fn int_sizes(n: c_int, sizes: *mut usize) -> [c_int; MAX_GROUPED_RECVS] {
 
 impl Adapter for ncclNet_v8_t {
     /// # Safety: the [`Adapter`] method's contract.
-    unsafe fn init(&self, _ctx: &mut *mut c_void, _id: u64, logger: ncclDebugLogger_t) -> Code {
-        // SAFETY: the trait's contract.
+    unsafe fn init(
+        &self,
+        _ctx: &mut *mut c_void,
+        _id: u64,
+        logger: ncclDebugLogger_t,
+        _profiler: ncclProfilerCallback_t,
+    ) -> Code {
+        // SAFETY: the trait's contract; no profiler callback before v10.
         unsafe { call!(self.init, logger) }
     }
     /// # Safety: the [`Adapter`] method's contract.
@@ -356,6 +373,7 @@ impl Adapter for ncclNet_v8_t {
         size: usize,
         tag: c_int,
         mh: *mut c_void,
+        _phandle: *mut c_void,
         req: &mut *mut c_void,
     ) -> Code {
         let Ok(size) = c_int::try_from(size) else {
@@ -384,8 +402,14 @@ impl Adapter for ncclNet_v8_t {
 
 impl Adapter for ncclNet_v9_t {
     /// # Safety: the [`Adapter`] method's contract.
-    unsafe fn init(&self, _ctx: &mut *mut c_void, _id: u64, logger: ncclDebugLogger_t) -> Code {
-        // SAFETY: the trait's contract.
+    unsafe fn init(
+        &self,
+        _ctx: &mut *mut c_void,
+        _id: u64,
+        logger: ncclDebugLogger_t,
+        _profiler: ncclProfilerCallback_t,
+    ) -> Code {
+        // SAFETY: the trait's contract; no profiler callback before v10.
         unsafe { call!(self.init, logger) }
     }
     /// # Safety: the [`Adapter`] method's contract.
@@ -411,6 +435,7 @@ impl Adapter for ncclNet_v9_t {
         size: usize,
         tag: c_int,
         mh: *mut c_void,
+        _phandle: *mut c_void,
         req: &mut *mut c_void,
     ) -> Code {
         // SAFETY: the trait's contract; v9 has no profiler handle.
@@ -437,7 +462,8 @@ fn no_phandles() -> [*mut c_void; MAX_GROUPED_RECVS] {
     [std::ptr::null_mut(); MAX_GROUPED_RECVS]
 }
 
-/// `isend`/`irecv` of v10 to v12, which only added profiler handles (NULL here).
+/// `isend`/`irecv` of v10 to v12, which only added profiler handles (the caller's for
+/// `isend`, NULL for `irecv`).
 macro_rules! transfer_v10 {
     () => {
         /// # Safety: the [`Adapter`] method's contract.
@@ -448,11 +474,11 @@ macro_rules! transfer_v10 {
             size: usize,
             tag: c_int,
             mh: *mut c_void,
+            phandle: *mut c_void,
             req: &mut *mut c_void,
         ) -> Code {
-            let null = std::ptr::null_mut();
-            // SAFETY: the trait's contract, with no profiler handle.
-            unsafe { call!(self.isend, comm, data, size, tag, mh, null, req) }
+            // SAFETY: the trait's contract; the profiler handle is the caller's (or NULL).
+            unsafe { call!(self.isend, comm, data, size, tag, mh, phandle, req) }
         }
         /// # Safety: the [`Adapter`] method's contract.
         unsafe fn irecv(
@@ -486,9 +512,15 @@ macro_rules! transfer_v10 {
 
 impl Adapter for ncclNet_v10_t {
     /// # Safety: the [`Adapter`] method's contract.
-    unsafe fn init(&self, _ctx: &mut *mut c_void, _id: u64, logger: ncclDebugLogger_t) -> Code {
-        // SAFETY: the trait's contract; no profiler callback.
-        unsafe { call!(self.init, logger, None) }
+    unsafe fn init(
+        &self,
+        _ctx: &mut *mut c_void,
+        _id: u64,
+        logger: ncclDebugLogger_t,
+        profiler: ncclProfilerCallback_t,
+    ) -> Code {
+        // SAFETY: the trait's contract.
+        unsafe { call!(self.init, logger, profiler) }
     }
     /// # Safety: the [`Adapter`] method's contract.
     unsafe fn properties(&self, dev: c_int) -> std::result::Result<NetProperties, Code> {
@@ -513,11 +545,17 @@ impl Adapter for ncclNet_v10_t {
 macro_rules! context_api {
     () => {
         /// # Safety: the [`Adapter`] method's contract.
-        unsafe fn init(&self, ctx: &mut *mut c_void, id: u64, logger: ncclDebugLogger_t) -> Code {
+        unsafe fn init(
+            &self,
+            ctx: &mut *mut c_void,
+            id: u64,
+            logger: ncclDebugLogger_t,
+            profiler: ncclProfilerCallback_t,
+        ) -> Code {
             let mut config = no_traffic_class();
             // SAFETY: the trait's contract; a config struct and a context out-pointer that
-            // outlive the call; no profiler callback.
-            unsafe { call!(self.init, ctx, id, &mut config, logger, None) }
+            // outlive the call.
+            unsafe { call!(self.init, ctx, id, &mut config, logger, profiler) }
         }
         /// # Safety: the [`Adapter`] method's contract.
         unsafe fn listen(&self, ctx: *mut c_void, dev: c_int, h: *mut c_void) -> (Code, *mut c_void) {

@@ -26,7 +26,7 @@ pub use adapt::NetProperties;
 
 use super::{
     c_string, dl_error, error_kind, ncclDebugLogger_t, ncclNetAttr_v11_t, ncclNetDeviceHandle_v8_t,
-    ncclResult_t, HANDLE_BYTES, NCCL_PTR_HOST,
+    ncclProfilerCallback_t, ncclResult_t, HANDLE_BYTES, NCCL_PTR_HOST,
 };
 use crate::{Error, Result};
 use adapt::{Adapter, Shared, VERSIONS};
@@ -345,12 +345,25 @@ impl NetPlugin {
         }
     }
 
-    /// Calls `init` (v11+: for the communicator `comm_id`, with no traffic class).
+    /// Calls `init` (v11+: for the communicator `comm_id`, with no traffic class; v10+: with
+    /// no profiler callback).
     pub fn init(&self, comm_id: u64, logger: ncclDebugLogger_t) -> Result<NetContext> {
+        self.init_profiled(comm_id, logger, None)
+    }
+
+    /// Calls `init` as [`NetPlugin::init`] does, handing v10+ the profiler callback
+    /// `profiler` (v8 and v9 take none: it is not passed).
+    pub fn init_profiled(
+        &self,
+        comm_id: u64,
+        logger: ncclDebugLogger_t,
+        profiler: ncclProfilerCallback_t,
+    ) -> Result<NetContext> {
         let mut raw: *mut c_void = std::ptr::null_mut();
-        // SAFETY: a context out-pointer that outlives the call; `logger` is NCCL's contract
-        // for a logger (a function pointer the caller vouches for, or NULL).
-        let code = unsafe { self.api.init(&mut raw, comm_id, logger) };
+        // SAFETY: a context out-pointer that outlives the call; `logger` and `profiler` are
+        // NCCL's contract for a logger and a profiler callback (function pointers the caller
+        // vouches for, or NULL).
+        let code = unsafe { self.api.init(&mut raw, comm_id, logger, profiler) };
         self.check(code, "init")?;
         Ok(NetContext {
             raw,
@@ -485,12 +498,31 @@ impl NetPlugin {
         tag: i32,
         mr: NetMr,
     ) -> Result<Option<NetRequest>> {
+        // SAFETY: per this function's contract; no profiler handle.
+        unsafe { self.isend_profiled(comm, data, len, tag, mr, std::ptr::null_mut()) }
+    }
+
+    /// Posts a send as [`NetPlugin::isend`] does, with the profiler handle `phandle` for
+    /// v10+ (v8 and v9 take none: it is not passed).
+    ///
+    /// # Safety
+    /// As [`NetPlugin::isend`]; `phandle` is NULL or what the profiler callback handed to
+    /// this plugin's `init` accepts as a parent handle until the request tests done.
+    pub unsafe fn isend_profiled(
+        &self,
+        comm: NetComm,
+        data: *mut u8,
+        len: usize,
+        tag: i32,
+        mr: NetMr,
+        phandle: *mut c_void,
+    ) -> Result<Option<NetRequest>> {
         self.check_size(len, "isend")?;
         let mut req: *mut c_void = std::ptr::null_mut();
         // SAFETY: per this function's contract; the size fits the version (checked).
         let code = unsafe {
             self.api
-                .isend(comm.0, data.cast(), len, tag, mr.0, &mut req)
+                .isend(comm.0, data.cast(), len, tag, mr.0, phandle, &mut req)
         };
         self.check(code, "isend")?;
         Ok((!req.is_null()).then_some(NetRequest(req)))
