@@ -1,9 +1,11 @@
-//! Our own TCP transport: several sockets per connection, driven by background threads.
+//! Our own TCP transport: several non-blocking sockets per connection, moved inline by the
+//! caller and by a small process-wide pool of I/O threads.
 //!
 //! - [`iface`]: which interfaces become devices (NCCL's `NCCL_SOCKET_IFNAME` rules);
 //! - [`wire`]: the handle, hello and chunk header byte layouts;
 //! - `listen` / `connect`: non-blocking handshakes;
-//! - `conn`: the data path (request slots, I/O threads, loss effects at the receiver).
+//! - `conn`: the data path (request slots, per-socket state machines, the I/O pool, loss
+//!   effects at the receiver).
 //!
 //! Environment (read by [`SocketConfig::from_env`]):
 //! `NCCL_SOCKET_IFNAME`, `NCCL_SOCKET_FAMILY` as in NCCL; `NCCL_LOSSY_NSOCKS` sockets per
