@@ -21,6 +21,8 @@ mod listen;
 pub mod wire;
 
 #[cfg(test)]
+mod engine_tests;
+#[cfg(test)]
 mod tests;
 
 use std::fmt;
