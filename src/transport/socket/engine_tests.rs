@@ -216,3 +216,64 @@ fn isend_and_test_return_while_the_receiver_posts_nothing() {
     });
     assert!(into == data);
 }
+
+const FDS_CHILD_ENV: &str = "LOSSY_SOCKET_FDS_CHILD";
+
+#[test]
+fn a_connection_that_does_not_fit_the_descriptor_limit_is_refused_naming_ulimit() {
+    // Lowering the limit needs a process of its own: other tests run beside us.
+    let exe = std::env::current_exe().expect("test binary");
+    let out = std::process::Command::new(exe)
+        .args([
+            "--exact",
+            "transport::socket::engine_tests::fds_child",
+            "--ignored",
+            "--test-threads=1",
+            "--nocapture",
+        ])
+        .env(FDS_CHILD_ENV, "1")
+        .output()
+        .expect("run child");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "child failed:\n{text}");
+    assert!(
+        text.contains("fd budget check passed"),
+        "child did not run the check:\n{text}"
+    );
+}
+
+#[test]
+#[ignore = "run in a process of its own by a_connection_that_does_not_fit_the_descriptor_limit_is_refused_naming_ulimit"]
+fn fds_child() {
+    use crate::transport::{Transport, HANDLE_WIRE_SIZE};
+    use crate::ErrorKind;
+    if std::env::var_os(FDS_CHILD_ENV).is_none() {
+        return;
+    }
+    let t = loopback(4);
+    let mut handle = [0u8; HANDLE_WIRE_SIZE];
+    let _listener = t.listen(0, &mut handle).expect("listen");
+    // Two descriptors left: fewer than the 4 sockets of a connection.
+    let used = count_entries("/proc/self/fd") as u64;
+    let limit = libc::rlimit {
+        rlim_cur: used + 2,
+        rlim_max: used + 2,
+    };
+    // SAFETY: setrlimit reads the struct we pass and nothing else.
+    let rc = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
+    assert_eq!(rc, 0, "setrlimit");
+    let err = match t.connect(0, &handle) {
+        Ok(_) => panic!("a connection of 4 sockets was started with 2 descriptors left"),
+        Err(e) => e,
+    };
+    assert_eq!(err.kind, ErrorKind::System, "{err}");
+    let text = err.to_string();
+    assert!(text.contains("`ulimit -n`"), "{text}");
+    assert!(text.contains("needs 4 file descriptors"), "{text}");
+    assert!(text.contains(&format!("limit of {}", used + 2)), "{text}");
+    println!("fd budget check passed: {text}");
+}

@@ -16,6 +16,7 @@
 
 mod conn;
 mod connect;
+mod fds;
 pub mod iface;
 mod listen;
 pub mod wire;
@@ -255,6 +256,8 @@ impl SocketTransport {
     /// Starts listening on `dev`; the concrete type, for callers that need its extras.
     pub fn listen_socket(&self, dev: usize, handle: &mut WireHandle) -> Result<SocketListener> {
         let bind = self.device(dev)?.iface.bind_addr();
+        // The listen socket, and the sockets of a connection it accepts.
+        fds::check(1 + self.config.nsocks, "listening")?;
         let setup = || -> std::io::Result<(Socket, SocketAddr)> {
             let sock = Socket::new(Domain::for_address(bind), Type::STREAM, Some(Protocol::TCP))?;
             if bind.is_ipv6() {
@@ -287,6 +290,7 @@ impl SocketTransport {
         let h = Handle::decode(handle)?;
         let conn_id = u64::from_le_bytes(random_bytes::<8>()?);
         let count = self.config.nsocks.clamp(1, MAX_SOCKETS) as u16;
+        fds::check(usize::from(count), "connecting")?;
         let hellos: Vec<Hello> = (0..count)
             .map(|index| Hello {
                 nonce: h.nonce,
