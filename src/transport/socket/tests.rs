@@ -1074,7 +1074,7 @@ fn config_reads_the_environment_and_refuses_bad_values() {
     }
     // Blank values count as unset.
     let c = SocketConfig::from_lookup(env(&[("NCCL_LOSSY_NSOCKS", " ")])).expect("blank");
-    assert_eq!(c.nsocks, DEFAULT_NSOCKS);
+    assert_eq!(c.nsocks, default_nsocks());
 }
 
 /// What the receiver should hold after `data` went through `plan` into a buffer that held

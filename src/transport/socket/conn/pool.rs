@@ -1,11 +1,14 @@
 //! The process-wide pool of I/O helper threads (`NCCL_LOSSY_IO_THREADS`): a few threads, each
 //! with one epoll instance and an eventfd to wake it, serve the sockets of every connection.
 //!
-//! A connection's sockets are given to the threads round-robin, registered edge-triggered for
-//! both directions. On readiness, or at a retransmit deadline a socket asked for, the thread
-//! runs the socket's state machine the same way an inline caller does (`try_lock`, never
-//! waiting), so a caller and a pool thread never move one socket's bytes at once, and a slow
-//! or delayed connection never holds a thread. The pool exists while some connection uses
+//! A connection's sockets are given to the threads round-robin, registered one-shot and
+//! edge-triggered for both directions. On readiness, or at a deadline a socket asked for,
+//! the thread runs the socket's state machine the same way an inline caller does
+//! (`try_lock`, never waiting), so a caller and a pool thread never move one socket's bytes
+//! at once, and a slow or delayed connection never holds a thread. While the owner polls the
+//! connection (inline progress in the last [`OWNER_ACTIVE`]), the thread leaves the socket to
+//! it and looks again [`DEFER`] later: on a 2-core host a second thread moving the same bytes
+//! costs more than it gains (docs/transport.md). The pool exists while some connection uses
 //! it: created by the first, stopped (threads joined) when the last one closes.
 
 use std::cmp::Reverse;
@@ -15,7 +18,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use socket2::Socket;
 
@@ -28,18 +31,32 @@ const IO_THREAD_STACK: usize = 256 << 10;
 /// The epoll key of a thread's eventfd; sockets get keys from 1 up, never reused.
 const WAKE_KEY: u64 = 0;
 
+/// A connection whose owner progressed it this recently is left to the owner.
+pub(super) const OWNER_ACTIVE: Duration = Duration::from_millis(5);
+
+/// How long a pool thread leaves a socket to its polling owner before it looks again.
+pub(super) const DEFER: Duration = Duration::from_millis(5);
+
 /// Most pool threads `NCCL_LOSSY_IO_THREADS` may ask for.
 pub const MAX_IO_THREADS: usize = 64;
 
 /// Something whose socket `s` a pool thread progresses.
 pub(super) trait Ready: Send + Sync {
-    fn ready(&self, s: usize);
+    /// Socket `s` is ready, or a deadline it asked for passed. `None`: handled, watch it
+    /// again now; `Some(t)`: left to the owner, who is polling it, look again at `t`.
+    fn ready(&self, s: usize) -> Option<Instant>;
 }
 
 struct Entry {
     target: Weak<dyn Ready>,
     s: usize,
+    fd: RawFd,
 }
+
+/// Events a socket is watched for: one-shot, re-armed after each visit, so a socket whose
+/// owner moves its bytes inline wakes its pool thread at most once per deferral.
+const SOCKET_EVENTS: u32 =
+    (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET | libc::EPOLLONESHOT) as u32;
 
 type Lock<T> = Mutex<T>;
 
@@ -161,10 +178,22 @@ impl Worker {
             for &key in &due {
                 let found = lock(&self.entries)
                     .get(&key)
-                    .map(|e| (e.target.clone(), e.s));
-                if let Some(target) = found.and_then(|(t, s)| t.upgrade().map(|t| (t, s))) {
-                    target.0.ready(target.1);
+                    .map(|e| (e.target.clone(), e.s, e.fd));
+                let Some((target, s, fd)) = found else {
+                    continue;
+                };
+                let Some(target) = target.upgrade() else {
+                    continue;
+                };
+                match target.ready(s) {
+                    // Re-arming reports the socket at once if it is ready again.
+                    None => {
+                        let _ = self.ctl(libc::EPOLL_CTL_MOD, fd, SOCKET_EVENTS, key);
+                    }
+                    Some(t) => lock(&self.timers).push(Reverse((t, key))),
                 }
+                // The connection may close here, on this thread: that takes it out.
+                drop(target);
             }
         }
     }
@@ -284,9 +313,8 @@ impl Pool {
         let worker = Arc::clone(&self.workers[i]);
         let key = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
         let fd = sock.as_raw_fd();
-        lock(&worker.entries).insert(key, Entry { target, s });
-        let events = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
-        if let Err(e) = worker.ctl(libc::EPOLL_CTL_ADD, fd, events, key) {
+        lock(&worker.entries).insert(key, Entry { target, s, fd });
+        if let Err(e) = worker.ctl(libc::EPOLL_CTL_ADD, fd, SOCKET_EVENTS, key) {
             lock(&worker.entries).remove(&key);
             return Err(Error::from(e).context("registering a socket with the I/O pool"));
         }

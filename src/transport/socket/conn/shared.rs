@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use socket2::Socket;
 
-use super::pool::{Pool, Ready, Registration};
+use super::pool::{Pool, Ready, Registration, DEFER, OWNER_ACTIVE};
 use crate::transport::socket::log_warn;
 use crate::transport::{Completion, RequestId, MAX_REQUESTS};
 use crate::{Error, Result};
@@ -46,7 +46,7 @@ impl Progress {
     }
 
     #[inline]
-    fn now_ns(&self) -> u64 {
+    pub(super) fn now_ns(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
@@ -154,6 +154,8 @@ pub(super) struct Shared<S: Side> {
     pub(super) progress: Progress,
     /// Fail the connection when a request is outstanding and no byte moved for this long.
     pub(super) timeout: Option<Duration>,
+    /// When the owner last ran inline progress (nanoseconds on the progress clock).
+    owner_ns: AtomicU64,
 }
 
 pub(super) type Guard<'a, S> = MutexGuard<'a, Locked<S>>;
@@ -193,6 +195,7 @@ impl<S: Side> Shared<S> {
             }),
             slot_state: std::array::from_fn(|_| AtomicU8::new(FREE)),
             failed: AtomicBool::new(false),
+            owner_ns: AtomicU64::new(0),
         });
         if let Some(pool) = pool {
             let weak = Arc::downgrade(&shared);
@@ -211,8 +214,10 @@ impl<S: Side> Shared<S> {
         self.locked.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Moves what every socket can move now (inline progress). Never blocks.
+    /// Moves what every socket can move now (the owner's inline progress). Never blocks.
     pub(super) fn progress_all(&self) {
+        self.owner_ns
+            .store(self.progress.now_ns(), Ordering::Relaxed);
         for s in 0..self.cells.len() {
             self.progress_socket(s);
         }
@@ -374,7 +379,15 @@ impl<S: Side> Shared<S> {
 }
 
 impl<S: Side> Ready for Shared<S> {
-    fn ready(&self, s: usize) {
+    fn ready(&self, s: usize) -> Option<Instant> {
+        let since_owner = self
+            .progress
+            .now_ns()
+            .saturating_sub(self.owner_ns.load(Ordering::Relaxed));
+        if since_owner < OWNER_ACTIVE.as_nanos() as u64 && !self.failed.load(Ordering::Acquire) {
+            return Some(Instant::now() + DEFER);
+        }
         self.progress_socket(s);
+        None
     }
 }
