@@ -51,7 +51,13 @@ struct Entry {
     target: Weak<dyn Ready>,
     s: usize,
     fd: RawFd,
+    /// A deferral timer is outstanding (at most one per socket).
+    deferred: bool,
 }
+
+/// A timer: when, the socket's key, and whether it is the socket's deferral (else a
+/// deadline the socket asked for).
+type Timer = Reverse<(Instant, u64, bool)>;
 
 /// Events a socket is watched for: one-shot, re-armed after each visit, so a socket whose
 /// owner moves its bytes inline wakes its pool thread at most once per deferral.
@@ -68,7 +74,7 @@ struct Worker {
     epfd: OwnedFd,
     evfd: OwnedFd,
     entries: Lock<HashMap<u64, Entry>>,
-    timers: Lock<BinaryHeap<Reverse<(Instant, u64)>>>,
+    timers: Lock<BinaryHeap<Timer>>,
     stop: AtomicBool,
 }
 
@@ -127,7 +133,7 @@ impl Worker {
 
     /// Milliseconds until the earliest deadline, rounded up (so it is never early); -1: none.
     fn timeout_ms(&self) -> i32 {
-        lock(&self.timers).peek().map_or(-1, |Reverse((d, _))| {
+        lock(&self.timers).peek().map_or(-1, |Reverse((d, _, _))| {
             let ns = d.saturating_duration_since(Instant::now()).as_nanos();
             i32::try_from(ns.div_ceil(1_000_000)).unwrap_or(i32::MAX)
         })
@@ -136,7 +142,7 @@ impl Worker {
     fn run(&self) {
         const EMPTY: libc::epoll_event = libc::epoll_event { events: 0, u64: 0 };
         let mut events = [EMPTY; 64];
-        let mut due: Vec<u64> = Vec::new();
+        let mut due: Vec<(u64, bool)> = Vec::new();
         while !self.stop.load(Ordering::Acquire) {
             let timeout = self.timeout_ms();
             // SAFETY: `events` is a live array of `events.len()` epoll_event the kernel fills.
@@ -161,24 +167,27 @@ impl Worker {
                 if key == WAKE_KEY {
                     self.drain_wake();
                 } else {
-                    due.push(key);
+                    due.push((key, false));
                 }
             }
             {
                 let now = Instant::now();
                 let mut timers = lock(&self.timers);
-                while let Some(&Reverse((d, key))) = timers.peek() {
+                while let Some(&Reverse((d, key, deferral))) = timers.peek() {
                     if d > now {
                         break;
                     }
                     timers.pop();
-                    due.push(key);
+                    due.push((key, deferral));
                 }
             }
-            for &key in &due {
-                let found = lock(&self.entries)
-                    .get(&key)
-                    .map(|e| (e.target.clone(), e.s, e.fd));
+            for &(key, deferral) in &due {
+                let found = lock(&self.entries).get_mut(&key).map(|e| {
+                    if deferral {
+                        e.deferred = false;
+                    }
+                    (e.target.clone(), e.s, e.fd)
+                });
                 let Some((target, s, fd)) = found else {
                     continue;
                 };
@@ -190,7 +199,14 @@ impl Worker {
                     None => {
                         let _ = self.ctl(libc::EPOLL_CTL_MOD, fd, SOCKET_EVENTS, key);
                     }
-                    Some(t) => lock(&self.timers).push(Reverse((t, key))),
+                    Some(t) => {
+                        if let Some(e) = lock(&self.entries).get_mut(&key) {
+                            if !e.deferred {
+                                e.deferred = true;
+                                lock(&self.timers).push(Reverse((t, key, true)));
+                            }
+                        }
+                    }
                 }
                 // The connection may close here, on this thread: that takes it out.
                 drop(target);
@@ -209,7 +225,7 @@ pub(super) struct Registration {
 impl Registration {
     /// Has the socket progressed at `deadline`, even if no readiness comes.
     pub(super) fn wake_at(&self, deadline: Instant) {
-        lock(&self.worker.timers).push(Reverse((deadline, self.key)));
+        lock(&self.worker.timers).push(Reverse((deadline, self.key, false)));
         self.worker.wake();
     }
 }
@@ -313,7 +329,15 @@ impl Pool {
         let worker = Arc::clone(&self.workers[i]);
         let key = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
         let fd = sock.as_raw_fd();
-        lock(&worker.entries).insert(key, Entry { target, s, fd });
+        lock(&worker.entries).insert(
+            key,
+            Entry {
+                target,
+                s,
+                fd,
+                deferred: false,
+            },
+        );
         if let Err(e) = worker.ctl(libc::EPOLL_CTL_ADD, fd, SOCKET_EVENTS, key) {
             lock(&worker.entries).remove(&key);
             return Err(Error::from(e).context("registering a socket with the I/O pool"));

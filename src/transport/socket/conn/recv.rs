@@ -173,7 +173,8 @@ struct RxJob {
     /// The end of the last run checked (runs come in order).
     run_end: u64,
     /// Ranges of the message to receive, in order (set once the runs are in), and the cursor.
-    segs: Option<Vec<Range<usize>>>,
+    segs: Vec<Range<usize>>,
+    planned: bool,
     seg: usize,
     off: usize,
 }
@@ -191,6 +192,8 @@ pub(super) struct RxSock {
     closed: bool,
     runs: Vec<PacketRun>,
     run_bytes: Vec<u8>,
+    /// The ranges vector of the last finished job, reused so steady state allocates nothing.
+    spare: Vec<Range<usize>>,
 }
 
 /// The receiving half of a socket connection.
@@ -234,7 +237,8 @@ impl SocketRecvConn {
                 job: None,
                 closed: false,
                 runs: Vec::new(),
-                run_bytes: Vec::new(),
+                run_bytes: vec![0; RUN_BATCH * RUN_SIZE],
+                spare: Vec::new(),
             })
             .collect();
         let pool = Pool::shared()?;
@@ -393,6 +397,8 @@ fn advance(shared: &Shared<RecvSide>, s: usize, st: &mut RxSock) -> Step<()> {
             st.head = None;
             st.min_seq = job.seq + 1;
             st.runs.clear();
+            let mut job = job;
+            job.segs = std::mem::take(&mut st.spare);
             st.job = Some(job);
         }
         let Some(job) = st.job.as_mut() else {
@@ -405,6 +411,7 @@ fn advance(shared: &Shared<RecvSide>, s: usize, st: &mut RxSock) -> Step<()> {
             return Ok(());
         }
         let (slot, msg) = (job.slot, job.msg);
+        st.spare = std::mem::take(&mut job.segs);
         st.job = None;
         let mut g = shared.lock();
         let side = &mut g.side;
@@ -613,7 +620,8 @@ fn match_header(
         runs_left: h.runs as usize,
         batch_got: 0,
         run_end: 0,
-        segs: None,
+        segs: Vec::new(),
+        planned: false,
         seg: 0,
         off: 0,
     }))
@@ -680,8 +688,9 @@ fn recv_chunk(
     let sock = &shared.sockets[s];
     let seq = job.seq;
     let (size, mtu, span) = (job.size, job.mtu, job.span.clone());
-    let segs = job.segs.get_or_insert_with(|| {
-        let mut segs: Vec<Range<usize>> = Vec::new();
+    if !job.planned {
+        let segs = &mut job.segs;
+        segs.clear();
         match job.effect {
             Effect::Zero | Effect::Stale => {
                 segs.extend(effect::kept_ranges(runs, mtu, size, span.clone()))
@@ -694,8 +703,9 @@ fn recv_chunk(
             Effect::Bitflip => segs.push(span.clone()),
         }
         segs.retain(|r| !r.is_empty());
-        segs
-    });
+        job.planned = true;
+    }
+    let segs = &job.segs;
     while job.seg < segs.len() {
         let r = segs[job.seg].clone();
         // SAFETY: NCCL lent the buffer until the receive completes, which is only after this

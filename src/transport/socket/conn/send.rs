@@ -77,6 +77,8 @@ pub(super) struct TxSock {
     job: Option<TxJob>,
     wire: Vec<u8>,
     runs: Vec<PacketRun>,
+    /// The ranges vector of the last finished job, reused so steady state allocates nothing.
+    spare: Vec<Range<usize>>,
 }
 
 /// The sending half of a socket connection.
@@ -115,6 +117,7 @@ impl SocketSendConn {
                 job: None,
                 wire: Vec::new(),
                 runs: Vec::new(),
+                spare: Vec::new(),
             })
             .collect();
         let pool = Pool::shared()?;
@@ -203,6 +206,7 @@ impl Side for SendSide {
                 Ok(false) => return,
                 Ok(true) => {
                     let slot = job.slot;
+                    st.spare = std::mem::take(&mut job.segs);
                     st.job = None;
                     st.next += 1;
                     let mut g = shared.lock();
@@ -279,7 +283,8 @@ fn next_job(shared: &Shared<SendSide>, s: usize, st: &mut TxSock) -> bool {
         st.wire.clear();
         st.wire.extend_from_slice(&header.encode());
         wire::encode_runs(runs, &mut st.wire);
-        let mut segs: Vec<Range<usize>> = Vec::new();
+        let mut segs = std::mem::take(&mut st.spare);
+        segs.clear();
         let mut resend_from = usize::MAX;
         let mut delay = Duration::ZERO;
         match m.effect {
