@@ -22,7 +22,9 @@
 //!   runtime rebuilt in the same process adds to the same numbers, and the control API can
 //!   read them after the last `finalize`;
 //! - the device names handed to NCCL ([`crate::abi`]): NCCL keeps the `char*` of
-//!   `getProperties` with no call telling when it lets go; they are interned, one per name.
+//!   `getProperties` with no call telling when it lets go; they are interned, one per name;
+//! - the socket transport's I/O thread pool: its thread budget is per process, whatever the
+//!   number of runtimes and comms; the comms hold it, and the last to close stops it.
 
 mod comms;
 mod context;

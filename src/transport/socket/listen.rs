@@ -119,8 +119,9 @@ impl SocketListener {
                         return Err(Error::system(format!(
                             "cannot accept a connection: {e}; each connection takes \
                              NCCL_LOSSY_NSOCKS descriptors on each side, and each listen \
-                             one more (raise the limit, e.g. `ulimit -n`, or lower \
-                             NCCL_LOSSY_NSOCKS)"
+                             one more (descriptor limit {}; raise it, e.g. `ulimit -n`, or \
+                             lower NCCL_LOSSY_NSOCKS)",
+                            super::fds::limit_text()
                         )))
                     }
                     Some(libc::ENOBUFS | libc::ENOMEM) => {

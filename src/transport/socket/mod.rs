@@ -1,23 +1,29 @@
-//! Our own TCP transport: several sockets per connection, driven by background threads.
+//! Our own TCP transport: several non-blocking sockets per connection, moved inline by the
+//! caller and by a small process-wide pool of I/O threads.
 //!
 //! - [`iface`]: which interfaces become devices (NCCL's `NCCL_SOCKET_IFNAME` rules);
 //! - [`wire`]: the handle, hello and chunk header byte layouts;
 //! - `listen` / `connect`: non-blocking handshakes;
-//! - `conn`: the data path (request slots, I/O threads, loss effects at the receiver).
+//! - `conn`: the data path (request slots, per-socket state machines, the I/O pool, loss
+//!   effects at the receiver).
 //!
 //! Environment (read by [`SocketConfig::from_env`]):
 //! `NCCL_SOCKET_IFNAME`, `NCCL_SOCKET_FAMILY` as in NCCL; `NCCL_LOSSY_NSOCKS` sockets per
-//! connection (1 to 16, default [`DEFAULT_NSOCKS`]); `NCCL_LOSSY_SPEED_MBPS` overrides the
+//! connection (1 to 16, default [`default_nsocks`]); `NCCL_LOSSY_IO_THREADS` I/O pool threads
+//! (default: see `conn`); `NCCL_LOSSY_SPEED_MBPS` overrides the
 //! reported link speed; `NCCL_LOSSY_SOCKBUF` sets SO_SNDBUF/SO_RCVBUF in bytes (default: the
 //! kernel's autotuning); `NCCL_LOSSY_TIMEOUT` fails requests of a connection that moves no
 //! byte for that many seconds, and bounds accept and connect (default 0: off).
 
 mod conn;
 mod connect;
+mod fds;
 pub mod iface;
 mod listen;
 pub mod wire;
 
+#[cfg(test)]
+mod engine_tests;
 #[cfg(test)]
 mod tests;
 
@@ -38,10 +44,22 @@ pub use wire::{Handle, Hello, MAX_SOCKETS};
 use crate::transport::{Connector, DeviceProps, Listener, Transport, WireHandle};
 use crate::{Error, Result};
 
-/// Sockets per connection when `NCCL_LOSSY_NSOCKS` is unset. On a 2-core host 4 sockets moved
-/// 64 MiB messages as fast as 2 or slightly faster, and 60-75% faster than 1 (see
-/// docs/transport.md); on larger hosts raw loopback TCP keeps scaling to 4 streams and beyond.
+/// Sockets per connection when `NCCL_LOSSY_NSOCKS` is unset on a host with more than 4 cores,
+/// where several streams win at large sizes (a 16-core GPU host's loopback: 4.8 GB/s with one
+/// stream, 14.3 GB/s with four). See [`default_nsocks`].
 pub const DEFAULT_NSOCKS: usize = 4;
+
+/// Sockets per connection when `NCCL_LOSSY_NSOCKS` is unset: 1 up to 4 cores, where moving
+/// one stream inline on the caller's thread beat 4 streams at every size (docs/performance.md,
+/// "Engine v2"), else [`DEFAULT_NSOCKS`].
+pub fn default_nsocks() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores <= 4 {
+        1
+    } else {
+        DEFAULT_NSOCKS
+    }
+}
 
 /// Link speed reported when the interface does not tell one (10 Gb/s, NCCL's default).
 pub const DEFAULT_SPEED_MBPS: i32 = 10_000;
@@ -82,7 +100,7 @@ impl Default for SocketConfig {
         SocketConfig {
             ifname: None,
             family: None,
-            nsocks: DEFAULT_NSOCKS,
+            nsocks: default_nsocks(),
             speed_mbps: None,
             sockbuf: None,
             timeout: None,
@@ -162,7 +180,7 @@ impl SocketConfig {
             timeout,
             ifname: text("NCCL_SOCKET_IFNAME"),
             family,
-            nsocks: nsocks.unwrap_or(DEFAULT_NSOCKS),
+            nsocks: nsocks.unwrap_or_else(default_nsocks),
             speed_mbps,
             sockbuf,
         })
@@ -251,6 +269,8 @@ impl SocketTransport {
     /// Starts listening on `dev`; the concrete type, for callers that need its extras.
     pub fn listen_socket(&self, dev: usize, handle: &mut WireHandle) -> Result<SocketListener> {
         let bind = self.device(dev)?.iface.bind_addr();
+        // The listen socket, and the sockets of a connection it accepts.
+        fds::check(1 + self.config.nsocks, "listening")?;
         let setup = || -> std::io::Result<(Socket, SocketAddr)> {
             let sock = Socket::new(Domain::for_address(bind), Type::STREAM, Some(Protocol::TCP))?;
             if bind.is_ipv6() {
@@ -283,6 +303,7 @@ impl SocketTransport {
         let h = Handle::decode(handle)?;
         let conn_id = u64::from_le_bytes(random_bytes::<8>()?);
         let count = self.config.nsocks.clamp(1, MAX_SOCKETS) as u16;
+        fds::check(usize::from(count), "connecting")?;
         let hellos: Vec<Hello> = (0..count)
             .map(|index| Hello {
                 nonce: h.nonce,

@@ -13,9 +13,9 @@ use crate::transport::{
 };
 use crate::ErrorKind;
 
-const PATIENCE: Duration = Duration::from_secs(30);
+pub(super) const PATIENCE: Duration = Duration::from_secs(30);
 
-fn loopback(nsocks: usize) -> SocketTransport {
+pub(super) fn loopback(nsocks: usize) -> SocketTransport {
     let lo = IfaceAddr {
         name: "lo".into(),
         ip: "127.0.0.1".parse().expect("ip"),
@@ -30,7 +30,10 @@ fn loopback(nsocks: usize) -> SocketTransport {
 }
 
 /// Polls `f` until it yields, failing the test after `PATIENCE`.
-fn wait<T>(what: &str, mut f: impl FnMut() -> crate::Result<Option<T>>) -> crate::Result<T> {
+pub(super) fn wait<T>(
+    what: &str,
+    mut f: impl FnMut() -> crate::Result<Option<T>>,
+) -> crate::Result<T> {
     let start = Instant::now();
     loop {
         if let Some(v) = f()? {
@@ -41,7 +44,7 @@ fn wait<T>(what: &str, mut f: impl FnMut() -> crate::Result<Option<T>>) -> crate
     }
 }
 
-fn connect_pair(t: &SocketTransport) -> (Box<dyn SendConn>, Box<dyn RecvConn>) {
+pub(super) fn connect_pair(t: &SocketTransport) -> (Box<dyn SendConn>, Box<dyn RecvConn>) {
     let mut handle = [0u8; HANDLE_WIRE_SIZE];
     let mut listener = t.listen(0, &mut handle).expect("listen");
     let mut connector = t.connect(0, &handle).expect("connect");
@@ -70,7 +73,7 @@ fn wait_for_closed(recv: &SocketRecvConn, mask: u16) {
 }
 
 /// Deterministic bytes, different for each seed.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
+pub(super) fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     let mut out = Vec::with_capacity(len + 8);
     while out.len() < len {
@@ -83,7 +86,7 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
     out
 }
 
-fn send_recv(
+pub(super) fn send_recv(
     send: &dyn SendConn,
     recv: &dyn RecvConn,
     data: &mut [u8],
@@ -933,7 +936,7 @@ fn properties_describe_the_device() {
     assert_eq!(fast.properties(0).expect("props").speed_mbps, 123);
 }
 
-fn count_entries(dir: &str) -> usize {
+pub(super) fn count_entries(dir: &str) -> usize {
     std::fs::read_dir(dir).map(|d| d.count()).unwrap_or(0)
 }
 
@@ -1071,7 +1074,7 @@ fn config_reads_the_environment_and_refuses_bad_values() {
     }
     // Blank values count as unset.
     let c = SocketConfig::from_lookup(env(&[("NCCL_LOSSY_NSOCKS", " ")])).expect("blank");
-    assert_eq!(c.nsocks, DEFAULT_NSOCKS);
+    assert_eq!(c.nsocks, default_nsocks());
 }
 
 /// What the receiver should hold after `data` went through `plan` into a buffer that held

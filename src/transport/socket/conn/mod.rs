@@ -1,5 +1,5 @@
 //! The data path of one connection: a fixed table of request slots, a queue of posted
-//! messages, and one I/O thread per socket that moves its share of every message.
+//! messages, and one non-blocking state machine per socket that moves its share of every message.
 //!
 //! Every message is cut into `k` contiguous chunks (see [`chunk_count`]); chunk `j` of message
 //! `seq` travels on socket `(seq + j) mod n`, right after its own header (size, tag, chunk
@@ -9,16 +9,20 @@
 //! them is briefly slower (measured: waiting for another socket's header cost 10-25% of the
 //! receive time when only one socket carried the message header).
 //!
-//! The owner's calls (`isend`/`irecv`/`test`) take the connection lock only briefly and never
-//! do I/O; I/O threads take it to pick up work and to report a finished chunk, never while
-//! they move bytes. `test` on a pending request reads one atomic.
+//! Nothing blocks: the owner's calls (`isend`/`irecv`/`test`) move whatever bytes each socket
+//! can move now (inline progress), and the process-wide I/O pool moves them on readiness for
+//! connections nobody is polling, or at a retransmit deadline. Each socket's state machine
+//! has its own lock, taken with `try_lock`, so a caller and a pool thread never both move one
+//! socket's bytes and never wait for each other. `test` on a finished request reads one atomic.
 //!
-//! - [`shared`]: what the owner and the I/O threads of a connection share (the lock, the
-//!   request slot states, the progress clock), the threads' lifetime, and blocking socket I/O;
+//! - [`shared`]: what callers and pool threads of a connection share (the lock, the request
+//!   slot states, the progress clock, the socket state machines) and non-blocking socket I/O;
+//! - [`pool`]: the I/O threads (`NCCL_LOSSY_IO_THREADS`), one epoll instance each;
 //! - [`send`]: the sending half, which cuts each message into chunks and sends them;
 //! - [`recv`]: the receiving half, which matches chunk headers to posted buffers and applies
 //!   the loss plan to the bytes that land.
 
+mod pool;
 mod recv;
 mod send;
 mod shared;
@@ -58,9 +62,9 @@ fn chunk_sockets(seq: u64, chunks: usize, n: usize) -> impl Iterator<Item = usiz
     (0..chunks).map(move |j| (first + j) % n)
 }
 
-/// Puts a connected socket in the mode the I/O threads expect.
+/// Puts a connected socket in the mode the state machines expect.
 pub(crate) fn prepare(sock: &Socket) -> io::Result<()> {
-    sock.set_nonblocking(false)?;
+    sock.set_nonblocking(true)?;
     sock.set_nodelay(true)
 }
 

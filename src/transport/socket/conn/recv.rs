@@ -1,15 +1,17 @@
 //! The receiving half of a socket connection: grouped receives matched to messages by tag,
-//! and the I/O threads that receive each socket's chunk and apply the loss plan to it.
+//! and the state machines that receive each socket's chunk and apply the loss plan to it.
 
 use std::collections::VecDeque;
 use std::io;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use socket2::Socket;
 
-use super::shared::{recv_all, recv_until_eof, Exit, Progress, Running, Shared, DONE, PENDING};
+use super::pool::Pool;
+use super::shared::{recv_some, Shared, Side, DONE, PENDING};
 use super::{chunk_count, chunk_sockets, chunk_span, roles};
 use crate::loss::effect;
 use crate::loss::plan::{Effect, PacketRun};
@@ -154,8 +156,8 @@ impl RecvSide {
     }
 }
 
-/// One socket's share of one message.
-struct RecvJob {
+/// One socket's share of one message, and how far it got.
+struct RxJob {
     slot: usize,
     msg: usize,
     seq: u64,
@@ -165,17 +167,44 @@ struct RecvJob {
     mtu: u32,
     flip_seed: u64,
     span: Range<usize>,
-    runs: u32,
+    /// Lost runs still to read, and the bytes of the current batch of them already read.
+    runs_left: usize,
+    batch_got: usize,
+    /// The end of the last run checked (runs come in order).
+    run_end: u64,
+    /// Ranges of the message to receive, in order (set once the runs are in), and the cursor.
+    segs: Vec<Range<usize>>,
+    planned: bool,
+    seg: usize,
+    off: usize,
+}
+
+/// The state machine of one receiving socket.
+pub(super) struct RxSock {
+    /// Chunks on one socket come in stream order: the next one is for this message or later.
+    min_seq: u64,
+    hdr: [u8; HEADER_SIZE],
+    hdr_got: usize,
+    /// A whole, checked header whose message is not posted or matched yet.
+    head: Option<Header>,
+    job: Option<RxJob>,
+    /// The peer closed this socket cleanly: nothing more to read.
+    closed: bool,
+    runs: Vec<PacketRun>,
+    run_bytes: Vec<u8>,
+    /// The ranges vector of the last finished job, reused so steady state allocates nothing.
+    spare: Vec<Range<usize>>,
 }
 
 /// The receiving half of a socket connection.
 pub struct SocketRecvConn {
-    running: Running<RecvSide>,
+    shared: Arc<Shared<RecvSide>>,
+    _pool: Option<Arc<Pool>>,
 }
 
 impl SocketRecvConn {
-    /// Starts the I/O threads over accepted `sockets` (index order = socket order); with
-    /// `timeout`, requests fail when no byte moves for that long.
+    /// Takes over accepted `sockets` (index order = socket order); with `timeout`, requests
+    /// fail when no byte moves for that long.
     pub(crate) fn start(
         sockets: Vec<Socket>,
         peer: String,
@@ -199,16 +228,32 @@ impl SocketRecvConn {
             posted: VecDeque::with_capacity(MAX_REQUESTS),
             next_seq: 0,
         };
-        let shared = Shared::new(sockets, peer, side, timeout);
+        let states = (0..sockets.len())
+            .map(|_| RxSock {
+                min_seq: 0,
+                hdr: [0; HEADER_SIZE],
+                hdr_got: 0,
+                head: None,
+                job: None,
+                closed: false,
+                runs: Vec::new(),
+                run_bytes: vec![0; RUN_BATCH * RUN_SIZE],
+                spare: Vec::new(),
+            })
+            .collect();
+        let pool = Pool::shared()?;
+        let shared = Shared::start(sockets, states, peer, side, timeout, pool.as_deref())?;
         Ok(SocketRecvConn {
-            running: Running::start(shared, "lossy-rx", recv_loop)?,
+            shared,
+            _pool: pool,
         })
     }
 
-    /// Sockets whose clean close by the peer a receive thread has read (bit `s`: socket `s`).
+    /// Sockets whose clean close by the peer has been read (bit `s`: socket `s`).
     #[cfg(test)]
     pub(crate) fn closed_by_peer(&self) -> u16 {
-        self.running.shared.lock().side.closed
+        self.shared.progress_all();
+        self.shared.lock().side.closed
     }
 }
 
@@ -221,7 +266,7 @@ impl RecvConn for SocketRecvConn {
                 tags.len()
             )));
         }
-        let shared = &self.running.shared;
+        let shared = &self.shared;
         let mut g = shared.lock();
         shared.usable(&g)?;
         let Some(slot) = shared.free_slot() else {
@@ -252,12 +297,13 @@ impl RecvConn for SocketRecvConn {
             shared.fail_locked(g, err, true);
             return Ok(Some(slot as RequestId));
         }
-        shared.wake.notify_all();
+        drop(g);
+        shared.progress_all();
         Ok(Some(slot as RequestId))
     }
 
     fn test(&self, id: RequestId) -> Result<Option<Completion>> {
-        self.running.shared.test_with(id, |side, slot| {
+        self.shared.test_with(id, |side, slot| {
             let r = &side.slots[slot];
             Completion {
                 count: r.n,
@@ -268,64 +314,109 @@ impl RecvConn for SocketRecvConn {
 }
 
 impl Drop for SocketRecvConn {
-    /// An orderly close: says [`GOODBYE`] on every socket before the threads stop and the
-    /// sockets shut down, so a sender still sending completes its messages instead of failing.
+    /// An orderly close: says [`GOODBYE`] on every socket before the sockets shut down, so a
+    /// sender still sending completes its messages instead of failing.
     fn drop(&mut self) {
-        let shared = &self.running.shared;
-        if shared.lock().over() {
-            return;
+        let shared = &self.shared;
+        if !shared.lock().over() {
+            for sock in &shared.sockets {
+                // Never blocks (nothing else flows this way); a socket already down just fails.
+                let _ = sock.send_with_flags(&[GOODBYE], libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT);
+            }
         }
-        for sock in &shared.sockets {
-            // Never blocks (nothing else flows this way); a socket already down just fails.
-            let _ = sock.send_with_flags(&[GOODBYE], libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT);
+        shared.stop();
+    }
+}
+
+type Step<T> = std::result::Result<T, Error>;
+
+fn io_error(shared: &Shared<RecvSide>, e: io::Error, what: std::fmt::Arguments<'_>) -> Error {
+    Error::from(e).context(format_args!("{what} with {}", shared.peer))
+}
+
+impl Side for RecvSide {
+    type Sock = RxSock;
+
+    fn advance(shared: &Shared<RecvSide>, s: usize, st: &mut RxSock) {
+        if let Err(err) = advance(shared, s, st) {
+            shared.fail(err, true);
         }
     }
 }
 
-/// Reads a chunk header; `Ok(false)` when the peer closed the connection between messages.
-fn recv_header(
-    sock: &Socket,
-    raw: &mut [u8; HEADER_SIZE],
-    progress: &Progress,
-) -> io::Result<bool> {
-    match recv_until_eof(sock, raw, progress)? {
-        0 => Ok(false),
-        HEADER_SIZE => Ok(true),
-        got => Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            format!("peer closed the connection after {got} bytes of a chunk header"),
-        )),
-    }
-}
-
-fn recv_loop(shared: &Shared<RecvSide>, s: usize) -> Exit {
+fn advance(shared: &Shared<RecvSide>, s: usize, st: &mut RxSock) -> Step<()> {
     let sock = &shared.sockets[s];
-    let mut runs: Vec<PacketRun> = Vec::new();
-    let mut run_bytes = vec![0u8; RUN_BATCH * RUN_SIZE];
-    // Chunks on one socket come in stream order: the next one is for this message or later.
-    let mut min_seq = 0u64;
     loop {
-        let mut raw = [0u8; HEADER_SIZE];
-        match recv_header(sock, &mut raw, &shared.progress) {
-            Ok(true) => {}
-            Ok(false) => return peer_closed(shared, s),
-            Err(e) => return shared.io_exit(e, format_args!("receiving a header on socket {s}")),
+        if st.closed || shared.failed.load(Ordering::Acquire) {
+            return Ok(());
         }
-        let job = match accept_header(shared, s, &raw, min_seq) {
-            Ok(job) => job,
-            Err(exit) => return exit,
+        if st.job.is_none() && st.head.is_none() {
+            while st.hdr_got < HEADER_SIZE {
+                match recv_some(sock, &mut st.hdr[st.hdr_got..]) {
+                    Ok(None) => return Ok(()),
+                    Ok(Some(0)) if st.hdr_got == 0 => {
+                        st.closed = true;
+                        return peer_closed(shared, s);
+                    }
+                    Ok(Some(0)) => {
+                        let got = st.hdr_got;
+                        return Err(io_error(
+                            shared,
+                            io::Error::new(
+                                io::ErrorKind::UnexpectedEof,
+                                format!(
+                                    "peer closed the connection after {got} bytes of a chunk header"
+                                ),
+                            ),
+                            format_args!("receiving a header on socket {s}"),
+                        ));
+                    }
+                    Ok(Some(n)) => {
+                        st.hdr_got += n;
+                        shared.progress.touch();
+                    }
+                    Err(e) => {
+                        return Err(io_error(
+                            shared,
+                            e,
+                            format_args!("receiving a header on socket {s}"),
+                        ))
+                    }
+                }
+            }
+            st.hdr_got = 0;
+            st.head = Some(check_header(shared, s, &st.hdr, st.min_seq)?);
+        }
+        if let Some(h) = st.head.as_ref() {
+            let Some(job) = match_header(shared, s, h, st.min_seq)? else {
+                // Its receive is not posted yet, or its buffer depends on earlier messages'
+                // headers still on their way: this socket waits (posting or those headers
+                // progress it again).
+                return Ok(());
+            };
+            st.head = None;
+            st.min_seq = job.seq + 1;
+            st.runs.clear();
+            let mut job = job;
+            job.segs = std::mem::take(&mut st.spare);
+            st.job = Some(job);
+        }
+        let Some(job) = st.job.as_mut() else {
+            continue;
         };
-        min_seq = job.seq + 1;
-        if let Err(exit) = read_runs(shared, s, &job, &mut runs, &mut run_bytes) {
-            return exit;
+        if !read_runs(shared, s, job, &mut st.runs, &mut st.run_bytes)? {
+            return Ok(());
         }
-        if let Err(exit) = recv_chunk(shared, s, &job, &runs) {
-            return exit;
+        if !recv_chunk(shared, s, job, &st.runs)? {
+            return Ok(());
         }
+        let (slot, msg) = (job.slot, job.msg);
+        st.spare = std::mem::take(&mut job.segs);
+        st.job = None;
         let mut g = shared.lock();
         let side = &mut g.side;
-        let r = &mut side.slots[job.slot];
-        let m = &mut r.msgs[job.msg];
+        let r = &mut side.slots[slot];
+        let m = &mut r.msgs[msg];
         m.chunks_left -= 1;
         if m.chunks_left == 0 {
             if let Some(b) = m.buf_index {
@@ -333,8 +424,8 @@ fn recv_loop(shared: &Shared<RecvSide>, s: usize) -> Exit {
             }
             r.msgs_left -= 1;
             if r.msgs_left == 0 {
-                side.posted.retain(|&p| p != job.slot);
-                shared.slot_state[job.slot].store(DONE, Ordering::Release);
+                side.posted.retain(|&p| p != slot);
+                shared.slot_state[slot].store(DONE, Ordering::Release);
             }
         }
     }
@@ -344,19 +435,19 @@ fn recv_loop(shared: &Shared<RecvSide>, s: usize) -> Exit {
 /// is how every connection ends, and it fails nothing by itself: only a posted receive that
 /// needs a chunk this socket will now never carry fails (now, or when the receive is posted
 /// or its message's size becomes known). The other sockets go on delivering their chunks.
-fn peer_closed(shared: &Shared<RecvSide>, s: usize) -> Exit {
+fn peer_closed(shared: &Shared<RecvSide>, s: usize) -> Step<()> {
     let mut g = shared.lock();
     if g.stopping || g.failed.is_some() {
-        return Exit::Stopped;
+        return Ok(());
     }
     g.side.closed |= 1 << s;
     match g.side.owed_by_closed(shared.sockets.len()) {
-        Some((owing, seq)) => Exit::Failed(owed_error(shared, owing, seq)),
-        None => Exit::Stopped,
+        Some((owing, seq)) => Err(owed_error(shared, owing, seq)),
+        None => Ok(()),
     }
 }
 
-fn owed_error<S>(shared: &Shared<S>, s: usize, seq: u64) -> Error {
+fn owed_error<S: Side>(shared: &Shared<S>, s: usize, seq: u64) -> Error {
     Error::remote(format!(
         "{} closed socket {s} of the connection before sending its part of message {seq}",
         shared.peer
@@ -377,21 +468,21 @@ fn skipped_chunk(side: &RecvSide, s: usize, n: usize, from: u64, seq: u64) -> Op
     })
 }
 
-/// Checks a chunk header against the connection's state, records what it says about its
-/// message, and matches the message to a posted buffer; returns this socket's job.
-fn accept_header(
+/// Checks what a chunk header says on its own (its place in the socket's stream, its chunk,
+/// its number of runs).
+fn check_header(
     shared: &Shared<RecvSide>,
     s: usize,
     raw: &[u8; HEADER_SIZE],
     min_seq: u64,
-) -> std::result::Result<RecvJob, Exit> {
+) -> Step<Header> {
     let n = shared.sockets.len();
-    let h = Header::decode(raw).map_err(Exit::Failed)?;
+    let h = Header::decode(raw)?;
     let seq = h.seq;
     let bad = |why: String| {
-        Exit::Failed(Error::remote(format!(
+        Error::remote(format!(
             "bad chunk header for message {seq} on socket {s}: {why}"
-        )))
+        ))
     };
     // Every message has a chunk 0, on socket `seq mod n`: this socket's next chunk belongs
     // to the next message whose chunk 0 is ours, or to one before it.
@@ -419,7 +510,35 @@ fn accept_header(
     if h.runs as usize > touched {
         return Err(bad(format!("{} lost runs for {touched} packets", h.runs)));
     }
-    let mut g = shared.wait_until(shared.lock(), |side| side.next_seq > seq)?;
+    Ok(h)
+}
+
+/// Records what a checked chunk header says about its message, and matches the message to a
+/// posted buffer; `Ok(None)` while that cannot be done yet (nothing changes then, so it can
+/// be tried again).
+fn match_header(
+    shared: &Shared<RecvSide>,
+    s: usize,
+    h: &Header,
+    min_seq: u64,
+) -> Step<Option<RxJob>> {
+    let n = shared.sockets.len();
+    let seq = h.seq;
+    let size = h.size as usize;
+    let chunks = chunk_count(size, n);
+    let span = chunk_span(size, chunks, usize::from(h.chunk));
+    let bad = |why: String| {
+        Error::remote(format!(
+            "bad chunk header for message {seq} on socket {s}: {why}"
+        ))
+    };
+    let mut g = shared.lock();
+    if g.over() {
+        return Ok(None);
+    }
+    if g.side.next_seq <= seq {
+        return Ok(None);
+    }
     let Some((slot, i)) = g.side.find(seq) else {
         return Err(bad("its message is already complete".into()));
     };
@@ -427,13 +546,14 @@ fn accept_header(
     // needs a chunk from it that never came can no longer complete (a peer that skips a
     // chunk would otherwise leave the receive pending forever).
     if let Some(q) = skipped_chunk(&g.side, s, n, min_seq, seq) {
-        return Err(Exit::Failed(Error::remote(format!(
+        return Err(Error::remote(format!(
             "{} skipped the chunk of message {q} that socket {s} carries",
             shared.peer
-        ))));
+        )));
     }
     g.side.passed[s] = seq + 1;
     let m = &mut g.side.slots[slot].msgs[i];
+    let newly_known = !m.known;
     let says = (size, h.tag, h.effect, h.mtu, h.flip_seed);
     if m.known {
         if (m.size, m.tag, m.effect, m.mtu, m.flip_seed) != says {
@@ -452,39 +572,42 @@ fn accept_header(
             chunks_left: chunks,
             got: 1 << s,
         };
-        // Sockets waiting for this message's tag to match their own message can go on.
-        shared.wake.notify_all();
         // Now that its size is known: a socket that already went past it, or that the peer
         // closed before it, owes a chunk (every other message was checked before).
         if let Some(o) = chunk_sockets(seq, chunks, n)
             .find(|&o| o != s && (g.side.passed[o] > seq || g.side.closed_before(o, seq)))
         {
-            return Err(Exit::Failed(if g.side.passed[o] > seq {
+            return Err(if g.side.passed[o] > seq {
                 Error::remote(format!(
                     "{} skipped the chunk of message {seq} that socket {o} carries",
                     shared.peer
                 ))
             } else {
                 owed_error(shared, o, seq)
-            }));
+            });
         }
     }
-    let b = loop {
-        match g.side.slots[slot].match_buffer(i) {
-            Err(e) => return Err(Exit::Failed(e.context(format_args!("message {seq}")))),
-            Ok(Some(b)) => break b,
-            // Our chunk is not in, so the message, and its slot, stay ours while we wait.
-            Ok(None) => g = shared.wait_once(g)?,
-        }
+    let b = match g.side.slots[slot].match_buffer(i) {
+        Err(e) => return Err(e.context(format_args!("message {seq}"))),
+        Ok(Some(b)) => b,
+        // Our chunk is not in, so the message, and its slot, stay ours while we wait.
+        Ok(None) => return Ok(None),
     };
     let buf = g.side.slots[slot].bufs[b];
     if size > buf.len() {
-        return Err(Exit::Failed(Error::invalid_usage(format!(
+        return Err(Error::invalid_usage(format!(
             "message {seq} of {size} bytes is larger than the posted receive of {} bytes",
             buf.len()
-        ))));
+        )));
     }
-    Ok(RecvJob {
+    drop(g);
+    if newly_known && n > 1 {
+        // Sockets whose messages share a tag with this one may wait for it to be known.
+        for o in (0..n).filter(|&o| o != s) {
+            shared.progress_socket(o);
+        }
+    }
+    Ok(Some(RxJob {
         slot,
         msg: i,
         seq,
@@ -494,86 +617,139 @@ fn accept_header(
         mtu: h.mtu,
         flip_seed: h.flip_seed,
         span,
-        runs: h.runs,
-    })
+        runs_left: h.runs as usize,
+        batch_got: 0,
+        run_end: 0,
+        segs: Vec::new(),
+        planned: false,
+        seg: 0,
+        off: 0,
+    }))
 }
 
-/// Reads the job's lost-packet runs in bounded pieces, checking them as they come. Their
-/// number was bounded by the packets of the chunk, which the posted buffer bounds.
+/// Reads the job's lost-packet runs in bounded batches, checking them as they come; their
+/// number was bounded by the packets of the chunk, which the posted buffer bounds. `Ok(false)`
+/// while some are still on their way.
 fn read_runs(
     shared: &Shared<RecvSide>,
     s: usize,
-    job: &RecvJob,
+    job: &mut RxJob,
     runs: &mut Vec<PacketRun>,
-    run_bytes: &mut [u8],
-) -> std::result::Result<(), Exit> {
+    run_bytes: &mut Vec<u8>,
+) -> Step<bool> {
     let seq = job.seq;
     let packets = effect::packet_count(job.size, job.mtu);
-    runs.clear();
-    let mut left = job.runs as usize;
-    let mut end = 0;
-    while left > 0 {
-        let take = left.min(RUN_BATCH);
-        let bytes = &mut run_bytes[..take * RUN_SIZE];
-        recv_all(&shared.sockets[s], bytes, &shared.progress).map_err(|e| {
-            shared.io_exit(e, format_args!("receiving message {seq} on socket {s}"))
-        })?;
+    while job.runs_left > 0 {
+        let want = job.runs_left.min(RUN_BATCH) * RUN_SIZE;
+        if run_bytes.len() < want {
+            run_bytes.resize(want, 0);
+        }
+        while job.batch_got < want {
+            match recv_some(&shared.sockets[s], &mut run_bytes[job.batch_got..want]) {
+                Ok(None) => return Ok(false),
+                Ok(Some(0)) => {
+                    return Err(io_error(
+                        shared,
+                        io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection"),
+                        format_args!("receiving message {seq} on socket {s}"),
+                    ))
+                }
+                Ok(Some(k)) => {
+                    job.batch_got += k;
+                    shared.progress.touch();
+                }
+                Err(e) => {
+                    return Err(io_error(
+                        shared,
+                        e,
+                        format_args!("receiving message {seq} on socket {s}"),
+                    ))
+                }
+            }
+        }
         let before = runs.len();
-        wire::decode_runs(bytes, runs);
-        end = effect::check_runs(&runs[before..], packets, end).map_err(|e| {
-            Exit::Failed(Error::remote(format!(
-                "bad chunk header for message {seq}: {e}"
-            )))
-        })?;
-        left -= take;
+        wire::decode_runs(&run_bytes[..want], runs);
+        job.run_end = effect::check_runs(&runs[before..], packets, job.run_end)
+            .map_err(|e| Error::remote(format!("bad chunk header for message {seq}: {e}")))?;
+        job.runs_left -= want / RUN_SIZE;
+        job.batch_got = 0;
     }
-    Ok(())
+    Ok(true)
 }
 
+/// Receives what socket `s` has of the job's chunk now and applies the loss plan once it is
+/// all in: `Ok(true)` then, `Ok(false)` while bytes are still on their way.
 fn recv_chunk(
     shared: &Shared<RecvSide>,
     s: usize,
-    job: &RecvJob,
+    job: &mut RxJob,
     runs: &[PacketRun],
-) -> std::result::Result<(), Exit> {
+) -> Step<bool> {
     let sock = &shared.sockets[s];
     let seq = job.seq;
-    let io = |e| shared.io_exit(e, format_args!("receiving message {seq} on socket {s}"));
     let (size, mtu, span) = (job.size, job.mtu, job.span.clone());
-    // This socket alone writes `span` of the buffer (chunks are disjoint).
-    let whole = || {
+    if !job.planned {
+        let segs = &mut job.segs;
+        segs.clear();
+        match job.effect {
+            Effect::Zero | Effect::Stale => {
+                segs.extend(effect::kept_ranges(runs, mtu, size, span.clone()))
+            }
+            Effect::Retransmit => {
+                segs.push(span.clone());
+                // The lost packets come again after the sender's timeout: same bytes, same place.
+                segs.extend(effect::lost_ranges(runs, mtu, size, span.clone()));
+            }
+            Effect::Bitflip => segs.push(span.clone()),
+        }
+        segs.retain(|r| !r.is_empty());
+        job.planned = true;
+    }
+    let segs = &job.segs;
+    while job.seg < segs.len() {
+        let r = segs[job.seg].clone();
         // SAFETY: NCCL lent the buffer until the receive completes, which is only after this
-        // chunk is reported in; chunks of a message are disjoint, so this thread alone touches
-        // `span`, and each view taken here is dropped before the next one is taken.
-        unsafe { job.buf.slice_mut(span.start, span.end) }
-    };
-    // Receives the bytes of `r`, a range of the message inside `span`.
-    let recv = |r: Range<usize>| {
-        // SAFETY: as for `whole`: `r` lies in this thread's `span`, and the view lives only
-        // for this call.
-        let bytes = unsafe { job.buf.slice_mut(r.start, r.end) };
-        recv_all(sock, bytes, &shared.progress).map_err(io)
-    };
-    match job.effect {
-        Effect::Zero | Effect::Stale => {
-            for r in effect::kept_ranges(runs, mtu, size, span.clone()) {
-                recv(r)?;
+        // chunk is reported in; chunks of a message are disjoint and only this socket's state
+        // machine (under its lock) writes `span`, which holds `r`; the view lives only for
+        // this call.
+        let bytes = unsafe { job.buf.slice_mut(r.start + job.off, r.end) };
+        match recv_some(sock, bytes) {
+            Ok(None) => return Ok(false),
+            Ok(Some(0)) => {
+                return Err(io_error(
+                    shared,
+                    io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection"),
+                    format_args!("receiving message {seq} on socket {s}"),
+                ))
             }
-            if job.effect == Effect::Zero {
-                effect::zero_lost(whole(), span.start, runs, mtu, size);
+            Ok(Some(k)) => {
+                job.off += k;
+                shared.progress.touch();
+                if r.start + job.off == r.end {
+                    job.seg += 1;
+                    job.off = 0;
+                }
             }
-        }
-        Effect::Retransmit => {
-            recv_all(sock, whole(), &shared.progress).map_err(io)?;
-            // The lost packets come again after the sender's timeout: same bytes, same place.
-            for r in effect::lost_ranges(runs, mtu, size, span) {
-                recv(r)?;
+            Err(e) => {
+                return Err(io_error(
+                    shared,
+                    e,
+                    format_args!("receiving message {seq} on socket {s}"),
+                ))
             }
-        }
-        Effect::Bitflip => {
-            recv_all(sock, whole(), &shared.progress).map_err(io)?;
-            effect::flip_lost(whole(), span.start, runs, mtu, size, job.flip_seed);
         }
     }
-    Ok(())
+    let whole = || {
+        // SAFETY: as above: `span` is this socket's part of the lent buffer, and the view is
+        // the only one alive while the effect is applied.
+        unsafe { job.buf.slice_mut(span.start, span.end) }
+    };
+    match job.effect {
+        Effect::Zero => effect::zero_lost(whole(), span.start, runs, mtu, size),
+        Effect::Bitflip => {
+            effect::flip_lost(whole(), span.start, runs, mtu, size, job.flip_seed);
+        }
+        Effect::Stale | Effect::Retransmit => {}
+    }
+    Ok(true)
 }

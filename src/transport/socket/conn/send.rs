@@ -1,14 +1,16 @@
 //! The sending half of a socket connection: request slots of posted messages, and the I/O
-//! threads that send each socket's chunk of every message.
+//! state machines that send each socket's chunk of every message.
 
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use socket2::Socket;
 
-use super::shared::{peek_arrived, send_all, Exit, Running, Shared, DONE, PENDING};
+use super::pool::Pool;
+use super::shared::{peek_arrived, send_some, Shared, Side, DONE, PENDING};
 use super::{chunk_count, chunk_span, roles};
 use crate::loss::effect::{self, MIN_MTU};
 use crate::loss::plan::{Effect, LossPlan, PacketRun};
@@ -50,29 +52,44 @@ struct SendSide {
     next_seq: u64,
 }
 
-/// One socket's share of one message.
-struct SendJob {
+/// One socket's share of one message, and how far it got.
+struct TxJob {
     slot: usize,
     seq: u64,
     buf: HostBuf,
-    tag: i32,
-    effect: Effect,
-    mtu: u32,
-    retransmit: Duration,
-    flip_seed: u64,
-    events: usize,
-    span: Range<usize>,
-    chunk: u8,
+    /// Header bytes (and lost runs) already sent from the socket's `wire` buffer.
+    head: usize,
+    /// Ranges of the message to send, in order, and the cursor in them.
+    segs: Vec<Range<usize>>,
+    seg: usize,
+    off: usize,
+    /// Retransmit: the ranges from `resend_from` on go only after `delay` (`deadline` once
+    /// the first part is sent).
+    resend_from: usize,
+    delay: Duration,
+    deadline: Option<Instant>,
+}
+
+/// The state machine of one sending socket.
+pub(super) struct TxSock {
+    /// The next message this socket looks at.
+    next: u64,
+    job: Option<TxJob>,
+    wire: Vec<u8>,
+    runs: Vec<PacketRun>,
+    /// The ranges vector of the last finished job, reused so steady state allocates nothing.
+    spare: Vec<Range<usize>>,
 }
 
 /// The sending half of a socket connection.
 pub struct SocketSendConn {
-    running: Running<SendSide>,
+    shared: Arc<Shared<SendSide>>,
+    _pool: Option<Arc<Pool>>,
 }
 
 impl SocketSendConn {
-    /// Starts the I/O threads over connected `sockets` (index order = socket order); with
-    /// `timeout`, requests fail when no byte moves for that long.
+    /// Takes over connected `sockets` (index order = socket order); with `timeout`, requests
+    /// fail when no byte moves for that long.
     pub(crate) fn start(
         sockets: Vec<Socket>,
         peer: String,
@@ -94,10 +111,27 @@ impl SocketSendConn {
             posted: VecDeque::with_capacity(MAX_REQUESTS),
             next_seq: 0,
         };
-        let shared = Shared::new(sockets, peer, side, timeout);
+        let states = (0..sockets.len())
+            .map(|_| TxSock {
+                next: 0,
+                job: None,
+                wire: Vec::new(),
+                runs: Vec::new(),
+                spare: Vec::new(),
+            })
+            .collect();
+        let pool = Pool::shared()?;
+        let shared = Shared::start(sockets, states, peer, side, timeout, pool.as_deref())?;
         Ok(SocketSendConn {
-            running: Running::start(shared, "lossy-tx", send_loop)?,
+            shared,
+            _pool: pool,
         })
+    }
+}
+
+impl Drop for SocketSendConn {
+    fn drop(&mut self) {
+        self.shared.stop();
     }
 }
 
@@ -110,7 +144,7 @@ impl SendConn for SocketSendConn {
             )));
         }
         check_plan(plan, size)?;
-        let shared = &self.running.shared;
+        let shared = &self.shared;
         let mut g = shared.lock();
         shared.usable(&g)?;
         let Some(slot) = shared.free_slot() else {
@@ -145,76 +179,204 @@ impl SendConn for SocketSendConn {
         side.posted.push_back((seq, slot));
         side.next_seq += 1;
         shared.slot_state[slot].store(PENDING, Ordering::Release);
-        shared.wake.notify_all();
+        drop(g);
+        shared.progress_all();
         Ok(Some(slot as RequestId))
     }
 
     fn test(&self, id: RequestId) -> Result<Option<Completion>> {
-        self.running.shared.test_with(id, |side, slot| {
+        self.shared.test_with(id, |side, slot| {
             Completion::single(side.slots[slot].buf.len())
         })
     }
 }
 
-fn send_loop(shared: &Shared<SendSide>, s: usize) -> Exit {
-    let n = shared.sockets.len();
-    let mut runs: Vec<PacketRun> = Vec::new();
-    let mut wire_buf: Vec<u8> = Vec::new();
-    let mut seq = 0u64;
-    loop {
-        let job = {
-            let g = match shared.wait_until(shared.lock(), |side| side.next_seq > seq) {
-                Ok(g) => g,
-                Err(exit) => return exit,
+impl Side for SendSide {
+    type Sock = TxSock;
+
+    fn advance(shared: &Shared<SendSide>, s: usize, st: &mut TxSock) {
+        loop {
+            if st.job.is_none() && !next_job(shared, s, st) {
+                return;
+            }
+            let Some(job) = st.job.as_mut() else {
+                continue;
             };
-            let (_, j) = roles(seq, s, n);
-            // Not queued any more: its chunks are all sent, so none of them was ours.
-            let found = g.side.posted.iter().find(|p| p.0 == seq).map(|p| p.1);
-            found.and_then(|slot| {
-                let m = &g.side.slots[slot];
-                let size = m.buf.len();
-                let k = chunk_count(size, n);
-                (j < k).then(|| {
-                    let span = chunk_span(size, k, j);
-                    runs.clear();
-                    runs.extend_from_slice(effect::runs_in_span(&m.runs, m.mtu, span.clone()));
-                    SendJob {
-                        slot,
-                        seq,
-                        buf: m.buf,
-                        tag: m.tag,
-                        effect: m.effect,
-                        mtu: m.mtu,
-                        retransmit: m.retransmit,
-                        flip_seed: m.flip_seed,
-                        events: m.runs.len(),
-                        span,
-                        chunk: j as u8,
+            match drive(shared, s, job, &st.wire) {
+                Ok(false) => return,
+                Ok(true) => {
+                    let slot = job.slot;
+                    st.spare = std::mem::take(&mut job.segs);
+                    st.job = None;
+                    st.next += 1;
+                    let mut g = shared.lock();
+                    if g.over() {
+                        // The receiver left: every queued message is already done, and its
+                        // slot may be reused.
+                        return;
                     }
-                })
-            })
-        };
-        if let Some(job) = job {
-            if let Err(exit) = send_chunk(shared, s, &job, &runs, &mut wire_buf) {
-                return match exit {
-                    Exit::Failed(_) if said_goodbye(&shared.sockets[s]) => receiver_left(shared),
-                    exit => exit,
-                };
-            }
-            let mut g = shared.lock();
-            if g.peer_left {
-                // Every queued message is already done, and its slot may be reused.
-                return Exit::Stopped;
-            }
-            let side = &mut g.side;
-            side.slots[job.slot].chunks_left -= 1;
-            if side.slots[job.slot].chunks_left == 0 {
-                side.posted.retain(|p| p.1 != job.slot);
-                shared.slot_state[job.slot].store(DONE, Ordering::Release);
+                    let side = &mut g.side;
+                    side.slots[slot].chunks_left -= 1;
+                    if side.slots[slot].chunks_left == 0 {
+                        side.posted.retain(|p| p.1 != slot);
+                        shared.slot_state[slot].store(DONE, Ordering::Release);
+                    }
+                }
+                Err(e) => {
+                    let seq = job.seq;
+                    st.job = None;
+                    if said_goodbye(&shared.sockets[s]) {
+                        receiver_left(shared);
+                    } else {
+                        let what = format_args!("sending message {seq} on socket {s}");
+                        let err =
+                            Error::from(e).context(format_args!("{what} with {}", shared.peer));
+                        shared.fail(err, true);
+                    }
+                    return;
+                }
             }
         }
-        seq += 1;
     }
+}
+
+/// Picks up socket `s`'s share of the next message, skipping messages it carries no chunk
+/// of; `false` when there is nothing (more) to send now.
+fn next_job(shared: &Shared<SendSide>, s: usize, st: &mut TxSock) -> bool {
+    let n = shared.sockets.len();
+    let g = shared.lock();
+    loop {
+        if g.over() || g.side.next_seq <= st.next {
+            return false;
+        }
+        let seq = st.next;
+        let (_, j) = roles(seq, s, n);
+        // Not queued any more: its chunks are all sent, so none of them was ours.
+        let found = g.side.posted.iter().find(|p| p.0 == seq).map(|p| p.1);
+        let Some(slot) = found else {
+            st.next += 1;
+            continue;
+        };
+        let m = &g.side.slots[slot];
+        let size = m.buf.len();
+        let k = chunk_count(size, n);
+        if j >= k {
+            st.next += 1;
+            continue;
+        }
+        let span = chunk_span(size, k, j);
+        st.runs.clear();
+        st.runs
+            .extend_from_slice(effect::runs_in_span(&m.runs, m.mtu, span.clone()));
+        let runs = &st.runs[..];
+        let header = Header {
+            seq,
+            chunk: j as u8,
+            size: size as u64,
+            tag: m.tag,
+            effect: m.effect,
+            mtu: m.mtu,
+            runs: runs.len() as u32,
+            retransmit_ns: m.retransmit.as_nanos() as u64,
+            flip_seed: m.flip_seed,
+        };
+        st.wire.clear();
+        st.wire.extend_from_slice(&header.encode());
+        wire::encode_runs(runs, &mut st.wire);
+        let mut segs = std::mem::take(&mut st.spare);
+        segs.clear();
+        let mut resend_from = usize::MAX;
+        let mut delay = Duration::ZERO;
+        match m.effect {
+            Effect::Zero | Effect::Stale => {
+                segs.extend(effect::kept_ranges(runs, m.mtu, size, span));
+            }
+            Effect::Retransmit => {
+                segs.push(span.clone());
+                let lost: Vec<_> = effect::lost_ranges(runs, m.mtu, size, span).collect();
+                if !lost.is_empty() {
+                    // One timeout per loss event of the message, as if each were recovered
+                    // by its own retransmission timer; only this socket's stream waits.
+                    let events = u32::try_from(m.runs.len()).unwrap_or(u32::MAX);
+                    delay = m.retransmit.saturating_mul(events);
+                    resend_from = segs.len();
+                    segs.extend(lost);
+                }
+            }
+            Effect::Bitflip => segs.push(span),
+        }
+        segs.retain(|r| !r.is_empty());
+        resend_from = resend_from.min(segs.len());
+        st.job = Some(TxJob {
+            slot,
+            seq,
+            buf: m.buf,
+            head: 0,
+            segs,
+            seg: 0,
+            off: 0,
+            resend_from,
+            delay,
+            deadline: None,
+        });
+        return true;
+    }
+}
+
+/// Sends what socket `s` takes of `job` now: `Ok(true)` once all of it is sent, `Ok(false)`
+/// when the socket is full or the job waits for its retransmit deadline.
+fn drive(
+    shared: &Shared<SendSide>,
+    s: usize,
+    job: &mut TxJob,
+    wire_bytes: &[u8],
+) -> std::io::Result<bool> {
+    let sock = &shared.sockets[s];
+    while job.head < wire_bytes.len() {
+        let more = !job.segs.is_empty();
+        match send_some(sock, &wire_bytes[job.head..], more)? {
+            None => return Ok(false),
+            Some(n) => {
+                job.head += n;
+                shared.progress.touch();
+            }
+        }
+    }
+    while job.seg < job.segs.len() {
+        if job.seg == job.resend_from {
+            let now = Instant::now();
+            match job.deadline {
+                None => {
+                    let d = now + job.delay;
+                    job.deadline = Some(d);
+                    if d > now {
+                        shared.wake_at(s, d);
+                        return Ok(false);
+                    }
+                }
+                Some(d) if now < d => return Ok(false),
+                Some(_) => {}
+            }
+            job.resend_from = usize::MAX;
+            shared.progress.touch();
+        }
+        let r = job.segs[job.seg].clone();
+        // SAFETY: NCCL lent the buffer until the send completes, which is only after this
+        // chunk is reported sent, and does not write it meanwhile; the transport only reads it.
+        let bytes = unsafe { job.buf.slice(r.start + job.off, r.end) };
+        match send_some(sock, bytes, false)? {
+            None => return Ok(false),
+            Some(n) => {
+                job.off += n;
+                shared.progress.touch();
+                if r.start + job.off == r.end {
+                    job.seg += 1;
+                    job.off = 0;
+                }
+            }
+        }
+    }
+    Ok(true)
 }
 
 /// Whether the receiver wrote [`wire::GOODBYE`] on `sock` before closing it.
@@ -226,78 +388,14 @@ fn said_goodbye(sock: &Socket) -> bool {
 /// The receiver closed its comm in an orderly way: every message still queued, and every one
 /// posted from now on, is done (its bytes are discarded; nobody will receive them), as when a
 /// peer closes while NCCL's own plugins still send. Not a failure.
-fn receiver_left(shared: &Shared<SendSide>) -> Exit {
+fn receiver_left(shared: &Shared<SendSide>) {
     let mut g = shared.lock();
     if g.over() {
-        return Exit::Stopped;
+        return;
     }
     let side = &mut g.side;
     for (_, slot) in side.posted.drain(..) {
         shared.slot_state[slot].store(DONE, Ordering::Release);
     }
     shared.peer_left(g);
-    Exit::Stopped
-}
-
-fn send_chunk(
-    shared: &Shared<SendSide>,
-    s: usize,
-    job: &SendJob,
-    runs: &[PacketRun],
-    wire_buf: &mut Vec<u8>,
-) -> std::result::Result<(), Exit> {
-    let sock = &shared.sockets[s];
-    let size = job.buf.len();
-    let seq = job.seq;
-    let io = |e| shared.io_exit(e, format_args!("sending message {seq} on socket {s}"));
-    {
-        let header = Header {
-            seq: job.seq,
-            chunk: job.chunk,
-            size: size as u64,
-            tag: job.tag,
-            effect: job.effect,
-            mtu: job.mtu,
-            runs: runs.len() as u32,
-            retransmit_ns: job.retransmit.as_nanos() as u64,
-            flip_seed: job.flip_seed,
-        };
-        wire_buf.clear();
-        wire_buf.extend_from_slice(&header.encode());
-        wire::encode_runs(runs, wire_buf);
-        send_all(sock, wire_buf, !job.span.is_empty(), &shared.progress).map_err(io)?;
-    }
-    // Sends the bytes of `r`, a range of the message.
-    let send = |r: Range<usize>| {
-        // SAFETY: NCCL lent the buffer until the send completes, which is only after this
-        // chunk is reported sent, and does not write it meanwhile; the transport only reads it.
-        let bytes = unsafe { job.buf.slice(r.start, r.end) };
-        send_all(sock, bytes, false, &shared.progress).map_err(io)
-    };
-    let span = job.span.clone();
-    match job.effect {
-        Effect::Zero | Effect::Stale => {
-            for r in effect::kept_ranges(runs, job.mtu, size, span) {
-                send(r)?;
-            }
-        }
-        Effect::Retransmit => {
-            send(span.clone())?;
-            if effect::lost_ranges(runs, job.mtu, size, span.clone())
-                .next()
-                .is_some()
-            {
-                // One timeout per loss event of the message, as if each were recovered by
-                // its own retransmission timer; only this socket's stream waits.
-                let events = u32::try_from(job.events).unwrap_or(u32::MAX);
-                shared.sleep(job.retransmit.saturating_mul(events))?;
-                shared.progress.touch();
-                for r in effect::lost_ranges(runs, job.mtu, size, span) {
-                    send(r)?;
-                }
-            }
-        }
-        Effect::Bitflip => send(span)?,
-    }
-    Ok(())
 }

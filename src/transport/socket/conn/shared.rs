@@ -1,23 +1,27 @@
-//! What the owner and the I/O threads of one connection share, the threads' lifetime, and
-//! the blocking socket I/O they do.
+//! What every caller and I/O pool thread touching one connection shares: the connection lock,
+//! the request slot states, the progress clock, one state machine per socket, and the
+//! non-blocking socket I/O the state machines do.
+//!
+//! Progress on a socket is driven by whoever comes first: the owner's `isend`/`irecv`/`test`
+//! (inline), or the pool thread the socket is registered with, on readiness or at a
+//! retransmit deadline. Each socket's state is behind its own lock taken with `try_lock`: a
+//! busy lock means someone else is moving that socket's bytes, so the caller skips it after
+//! raising the socket's `pending` flag, which the lock holder checks before it lets go (no
+//! readiness is lost, and nobody waits).
 
-use std::fmt;
 use std::io;
 use std::net::Shutdown;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
 use socket2::Socket;
 
+use super::pool::{Pool, Ready, Registration, DEFER, OWNER_ACTIVE};
 use crate::transport::socket::log_warn;
 use crate::transport::{Completion, RequestId, MAX_REQUESTS};
 use crate::{Error, Result};
-
-/// Stack of an I/O thread: its calls are shallow, and connections are many.
-const IO_THREAD_STACK: usize = 256 << 10;
 
 /// Most bytes one `send`/`recv` call moves, so a large chunk still marks progress often
 /// enough for the no-progress timeout (a few more system calls per 64 MiB, no measurable cost).
@@ -42,7 +46,7 @@ impl Progress {
     }
 
     #[inline]
-    fn now_ns(&self) -> u64 {
+    pub(super) fn now_ns(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
@@ -62,81 +66,47 @@ impl Progress {
     }
 }
 
-pub(super) fn send_all(
-    sock: &Socket,
-    mut bytes: &[u8],
-    more: bool,
-    progress: &Progress,
-) -> io::Result<()> {
-    while !bytes.is_empty() {
-        let piece = bytes.len().min(IO_PIECE);
-        // MSG_NOSIGNAL: a dead peer must give EPIPE, not kill a host process that kept SIGPIPE.
-        let more = more || piece < bytes.len();
-        let flags = libc::MSG_NOSIGNAL | if more { libc::MSG_MORE } else { 0 };
+/// Sends a prefix of `bytes` without waiting: `Ok(None)` when the socket buffer is full.
+pub(super) fn send_some(sock: &Socket, bytes: &[u8], more: bool) -> io::Result<Option<usize>> {
+    let piece = bytes.len().min(IO_PIECE);
+    let more = more || piece < bytes.len();
+    // MSG_NOSIGNAL: a dead peer must give EPIPE, not kill a host process that kept SIGPIPE.
+    let flags = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT | if more { libc::MSG_MORE } else { 0 };
+    loop {
         match sock.send_with_flags(&bytes[..piece], flags) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => {
-                bytes = &bytes[n..];
-                progress.touch();
-            }
+            Ok(0) if piece > 0 => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => return Ok(Some(n)),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
             Err(e) => return Err(e),
         }
     }
-    Ok(())
 }
 
-/// Fills `buf` unless the peer closes first; returns how many bytes arrived.
-pub(super) fn recv_until_eof(
-    sock: &Socket,
-    buf: &mut [u8],
-    progress: &Progress,
-) -> io::Result<usize> {
-    let mut got = 0;
-    while got < buf.len() {
-        let end = buf.len().min(got + IO_PIECE);
-        let rest = &mut buf[got..end];
-        // SAFETY: `MaybeUninit<u8>` has the layout of `u8`, and `recv` only stores initialised
-        // bytes into the slice, so viewing initialised bytes as possibly uninitialised is sound.
-        let rest = unsafe { &mut *(rest as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
-        // MSG_WAITALL: one call (one wake-up) per chunk instead of one per arriving segment.
-        match sock.recv_with_flags(rest, libc::MSG_WAITALL) {
-            Ok(0) => break,
-            Ok(n) => {
-                got += n;
-                progress.touch();
-            }
+/// Receives into a prefix of `buf` without waiting: `Ok(None)` when nothing has arrived,
+/// `Ok(Some(0))` when the peer closed its end.
+pub(super) fn recv_some(sock: &Socket, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    let end = buf.len().min(IO_PIECE);
+    let rest = &mut buf[..end];
+    // SAFETY: `MaybeUninit<u8>` has the layout of `u8`, and `recv` only stores initialised
+    // bytes into the slice, so viewing initialised bytes as possibly uninitialised is sound.
+    let rest = unsafe { &mut *(rest as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
+    loop {
+        match sock.recv_with_flags(rest, libc::MSG_DONTWAIT) {
+            Ok(n) => return Ok(Some(n)),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
             Err(e) => return Err(e),
         }
     }
-    Ok(got)
-}
-
-pub(super) fn recv_all(sock: &Socket, buf: &mut [u8], progress: &Progress) -> io::Result<()> {
-    if recv_until_eof(sock, buf, progress)? < buf.len() {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "peer closed the connection",
-        ));
-    }
-    Ok(())
 }
 
 /// Peeks at up to `buf.len()` bytes that have already arrived on `sock`, without waiting and
 /// without consuming them.
 pub(super) fn peek_arrived(sock: &Socket, buf: &mut [u8]) -> io::Result<usize> {
-    // SAFETY: as in `recv_until_eof`: `recv` only stores initialised bytes into the slice.
+    // SAFETY: as in `recv_some`: `recv` only stores initialised bytes into the slice.
     let view = unsafe { &mut *(buf as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
     sock.recv_with_flags(view, libc::MSG_PEEK | libc::MSG_DONTWAIT)
-}
-
-/// Why an I/O thread stopped.
-pub(super) enum Exit {
-    /// The connection is closing or already failed: nothing more to report.
-    Stopped,
-    /// This thread hit the failure that brings the connection down.
-    Failed(Error),
 }
 
 /// Connection state guarded by the lock.
@@ -150,38 +120,72 @@ pub(super) struct Locked<S> {
 }
 
 impl<S> Locked<S> {
-    /// The I/O threads have nothing more to do: closing, failed, or the peer left.
+    /// Nothing more moves: closing, failed, or the peer left.
     pub(super) fn over(&self) -> bool {
         self.stopping || self.failed.is_some() || self.peer_left
     }
 }
 
-/// What the owner and the I/O threads of one connection share.
-pub(super) struct Shared<S> {
+/// One half of a connection: its shared state and the state machine of each socket.
+pub(super) trait Side: Send + Sized + 'static {
+    /// The state machine of one socket.
+    type Sock: Send;
+    /// Moves the bytes socket `s` can move now, until it would block or has no work; records
+    /// a failure in `shared`. Never blocks, never sleeps.
+    fn advance(shared: &Shared<Self>, s: usize, st: &mut Self::Sock);
+}
+
+/// A socket's state machine and the flag that asks its lock holder for another pass.
+struct SockCell<T> {
+    state: Mutex<T>,
+    pending: AtomicBool,
+}
+
+/// What the owner and the pool threads of one connection share.
+pub(super) struct Shared<S: Side> {
+    /// Registrations with the pool, dropped (unregistered) before the sockets close.
+    regs: OnceLock<Vec<Registration>>,
     pub(super) sockets: Vec<Socket>,
+    cells: Vec<SockCell<S::Sock>>,
     pub(super) peer: String,
     pub(super) locked: Mutex<Locked<S>>,
-    pub(super) wake: Condvar,
     pub(super) slot_state: [AtomicU8; MAX_REQUESTS],
     pub(super) failed: AtomicBool,
     pub(super) progress: Progress,
     /// Fail the connection when a request is outstanding and no byte moved for this long.
     pub(super) timeout: Option<Duration>,
+    /// When the owner last ran inline progress (nanoseconds on the progress clock).
+    owner_ns: AtomicU64,
 }
 
 pub(super) type Guard<'a, S> = MutexGuard<'a, Locked<S>>;
 
-impl<S> Shared<S> {
-    pub(super) fn new(
+impl<S: Side> Shared<S> {
+    /// Puts `sockets` in non-blocking mode and registers them with `pool` (if any).
+    pub(super) fn start(
         sockets: Vec<Socket>,
+        states: Vec<S::Sock>,
         peer: String,
         side: S,
         timeout: Option<Duration>,
-    ) -> Self {
-        Shared {
+        pool: Option<&Pool>,
+    ) -> Result<Arc<Self>> {
+        for sock in &sockets {
+            sock.set_nonblocking(true)
+                .map_err(|e| Error::from(e).context("configuring a connection's socket"))?;
+        }
+        let shared = Arc::new(Shared {
+            regs: OnceLock::new(),
             progress: Progress::new(),
             timeout,
             sockets,
+            cells: states
+                .into_iter()
+                .map(|st| SockCell {
+                    state: Mutex::new(st),
+                    pending: AtomicBool::new(false),
+                })
+                .collect(),
             peer,
             locked: Mutex::new(Locked {
                 side,
@@ -189,60 +193,71 @@ impl<S> Shared<S> {
                 stopping: false,
                 peer_left: false,
             }),
-            wake: Condvar::new(),
             slot_state: std::array::from_fn(|_| AtomicU8::new(FREE)),
             failed: AtomicBool::new(false),
+            owner_ns: AtomicU64::new(0),
+        });
+        if let Some(pool) = pool {
+            let weak = Arc::downgrade(&shared);
+            let mut regs = Vec::with_capacity(shared.sockets.len());
+            for (s, sock) in shared.sockets.iter().enumerate() {
+                let target: std::sync::Weak<dyn Ready> = weak.clone();
+                regs.push(pool.register(sock, target, s)?);
+            }
+            let _ = shared.regs.set(regs);
         }
+        Ok(shared)
     }
 
     pub(super) fn lock(&self) -> Guard<'_, S> {
-        // A poisoned lock only means an I/O thread panicked; its panic is reported as a failure.
+        // A poisoned lock only means a caller panicked while holding it; the state stays valid.
         self.locked.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Waits until `ready` holds; `Err(Stopped)` once the connection closes or fails.
-    pub(super) fn wait_until<'a>(
-        &self,
-        mut g: Guard<'a, S>,
-        ready: impl Fn(&S) -> bool,
-    ) -> std::result::Result<Guard<'a, S>, Exit> {
-        loop {
-            if g.over() {
-                return Err(Exit::Stopped);
-            }
-            if ready(&g.side) {
-                return Ok(g);
-            }
-            g = self.wake.wait(g).unwrap_or_else(|p| p.into_inner());
+    /// Moves what every socket can move now (the owner's inline progress). Never blocks.
+    pub(super) fn progress_all(&self) {
+        self.owner_ns
+            .store(self.progress.now_ns(), Ordering::Relaxed);
+        for s in 0..self.cells.len() {
+            self.progress_socket(s);
         }
     }
 
-    /// Waits for one wake-up; `Err(Stopped)` once the connection closes or fails.
-    pub(super) fn wait_once<'a>(&self, g: Guard<'a, S>) -> std::result::Result<Guard<'a, S>, Exit> {
-        let g = self.wake.wait(g).unwrap_or_else(|p| p.into_inner());
-        if g.over() {
-            return Err(Exit::Stopped);
+    /// Moves what socket `s` can move now, unless someone else is already doing it (then
+    /// that one makes another pass). Never blocks.
+    pub(super) fn progress_socket(&self, s: usize) {
+        let cell = &self.cells[s];
+        cell.pending.store(true, Ordering::Release);
+        loop {
+            let mut st = match cell.state.try_lock() {
+                Ok(st) => st,
+                Err(TryLockError::WouldBlock) => return,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            };
+            while cell.pending.swap(false, Ordering::AcqRel) {
+                if self.failed.load(Ordering::Acquire) {
+                    break;
+                }
+                let run = catch_unwind(AssertUnwindSafe(|| S::advance(self, s, &mut st)));
+                if run.is_err() {
+                    self.fail(
+                        Error::internal(format!("progress on socket {s} panicked")),
+                        true,
+                    );
+                }
+            }
+            drop(st);
+            // Raised after our last pass and before we let go: its raiser skipped, so go on.
+            if !cell.pending.load(Ordering::Acquire) {
+                return;
+            }
         }
-        Ok(g)
     }
 
-    /// Sleeps for `dur` unless the connection closes or fails first.
-    pub(super) fn sleep(&self, dur: Duration) -> std::result::Result<(), Exit> {
-        let deadline = Instant::now() + dur;
-        let mut g = self.lock();
-        loop {
-            if g.over() {
-                return Err(Exit::Stopped);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(());
-            }
-            g = self
-                .wake
-                .wait_timeout(g, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+    /// Asks the pool thread of socket `s` to progress it at `deadline` (a delayed retransmit).
+    pub(super) fn wake_at(&self, s: usize, deadline: Instant) {
+        if let Some(reg) = self.regs.get().and_then(|r| r.get(s)) {
+            reg.wake_at(deadline);
         }
     }
 
@@ -253,7 +268,7 @@ impl<S> Shared<S> {
         }
     }
 
-    /// Records the connection's first failure and wakes every thread so they exit.
+    /// Records the connection's first failure; the sockets shut down.
     pub(super) fn fail(&self, err: Error, warn: bool) {
         self.fail_locked(self.lock(), err, warn);
     }
@@ -268,28 +283,16 @@ impl<S> Shared<S> {
         }
         g.failed = Some(err);
         self.failed.store(true, Ordering::Release);
-        self.wake.notify_all();
         drop(g);
         self.shutdown_sockets();
     }
 
-    /// Starts closing: threads blocked on the lock or on a socket return.
-    fn stop(&self) {
+    /// Starts closing: nothing moves any more, and the sockets shut down.
+    pub(super) fn stop(&self) {
         let mut g = self.lock();
         g.stopping = true;
-        self.wake.notify_all();
         drop(g);
         self.shutdown_sockets();
-    }
-
-    /// Turns an I/O error into a thread exit: quiet while closing, a failure otherwise.
-    pub(super) fn io_exit(&self, err: io::Error, what: fmt::Arguments<'_>) -> Exit {
-        let g = self.lock();
-        if g.over() {
-            return Exit::Stopped;
-        }
-        drop(g);
-        Exit::Failed(Error::from(err).context(format_args!("{what} with {}", self.peer)))
     }
 
     /// Fails unless new requests may be posted: only while closing. A failed connection
@@ -302,13 +305,12 @@ impl<S> Shared<S> {
         Ok(())
     }
 
-    /// Shuts the sockets down once the peer left, so threads blocked on them return.
+    /// The peer left in an orderly way: nothing more moves, and the sockets shut down.
     pub(super) fn peer_left(&self, mut g: Guard<'_, S>) {
         if g.over() {
             return;
         }
         g.peer_left = true;
-        self.wake.notify_all();
         drop(g);
         self.shutdown_sockets();
     }
@@ -327,7 +329,8 @@ impl<S> Shared<S> {
         (0..MAX_REQUESTS).find(|&i| self.slot_state[i].load(Ordering::Acquire) == FREE)
     }
 
-    /// Common part of `test`: `Ok(None)` while pending, the slot's completion when done.
+    /// Common part of `test`: `Ok(None)` while pending, the slot's completion when done. A
+    /// pending request first gets inline progress; a finished one costs one atomic read.
     pub(super) fn test_with(
         &self,
         id: RequestId,
@@ -340,10 +343,12 @@ impl<S> Shared<S> {
             )));
         }
         let not_in_flight = || Error::invalid_argument(format!("request {id} is not in flight"));
-        let state = self.slot_state[slot].load(Ordering::Acquire);
+        let mut state = self.slot_state[slot].load(Ordering::Acquire);
         if state == PENDING && !self.failed.load(Ordering::Acquire) {
-            // The common case while polling: one atomic load (and a clock read when a
-            // timeout is set), no lock.
+            self.progress_all();
+            state = self.slot_state[slot].load(Ordering::Acquire);
+        }
+        if state == PENDING && !self.failed.load(Ordering::Acquire) {
             match self.timeout {
                 Some(limit) if self.progress.idle_for() > limit => {
                     self.fail(self.timeout_error(limit), true)
@@ -373,58 +378,16 @@ impl<S> Shared<S> {
     }
 }
 
-/// A connection's threads; dropping it stops them, joins them and closes the sockets.
-pub(super) struct Running<S> {
-    pub(super) shared: Arc<Shared<S>>,
-    threads: Vec<JoinHandle<()>>,
-}
-
-impl<S: Send + 'static> Running<S> {
-    pub(super) fn start(
-        shared: Shared<S>,
-        prefix: &str,
-        body: fn(&Shared<S>, usize) -> Exit,
-    ) -> Result<Self> {
-        let shared = Arc::new(shared);
-        let mut running = Running {
-            threads: Vec::with_capacity(shared.sockets.len()),
-            shared,
-        };
-        for s in 0..running.shared.sockets.len() {
-            let shared = Arc::clone(&running.shared);
-            let spawned = std::thread::Builder::new()
-                .name(format!("{prefix}{s}"))
-                .stack_size(IO_THREAD_STACK)
-                .spawn(move || run_io(&shared, s, body));
-            match spawned {
-                Ok(t) => running.threads.push(t),
-                // Dropping `running` stops and joins the threads started so far.
-                Err(e) => return Err(Error::system(format!("cannot start an I/O thread: {e}"))),
-            }
+impl<S: Side> Ready for Shared<S> {
+    fn ready(&self, s: usize) -> Option<Instant> {
+        let since_owner = self
+            .progress
+            .now_ns()
+            .saturating_sub(self.owner_ns.load(Ordering::Relaxed));
+        if since_owner < OWNER_ACTIVE.as_nanos() as u64 && !self.failed.load(Ordering::Acquire) {
+            return Some(Instant::now() + DEFER);
         }
-        Ok(running)
-    }
-}
-
-impl<S> Drop for Running<S> {
-    fn drop(&mut self) {
-        self.shared.stop();
-        for t in self.threads.drain(..) {
-            if t.join().is_err() {
-                log_warn("an I/O thread ended with a panic");
-            }
-        }
-        // The threads' references are gone: dropping ours closes the sockets now.
-    }
-}
-
-fn run_io<S>(shared: &Shared<S>, s: usize, body: fn(&Shared<S>, usize) -> Exit) {
-    match catch_unwind(AssertUnwindSafe(|| body(shared, s))) {
-        Ok(Exit::Stopped) => {}
-        Ok(Exit::Failed(err)) => shared.fail(err, true),
-        Err(_) => shared.fail(
-            Error::internal(format!("I/O thread of socket {s} panicked")),
-            true,
-        ),
+        self.progress_socket(s);
+        None
     }
 }

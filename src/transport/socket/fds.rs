@@ -1,0 +1,43 @@
+//! The file descriptor budget: a connection needs one descriptor per socket on each side, a
+//! listen one more, and the I/O pool two per thread. A new connection that would not fit
+//! under `RLIMIT_NOFILE` is refused before it opens anything, with an error that names the
+//! need, the limit and `ulimit -n`, instead of failing halfway through a run.
+
+use crate::{Error, Result};
+
+/// The soft `RLIMIT_NOFILE`, if it is finite and readable.
+fn fd_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes only into the struct we pass, which lives across the call.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    (rc == 0 && lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
+}
+
+/// Descriptors this process has open (the directory listing's own one not counted).
+fn fds_in_use() -> Option<u64> {
+    let n = std::fs::read_dir("/proc/self/fd").ok()?.count() as u64;
+    Some(n.saturating_sub(1))
+}
+
+/// Refuses `what` when its `need` descriptors do not fit under the limit.
+pub fn check(need: usize, what: &str) -> Result<()> {
+    let (Some(limit), Some(used)) = (fd_limit(), fds_in_use()) else {
+        return Ok(());
+    };
+    if used + need as u64 <= limit {
+        return Ok(());
+    }
+    Err(Error::system(format!(
+        "{what} needs {need} file descriptors, but {used} of the limit of {limit} are in use \
+         (a connection takes one per socket, NCCL_LOSSY_NSOCKS, on each side, a listen one \
+         more): raise the limit (`ulimit -n`) or lower NCCL_LOSSY_NSOCKS"
+    )))
+}
+
+/// The limit, for messages: a number, or "unlimited".
+pub fn limit_text() -> String {
+    fd_limit().map_or_else(|| "unlimited".into(), |l| l.to_string())
+}
