@@ -20,3 +20,27 @@ fn a_bad_nccl_lossy_nsocks_states_the_range() {
         );
     }
 }
+
+#[test]
+fn a_bad_nccl_lossy_io_threads_is_refused_at_init_naming_the_range() {
+    for bad in ["-1", "65", "four", "1.5"] {
+        let value = bad.to_string();
+        let message = SocketConfig::from_lookup(move |name| {
+            (name == "NCCL_LOSSY_IO_THREADS").then(|| value.clone())
+        })
+        .expect_err("a bad NCCL_LOSSY_IO_THREADS is refused")
+        .message;
+        assert!(
+            message.contains(&format!("NCCL_LOSSY_IO_THREADS={bad}"))
+                && message.contains("0 to 64"),
+            "for {bad:?}: {message}"
+        );
+    }
+    for good in ["0", "1", "64", " 8 "] {
+        let value = good.to_string();
+        let config = SocketConfig::from_lookup(move |name| {
+            (name == "NCCL_LOSSY_IO_THREADS").then(|| value.clone())
+        });
+        assert!(config.is_ok(), "{good:?} is a valid thread count");
+    }
+}

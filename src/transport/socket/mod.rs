@@ -35,7 +35,9 @@ use rand::rngs::OsRng;
 use rand::RngCore;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-pub use conn::{chunk_count, chunk_span, SocketRecvConn, SocketSendConn, MIN_CHUNK};
+pub use conn::{
+    chunk_count, chunk_span, SocketRecvConn, SocketSendConn, MAX_IO_THREADS, MIN_CHUNK,
+};
 pub use connect::{SocketConnector, DEFAULT_CONNECT_TIMEOUT};
 pub use iface::{Family, IfaceAddr, IfaceFilter, MAX_DEVICES};
 pub use listen::{SocketListener, HELLO_TIMEOUT, MAX_PENDING};
@@ -172,6 +174,16 @@ impl SocketConfig {
             (4096..=1 << 30).contains(b)
         })
         .map_err(|v| invalid("NCCL_LOSSY_SOCKBUF", &v))?;
+        // Read by the I/O pool when it starts; checked here so a bad value fails `init`.
+        number(text("NCCL_LOSSY_IO_THREADS"), |n: &usize| {
+            *n <= MAX_IO_THREADS
+        })
+        .map_err(|v| {
+            Error::invalid_argument(format!(
+                "NCCL_LOSSY_IO_THREADS={v} is not a valid value: I/O helper threads per \
+                 process, an integer from 0 to {MAX_IO_THREADS}"
+            ))
+        })?;
         let timeout = match text("NCCL_LOSSY_TIMEOUT") {
             Some(v) => parse_timeout(&v)?,
             None => None,

@@ -32,6 +32,7 @@ use std::ops::Range;
 
 use socket2::Socket;
 
+pub use pool::MAX_IO_THREADS;
 pub use recv::SocketRecvConn;
 pub use send::SocketSendConn;
 

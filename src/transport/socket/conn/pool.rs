@@ -262,7 +262,8 @@ pub fn default_io_threads() -> usize {
     }
 }
 
-/// `NCCL_LOSSY_IO_THREADS`, or the default; a malformed value is reported and ignored.
+/// `NCCL_LOSSY_IO_THREADS`, or the default. `SocketConfig` refuses a malformed value at `init`;
+/// one set after `init` is reported and ignored.
 pub fn io_threads() -> usize {
     match std::env::var("NCCL_LOSSY_IO_THREADS") {
         Ok(v) if !v.trim().is_empty() => match v.trim().parse::<usize>() {
