@@ -277,3 +277,85 @@ fn fds_child() {
     assert!(text.contains(&format!("limit of {}", used + 2)), "{text}");
     println!("fd budget check passed: {text}");
 }
+
+const IDLE_CHILD_ENV: &str = "LOSSY_SOCKET_IDLE_CHILD";
+
+/// CPU time (user + system, clock ticks) of this process's I/O pool threads.
+fn pool_cpu_ticks() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("lossy-io"))
+        })
+        .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+        .map(|stat| {
+            // Fields after the parenthesised name: state is field 3, utime 14, stime 15.
+            let rest = stat.rsplit(')').next().unwrap_or("");
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            num(11) + num(12)
+        })
+        .sum()
+}
+
+#[test]
+fn idle_connections_cost_their_pool_thread_no_cpu() {
+    // The pool's CPU time needs a process of its own: other tests' traffic runs beside us.
+    let exe = std::env::current_exe().expect("test binary");
+    let out = std::process::Command::new(exe)
+        .args([
+            "--exact",
+            "transport::socket::engine_tests::idle_child",
+            "--ignored",
+            "--test-threads=1",
+            "--nocapture",
+        ])
+        .env(IDLE_CHILD_ENV, "1")
+        .env("NCCL_LOSSY_IO_THREADS", "1")
+        .output()
+        .expect("run child");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "child failed:\n{text}");
+    assert!(
+        text.contains("idle check passed"),
+        "child did not run the check:\n{text}"
+    );
+}
+
+#[test]
+#[ignore = "run in a process of its own by idle_connections_cost_their_pool_thread_no_cpu"]
+fn idle_child() {
+    if std::env::var_os(IDLE_CHILD_ENV).is_none() {
+        return;
+    }
+    let t = loopback(4);
+    let pairs: Vec<_> = (0..8).map(|_| connect_pair(&t)).collect();
+    // Every connection moves a message, then all of them sit idle, as between training steps.
+    for (i, (send, recv)) in pairs.iter().enumerate() {
+        let mut d = pattern(1 << 20, i as u64);
+        let mut into = vec![0u8; 1 << 20];
+        let (a, b) = send_recv(&**send, &**recv, &mut d, &mut into, &LossPlan::lossless());
+        assert!(a.is_ok() && b.is_ok() && into == d, "pair {i}");
+    }
+    // Past the owner-active window, so the pool thread is the one watching the sockets.
+    std::thread::sleep(Duration::from_millis(50));
+    let before = pool_cpu_ticks();
+    std::thread::sleep(Duration::from_secs(1));
+    let used = pool_cpu_ticks() - before;
+    // A thread that re-arms an always-writable idle socket spins: about 100 ticks (one core,
+    // 100 Hz) in this second. Waiting in epoll costs none; 10 ticks leaves room for the wake-ups
+    // of a loaded machine and still catches a spin ten times over.
+    assert!(
+        used <= 10,
+        "the I/O pool thread used {used} ticks of CPU in 1 s of idle connections"
+    );
+    drop(pairs);
+    println!("idle check passed: {used} ticks");
+}

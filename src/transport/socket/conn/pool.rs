@@ -42,15 +42,15 @@ pub const MAX_IO_THREADS: usize = 64;
 
 /// Something whose socket `s` a pool thread progresses.
 pub(super) trait Ready: Send + Sync {
-    /// Socket `s` is ready, or a deadline it asked for passed. `None`: handled, watch it
-    /// again now; `Some(t)`: left to the owner, who is polling it, look again at `t`.
-    fn ready(&self, s: usize) -> Option<Instant>;
+    /// Socket `s` is ready (`fired`: epoll reported it, which disarmed it), or a deadline it
+    /// asked for passed. `None`: handled (the socket re-arms itself for what it waits on);
+    /// `Some(t)`: left to the owner, who is polling it, look again at `t`.
+    fn ready(&self, s: usize, fired: bool) -> Option<Instant>;
 }
 
 struct Entry {
     target: Weak<dyn Ready>,
     s: usize,
-    fd: RawFd,
     /// A deferral timer is outstanding (at most one per socket).
     deferred: bool,
 }
@@ -59,10 +59,15 @@ struct Entry {
 /// deadline the socket asked for).
 type Timer = Reverse<(Instant, u64, bool)>;
 
-/// Events a socket is watched for: one-shot, re-armed after each visit, so a socket whose
-/// owner moves its bytes inline wakes its pool thread at most once per deferral.
-const SOCKET_EVENTS: u32 =
-    (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET | libc::EPOLLONESHOT) as u32;
+/// How a socket is watched: edge-triggered and one-shot, for only what its state machine
+/// waits on ([`Registration::arm`]). A socket with nothing to wait on stays disarmed: an idle
+/// connection's always-writable socket would otherwise wake its thread at once, forever.
+const ARM_FLAGS: u32 = (libc::EPOLLET | libc::EPOLLONESHOT) as u32;
+
+/// Readiness a socket's state machine may wait on.
+pub(super) const WANT_READ: u32 = (libc::EPOLLIN | libc::EPOLLRDHUP) as u32;
+/// Readiness a socket's state machine may wait on.
+pub(super) const WANT_WRITE: u32 = libc::EPOLLOUT as u32;
 
 type Lock<T> = Mutex<T>;
 
@@ -142,7 +147,8 @@ impl Worker {
     fn run(&self) {
         const EMPTY: libc::epoll_event = libc::epoll_event { events: 0, u64: 0 };
         let mut events = [EMPTY; 64];
-        let mut due: Vec<(u64, bool)> = Vec::new();
+        // (socket key, deferral timer, reported by epoll)
+        let mut due: Vec<(u64, bool, bool)> = Vec::new();
         while !self.stop.load(Ordering::Acquire) {
             let timeout = self.timeout_ms();
             // SAFETY: `events` is a live array of `events.len()` epoll_event the kernel fills.
@@ -167,7 +173,7 @@ impl Worker {
                 if key == WAKE_KEY {
                     self.drain_wake();
                 } else {
-                    due.push((key, false));
+                    due.push((key, false, true));
                 }
             }
             {
@@ -178,27 +184,24 @@ impl Worker {
                         break;
                     }
                     timers.pop();
-                    due.push((key, deferral));
+                    due.push((key, deferral, false));
                 }
             }
-            for &(key, deferral) in &due {
+            for &(key, deferral, fired) in &due {
                 let found = lock(&self.entries).get_mut(&key).map(|e| {
                     if deferral {
                         e.deferred = false;
                     }
-                    (e.target.clone(), e.s, e.fd)
+                    (e.target.clone(), e.s)
                 });
-                let Some((target, s, fd)) = found else {
+                let Some((target, s)) = found else {
                     continue;
                 };
                 let Some(target) = target.upgrade() else {
                     continue;
                 };
-                match target.ready(s) {
-                    // Re-arming reports the socket at once if it is ready again.
-                    None => {
-                        let _ = self.ctl(libc::EPOLL_CTL_MOD, fd, SOCKET_EVENTS, key);
-                    }
+                match target.ready(s, fired) {
+                    None => {}
                     Some(t) => {
                         if let Some(e) = lock(&self.entries).get_mut(&key) {
                             if !e.deferred {
@@ -223,6 +226,15 @@ pub(super) struct Registration {
 }
 
 impl Registration {
+    /// Watches the socket, once, for `want` ([`WANT_READ`] and/or [`WANT_WRITE`]). Edge
+    /// triggered: a socket already ready is reported at once.
+    pub(super) fn arm(&self, want: u32) {
+        // An error only means the socket is already out (closing): nothing to watch.
+        let _ = self
+            .worker
+            .ctl(libc::EPOLL_CTL_MOD, self.fd, want | ARM_FLAGS, self.key);
+    }
+
     /// Has the socket progressed at `deadline`, even if no readiness comes.
     pub(super) fn wake_at(&self, deadline: Instant) {
         lock(&self.worker.timers).push(Reverse((deadline, self.key, false)));
@@ -335,11 +347,11 @@ impl Pool {
             Entry {
                 target,
                 s,
-                fd,
                 deferred: false,
             },
         );
-        if let Err(e) = worker.ctl(libc::EPOLL_CTL_ADD, fd, SOCKET_EVENTS, key) {
+        // Disarmed until the socket's state machine waits on something.
+        if let Err(e) = worker.ctl(libc::EPOLL_CTL_ADD, fd, ARM_FLAGS, key) {
             lock(&worker.entries).remove(&key);
             return Err(Error::from(e).context("registering a socket with the I/O pool"));
         }

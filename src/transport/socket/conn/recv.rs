@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use socket2::Socket;
 
-use super::pool::Pool;
+use super::pool::{Pool, WANT_READ};
 use super::shared::{recv_some, Shared, Side, DONE, PENDING};
 use super::{chunk_count, chunk_sockets, chunk_span, roles};
 use crate::loss::effect;
@@ -336,6 +336,16 @@ fn io_error(shared: &Shared<RecvSide>, e: io::Error, what: std::fmt::Arguments<'
 
 impl Side for RecvSide {
     type Sock = RxSock;
+
+    /// Reading a header or a chunk waits for bytes; a header whose receive is not posted yet
+    /// waits for `irecv` (which progresses the socket), not for the socket.
+    fn waits_on(st: &RxSock) -> u32 {
+        if st.closed || st.head.is_some() {
+            0
+        } else {
+            WANT_READ
+        }
+    }
 
     fn advance(shared: &Shared<RecvSide>, s: usize, st: &mut RxSock) {
         if let Err(err) = advance(shared, s, st) {

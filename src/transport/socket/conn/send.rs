@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use socket2::Socket;
 
-use super::pool::Pool;
+use super::pool::{Pool, WANT_WRITE};
 use super::shared::{peek_arrived, send_some, Shared, Side, DONE, PENDING};
 use super::{chunk_count, chunk_span, roles};
 use crate::loss::effect::{self, MIN_MTU};
@@ -193,6 +193,15 @@ impl SendConn for SocketSendConn {
 
 impl Side for SendSide {
     type Sock = TxSock;
+
+    /// A message part under way waits for room in the socket, unless its retransmit deadline
+    /// is still ahead (a timer wakes it then); with nothing under way, only `isend` brings work.
+    fn waits_on(st: &TxSock) -> u32 {
+        match &st.job {
+            Some(job) if job.deadline.map_or(true, |d| Instant::now() >= d) => WANT_WRITE,
+            _ => 0,
+        }
+    }
 
     fn advance(shared: &Shared<SendSide>, s: usize, st: &mut TxSock) {
         loop {

@@ -12,7 +12,7 @@
 use std::io;
 use std::net::Shutdown;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -133,12 +133,18 @@ pub(super) trait Side: Send + Sized + 'static {
     /// Moves the bytes socket `s` can move now, until it would block or has no work; records
     /// a failure in `shared`. Never blocks, never sleeps.
     fn advance(shared: &Shared<Self>, s: usize, st: &mut Self::Sock);
+    /// What socket `s`, as `advance` left it, waits on before it can move more bytes
+    /// ([`WANT_READ`], [`WANT_WRITE`]); 0 when only its owner or a timer can make it move
+    /// (nothing queued, a receive not posted yet, a retransmit deadline ahead).
+    fn waits_on(st: &Self::Sock) -> u32;
 }
 
 /// A socket's state machine and the flag that asks its lock holder for another pass.
 struct SockCell<T> {
     state: Mutex<T>,
     pending: AtomicBool,
+    /// What the socket is armed for with its pool thread (0: disarmed).
+    armed: AtomicU32,
 }
 
 /// What the owner and the pool threads of one connection share.
@@ -184,6 +190,7 @@ impl<S: Side> Shared<S> {
                 .map(|st| SockCell {
                     state: Mutex::new(st),
                     pending: AtomicBool::new(false),
+                    armed: AtomicU32::new(0),
                 })
                 .collect(),
             peer,
@@ -246,11 +253,23 @@ impl<S: Side> Shared<S> {
                     );
                 }
             }
+            self.arm(s, S::waits_on(&st));
             drop(st);
             // Raised after our last pass and before we let go: its raiser skipped, so go on.
             if !cell.pending.load(Ordering::Acquire) {
                 return;
             }
+        }
+    }
+
+    /// Has the pool thread of socket `s` progress it when `want` is ready, unless it is
+    /// armed for that already (a syscall only when the wait changes, not per `test`).
+    fn arm(&self, s: usize, want: u32) {
+        let Some(reg) = self.regs.get().and_then(|r| r.get(s)) else {
+            return;
+        };
+        if want != 0 && self.cells[s].armed.swap(want, Ordering::AcqRel) != want {
+            reg.arm(want);
         }
     }
 
@@ -379,7 +398,13 @@ impl<S: Side> Shared<S> {
 }
 
 impl<S: Side> Ready for Shared<S> {
-    fn ready(&self, s: usize) -> Option<Instant> {
+    fn ready(&self, s: usize, fired: bool) -> Option<Instant> {
+        if fired {
+            // One-shot: reporting the socket disarmed it.
+            if let Some(cell) = self.cells.get(s) {
+                cell.armed.store(0, Ordering::Release);
+            }
+        }
         let since_owner = self
             .progress
             .now_ns()
