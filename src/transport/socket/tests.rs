@@ -105,9 +105,23 @@ pub(super) fn send_recv(
     let (Ok(r), Ok(s)) = (r, s) else {
         panic!("posting failed");
     };
-    let sent = wait("send completion", || send.test(s));
-    let got = wait("recv completion", || recv.test(r));
-    (sent, got)
+    // Both requests are tested in turn until both end, as NCCL's proxy tests every request it
+    // has in flight: with no pool thread, bytes move only inside these calls.
+    let (mut sent, mut got) = (None, None);
+    wait("send and recv completion", || {
+        if sent.is_none() {
+            sent = send.test(s).transpose();
+        }
+        if got.is_none() {
+            got = recv.test(r).transpose();
+        }
+        Ok((sent.is_some() && got.is_some()).then_some(()))
+    })
+    .expect("polling only collects results");
+    match (sent, got) {
+        (Some(sent), Some(got)) => (sent, got),
+        _ => unreachable!("the wait ends only when both requests ended"),
+    }
 }
 
 /// Sends `data` losslessly with `tag` and waits until the send completes.

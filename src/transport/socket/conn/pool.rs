@@ -262,13 +262,14 @@ static POOL: Mutex<Weak<Pool>> = Mutex::new(Weak::new());
 
 static NEXT_KEY: AtomicU64 = AtomicU64::new(WAKE_KEY + 1);
 
-/// Pool threads when `NCCL_LOSSY_IO_THREADS` is unset: 1 up to 4 cores (the owner's calls
-/// move most bytes inline; the thread keeps connections nobody polls moving), then a quarter
-/// of the cores, at most 16 (see docs/transport.md).
+/// Pool threads when `NCCL_LOSSY_IO_THREADS` is unset: none up to 4 cores (bytes move inside
+/// NCCL's calls, as NCCL's own Socket transport moves them with no helper thread; a thread woken
+/// by every arriving message costs a small message a third of its time there, measured in
+/// docs/performance.md), then a quarter of the cores, at most 16 (see docs/transport.md).
 pub fn default_io_threads() -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     if cores <= 4 {
-        1
+        0
     } else {
         (cores / 4).min(16)
     }
