@@ -8,7 +8,6 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -16,7 +15,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
-use super::writer::{host_name, launcher_rank, sanitize};
+use super::writer::{host_name, launcher_rank, sanitize, write_atomically};
 use crate::ids::{op_name, phase_name};
 use crate::{Error, Result};
 
@@ -376,19 +375,9 @@ pub fn write_trace(dir: &Path, trace: &Value) -> Result<PathBuf> {
             dir.display()
         ))
     })?;
-    let name = trace_file_name();
-    let path = dir.join(&name);
-    let tmp = dir.join(format!(".{name}.tmp"));
     let json = serde_json::to_vec(trace)
         .map_err(|e| Error::internal(format!("cannot encode the trace: {e}")))?;
-    let write = || -> std::io::Result<()> {
-        let mut file = fs::File::create(&tmp)?;
-        file.write_all(&json)?;
-        file.sync_all()?;
-        fs::rename(&tmp, &path)
-    };
-    write().map_err(|e| Error::system(format!("cannot write {}: {e}", path.display())))?;
-    Ok(path)
+    write_atomically(dir, &trace_file_name(), &json)
 }
 
 #[cfg(test)]

@@ -82,18 +82,9 @@ impl StatsFile {
                 dir.display()
             ))
         })?;
-        let path = dir.join(self.file_name());
-        let tmp = dir.join(format!(".{}.tmp", self.file_name()));
         let json = serde_json::to_vec_pretty(self)
             .map_err(|e| Error::internal(format!("cannot encode statistics: {e}")))?;
-        let write = || -> std::io::Result<()> {
-            let mut file = fs::File::create(&tmp)?;
-            file.write_all(&json)?;
-            file.sync_all()?;
-            fs::rename(&tmp, &path)
-        };
-        write().map_err(|e| Error::system(format!("cannot write {}: {e}", path.display())))?;
-        Ok(path)
+        write_atomically(dir, &self.file_name(), &json)
     }
 
     /// Creates `dir` when missing and checks that a file can be created in it (a probe file,
@@ -132,6 +123,21 @@ pub fn launcher_rank() -> Option<u64> {
     ["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"]
         .iter()
         .find_map(|var| std::env::var(var).ok()?.trim().parse().ok())
+}
+
+/// Writes `bytes` to `dir/name` so a reader sees the old file or the whole new one, never
+/// part of it: a hidden temporary file next to it, synced, then renamed over it.
+pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
+    let path = dir.join(name);
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let write = || -> std::io::Result<()> {
+        let mut file = fs::File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        fs::rename(&tmp, &path)
+    };
+    write().map_err(|e| Error::system(format!("cannot write {}: {e}", path.display())))?;
+    Ok(path)
 }
 
 pub(crate) fn host_name() -> String {

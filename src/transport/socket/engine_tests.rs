@@ -4,7 +4,9 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use super::tests::{connect_pair, count_entries, loopback, pattern, send_recv, wait, PATIENCE};
+use super::tests::{
+    connect_pair, count_entries, loopback, pattern, run_child, send_recv, wait, PATIENCE,
+};
 use crate::loss::plan::{Effect, LossPlan, PacketRun};
 use crate::transport::HostBuf;
 
@@ -46,27 +48,12 @@ fn status_kib(field: &str) -> u64 {
 #[test]
 fn many_connections_share_a_few_io_threads_and_one_descriptor_per_socket() {
     // Counting threads and descriptors needs a process of its own: other tests run beside us.
-    let exe = std::env::current_exe().expect("test binary");
-    let out = std::process::Command::new(exe)
-        .args([
-            "--exact",
-            "transport::socket::engine_tests::scale_child",
-            "--ignored",
-            "--test-threads=1",
-            "--nocapture",
-        ])
-        .env(SCALE_CHILD_ENV, "1")
-        .output()
-        .expect("run child");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "child failed:\n{text}");
-    assert!(
-        text.contains("scale check passed"),
-        "child did not run the check:\n{text}"
+    // With pool threads (the default on hosts of more than 4 cores), so the bound is theirs.
+    run_child(
+        "transport::socket::engine_tests::scale_child",
+        SCALE_CHILD_ENV,
+        &[("NCCL_LOSSY_IO_THREADS", "4")],
+        "scale check passed",
     );
 }
 
@@ -222,27 +209,11 @@ const FDS_CHILD_ENV: &str = "LOSSY_SOCKET_FDS_CHILD";
 #[test]
 fn a_connection_that_does_not_fit_the_descriptor_limit_is_refused_naming_ulimit() {
     // Lowering the limit needs a process of its own: other tests run beside us.
-    let exe = std::env::current_exe().expect("test binary");
-    let out = std::process::Command::new(exe)
-        .args([
-            "--exact",
-            "transport::socket::engine_tests::fds_child",
-            "--ignored",
-            "--test-threads=1",
-            "--nocapture",
-        ])
-        .env(FDS_CHILD_ENV, "1")
-        .output()
-        .expect("run child");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "child failed:\n{text}");
-    assert!(
-        text.contains("fd budget check passed"),
-        "child did not run the check:\n{text}"
+    run_child(
+        "transport::socket::engine_tests::fds_child",
+        FDS_CHILD_ENV,
+        &[],
+        "fd budget check passed",
     );
 }
 
@@ -304,28 +275,11 @@ fn pool_cpu_ticks() -> u64 {
 #[test]
 fn idle_connections_cost_their_pool_thread_no_cpu() {
     // The pool's CPU time needs a process of its own: other tests' traffic runs beside us.
-    let exe = std::env::current_exe().expect("test binary");
-    let out = std::process::Command::new(exe)
-        .args([
-            "--exact",
-            "transport::socket::engine_tests::idle_child",
-            "--ignored",
-            "--test-threads=1",
-            "--nocapture",
-        ])
-        .env(IDLE_CHILD_ENV, "1")
-        .env("NCCL_LOSSY_IO_THREADS", "1")
-        .output()
-        .expect("run child");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "child failed:\n{text}");
-    assert!(
-        text.contains("idle check passed"),
-        "child did not run the check:\n{text}"
+    run_child(
+        "transport::socket::engine_tests::idle_child",
+        IDLE_CHILD_ENV,
+        &[("NCCL_LOSSY_IO_THREADS", "1")],
+        "idle check passed",
     );
 }
 

@@ -29,6 +29,35 @@ pub(super) fn loopback(nsocks: usize) -> SocketTransport {
     SocketTransport::with_interfaces(config, vec![lo])
 }
 
+/// Runs the ignored test `name` of this binary in a process of its own (counting threads,
+/// descriptors or CPU time needs one: other tests run beside us), with `flag` and `env` set,
+/// and checks that it ran its check to the end (it prints `passed`).
+pub(super) fn run_child(name: &str, flag: &str, env: &[(&str, &str)], passed: &str) {
+    let exe = std::env::current_exe().expect("test binary");
+    let out = std::process::Command::new(exe)
+        .args([
+            "--exact",
+            name,
+            "--ignored",
+            "--test-threads=1",
+            "--nocapture",
+        ])
+        .env(flag, "1")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run child");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "child failed:\n{text}");
+    assert!(
+        text.contains(passed),
+        "child did not run the check:\n{text}"
+    );
+}
+
 /// Polls `f` until it yields, failing the test after `PATIENCE`.
 pub(super) fn wait<T>(
     what: &str,
@@ -959,27 +988,11 @@ const LEAK_CHILD_ENV: &str = "LOSSY_SOCKET_LEAK_CHILD";
 #[test]
 fn opening_and_closing_200_connections_leaks_no_threads_or_fds() {
     // Counting threads and descriptors needs a process of its own: other tests run beside us.
-    let exe = std::env::current_exe().expect("test binary");
-    let out = std::process::Command::new(exe)
-        .args([
-            "--exact",
-            "transport::socket::tests::leak_check_child",
-            "--ignored",
-            "--test-threads=1",
-            "--nocapture",
-        ])
-        .env(LEAK_CHILD_ENV, "1")
-        .output()
-        .expect("run child");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "child failed:\n{text}");
-    assert!(
-        text.contains("leak check passed"),
-        "child did not run the check:\n{text}"
+    run_child(
+        "transport::socket::tests::leak_check_child",
+        LEAK_CHILD_ENV,
+        &[],
+        "leak check passed",
     );
 }
 
