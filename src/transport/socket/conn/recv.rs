@@ -334,6 +334,33 @@ fn io_error(shared: &Shared<RecvSide>, e: io::Error, what: std::fmt::Arguments<'
     Error::from(e).context(format_args!("{what} with {}", shared.peer))
 }
 
+/// Reads what socket `s` has for `buf`: `Ok(None)` when it would block, `Ok(Some(0))` when the
+/// peer closed, else how many bytes came (noted as progress). `what` names the read in errors.
+fn read_some(
+    shared: &Shared<RecvSide>,
+    s: usize,
+    buf: &mut [u8],
+    what: impl Fn() -> String,
+) -> Step<Option<usize>> {
+    match recv_some(&shared.sockets[s], buf) {
+        Ok(Some(n)) if n > 0 => {
+            shared.progress.touch();
+            Ok(Some(n))
+        }
+        Ok(got) => Ok(got),
+        Err(e) => Err(io_error(shared, e, format_args!("{}", what()))),
+    }
+}
+
+/// The error of a peer that closed in the middle of message `seq` on socket `s`.
+fn closed_mid_message(shared: &Shared<RecvSide>, s: usize, seq: u64) -> Error {
+    io_error(
+        shared,
+        io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection"),
+        format_args!("receiving message {seq} on socket {s}"),
+    )
+}
+
 impl Side for RecvSide {
     type Sock = RxSock;
 
@@ -355,20 +382,20 @@ impl Side for RecvSide {
 }
 
 fn advance(shared: &Shared<RecvSide>, s: usize, st: &mut RxSock) -> Step<()> {
-    let sock = &shared.sockets[s];
     loop {
         if st.closed || shared.failed.load(Ordering::Acquire) {
             return Ok(());
         }
         if st.job.is_none() && st.head.is_none() {
             while st.hdr_got < HEADER_SIZE {
-                match recv_some(sock, &mut st.hdr[st.hdr_got..]) {
-                    Ok(None) => return Ok(()),
-                    Ok(Some(0)) if st.hdr_got == 0 => {
+                let what = || format!("receiving a header on socket {s}");
+                match read_some(shared, s, &mut st.hdr[st.hdr_got..], what)? {
+                    None => return Ok(()),
+                    Some(0) if st.hdr_got == 0 => {
                         st.closed = true;
                         return peer_closed(shared, s);
                     }
-                    Ok(Some(0)) => {
+                    Some(0) => {
                         let got = st.hdr_got;
                         return Err(io_error(
                             shared,
@@ -378,20 +405,10 @@ fn advance(shared: &Shared<RecvSide>, s: usize, st: &mut RxSock) -> Step<()> {
                                     "peer closed the connection after {got} bytes of a chunk header"
                                 ),
                             ),
-                            format_args!("receiving a header on socket {s}"),
+                            format_args!("{}", what()),
                         ));
                     }
-                    Ok(Some(n)) => {
-                        st.hdr_got += n;
-                        shared.progress.touch();
-                    }
-                    Err(e) => {
-                        return Err(io_error(
-                            shared,
-                            e,
-                            format_args!("receiving a header on socket {s}"),
-                        ))
-                    }
+                    Some(n) => st.hdr_got += n,
                 }
             }
             st.hdr_got = 0;
@@ -655,26 +672,11 @@ fn read_runs(
             run_bytes.resize(want, 0);
         }
         while job.batch_got < want {
-            match recv_some(&shared.sockets[s], &mut run_bytes[job.batch_got..want]) {
-                Ok(None) => return Ok(false),
-                Ok(Some(0)) => {
-                    return Err(io_error(
-                        shared,
-                        io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection"),
-                        format_args!("receiving message {seq} on socket {s}"),
-                    ))
-                }
-                Ok(Some(k)) => {
-                    job.batch_got += k;
-                    shared.progress.touch();
-                }
-                Err(e) => {
-                    return Err(io_error(
-                        shared,
-                        e,
-                        format_args!("receiving message {seq} on socket {s}"),
-                    ))
-                }
+            let what = || format!("receiving message {seq} on socket {s}");
+            match read_some(shared, s, &mut run_bytes[job.batch_got..want], what)? {
+                None => return Ok(false),
+                Some(0) => return Err(closed_mid_message(shared, s, seq)),
+                Some(k) => job.batch_got += k,
             }
         }
         let before = runs.len();
@@ -695,7 +697,6 @@ fn recv_chunk(
     job: &mut RxJob,
     runs: &[PacketRun],
 ) -> Step<bool> {
-    let sock = &shared.sockets[s];
     let seq = job.seq;
     let (size, mtu, span) = (job.size, job.mtu, job.span.clone());
     if !job.planned {
@@ -723,29 +724,16 @@ fn recv_chunk(
         // machine (under its lock) writes `span`, which holds `r`; the view lives only for
         // this call.
         let bytes = unsafe { job.buf.slice_mut(r.start + job.off, r.end) };
-        match recv_some(sock, bytes) {
-            Ok(None) => return Ok(false),
-            Ok(Some(0)) => {
-                return Err(io_error(
-                    shared,
-                    io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed the connection"),
-                    format_args!("receiving message {seq} on socket {s}"),
-                ))
-            }
-            Ok(Some(k)) => {
+        let what = || format!("receiving message {seq} on socket {s}");
+        match read_some(shared, s, bytes, what)? {
+            None => return Ok(false),
+            Some(0) => return Err(closed_mid_message(shared, s, seq)),
+            Some(k) => {
                 job.off += k;
-                shared.progress.touch();
                 if r.start + job.off == r.end {
                     job.seg += 1;
                     job.off = 0;
                 }
-            }
-            Err(e) => {
-                return Err(io_error(
-                    shared,
-                    e,
-                    format_args!("receiving message {seq} on socket {s}"),
-                ))
             }
         }
     }
