@@ -105,7 +105,8 @@ fn plugin(sockets: usize, size: usize, messages: usize, in_flight: usize) -> Res
         .map(|b| unsafe { HostBuf::from_slice(b) })
         .collect();
     let (mut posted, mut done) = (0, 0);
-    let mut pending: Vec<(u32, u32, usize)> = Vec::new();
+    // (send, receive, buffer); a request leaves its slot (None) once it tested done.
+    let mut pending: Vec<(Option<u32>, Option<u32>, usize)> = Vec::new();
     let start = Instant::now();
     while done < messages {
         while posted < messages && pending.len() < in_flight {
@@ -114,18 +115,27 @@ fn plugin(sockets: usize, size: usize, messages: usize, in_flight: usize) -> Res
                 .ok_or("no free buffer")?;
             let r = recv.irecv(&[dst[slot]], &[0])?.ok_or("no recv slot")?;
             let s = send.isend(src, 0, &plan)?.ok_or("no send slot")?;
-            pending.push((s, r, slot));
+            pending.push((Some(s), Some(r), slot));
             posted += 1;
         }
+        // Every request in flight is tested each round, as NCCL's proxy does: with no pool
+        // thread the transport moves bytes only inside these calls, so a receive left
+        // untested would stall its send.
         let mut progressed = false;
         let mut i = 0;
         while i < pending.len() {
-            let (s, r, _) = pending[i];
-            if send.test(s)?.is_some() {
-                // A send finished: wait for its receive, which is close behind.
-                while recv.test(r)?.is_none() {
-                    idle();
+            let (s, r, _) = &mut pending[i];
+            if let Some(id) = *s {
+                if send.test(id)?.is_some() {
+                    *s = None;
                 }
+            }
+            if let Some(id) = *r {
+                if recv.test(id)?.is_some() {
+                    *r = None;
+                }
+            }
+            if s.is_none() && r.is_none() {
                 pending.remove(i);
                 done += 1;
                 progressed = true;

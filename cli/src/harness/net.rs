@@ -139,8 +139,8 @@ pub(crate) fn ring_comms(
     Ok((send, recv))
 }
 
-/// Takes the oldest request of `fifo` once it is done: its buffers and received sizes.
-fn pop_done(fifo: &mut VecDeque<Request>) -> Result<Option<(Vec<HostBuffer>, Vec<usize>)>> {
+/// Takes the oldest request of `fifo` once it is done: its buffer and the bytes it got.
+fn pop_done(fifo: &mut VecDeque<Request>) -> Result<Option<(HostBuffer, usize)>> {
     let Some(head) = fifo.front_mut() else {
         return Ok(None);
     };
@@ -148,7 +148,7 @@ fn pop_done(fifo: &mut VecDeque<Request>) -> Result<Option<(Vec<HostBuffer>, Vec
         return Ok(None);
     }
     match fifo.pop_front() {
-        Some(req) => req.finish().map(Some),
+        Some(req) => req.finish_one().map(Some),
         None => Ok(None),
     }
 }
@@ -195,7 +195,7 @@ impl RingLink for PluginLink {
             tag: RING_TAG,
             mr,
         };
-        match self.recv.irecv(vec![item])? {
+        match self.recv.irecv([item])? {
             Posted::Started(req) => {
                 self.recvs.push_back(req);
                 Ok(None)
@@ -213,17 +213,11 @@ impl RingLink for PluginLink {
     }
 
     fn test_send(&mut self) -> Result<Option<HostBuffer>> {
-        Ok(pop_done(&mut self.sends)?.and_then(|(mut bufs, _)| bufs.pop()))
+        Ok(pop_done(&mut self.sends)?.map(|(buf, _)| buf))
     }
 
     fn test_recv(&mut self) -> Result<Option<(HostBuffer, usize)>> {
-        let Some((mut bufs, sizes)) = pop_done(&mut self.recvs)? else {
-            return Ok(None);
-        };
-        match (bufs.pop(), sizes.first()) {
-            (Some(buf), Some(&size)) => Ok(Some((buf, size))),
-            _ => Err(Error::internal("a finished receive without its buffer")),
-        }
+        pop_done(&mut self.recvs)
     }
 
     fn set_op(&mut self, op_bits: u32) -> Result<()> {

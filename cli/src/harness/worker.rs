@@ -414,8 +414,13 @@ fn run_collectives(
         let iters = run.iters.max(1);
         let mut samples = vec![Vec::with_capacity(iters); opened.len()];
         let mut verdicts = vec![collectives::Verdict::default(); opened.len()];
+        let nlinks = opened.len();
         for iter in 0..iters {
-            for (i, (kind, set, _)) in opened.iter_mut().enumerate() {
+            // Which link goes first alternates too: the first after the barrier pays for the
+            // ranks waking from it at different times.
+            for k in 0..nlinks {
+                let i = if iter % 2 == 0 { k } else { nlinks - 1 - k };
+                let (kind, set, _) = &mut opened[i];
                 output.fill(0);
                 // Senders decide drops, so every rank switches before the barrier.
                 lib.set_loss_enabled(loss_on(job, *kind))?;

@@ -313,3 +313,217 @@ fn idle_child() {
     drop(pairs);
     println!("idle check passed: {used} ticks");
 }
+
+/// A zero-loss plan over `mtu`-byte packets that loses every other packet from packet 1 on,
+/// `runs` times: `runs + 1` kept ranges, more than one gathered send takes.
+fn every_other_packet(effect: Effect, mtu: u32, runs: u32) -> LossPlan {
+    LossPlan {
+        effect,
+        mtu,
+        lost: (0..runs)
+            .map(|i| PacketRun {
+                start: 1 + 2 * i,
+                len: 1,
+            })
+            .collect(),
+        retransmit_timeout: Duration::from_micros(50),
+        flip_seed: 0,
+    }
+}
+
+#[test]
+fn messages_queued_before_their_receives_arrive_intact_one_read_at_a_time_or_many() {
+    // Sizes around the header (56 bytes) and the receive stage (16 KiB): a read may carry
+    // several whole messages, end inside a header, inside the lost-run list or inside a
+    // payload, and a large read may spill the next header into the stage.
+    let stage = 16 << 10;
+    let sizes = [
+        0,
+        1,
+        55,
+        56,
+        57,
+        4000,
+        stage - 57,
+        stage - 56,
+        stage,
+        stage + 1,
+        40_000,
+        3,
+        200_000,
+        9,
+    ];
+    for nsocks in [1, 2] {
+        let t = loopback(nsocks);
+        let (send, recv) = connect_pair(&t);
+        for (batch, group) in sizes.chunks(7).enumerate() {
+            let plans: Vec<LossPlan> = group
+                .iter()
+                .enumerate()
+                .map(|(i, &size)| {
+                    if i % 3 == 1 && size >= 64 * 8 {
+                        every_other_packet(Effect::Zero, 64, (size as u32 / 64 / 2).min(200))
+                    } else {
+                        LossPlan::lossless()
+                    }
+                })
+                .collect();
+            let mut data: Vec<Vec<u8>> = group
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| pattern(n, (batch * 10 + i) as u64 + 1))
+                .collect();
+            // Every message is sent (in the socket buffers) before any receive is posted.
+            let ids: Vec<_> = data
+                .iter_mut()
+                .zip(&plans)
+                .map(|(d, plan)| {
+                    // SAFETY: the buffer outlives the request and is touched again only after
+                    // it ended.
+                    let buf = unsafe { HostBuf::from_slice(d) };
+                    wait("isend slot", || send.isend(buf, 5, plan)).expect("isend")
+                })
+                .collect();
+            for id in ids {
+                wait("send", || send.test(id)).expect("send");
+            }
+            for (i, d) in data.iter().enumerate() {
+                let mut into = vec![0xeeu8; d.len() + 100];
+                // SAFETY: as above.
+                let r = recv
+                    .irecv(&[unsafe { HostBuf::from_slice(&mut into) }], &[5])
+                    .expect("irecv")
+                    .expect("slot");
+                let got = wait("receive", || recv.test(r)).expect("receive");
+                assert_eq!(got.sizes(), &[d.len()], "{nsocks} sockets, message {i}");
+                let mut want = d.clone();
+                crate::loss::effect::zero_lost(
+                    &mut want,
+                    0,
+                    &plans[i].lost,
+                    plans[i].mtu.max(1),
+                    d.len(),
+                );
+                assert!(
+                    into[..d.len()] == want[..],
+                    "{nsocks} sockets, batch {batch}, message {i} of {} bytes differs",
+                    d.len()
+                );
+                assert!(
+                    into[d.len()..].iter().all(|&b| b == 0xee),
+                    "past the message"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_message_cut_into_more_ranges_than_one_send_gathers_arrives_intact() {
+    let (mtu, runs) = (64u32, 100u32);
+    let size = (mtu * (2 * runs + 3)) as usize;
+    for effect in [Effect::Zero, Effect::Retransmit] {
+        for nsocks in [1, 3] {
+            let t = loopback(nsocks);
+            let (send, recv) = connect_pair(&t);
+            let plan = every_other_packet(effect, mtu, runs);
+            let mut data = pattern(size, 3);
+            let mut into = vec![0x11u8; size];
+            let (s, r) = send_recv(&*send, &*recv, &mut data, &mut into, &plan);
+            assert!(s.is_ok() && r.is_ok());
+            let mut want = data.clone();
+            if effect == Effect::Zero {
+                crate::loss::effect::zero_lost(&mut want, 0, &plan.lost, mtu, size);
+            }
+            for (i, (&g, &w)) in into.iter().zip(&want).enumerate() {
+                assert_eq!(g, w, "{effect:?}, {nsocks} sockets: byte {i}");
+            }
+        }
+    }
+}
+
+/// Segments the receiving side sends while `count` messages of 8 bytes arrive one at a time
+/// (each received before the next is sent), with delayed acknowledgements on or off.
+fn acks_for_small_messages(delayed_acks: bool, count: u64) -> u64 {
+    use super::{IfaceAddr, SocketConfig, SocketTransport};
+    use crate::transport::{Listener, Transport, HANDLE_WIRE_SIZE};
+    let lo = IfaceAddr {
+        name: "lo".into(),
+        ip: "127.0.0.1".parse().expect("ip"),
+        scope_id: 0,
+        is_loopback: true,
+    };
+    let config = SocketConfig {
+        nsocks: 1,
+        delayed_acks,
+        ..SocketConfig::default()
+    };
+    let t = SocketTransport::with_interfaces(config, vec![lo]);
+    let mut handle = [0u8; HANDLE_WIRE_SIZE];
+    let mut listener = t.listen_socket(0, &mut handle).expect("listen");
+    let mut connector = t.connect(0, &handle).expect("connect");
+    let (mut send, mut recv) = (None, None);
+    wait("connection", || {
+        if send.is_none() {
+            send = connector.poll()?;
+        }
+        if recv.is_none() {
+            recv = listener.poll_accept_socket()?;
+        }
+        Ok((send.is_some() && recv.is_some()).then_some(()))
+    })
+    .expect("connect");
+    let (send, recv) = (send.expect("send"), recv.expect("recv"));
+    let _ = listener.poll_accept();
+    let before = recv.segments_sent();
+    for i in 0..count {
+        let mut data = pattern(8, i + 1);
+        let mut into = vec![0u8; 8];
+        let (s, r) = send_recv(&*send, &recv, &mut data, &mut into, &LossPlan::lossless());
+        assert!(s.is_ok() && r.is_ok() && into == data);
+    }
+    recv.segments_sent() - before
+}
+
+#[test]
+fn small_messages_are_acknowledged_every_second_segment_with_delayed_acks() {
+    // Linux acknowledges each small segment when it is read, one pure ACK per message: with
+    // acknowledgements delayed, every second one. 200 messages: about 100 against about 200;
+    // the bounds leave 20 % either way for acknowledgements the kernel sends on its own
+    // (a delayed-ACK timer firing in a slow run, window updates).
+    let count = 200;
+    let delayed = acks_for_small_messages(true, count);
+    let prompt = acks_for_small_messages(false, count);
+    assert!(
+        delayed <= count * 6 / 10,
+        "{delayed} ACKs for {count} messages"
+    );
+    assert!(
+        prompt >= count * 8 / 10,
+        "{prompt} ACKs for {count} messages"
+    );
+}
+
+#[test]
+fn delayed_acks_variable_is_parsed_and_bad_values_name_it() {
+    use super::SocketConfig;
+    let with = |v: &'static str| {
+        SocketConfig::from_lookup(move |name| {
+            (name == "NCCL_LOSSY_DELAYED_ACKS").then(|| v.to_string())
+        })
+    };
+    assert!(
+        SocketConfig::from_lookup(|_| None)
+            .expect("unset")
+            .delayed_acks
+    );
+    assert!(with("1").expect("1").delayed_acks);
+    assert!(!with(" 0 ").expect("0").delayed_acks);
+    for bad in ["yes", "2", "off"] {
+        let err = with(bad).expect_err(bad).to_string();
+        assert!(
+            err.contains("NCCL_LOSSY_DELAYED_ACKS") && err.contains(bad) && err.contains("0"),
+            "{err}"
+        );
+    }
+}

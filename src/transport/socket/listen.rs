@@ -44,6 +44,8 @@ pub struct SocketListener {
     /// `NCCL_LOSSY_TIMEOUT`: how long `poll_accept` may go without a complete connection,
     /// and the no-progress limit of the connections it makes.
     timeout: Option<Duration>,
+    /// The connections' receiving sockets delay TCP acknowledgements of small messages.
+    delayed_acks: bool,
     /// First `poll_accept` since the last connection was handed out.
     waiting_since: Option<Instant>,
 }
@@ -51,7 +53,12 @@ pub struct SocketListener {
 impl SocketListener {
     /// Wraps a bound, listening, non-blocking socket whose peers must present `nonce`.
     /// With `timeout`, accepting fails when no peer completes a connection for that long.
-    pub(crate) fn new(sock: Socket, nonce: [u8; NONCE_SIZE], timeout: Option<Duration>) -> Self {
+    pub(crate) fn new(
+        sock: Socket,
+        nonce: [u8; NONCE_SIZE],
+        timeout: Option<Duration>,
+        delayed_acks: bool,
+    ) -> Self {
         SocketListener {
             sock,
             nonce,
@@ -59,6 +66,7 @@ impl SocketListener {
             hello_timeout: HELLO_TIMEOUT,
             rejected: 0,
             timeout,
+            delayed_acks,
             waiting_since: None,
         }
     }
@@ -241,7 +249,7 @@ impl SocketListener {
         for s in &socks {
             prepare(s).map_err(|e| Error::from(e).context("configuring an accepted socket"))?;
         }
-        SocketRecvConn::start(socks, peer, self.timeout).map(Some)
+        SocketRecvConn::start(socks, peer, self.timeout, self.delayed_acks).map(Some)
     }
 }
 

@@ -95,6 +95,10 @@ pub struct SocketConfig {
     /// `NCCL_LOSSY_TIMEOUT`: a connection whose outstanding requests move no byte for this
     /// long fails them, and accepting/connecting give up after it; `None`: off.
     pub timeout: Option<Duration>,
+    /// `NCCL_LOSSY_DELAYED_ACKS` (default on): receiving sockets that carry small messages
+    /// ask TCP to delay its acknowledgements (`TCP_QUICKACK` off) instead of sending one for
+    /// every small segment (docs/transport.md, "Acknowledgements").
+    pub delayed_acks: bool,
 }
 
 impl Default for SocketConfig {
@@ -106,6 +110,7 @@ impl Default for SocketConfig {
             speed_mbps: None,
             sockbuf: None,
             timeout: None,
+            delayed_acks: true,
         }
     }
 }
@@ -188,8 +193,20 @@ impl SocketConfig {
             Some(v) => parse_timeout(&v)?,
             None => None,
         };
+        let delayed_acks = match text("NCCL_LOSSY_DELAYED_ACKS").as_deref().map(str::trim) {
+            None | Some("1") => true,
+            Some("0") => false,
+            Some(v) => {
+                return Err(Error::invalid_argument(format!(
+                    "NCCL_LOSSY_DELAYED_ACKS={v} is not a valid value: 1 (delay TCP \
+                     acknowledgements of small messages, the default) or 0 (acknowledge every \
+                     segment at once)"
+                )))
+            }
+        };
         Ok(SocketConfig {
             timeout,
+            delayed_acks,
             ifname: text("NCCL_SOCKET_IFNAME"),
             family,
             nsocks: nsocks.unwrap_or_else(default_nsocks),
@@ -306,7 +323,12 @@ impl SocketTransport {
             setup().map_err(|e| Error::from(e).context(format_args!("listening on {bind}")))?;
         let nonce = random_bytes::<16>()?;
         Handle { addr: local, nonce }.encode(handle);
-        Ok(SocketListener::new(sock, nonce, self.config.timeout))
+        Ok(SocketListener::new(
+            sock,
+            nonce,
+            self.config.timeout,
+            self.config.delayed_acks,
+        ))
     }
 
     /// Starts connecting to the listener of `handle`; the concrete type.

@@ -20,12 +20,17 @@
 //! - [`pool`]: the I/O threads (`NCCL_LOSSY_IO_THREADS`), one epoll instance each;
 //! - [`send`]: the sending half, which cuts each message into chunks and sends them;
 //! - [`recv`]: the receiving half, which matches chunk headers to posted buffers and applies
-//!   the loss plan to the bytes that land.
+//!   the loss plan to the bytes that land;
+//! - [`grouped`]: a posted receive's buffers and the matching of its messages by tag;
+//! - [`stage`]: a receiving socket's read-ahead (one system call per small message) and its
+//!   acknowledgement mode.
 
+mod grouped;
 mod pool;
 mod recv;
 mod send;
 mod shared;
+mod stage;
 
 use std::io;
 use std::ops::Range;

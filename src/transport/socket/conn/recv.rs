@@ -10,8 +10,10 @@ use std::time::Duration;
 
 use socket2::Socket;
 
+use super::grouped::{RecvMsg, RecvSlot, UNKNOWN_MSG};
 use super::pool::{Pool, WANT_READ};
-use super::shared::{recv_some, Shared, Side, DONE, PENDING};
+use super::shared::{Shared, Side, DONE, PENDING};
+use super::stage::{Read, Stage};
 use super::{chunk_count, chunk_sockets, chunk_span, roles};
 use crate::loss::effect;
 use crate::loss::plan::{Effect, PacketRun};
@@ -21,87 +23,6 @@ use crate::{Error, Result};
 
 /// Runs read from the wire per `recv`, so a long list costs a bounded buffer.
 const RUN_BATCH: usize = 4096;
-
-/// A message of a grouped receive, as its chunk headers describe it.
-#[derive(Clone, Copy)]
-struct RecvMsg {
-    /// A chunk header of this message has arrived: the fields below are set.
-    known: bool,
-    /// The buffer the message lands in, once matched by tag.
-    buf_index: Option<usize>,
-    size: usize,
-    tag: i32,
-    effect: Effect,
-    mtu: u32,
-    flip_seed: u64,
-    chunks_left: usize,
-    /// Sockets whose chunk header for this message has arrived (bit `s`).
-    got: u16,
-}
-
-const UNKNOWN_MSG: RecvMsg = RecvMsg {
-    known: false,
-    buf_index: None,
-    size: 0,
-    tag: 0,
-    effect: Effect::Zero,
-    mtu: 0,
-    flip_seed: 0,
-    chunks_left: 0,
-    got: 0,
-};
-
-struct RecvSlot {
-    n: usize,
-    first_seq: u64,
-    bufs: [HostBuf; MAX_RECVS],
-    tags: [i32; MAX_RECVS],
-    taken: [bool; MAX_RECVS],
-    sizes: [usize; MAX_RECVS],
-    /// Messages in stream order (message `first_seq + i` is `msgs[i]`).
-    msgs: [RecvMsg; MAX_RECVS],
-    msgs_left: usize,
-}
-
-impl RecvSlot {
-    /// Matches message `i` to the first buffer with its tag not taken by an earlier message
-    /// of this receive. `Ok(None)`: that depends on earlier messages whose headers are still
-    /// on their way (only when several buffers share the tag).
-    fn match_buffer(&mut self, i: usize) -> Result<Option<usize>> {
-        if let Some(b) = self.msgs[i].buf_index {
-            return Ok(Some(b));
-        }
-        let tag = self.msgs[i].tag;
-        let with_tag = |b: &usize| self.tags[*b] == tag;
-        let rank = match (0..self.n).filter(with_tag).count() {
-            0 => {
-                return Err(Error::invalid_usage(format!(
-                    "a message with tag {tag} arrived, but the posted receive has tags {:?}",
-                    &self.tags[..self.n]
-                )))
-            }
-            // One buffer with this tag: it is this message's, whatever came before.
-            1 => 0,
-            _ => {
-                if self.msgs[..i].iter().any(|m| !m.known) {
-                    return Ok(None);
-                }
-                self.msgs[..i].iter().filter(|m| m.tag == tag).count()
-            }
-        };
-        let found = (0..self.n).filter(with_tag).nth(rank);
-        match found {
-            Some(b) if !self.taken[b] => {
-                self.taken[b] = true;
-                self.msgs[i].buf_index = Some(b);
-                Ok(Some(b))
-            }
-            _ => Err(Error::invalid_usage(format!(
-                "more messages with tag {tag} than buffers with that tag in the posted receive"
-            ))),
-        }
-    }
-}
 
 struct RecvSide {
     slots: Vec<RecvSlot>,
@@ -114,6 +35,9 @@ struct RecvSide {
     /// Sockets the peer closed cleanly (bit `s`): socket `s` carries nothing for message
     /// `passed[s]` or any later one.
     closed: u16,
+    /// Sockets holding a whole header whose message has no matched buffer yet (bit `s`):
+    /// only a new receive moves them on, so `irecv` progresses these and no others.
+    parked: u16,
 }
 
 impl RecvSide {
@@ -194,6 +118,7 @@ pub(super) struct RxSock {
     run_bytes: Vec<u8>,
     /// The ranges vector of the last finished job, reused so steady state allocates nothing.
     spare: Vec<Range<usize>>,
+    stage: Stage,
 }
 
 /// The receiving half of a socket connection.
@@ -209,10 +134,12 @@ impl SocketRecvConn {
         sockets: Vec<Socket>,
         peer: String,
         timeout: Option<Duration>,
+        delayed_acks: bool,
     ) -> Result<Self> {
         let side = RecvSide {
             passed: vec![0; sockets.len()],
             closed: 0,
+            parked: 0,
             slots: (0..MAX_REQUESTS)
                 .map(|_| RecvSlot {
                     n: 0,
@@ -239,6 +166,7 @@ impl SocketRecvConn {
                 runs: Vec::new(),
                 run_bytes: vec![0; RUN_BATCH * RUN_SIZE],
                 spare: Vec::new(),
+                stage: Stage::new(delayed_acks),
             })
             .collect();
         let pool = Pool::shared()?;
@@ -247,6 +175,35 @@ impl SocketRecvConn {
             shared,
             _pool: pool,
         })
+    }
+
+    /// TCP segments the receiving sockets have sent so far (acknowledgements, and a goodbye
+    /// at close): the kernel's own count, `tcpi_segs_out`.
+    #[cfg(test)]
+    pub(crate) fn segments_sent(&self) -> u64 {
+        use std::os::fd::AsRawFd;
+        self.shared
+            .sockets
+            .iter()
+            .map(|sock| {
+                // SAFETY: `tcp_info` is plain data (all-zero is a valid value).
+                let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+                let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+                // SAFETY: a live socket descriptor, and `info`/`len` describe a buffer of
+                // `len` bytes that outlives the call.
+                let rc = unsafe {
+                    libc::getsockopt(
+                        sock.as_raw_fd(),
+                        libc::IPPROTO_TCP,
+                        libc::TCP_INFO,
+                        (&mut info as *mut libc::tcp_info).cast(),
+                        &mut len,
+                    )
+                };
+                assert_eq!(rc, 0, "TCP_INFO");
+                u64::from(info.tcpi_segs_out)
+            })
+            .sum()
     }
 
     /// Sockets whose clean close by the peer has been read (bit `s`: socket `s`).
@@ -297,8 +254,11 @@ impl RecvConn for SocketRecvConn {
             shared.fail_locked(g, err, true);
             return Ok(Some(slot as RequestId));
         }
+        // Sockets that wait for bytes are armed with their pool thread or progressed by
+        // `test`; those that hold a header for a receive not posted until now move here.
+        let parked = std::mem::take(&mut g.side.parked);
         drop(g);
-        shared.progress_all();
+        shared.progress_sockets(parked);
         Ok(Some(slot as RequestId))
     }
 
@@ -334,20 +294,24 @@ fn io_error(shared: &Shared<RecvSide>, e: io::Error, what: std::fmt::Arguments<'
     Error::from(e).context(format_args!("{what} with {}", shared.peer))
 }
 
-/// Reads what socket `s` has for `buf`: `Ok(None)` when it would block, `Ok(Some(0))` when the
-/// peer closed, else how many bytes came (noted as progress). `what` names the read in errors.
+/// Reads what socket `s` has for `buf`, staged bytes first: `Ok(None)` when it would block,
+/// `Ok(Some(0))` when the peer closed, else how many bytes of `buf` came (noted as
+/// progress). `what` names the read in errors.
 fn read_some(
     shared: &Shared<RecvSide>,
     s: usize,
+    stage: &mut Stage,
     buf: &mut [u8],
     what: impl Fn() -> String,
 ) -> Step<Option<usize>> {
-    match recv_some(&shared.sockets[s], buf) {
-        Ok(Some(n)) if n > 0 => {
+    match stage.read(&shared.sockets[s], buf) {
+        Ok(Read::Staged(k)) => Ok(Some(k)),
+        Ok(Read::Arrived(k)) => {
             shared.progress.touch();
-            Ok(Some(n))
+            Ok(Some(k))
         }
-        Ok(got) => Ok(got),
+        Ok(Read::Closed) => Ok(Some(0)),
+        Ok(Read::Nothing) => Ok(None),
         Err(e) => Err(io_error(shared, e, format_args!("{}", what()))),
     }
 }
@@ -389,7 +353,7 @@ fn advance(shared: &Shared<RecvSide>, s: usize, st: &mut RxSock) -> Step<()> {
         if st.job.is_none() && st.head.is_none() {
             while st.hdr_got < HEADER_SIZE {
                 let what = || format!("receiving a header on socket {s}");
-                match read_some(shared, s, &mut st.hdr[st.hdr_got..], what)? {
+                match read_some(shared, s, &mut st.stage, &mut st.hdr[st.hdr_got..], what)? {
                     None => return Ok(()),
                     Some(0) if st.hdr_got == 0 => {
                         st.closed = true;
@@ -431,10 +395,17 @@ fn advance(shared: &Shared<RecvSide>, s: usize, st: &mut RxSock) -> Step<()> {
         let Some(job) = st.job.as_mut() else {
             continue;
         };
-        if !read_runs(shared, s, job, &mut st.runs, &mut st.run_bytes)? {
+        if !read_runs(
+            shared,
+            s,
+            &mut st.stage,
+            job,
+            &mut st.runs,
+            &mut st.run_bytes,
+        )? {
             return Ok(());
         }
-        if !recv_chunk(shared, s, job, &st.runs)? {
+        if !recv_chunk(shared, s, &mut st.stage, job, &st.runs)? {
             return Ok(());
         }
         let (slot, msg) = (job.slot, job.msg);
@@ -454,6 +425,13 @@ fn advance(shared: &Shared<RecvSide>, s: usize, st: &mut RxSock) -> Step<()> {
                 side.posted.retain(|&p| p != slot);
                 shared.slot_state[slot].store(DONE, Ordering::Release);
             }
+        }
+        if side.next_seq <= st.min_seq && st.stage.is_empty() {
+            // No receive is posted for what this socket carries next: a read now would mostly
+            // find nothing (the peer's next message usually answers this one); the next
+            // `irecv` moves the socket on, or its pool thread when bytes come.
+            side.parked |= 1 << s;
+            return Ok(());
         }
     }
 }
@@ -564,6 +542,7 @@ fn match_header(
         return Ok(None);
     }
     if g.side.next_seq <= seq {
+        g.side.parked |= 1 << s;
         return Ok(None);
     }
     let Some((slot, i)) = g.side.find(seq) else {
@@ -618,7 +597,10 @@ fn match_header(
         Err(e) => return Err(e.context(format_args!("message {seq}"))),
         Ok(Some(b)) => b,
         // Our chunk is not in, so the message, and its slot, stay ours while we wait.
-        Ok(None) => return Ok(None),
+        Ok(None) => {
+            g.side.parked |= 1 << s;
+            return Ok(None);
+        }
     };
     let buf = g.side.slots[slot].bufs[b];
     if size > buf.len() {
@@ -660,6 +642,7 @@ fn match_header(
 fn read_runs(
     shared: &Shared<RecvSide>,
     s: usize,
+    stage: &mut Stage,
     job: &mut RxJob,
     runs: &mut Vec<PacketRun>,
     run_bytes: &mut Vec<u8>,
@@ -673,7 +656,7 @@ fn read_runs(
         }
         while job.batch_got < want {
             let what = || format!("receiving message {seq} on socket {s}");
-            match read_some(shared, s, &mut run_bytes[job.batch_got..want], what)? {
+            match read_some(shared, s, stage, &mut run_bytes[job.batch_got..want], what)? {
                 None => return Ok(false),
                 Some(0) => return Err(closed_mid_message(shared, s, seq)),
                 Some(k) => job.batch_got += k,
@@ -694,6 +677,7 @@ fn read_runs(
 fn recv_chunk(
     shared: &Shared<RecvSide>,
     s: usize,
+    stage: &mut Stage,
     job: &mut RxJob,
     runs: &[PacketRun],
 ) -> Step<bool> {
@@ -725,7 +709,7 @@ fn recv_chunk(
         // this call.
         let bytes = unsafe { job.buf.slice_mut(r.start + job.off, r.end) };
         let what = || format!("receiving message {seq} on socket {s}");
-        match read_some(shared, s, bytes, what)? {
+        match read_some(shared, s, stage, bytes, what)? {
             None => return Ok(false),
             Some(0) => return Err(closed_mid_message(shared, s, seq)),
             Some(k) => {

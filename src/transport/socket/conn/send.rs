@@ -2,6 +2,7 @@
 //! state machines that send each socket's chunk of every message.
 
 use std::collections::VecDeque;
+use std::io::IoSlice;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 use socket2::Socket;
 
 use super::pool::{Pool, WANT_WRITE};
-use super::shared::{peek_arrived, send_some, Shared, Side, DONE, PENDING};
+use super::shared::{peek_arrived, send_gathered, Shared, Side, DONE, IO_PIECE, PENDING};
 use super::{chunk_count, chunk_span, roles};
 use crate::loss::effect::{self, MIN_MTU};
 use crate::loss::plan::{Effect, LossPlan, PacketRun};
@@ -332,6 +333,11 @@ fn next_job(shared: &Shared<SendSide>, s: usize, st: &mut TxSock) -> bool {
     }
 }
 
+/// Most pieces one gathered send hands the kernel: the header (with its runs) and the
+/// message ranges after it, so a small message, or a lossy one cut into many kept ranges,
+/// goes out in one system call.
+const MAX_GATHER: usize = 16;
+
 /// Sends what socket `s` takes of `job` now: `Ok(true)` once all of it is sent, `Ok(false)`
 /// when the socket is full or the job waits for its retransmit deadline.
 fn drive(
@@ -341,18 +347,9 @@ fn drive(
     wire_bytes: &[u8],
 ) -> std::io::Result<bool> {
     let sock = &shared.sockets[s];
-    while job.head < wire_bytes.len() {
-        let more = !job.segs.is_empty();
-        match send_some(sock, &wire_bytes[job.head..], more)? {
-            None => return Ok(false),
-            Some(n) => {
-                job.head += n;
-                shared.progress.touch();
-            }
-        }
-    }
-    while job.seg < job.segs.len() {
-        if job.seg == job.resend_from {
+    loop {
+        let head_left = wire_bytes.len() - job.head;
+        if head_left == 0 && job.seg == job.resend_from {
             let now = Instant::now();
             match job.deadline {
                 None => {
@@ -369,23 +366,60 @@ fn drive(
             job.resend_from = usize::MAX;
             shared.progress.touch();
         }
-        let r = job.segs[job.seg].clone();
-        // SAFETY: NCCL lent the buffer until the send completes, which is only after this
-        // chunk is reported sent, and does not write it meanwhile; the transport only reads it.
-        let bytes = unsafe { job.buf.slice(r.start + job.off, r.end) };
-        match send_some(sock, bytes, false)? {
-            None => return Ok(false),
-            Some(n) => {
-                job.off += n;
-                shared.progress.touch();
-                if r.start + job.off == r.end {
-                    job.seg += 1;
-                    job.off = 0;
-                }
+        if head_left == 0 && job.seg == job.segs.len() {
+            return Ok(true);
+        }
+        // Gather what may go now: the rest of the header, then ranges up to a delayed
+        // retransmission, within one system call's share.
+        let mut parts = [IoSlice::new(&[]); MAX_GATHER];
+        let mut n = 0;
+        let mut total = 0;
+        if head_left > 0 {
+            parts[0] = IoSlice::new(&wire_bytes[job.head..]);
+            n = 1;
+            total = head_left;
+        }
+        let stop = job.resend_from.min(job.segs.len());
+        let (mut seg, mut off) = (job.seg, job.off);
+        while seg < stop && n < MAX_GATHER && total < IO_PIECE {
+            let r = &job.segs[seg];
+            let end = r.end.min(r.start + off + (IO_PIECE - total));
+            // SAFETY: NCCL lent the buffer until the send completes, which is only after this
+            // chunk is reported sent, and does not write it meanwhile; the transport only
+            // reads it, and the view lives only for this call.
+            let bytes = unsafe { job.buf.slice(r.start + off, end) };
+            parts[n] = IoSlice::new(bytes);
+            n += 1;
+            total += bytes.len();
+            if end == r.end {
+                seg += 1;
+                off = 0;
+            } else {
+                off = end - r.start;
+            }
+        }
+        // More of this job follows at once when the gather stopped short of the stop point.
+        let more = seg < stop;
+        let Some(mut sent) = send_gathered(sock, &parts[..n], more)? else {
+            return Ok(false);
+        };
+        shared.progress.touch();
+        let from_head = sent.min(head_left);
+        job.head += from_head;
+        sent -= from_head;
+        while sent > 0 {
+            let r = &job.segs[job.seg];
+            let left = r.end - r.start - job.off;
+            if sent >= left {
+                sent -= left;
+                job.seg += 1;
+                job.off = 0;
+            } else {
+                job.off += sent;
+                sent = 0;
             }
         }
     }
-    Ok(true)
 }
 
 /// Whether the receiver wrote [`wire::GOODBYE`] on `sock` before closing it.

@@ -9,7 +9,7 @@
 //! raising the socket's `pending` flag, which the lock holder checks before it lets go (no
 //! readiness is lost, and nobody waits).
 
-use std::io;
+use std::io::{self, IoSlice, IoSliceMut, Read};
 use std::net::Shutdown;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
@@ -25,23 +25,27 @@ use crate::{Error, Result};
 
 /// Most bytes one `send`/`recv` call moves, so a large chunk still marks progress often
 /// enough for the no-progress timeout (a few more system calls per 64 MiB, no measurable cost).
-const IO_PIECE: usize = 4 << 20;
+pub(super) const IO_PIECE: usize = 4 << 20;
 
 pub(super) const FREE: u8 = 0;
 pub(super) const PENDING: u8 = 1;
 pub(super) const DONE: u8 = 2;
 
 /// When a connection last moved bytes, for the no-progress timeout (`NCCL_LOSSY_TIMEOUT`).
+/// Without a timeout nothing reads it, and recording costs nothing (no clock read per
+/// transfer on the hot path).
 pub(super) struct Progress {
     epoch: Instant,
     last_ns: AtomicU64,
+    recorded: bool,
 }
 
 impl Progress {
-    fn new() -> Self {
+    fn new(recorded: bool) -> Self {
         Progress {
             epoch: Instant::now(),
             last_ns: AtomicU64::new(0),
+            recorded,
         }
     }
 
@@ -53,7 +57,9 @@ impl Progress {
     /// Records that bytes moved (or that the clock starts now).
     #[inline]
     pub(super) fn touch(&self) {
-        self.last_ns.store(self.now_ns(), Ordering::Relaxed);
+        if self.recorded {
+            self.last_ns.store(self.now_ns(), Ordering::Relaxed);
+        }
     }
 
     /// How long since bytes last moved.
@@ -66,15 +72,20 @@ impl Progress {
     }
 }
 
-/// Sends a prefix of `bytes` without waiting: `Ok(None)` when the socket buffer is full.
-pub(super) fn send_some(sock: &Socket, bytes: &[u8], more: bool) -> io::Result<Option<usize>> {
-    let piece = bytes.len().min(IO_PIECE);
-    let more = more || piece < bytes.len();
+/// Sends a prefix of the bytes of `parts`, in order, in one system call without waiting:
+/// `Ok(None)` when the socket buffer is full. `more`: the caller has more bytes to send
+/// right after these (the kernel may hold a short segment back for them).
+pub(super) fn send_gathered(
+    sock: &Socket,
+    parts: &[IoSlice<'_>],
+    more: bool,
+) -> io::Result<Option<usize>> {
+    let total: usize = parts.iter().map(|p| p.len()).sum();
     // MSG_NOSIGNAL: a dead peer must give EPIPE, not kill a host process that kept SIGPIPE.
     let flags = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT | if more { libc::MSG_MORE } else { 0 };
     loop {
-        match sock.send_with_flags(&bytes[..piece], flags) {
-            Ok(0) if piece > 0 => return Err(io::ErrorKind::WriteZero.into()),
+        match sock.send_vectored_with_flags(parts, flags) {
+            Ok(0) if total > 0 => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => return Ok(Some(n)),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
@@ -83,16 +94,26 @@ pub(super) fn send_some(sock: &Socket, bytes: &[u8], more: bool) -> io::Result<O
     }
 }
 
-/// Receives into a prefix of `buf` without waiting: `Ok(None)` when nothing has arrived,
-/// `Ok(Some(0))` when the peer closed its end.
-pub(super) fn recv_some(sock: &Socket, buf: &mut [u8]) -> io::Result<Option<usize>> {
+/// Receives what has arrived into `buf`, and once `buf` is full into `tail` (a vectored read
+/// only when `tail` is not empty), in one system call without waiting: `Ok(None)` when
+/// nothing has arrived, `Ok(Some(0))` when the peer closed its end, else the bytes stored
+/// (`buf` first). The socket is non-blocking.
+pub(super) fn recv_some(
+    sock: &Socket,
+    buf: &mut [u8],
+    tail: &mut [u8],
+) -> io::Result<Option<usize>> {
     let end = buf.len().min(IO_PIECE);
-    let rest = &mut buf[..end];
-    // SAFETY: `MaybeUninit<u8>` has the layout of `u8`, and `recv` only stores initialised
-    // bytes into the slice, so viewing initialised bytes as possibly uninitialised is sound.
-    let rest = unsafe { &mut *(rest as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
+    // A read cut short of `buf` must not run on into `tail`.
+    let tail = if end < buf.len() { &mut [][..] } else { tail };
+    let mut reader = sock;
     loop {
-        match sock.recv_with_flags(rest, libc::MSG_DONTWAIT) {
+        let got = if tail.is_empty() {
+            reader.read(&mut buf[..end])
+        } else {
+            reader.read_vectored(&mut [IoSliceMut::new(&mut buf[..end]), IoSliceMut::new(tail)])
+        };
+        match got {
             Ok(n) => return Ok(Some(n)),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
@@ -104,7 +125,8 @@ pub(super) fn recv_some(sock: &Socket, buf: &mut [u8]) -> io::Result<Option<usiz
 /// Peeks at up to `buf.len()` bytes that have already arrived on `sock`, without waiting and
 /// without consuming them.
 pub(super) fn peek_arrived(sock: &Socket, buf: &mut [u8]) -> io::Result<usize> {
-    // SAFETY: as in `recv_some`: `recv` only stores initialised bytes into the slice.
+    // SAFETY: `MaybeUninit<u8>` has the layout of `u8`, and `recv` only stores initialised
+    // bytes into the slice, so viewing initialised bytes as possibly uninitialised is sound.
     let view = unsafe { &mut *(buf as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
     sock.recv_with_flags(view, libc::MSG_PEEK | libc::MSG_DONTWAIT)
 }
@@ -182,7 +204,7 @@ impl<S: Side> Shared<S> {
         }
         let shared = Arc::new(Shared {
             regs: OnceLock::new(),
-            progress: Progress::new(),
+            progress: Progress::new(timeout.is_some()),
             timeout,
             sockets,
             cells: states
@@ -223,9 +245,28 @@ impl<S: Side> Shared<S> {
 
     /// Moves what every socket can move now (the owner's inline progress). Never blocks.
     pub(super) fn progress_all(&self) {
-        self.owner_ns
-            .store(self.progress.now_ns(), Ordering::Relaxed);
+        self.owner_active();
         for s in 0..self.cells.len() {
+            self.progress_socket(s);
+        }
+    }
+
+    /// Notes that the owner progresses the connection now, for its pool thread (if any) to
+    /// leave the sockets to it.
+    fn owner_active(&self) {
+        if self.regs.get().is_some() {
+            self.owner_ns
+                .store(self.progress.now_ns(), Ordering::Relaxed);
+        }
+    }
+
+    /// Moves what the sockets of `mask` (bit `s`: socket `s`) can move now, as the owner.
+    pub(super) fn progress_sockets(&self, mask: u16) {
+        if mask == 0 {
+            return;
+        }
+        self.owner_active();
+        for s in (0..self.cells.len()).filter(|s| mask & (1 << s) != 0) {
             self.progress_socket(s);
         }
     }

@@ -11,19 +11,23 @@
 //! This file and [`super::library`] are the only places in the harness with `unsafe`.
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
 use std::ffi::{c_char, c_int, c_ulong, CStr};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nccl_net_lossy::ffi::net::{
-    NetComm, NetContext, NetMr, NetPlugin, NetRecvBuf, NetRequest, NEWEST_VERSION, OLDEST_VERSION,
+    NetComm, NetContext, NetMr, NetPlugin, NetRecvBuf, NEWEST_VERSION, OLDEST_VERSION,
 };
 pub use nccl_net_lossy::ffi::net::{NetProperties, MAX_GROUPED_RECVS};
 pub use nccl_net_lossy::ffi::HANDLE_BYTES;
 use nccl_net_lossy::ffi::{ncclDebugLogLevel, ncclDebugLogger_t, ncclProfilerCallback_t};
 use nccl_net_lossy::{Error, Result};
+
+mod request;
+
+use request::{posted, Lent};
+pub use request::{Posted, Request, RequestFifo};
 
 pub use super::library::{
     default_library_path, library_near, PluginLibrary, CARGO_LIBRARY_NAME, NCCL_LIBRARY_NAME,
@@ -531,122 +535,6 @@ pub struct RecvItem {
     pub mr: MrHandle,
 }
 
-/// What `isend`/`irecv` did: started a request, or (NULL request) asked to retry later, in
-/// which case the buffers come back.
-pub enum Posted {
-    /// The request, to `test` until done.
-    Started(Request),
-    /// The plugin had no free slot: try again later with the same buffers.
-    Busy(Vec<HostBuffer>),
-}
-
-/// Buffers lent to the plugin and not taken (an error or a NULL request): ours again.
-///
-/// # Safety
-/// Each pointer came from `Box::into_raw` and the plugin holds no request using it.
-unsafe fn take_back(lent: Vec<*mut [u8]>) -> Vec<HostBuffer> {
-    lent.into_iter()
-        // SAFETY: per this function's contract.
-        .map(|p| unsafe { Box::from_raw(p) })
-        .collect()
-}
-
-/// Turns a post's outcome into [`Posted`], taking the buffers back when no request started.
-fn posted(
-    outcome: Result<Option<NetRequest>>,
-    comm: &Rc<CommInner>,
-    lent: Vec<*mut [u8]>,
-    phandle: Option<Box<u64>>,
-) -> Result<Posted> {
-    match outcome {
-        Ok(Some(raw)) => Ok(Posted::Started(Request {
-            raw,
-            comm: Rc::clone(comm),
-            bufs: lent,
-            sizes: None,
-            failed: false,
-            phandle,
-        })),
-        // SAFETY: no request was started, so the plugin did not take the buffers.
-        Ok(None) => Ok(Posted::Busy(unsafe { take_back(lent) })),
-        Err(err) => {
-            // SAFETY: as above: a failed post started no request.
-            drop(unsafe { take_back(lent) });
-            Err(err)
-        }
-    }
-}
-
-/// An outstanding `isend`/`irecv`. Owns the lent buffers until `test` says done.
-pub struct Request {
-    raw: NetRequest,
-    comm: Rc<CommInner>,
-    /// The lent buffers, as raw allocations the plugin may use until done.
-    bufs: Vec<*mut [u8]>,
-    sizes: Option<Vec<usize>>,
-    /// `test` failed: the plugin may have released the request.
-    failed: bool,
-    /// The profiler handle `isend` passed (see [`PluginClient::init_profiled`]).
-    phandle: Option<Box<u64>>,
-}
-
-impl Request {
-    /// Calls `test` once: `Ok(Some(sizes))` when done (bytes per buffer), `Ok(None)` while
-    /// pending. After an error the request is dead and its buffers are never returned.
-    pub fn test(&mut self) -> Result<Option<&[usize]>> {
-        if self.sizes.is_none() {
-            let _comm = self.comm.live()?;
-            if self.failed {
-                return Err(Error::invalid_usage(
-                    "test of a request that already failed",
-                ));
-            }
-            // SAFETY: a request of the live comm (checked) that has not tested done or failed.
-            let outcome = unsafe { self.comm.plugin().test(self.raw) };
-            self.failed = outcome.is_err();
-            let Some(sizes) = outcome? else {
-                return Ok(None);
-            };
-            let n = self.bufs.len().max(1);
-            let sizes = sizes[..n]
-                .iter()
-                .map(|&s| {
-                    usize::try_from(s)
-                        .map_err(|_| Error::internal(format!("test reported a negative size {s}")))
-                })
-                .collect::<Result<Vec<_>>>()?;
-            self.sizes = Some(sizes);
-        }
-        Ok(self.sizes.as_deref())
-    }
-
-    /// The address passed to `isend` as its profiler handle, if any: what the plugin hands
-    /// back to the profiler callback as the parent of the message's event.
-    pub fn profiler_handle(&self) -> Option<usize> {
-        self.phandle.as_deref().map(|h| h as *const u64 as usize)
-    }
-
-    /// True once `test` has reported the request done.
-    pub fn is_done(&self) -> bool {
-        self.sizes.is_some()
-    }
-
-    /// The buffers back, with the size each got, once `test` reported the request done.
-    pub fn finish(mut self) -> Result<(Vec<HostBuffer>, Vec<usize>)> {
-        let sizes = self
-            .sizes
-            .take()
-            .ok_or_else(|| Error::invalid_usage("finish before test reported the request done"))?;
-        // SAFETY: the plugin no longer uses the buffers now that test reported the request
-        // done.
-        let bufs = unsafe { take_back(std::mem::take(&mut self.bufs)) };
-        Ok((bufs, sizes))
-    }
-}
-
-// Dropping an unfinished Request leaks its buffers on purpose: the plugin may still write
-// into them until its comm is closed.
-
 /// A send comm (`sendComm`), closed with `closeSend` on [`SendComm::close`] or drop.
 pub struct SendComm {
     inner: Rc<CommInner>,
@@ -672,7 +560,10 @@ impl SendComm {
                 buf.len()
             )));
         }
-        let lent = Box::into_raw(buf);
+        let mut lent = Lent::new();
+        let data = lent
+            .lend(buf)
+            .ok_or_else(|| Error::internal("a send lends one buffer"))?;
         let client = &self.inner.client;
         let mut phandle = (client.profiled && client.plugin.version() >= 10).then(|| Box::new(0));
         let ph = phandle
@@ -685,9 +576,9 @@ impl SendComm {
         let outcome = unsafe {
             self.inner
                 .plugin()
-                .isend_profiled(raw, lent.cast(), size, tag, mr.raw, ph)
+                .isend_profiled(raw, data.cast(), size, tag, mr.raw, ph)
         };
-        posted(outcome, &self.inner, vec![lent], phandle)
+        posted(outcome, &self.inner, lent, phandle)
     }
 
     /// Calls `closeSend`.
@@ -712,41 +603,57 @@ impl RecvComm {
         self.inner.dereg_mr(mr)
     }
 
-    /// Posts a receive of `items.len()` messages (`irecv`; grouped when more than one).
-    pub fn irecv(&self, items: Vec<RecvItem>) -> Result<Posted> {
+    /// Posts a receive of `items` (`irecv`; grouped when more than one, at most
+    /// [`MAX_GROUPED_RECVS`]).
+    pub fn irecv(&self, items: impl IntoIterator<Item = RecvItem>) -> Result<Posted> {
         let raw = self.inner.live()?;
-        let n = items.len();
-        if n == 0 || n > MAX_GROUPED_RECVS {
-            return Err(Error::invalid_argument(format!(
-                "irecv of {n} buffers (1 to {MAX_GROUPED_RECVS})"
-            )));
-        }
-        for item in &items {
-            self.inner.check_mr(&item.mr)?;
-            if item.size > item.buf.len() {
-                return Err(Error::invalid_argument(format!(
+        let empty = NetRecvBuf {
+            data: std::ptr::null_mut(),
+            size: 0,
+            tag: 0,
+            mr: NetMr::from_addr(0),
+        };
+        let mut bufs = [empty; MAX_GROUPED_RECVS];
+        let mut lent = Lent::new();
+        for item in items {
+            let bad = if lent.n == MAX_GROUPED_RECVS {
+                Err(Error::invalid_argument(format!(
+                    "irecv of more than {MAX_GROUPED_RECVS} buffers"
+                )))
+            } else if item.size > item.buf.len() {
+                Err(Error::invalid_argument(format!(
                     "irecv of {} bytes into a {}-byte buffer",
                     item.size,
                     item.buf.len()
-                )));
+                )))
+            } else {
+                self.inner.check_mr(&item.mr)
+            };
+            if let Err(e) = bad {
+                // SAFETY: nothing was posted, so the plugin holds none of them.
+                drop(unsafe { lent.take_back() }.collect::<Vec<_>>());
+                return Err(e);
             }
-        }
-        let mut bufs = Vec::with_capacity(n);
-        let mut lent = Vec::with_capacity(n);
-        for item in items {
-            let p = Box::into_raw(item.buf);
-            lent.push(p);
-            bufs.push(NetRecvBuf {
+            let i = lent.n;
+            let p = lent
+                .lend(item.buf)
+                .ok_or_else(|| Error::internal("room checked above"))?;
+            bufs[i] = NetRecvBuf {
                 data: p.cast(),
                 size: item.size,
                 tag: item.tag,
                 mr: item.mr.raw,
-            });
+            };
+        }
+        if lent.n == 0 {
+            return Err(Error::invalid_argument(format!(
+                "irecv of 0 buffers (1 to {MAX_GROUPED_RECVS})"
+            )));
         }
         // SAFETY: a live receive comm and its registrations (checked); each buffer holds at
         // least its posted size of bytes we own (leaked into `lent`) and keep untouched
         // until test reports the request done.
-        let outcome = unsafe { self.inner.plugin().irecv(raw, &bufs) };
+        let outcome = unsafe { self.inner.plugin().irecv(raw, &bufs[..lent.n]) };
         posted(outcome, &self.inner, lent, None)
     }
 
@@ -755,6 +662,3 @@ impl RecvComm {
         self.inner.close()
     }
 }
-
-/// Requests of one comm, tested oldest first as NCCL's proxy does.
-pub type RequestFifo = VecDeque<Request>;

@@ -1,0 +1,176 @@
+//! Requests of a plugin client: the buffers an `isend`/`irecv` lends the plugin, and the
+//! `test` that gives them back.
+
+use std::collections::VecDeque;
+use std::rc::Rc;
+
+use nccl_net_lossy::ffi::net::{NetRequest, MAX_GROUPED_RECVS};
+use nccl_net_lossy::{Error, Result};
+
+use super::{CommInner, HostBuffer};
+
+/// What `isend`/`irecv` did: started a request, or (NULL request) asked to retry later, in
+/// which case the buffers come back.
+// A request keeps its buffers and sizes inline (no allocation per message); it is moved once,
+// into the caller's queue, so its size costs less than the allocation boxing it would.
+#[allow(clippy::large_enum_variant)]
+pub enum Posted {
+    /// The request, to `test` until done.
+    Started(Request),
+    /// The plugin had no free slot: try again later with the same buffers.
+    Busy(Vec<HostBuffer>),
+}
+
+/// The buffers of one request, lent to the plugin as raw allocations, kept inline: posting
+/// and completing a request allocates nothing, as NCCL's proxy allocates nothing per request
+/// (an allocation per message would be harness cost charged to the plugin in `lossy bench`).
+pub(super) struct Lent {
+    ptrs: [*mut [u8]; MAX_GROUPED_RECVS],
+    pub(super) n: usize,
+}
+
+impl Lent {
+    pub(super) fn new() -> Lent {
+        Lent {
+            ptrs: [std::ptr::slice_from_raw_parts_mut(std::ptr::null_mut(), 0); MAX_GROUPED_RECVS],
+            n: 0,
+        }
+    }
+
+    /// Lends `buf`; `None` when the request already has the most buffers one may have.
+    pub(super) fn lend(&mut self, buf: HostBuffer) -> Option<*mut [u8]> {
+        let slot = self.ptrs.get_mut(self.n)?;
+        *slot = Box::into_raw(buf);
+        self.n += 1;
+        Some(*slot)
+    }
+
+    /// The buffers back, ours again.
+    ///
+    /// # Safety
+    /// The plugin holds no request using them (it reported the request done, or none started).
+    pub(super) unsafe fn take_back(self) -> impl Iterator<Item = HostBuffer> {
+        self.ptrs
+            .into_iter()
+            .take(self.n)
+            // SAFETY: each pointer came from `Box::into_raw` in `lend`, and per this
+            // function's contract the plugin no longer uses it.
+            .map(|p| unsafe { Box::from_raw(p) })
+    }
+}
+
+/// Turns a post's outcome into [`Posted`], taking the buffers back when no request started.
+pub(super) fn posted(
+    outcome: Result<Option<NetRequest>>,
+    comm: &Rc<CommInner>,
+    lent: Lent,
+    phandle: Option<Box<u64>>,
+) -> Result<Posted> {
+    match outcome {
+        Ok(Some(raw)) => Ok(Posted::Started(Request {
+            raw,
+            comm: Rc::clone(comm),
+            bufs: lent,
+            sizes: None,
+            failed: false,
+            phandle,
+        })),
+        // SAFETY: no request was started, so the plugin did not take the buffers.
+        Ok(None) => Ok(Posted::Busy(unsafe { lent.take_back() }.collect())),
+        Err(err) => {
+            // SAFETY: as above: a failed post started no request.
+            drop(unsafe { lent.take_back() }.collect::<Vec<_>>());
+            Err(err)
+        }
+    }
+}
+
+/// An outstanding `isend`/`irecv`. Owns the lent buffers until `test` says done.
+pub struct Request {
+    raw: NetRequest,
+    comm: Rc<CommInner>,
+    /// The lent buffers, as raw allocations the plugin may use until done.
+    bufs: Lent,
+    /// Bytes per buffer, once `test` reported the request done.
+    sizes: Option<[usize; MAX_GROUPED_RECVS]>,
+    /// `test` failed: the plugin may have released the request.
+    failed: bool,
+    /// The profiler handle `isend` passed (see [`PluginClient::init_profiled`]).
+    phandle: Option<Box<u64>>,
+}
+
+impl Request {
+    /// Calls `test` once: `Ok(Some(sizes))` when done (bytes per buffer), `Ok(None)` while
+    /// pending. After an error the request is dead and its buffers are never returned.
+    pub fn test(&mut self) -> Result<Option<&[usize]>> {
+        let n = self.bufs.n.max(1);
+        if self.sizes.is_none() {
+            let _comm = self.comm.live()?;
+            if self.failed {
+                return Err(Error::invalid_usage(
+                    "test of a request that already failed",
+                ));
+            }
+            // SAFETY: a request of the live comm (checked) that has not tested done or failed.
+            let outcome = unsafe { self.comm.plugin().test(self.raw) };
+            self.failed = outcome.is_err();
+            let Some(reported) = outcome? else {
+                return Ok(None);
+            };
+            let mut sizes = [0; MAX_GROUPED_RECVS];
+            for (to, &s) in sizes.iter_mut().zip(&reported[..n]) {
+                *to = usize::try_from(s)
+                    .map_err(|_| Error::internal(format!("test reported a negative size {s}")))?;
+            }
+            self.sizes = Some(sizes);
+        }
+        Ok(self.sizes.as_ref().map(|s| &s[..n]))
+    }
+
+    /// The address passed to `isend` as its profiler handle, if any: what the plugin hands
+    /// back to the profiler callback as the parent of the message's event.
+    pub fn profiler_handle(&self) -> Option<usize> {
+        self.phandle.as_deref().map(|h| h as *const u64 as usize)
+    }
+
+    /// True once `test` has reported the request done.
+    pub fn is_done(&self) -> bool {
+        self.sizes.is_some()
+    }
+
+    /// The buffers back, with the size each got, once `test` reported the request done.
+    pub fn finish(self) -> Result<(Vec<HostBuffer>, Vec<usize>)> {
+        let n = self.bufs.n.max(1);
+        let (bufs, sizes) = self.finish_with()?;
+        Ok((bufs.collect(), sizes[..n].to_vec()))
+    }
+
+    /// As [`Request::finish`] for a request of one buffer, without allocating: the buffer and
+    /// the bytes it got.
+    pub fn finish_one(self) -> Result<(HostBuffer, usize)> {
+        let (mut bufs, sizes) = self.finish_with()?;
+        match bufs.next() {
+            Some(buf) => Ok((buf, sizes[0])),
+            None => Err(Error::internal("a finished request without its buffer")),
+        }
+    }
+
+    fn finish_with(
+        mut self,
+    ) -> Result<(impl Iterator<Item = HostBuffer>, [usize; MAX_GROUPED_RECVS])> {
+        let sizes = self
+            .sizes
+            .take()
+            .ok_or_else(|| Error::invalid_usage("finish before test reported the request done"))?;
+        let bufs = std::mem::replace(&mut self.bufs, Lent::new());
+        // SAFETY: the plugin no longer uses the buffers now that test reported the request
+        // done.
+        Ok((unsafe { bufs.take_back() }, sizes))
+    }
+}
+
+// Dropping an unfinished Request leaks its buffers on purpose: the plugin may still write
+// into them until its comm is closed.
+
+/// Requests of one comm, tested oldest first as NCCL's proxy does.
+pub type RequestFifo = VecDeque<Request>;
