@@ -317,6 +317,19 @@ fn next_job(shared: &Shared<SendSide>, s: usize, st: &mut TxSock) -> bool {
         }
         segs.retain(|r| !r.is_empty());
         resend_from = resend_from.min(segs.len());
+        // A few bytes to send now ride in the header's buffer: one plain `send`, which costs
+        // the kernel less than a gathered one.
+        let inline: usize = segs[..resend_from].iter().map(|r| r.len()).sum();
+        if inline <= INLINE_BYTES {
+            for r in segs.drain(..resend_from) {
+                // SAFETY: NCCL lent the buffer until the send completes, which is only after
+                // this chunk is reported sent, and does not write it meanwhile; the
+                // transport only reads it, and the view lives only for this copy.
+                st.wire
+                    .extend_from_slice(unsafe { m.buf.slice(r.start, r.end) });
+            }
+            resend_from = 0;
+        }
         st.job = Some(TxJob {
             slot,
             seq,
@@ -332,6 +345,9 @@ fn next_job(shared: &Shared<SendSide>, s: usize, st: &mut TxSock) -> bool {
         return true;
     }
 }
+
+/// Most message bytes copied behind the header so the two go out in one plain `send`.
+const INLINE_BYTES: usize = 1024;
 
 /// Most pieces one gathered send hands the kernel: the header (with its runs) and the
 /// message ranges after it, so a small message, or a lossy one cut into many kept ranges,

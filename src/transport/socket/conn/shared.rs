@@ -84,7 +84,11 @@ pub(super) fn send_gathered(
     // MSG_NOSIGNAL: a dead peer must give EPIPE, not kill a host process that kept SIGPIPE.
     let flags = libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT | if more { libc::MSG_MORE } else { 0 };
     loop {
-        match sock.send_vectored_with_flags(parts, flags) {
+        let sent = match parts {
+            [one] => sock.send_with_flags(one, flags),
+            _ => sock.send_vectored_with_flags(parts, flags),
+        };
+        match sent {
             Ok(0) if total > 0 => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => return Ok(Some(n)),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
