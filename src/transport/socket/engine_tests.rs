@@ -1,5 +1,7 @@
 //! The I/O engine's bounds: threads and descriptors with many connections, a retransmit delay
-//! that holds no other connection, and calls that never block on a peer that receives nothing.
+//! that holds no other connection, calls that never block on a peer that receives nothing;
+//! and its system-call economy: reads that carry several messages, gathered sends, delayed
+//! acknowledgements for small messages.
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -7,8 +9,9 @@ use std::time::{Duration, Instant};
 use super::tests::{
     connect_pair, count_entries, loopback, pattern, run_child, send_recv, wait, PATIENCE,
 };
+use super::SocketRecvConn;
 use crate::loss::plan::{Effect, LossPlan, PacketRun};
-use crate::transport::HostBuf;
+use crate::transport::{HostBuf, SendConn};
 
 const SCALE_CHILD_ENV: &str = "LOSSY_SOCKET_SCALE_CHILD";
 
@@ -461,11 +464,11 @@ fn a_message_cut_into_ranges_arrives_intact(mtu: u32, runs: u32) {
     }
 }
 
-/// Segments the receiving side sends while `count` messages of 8 bytes arrive one at a time
-/// (each received before the next is sent), with delayed acknowledgements on or off.
-fn acks_for_small_messages(delayed_acks: bool, count: u64) -> u64 {
+/// A connection over loopback with one socket, delayed acknowledgements on or off; the
+/// receiving half as its concrete type.
+fn one_socket_pair(delayed_acks: bool) -> (Box<dyn SendConn>, SocketRecvConn) {
     use super::{IfaceAddr, SocketConfig, SocketTransport};
-    use crate::transport::{Listener, Transport, HANDLE_WIRE_SIZE};
+    use crate::transport::{Transport, HANDLE_WIRE_SIZE};
     let lo = IfaceAddr {
         name: "lo".into(),
         ip: "127.0.0.1".parse().expect("ip"),
@@ -492,16 +495,41 @@ fn acks_for_small_messages(delayed_acks: bool, count: u64) -> u64 {
         Ok((send.is_some() && recv.is_some()).then_some(()))
     })
     .expect("connect");
-    let (send, recv) = (send.expect("send"), recv.expect("recv"));
-    let _ = listener.poll_accept();
-    let before = recv.segments_sent();
+    (send.expect("send"), recv.expect("recv"))
+}
+
+/// Sends `count` messages of `size` bytes one at a time (each received before the next is
+/// sent).
+fn one_at_a_time(send: &dyn SendConn, recv: &SocketRecvConn, size: usize, count: u64) {
     for i in 0..count {
-        let mut data = pattern(8, i + 1);
-        let mut into = vec![0u8; 8];
-        let (s, r) = send_recv(&*send, &recv, &mut data, &mut into, &LossPlan::lossless());
+        let mut data = pattern(size, i + 1);
+        let mut into = vec![0u8; size];
+        let (s, r) = send_recv(send, recv, &mut data, &mut into, &LossPlan::lossless());
         assert!(s.is_ok() && r.is_ok() && into == data);
     }
+}
+
+/// Segments the receiving side sends while `count` messages of 8 bytes arrive one at a time,
+/// with delayed acknowledgements on or off.
+fn acks_for_small_messages(delayed_acks: bool, count: u64) -> u64 {
+    let (send, recv) = one_socket_pair(delayed_acks);
+    let before = recv.segments_sent();
+    one_at_a_time(&*send, &recv, 8, count);
     recv.segments_sent() - before
+}
+
+#[test]
+fn bulk_messages_put_acknowledgements_back_to_the_usual_and_small_ones_delay_them_again() {
+    let (send, recv) = one_socket_pair(true);
+    one_at_a_time(&*send, &recv, 8, 3);
+    assert_eq!(recv.acks_delayed(), [true], "after small messages");
+    one_at_a_time(&*send, &recv, 1 << 20, 1);
+    assert_eq!(recv.acks_delayed(), [false], "after a bulk message");
+    one_at_a_time(&*send, &recv, 100, 1);
+    assert_eq!(recv.acks_delayed(), [true], "small messages again");
+    let (send, recv) = one_socket_pair(false);
+    one_at_a_time(&*send, &recv, 8, 3);
+    assert_eq!(recv.acks_delayed(), [false], "switched off");
 }
 
 #[test]

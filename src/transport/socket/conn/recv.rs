@@ -177,6 +177,17 @@ impl SocketRecvConn {
         })
     }
 
+    /// Whether each receiving socket delays its acknowledgements now (`TCP_QUICKACK` reads 0
+    /// while the kernel keeps them delayed).
+    #[cfg(test)]
+    pub(crate) fn acks_delayed(&self) -> Vec<bool> {
+        self.shared
+            .sockets
+            .iter()
+            .map(|sock| !sock.quickack().expect("TCP_QUICKACK"))
+            .collect()
+    }
+
     /// TCP segments the receiving sockets have sent so far (acknowledgements, and a goodbye
     /// at close): the kernel's own count, `tcpi_segs_out`.
     #[cfg(test)]
@@ -408,6 +419,8 @@ fn advance(shared: &Shared<RecvSide>, s: usize, st: &mut RxSock) -> Step<()> {
         if !recv_chunk(shared, s, &mut st.stage, job, &st.runs)? {
             return Ok(());
         }
+        st.stage
+            .chunk_received(&shared.sockets[s], job.span.end - job.span.start);
         let (slot, msg) = (job.slot, job.msg);
         st.spare = std::mem::take(&mut job.segs);
         st.job = None;

@@ -11,14 +11,21 @@ use super::shared::recv_some;
 /// payload, little enough that copying it a second time costs less than a system call.
 const STAGE_SIZE: usize = 4 << 10;
 
-/// Small reads between two requests for delayed acknowledgements. Linux acknowledges every
+/// Chunks below this size count as small messages for the acknowledgement mode.
+const SMALL_CHUNK: usize = STAGE_SIZE;
+
+/// Chunks of at least this size are bulk transfers: the socket goes back to TCP's usual
+/// acknowledgements.
+const BULK_CHUNK: usize = 64 << 10;
+
+/// Small chunks between two requests for delayed acknowledgements. Linux acknowledges every
 /// small segment as soon as it is read (`tcp_cleanup_rbuf`), and on loopback the receiver's
 /// read pays for sending that acknowledgement and the sender's stack for taking it: with
 /// `TCP_QUICKACK` off the socket acknowledges every second small segment, and a message of
 /// a few bytes answers sooner. The kernel leaves that mode by itself when its delayed-ACK
 /// timer fires (an idle stream), so the request is repeated, at the cost of one `setsockopt`
-/// per this many small reads. Large reads (bulk transfers) never ask: their
-/// acknowledgements follow TCP's usual every-second-full-segment rule either way.
+/// per this many small chunks. Bulk chunks put the socket back in the usual mode, which
+/// measured faster for them (acknowledgements as the data is taken, not on a timer).
 const ACK_REARM: u32 = 16;
 
 /// Bytes a socket read past what its state machine asked for (the next header, a small
@@ -31,9 +38,10 @@ pub(super) struct Stage {
     buf: Vec<u8>,
     start: usize,
     end: usize,
-    /// Ask TCP to delay acknowledgements (see [`ACK_REARM`]), and the small reads so far.
+    /// Ask TCP to delay acknowledgements of small messages (see [`ACK_REARM`]), and the
+    /// small chunks since the last bulk one (0: acknowledgements are not delayed).
     delayed_acks: bool,
-    small_reads: u32,
+    small_chunks: u32,
 }
 
 /// What one [`Stage::read`] did.
@@ -55,7 +63,7 @@ impl Stage {
             start: 0,
             end: 0,
             delayed_acks,
-            small_reads: 0,
+            small_chunks: 0,
         }
     }
 
@@ -90,13 +98,6 @@ impl Stage {
             None => Read::Nothing,
             Some(0) => Read::Closed,
             Some(n) if small => {
-                if self.delayed_acks {
-                    if self.small_reads % ACK_REARM == 0 {
-                        // Best effort: a socket that refuses keeps acknowledging at once.
-                        let _ = sock.set_quickack(false);
-                    }
-                    self.small_reads = self.small_reads.wrapping_add(1);
-                }
                 (self.start, self.end) = (0, n);
                 Read::Arrived(self.take(buf))
             }
@@ -106,5 +107,23 @@ impl Stage {
                 Read::Arrived(k)
             }
         })
+    }
+
+    /// Notes that a chunk of `len` bytes arrived whole on `sock`, and suits the socket's
+    /// acknowledgements to its traffic: delayed for small messages, the usual for bulk.
+    pub(super) fn chunk_received(&mut self, sock: &Socket, len: usize) {
+        if !self.delayed_acks {
+            return;
+        }
+        // Best effort: a socket that refuses keeps acknowledging as it did.
+        if len < SMALL_CHUNK {
+            if self.small_chunks % ACK_REARM == 0 {
+                let _ = sock.set_quickack(false);
+            }
+            self.small_chunks = self.small_chunks.wrapping_add(1).max(1);
+        } else if len >= BULK_CHUNK && self.small_chunks != 0 {
+            let _ = sock.set_quickack(true);
+            self.small_chunks = 0;
+        }
     }
 }
