@@ -7,7 +7,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::tests::{
-    connect_pair, count_entries, loopback, pattern, run_child, send_recv, wait, PATIENCE,
+    connect_pair, count_entries, loopback, loopback_with, pattern, run_child, send_recv, wait,
+    PATIENCE,
 };
 use super::SocketRecvConn;
 use crate::loss::plan::{Effect, LossPlan, PacketRun};
@@ -467,20 +468,12 @@ fn a_message_cut_into_ranges_arrives_intact(mtu: u32, runs: u32) {
 /// A connection over loopback with one socket, delayed acknowledgements on or off; the
 /// receiving half as its concrete type.
 fn one_socket_pair(delayed_acks: bool) -> (Box<dyn SendConn>, SocketRecvConn) {
-    use super::{IfaceAddr, SocketConfig, SocketTransport};
     use crate::transport::{Transport, HANDLE_WIRE_SIZE};
-    let lo = IfaceAddr {
-        name: "lo".into(),
-        ip: "127.0.0.1".parse().expect("ip"),
-        scope_id: 0,
-        is_loopback: true,
-    };
-    let config = SocketConfig {
+    let t = loopback_with(super::SocketConfig {
         nsocks: 1,
         delayed_acks,
-        ..SocketConfig::default()
-    };
-    let t = SocketTransport::with_interfaces(config, vec![lo]);
+        ..super::SocketConfig::default()
+    });
     let mut handle = [0u8; HANDLE_WIRE_SIZE];
     let mut listener = t.listen_socket(0, &mut handle).expect("listen");
     let mut connector = t.connect(0, &handle).expect("connect");

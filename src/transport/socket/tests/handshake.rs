@@ -1,0 +1,266 @@
+//! Handshakes and hostile peers: bad hellos and headers, silent peers, peers that leave mid-transfer.
+
+use super::*;
+
+#[test]
+fn handshake_rejects_bad_peers_and_keeps_serving() {
+    let t = loopback(2);
+    let (mut listener, h) = raw_listener(&t);
+    listener.set_hello_timeout(Duration::from_millis(300));
+    let good = hello_bytes(&h, 42, 0, 1);
+    let mut wrong_magic = good;
+    wrong_magic[0] ^= 0xff;
+    let mut wrong_version = good;
+    wrong_version[8..10].copy_from_slice(&(PROTOCOL_VERSION + 1).to_le_bytes());
+    let wrong_nonce = Hello {
+        nonce: [0; 16],
+        conn_id: 43,
+        index: 0,
+        count: 1,
+    }
+    .encode();
+    let garbage = [0x41u8; HELLO_SIZE];
+    let mut bad_count = good;
+    bad_count[12..14].copy_from_slice(&100u16.to_le_bytes());
+    let mut peers = Vec::new();
+    for bytes in [
+        &wrong_magic[..],
+        &wrong_version,
+        &wrong_nonce,
+        &garbage,
+        &bad_count,
+    ] {
+        let mut s = TcpStream::connect(h.addr).expect("raw connect");
+        s.write_all(bytes).expect("write");
+        peers.push(s);
+    }
+    // Truncated and closed at once.
+    let mut closed = TcpStream::connect(h.addr).expect("raw connect");
+    closed.write_all(&good[..10]).expect("write");
+    drop(closed);
+    // Truncated and left hanging: dropped at the deadline.
+    let mut slow = TcpStream::connect(h.addr).expect("raw connect");
+    slow.write_all(&HELLO_MAGIC.to_le_bytes()).expect("write");
+    // A real peer after all that.
+    let mut handle = [0u8; HANDLE_WIRE_SIZE];
+    h.encode(&mut handle);
+    let mut connector = t.connect(0, &handle).expect("connect");
+    let send = wait("connector", || connector.poll()).expect("connect");
+    let recv = wait("accept", || listener.poll_accept()).expect("accept");
+    let start = Instant::now();
+    while listener.rejected() < 7 {
+        assert!(listener.poll_accept().expect("poll").is_none());
+        assert!(
+            start.elapsed() < PATIENCE,
+            "only {} rejected",
+            listener.rejected()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Every bad peer sees its connection closed.
+    for mut p in peers.into_iter().chain([slow]) {
+        p.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let mut b = [0u8; 1];
+        assert!(matches!(p.read(&mut b), Ok(0) | Err(_)));
+    }
+    let mut data = pattern(1 << 20, 5);
+    let mut into = vec![0; 1 << 20];
+    let (s, r) = send_recv(&*send, &*recv, &mut data, &mut into, &LossPlan::lossless());
+    assert!(s.is_ok() && r.is_ok() && into == data);
+}
+
+#[test]
+fn sockets_of_a_connection_are_grouped_by_id_in_any_order() {
+    let t = loopback(1);
+    let (mut listener, h) = raw_listener(&t);
+    // Two interleaved raw connections of 2 sockets each, arriving out of order.
+    let mut s = Vec::new();
+    for (id, index) in [(7u64, 1u16), (8, 0), (7, 0), (8, 1)] {
+        let mut c = TcpStream::connect(h.addr).expect("connect");
+        c.write_all(&hello_bytes(&h, id, index, 2)).expect("hello");
+        s.push(c);
+    }
+    let first = wait("first", || listener.poll_accept()).expect("accept");
+    let second = wait("second", || listener.poll_accept()).expect("accept");
+    // A duplicate socket index is dropped.
+    let mut dup = TcpStream::connect(h.addr).expect("connect");
+    dup.write_all(&hello_bytes(&h, 9, 0, 2)).expect("hello");
+    let mut dup2 = TcpStream::connect(h.addr).expect("connect");
+    dup2.write_all(&hello_bytes(&h, 9, 0, 2)).expect("hello");
+    let start = Instant::now();
+    while listener.rejected() < 1 {
+        assert!(listener.poll_accept().expect("poll").is_none());
+        assert!(start.elapsed() < PATIENCE);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop((first, second, s, dup, dup2));
+}
+
+#[test]
+fn a_flood_of_silent_peers_cannot_crowd_out_a_real_one() {
+    let t = loopback(2);
+    let (mut listener, h) = raw_listener(&t);
+    let mut silent = Vec::new();
+    for _ in 0..MAX_PENDING + 20 {
+        silent.push(TcpStream::connect(h.addr).expect("connect"));
+        // Keep the kernel's backlog short by accepting as we go.
+        assert!(listener.poll_accept().expect("poll").is_none());
+    }
+    let mut handle = [0u8; HANDLE_WIRE_SIZE];
+    h.encode(&mut handle);
+    let mut connector = t.connect(0, &handle).expect("connect");
+    let send = wait("connect", || connector.poll()).expect("connect");
+    let recv = wait("accept", || listener.poll_accept()).expect("accept");
+    assert!(
+        listener.rejected() >= 20,
+        "the oldest silent peers make room"
+    );
+    let mut data = pattern(100_000, 6);
+    let mut into = vec![0; 100_000];
+    let (s, r) = send_recv(&*send, &*recv, &mut data, &mut into, &LossPlan::lossless());
+    assert!(s.is_ok() && r.is_ok() && into == data);
+}
+
+#[test]
+fn bad_headers_fail_the_connection() {
+    let t = loopback(1);
+    let unsorted = {
+        let mut b = header(1 << 20, 2).encode().to_vec();
+        wire::encode_runs(
+            &[
+                PacketRun { start: 5, len: 2 },
+                PacketRun { start: 6, len: 1 },
+            ],
+            &mut b,
+        );
+        b
+    };
+    let past_end = {
+        let mut b = header(8192, 1).encode().to_vec();
+        wire::encode_runs(&[PacketRun { start: 1, len: 2 }], &mut b);
+        b
+    };
+    let mut wrong_seq = header(10, 0);
+    wrong_seq.seq = 1;
+    let mut tiny_mtu = header(10, 0).encode();
+    tiny_mtu[12..16].copy_from_slice(&1u32.to_le_bytes());
+    let cases: Vec<(Vec<u8>, ErrorKind)> = vec![
+        (vec![0xff; 100], ErrorKind::Remote),
+        (
+            header(1 << 20, 0).encode()[..20].to_vec(),
+            ErrorKind::Remote,
+        ), // truncated, then EOF
+        (unsorted, ErrorKind::Remote),
+        (past_end, ErrorKind::Remote),
+        (wrong_seq.encode().to_vec(), ErrorKind::Remote),
+        (tiny_mtu.to_vec(), ErrorKind::Remote),
+        (
+            header(1 << 21, 0).encode().to_vec(),
+            ErrorKind::InvalidUsage,
+        ), // larger than posted
+    ];
+    for (i, (bytes, kind)) in cases.into_iter().enumerate() {
+        let mut buf = vec![0u8; 1 << 20];
+        let (recv, peer) = raw_sender(&t, &bytes);
+        let start = Instant::now();
+        // Headers are read as they arrive: the failure may come before the receive is posted.
+        // SAFETY: `buf` is declared before the connection, so it outlives the receive.
+        let err = match recv.irecv(&[unsafe { HostBuf::from_slice(&mut buf) }], &[0]) {
+            Err(err) => err,
+            Ok(r) => {
+                let r = r.expect("slot");
+                drop(peer);
+                wait("failure", || recv.test(r)).expect_err("bad header must fail")
+            }
+        };
+        assert_eq!(err.kind, kind, "case {i}: {err}");
+        assert!(start.elapsed() < Duration::from_secs(5));
+    }
+}
+
+#[test]
+fn peer_leaving_mid_transfer_ends_the_other_side_quickly() {
+    let size = 64 << 20;
+    // The receiver closes in an orderly way while a large send is in progress: the send
+    // completes (nobody will receive it), as with NCCL's own plugins. A receiver that dies
+    // instead fails the send at `test`: cli/tests/conformance.rs and faults.rs kill one.
+    let t = loopback(2);
+    let mut data = pattern(size, 8);
+    let mut into = vec![0u8; size];
+    let mut big = vec![0u8; size];
+    let (send, recv) = connect_pair(&t);
+    let r = recv
+        // SAFETY: `into`, `data` and `big` are declared before the connections, so they outlive
+        // every request made with them.
+        .irecv(&[unsafe { HostBuf::from_slice(&mut into) }], &[0])
+        .expect("irecv")
+        .expect("slot");
+    let s = send
+        // SAFETY: as above.
+        .isend(
+            unsafe { HostBuf::from_slice(&mut data) },
+            0,
+            &LossPlan::lossless(),
+        )
+        .expect("isend")
+        .expect("slot");
+    let s2 = send
+        // SAFETY: as above.
+        .isend(
+            unsafe { HostBuf::from_slice(&mut big) },
+            0,
+            &LossPlan::lossless(),
+        )
+        .expect("isend")
+        .expect("slot");
+    std::thread::sleep(Duration::from_millis(20));
+    let _ = recv.test(r);
+    drop(recv);
+    let start = Instant::now();
+    let outcome = wait("send outcome", || match send.test(s2) {
+        Ok(None) => Ok(None),
+        other => Ok(Some(other)),
+    })
+    .expect("wait");
+    assert!(
+        outcome.is_ok(),
+        "the receiver closed in an orderly way: {outcome:?}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
+    let _ = send.test(s);
+    drop(send);
+
+    // The sender goes away while the receiver waits for a large message.
+    let mut more = [0u8; 8];
+    let (send, recv) = connect_pair(&t);
+    let r = recv
+        // SAFETY: as above.
+        .irecv(&[unsafe { HostBuf::from_slice(&mut into) }], &[0])
+        .expect("irecv")
+        .expect("slot");
+    // SAFETY: as above.
+    send.isend(
+        unsafe { HostBuf::from_slice(&mut data) },
+        0,
+        &LossPlan::lossless(),
+    )
+    .expect("isend");
+    std::thread::sleep(Duration::from_millis(5));
+    drop(send);
+    let start = Instant::now();
+    let err = wait("recv failure", || recv.test(r)).expect_err("partial message must fail");
+    assert_eq!(err.kind, ErrorKind::Remote, "{err}");
+    assert!(start.elapsed() < Duration::from_secs(5));
+    // Later receives fail at `test`, never at `irecv`.
+    // SAFETY: `more` is declared before the connection, so it outlives the receive.
+    let late = recv
+        .irecv(&[unsafe { HostBuf::from_slice(&mut more) }], &[0])
+        .expect("irecv on a failed connection is no error")
+        .expect("slot");
+    assert!(recv.test(late).is_err());
+}
