@@ -206,3 +206,70 @@ fn raw_baseline_opens_as_many_streams_as_the_plugin_per_comm() {
     );
     assert!(rows(&out).iter().all(|r| r.check == "ok"), "{out}");
 }
+
+/// The numbers of the `n`-th `|`-separated group of a table row.
+fn group(line: &str, n: usize) -> Vec<f64> {
+    numbers(
+        line.split('|')
+            .nth(n)
+            .unwrap_or_else(|| panic!("group {n} of `{line}`")),
+    )
+}
+
+#[test]
+fn vs_library_times_a_second_library_in_the_same_processes_with_its_ratio() {
+    // A copy of our library at another path: a second, independent `dlopen` (a library opened
+    // twice from one path would be one instance).
+    let dir = fresh_dir("peer");
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let copy = dir.join("libnccl-net-peercopy.so");
+    std::fs::copy(common::library(), &copy).expect("copy the plugin library");
+    let copy_s = copy.display().to_string();
+    let out = bench(
+        &[
+            "--sizes",
+            "8,64K",
+            "--iters",
+            "20",
+            "--lossless",
+            "--vs-library",
+            &copy_s,
+        ],
+        &[],
+    );
+    // The name comes from the peer link's own `init`, so the copy really was driven.
+    assert!(
+        out.contains(&format!("# peer lossy from {copy_s}")),
+        "{out}"
+    );
+    assert!(out.contains("peer us"), "{out}");
+    let lines: Vec<&str> = out
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    for line in lines {
+        let plugin = group(line, 1);
+        // The peer's five columns and its time over the plugin's, in percent.
+        let peer = group(line, 4);
+        assert_eq!(peer.len(), 6, "{line}");
+        assert!(peer[1] > 0.0 && peer[1] <= peer[2], "{line}");
+        let want = 100.0 * peer[0] / plugin[0];
+        // Both means are printed to 0.1 us and the ratio to 1%: at 10 us and more the
+        // rounding moves the ratio by well under 2 points.
+        assert!((peer[5] - want).abs() < 2.0, "{line}: want {want:.1}%");
+        assert!(line.trim_end().ends_with("ok"), "{line}");
+    }
+    let missing = dir.join("libnccl-net-missing.so").display().to_string();
+    let err = Command::new(lossy_exe())
+        .args(["bench", "--sizes", "8", "--vs-library", &missing])
+        .output()
+        .expect("run lossy bench");
+    assert!(!err.status.success());
+    let stderr = String::from_utf8_lossy(&err.stderr);
+    assert!(
+        stderr.contains(&missing) && stderr.contains("does not exist"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -286,6 +286,31 @@ fn bench_and_demo_drive_any_plugin_named_by_library_or_nccl_net_plugin() {
     assert!(!ok && err.contains("does not exist"), "{out}\n{err}");
 }
 
+/// `--vs-library` times NCCL's Socket transport beside ours in the same worker processes,
+/// iteration by iteration, every size bit-exact through both.
+#[test]
+fn bench_vs_library_drives_nccl_socket_beside_the_plugin() {
+    let Some(inner) = nccl_socket() else { return };
+    let peer = inner.display().to_string();
+    let args = [
+        "bench",
+        "--ranks",
+        "2",
+        "--sizes",
+        "8,64K,1M",
+        "--iters",
+        "3",
+        "--lossless",
+        "--vs-library",
+        &peer,
+    ];
+    let (ok, out, err) = lossy(&args, &[]);
+    assert!(ok, "{out}\n{err}");
+    assert!(out.contains("# plugin lossy from"), "{out}");
+    assert!(out.contains(&format!("# peer Socket from {peer}")), "{out}");
+    assert_eq!(out.matches("|    ok").count(), 3, "{out}");
+}
+
 /// With the Socket transport's helper threads (several data sockets per connection), the
 /// sizes still travel on the control socket in the order requests are tested.
 #[test]

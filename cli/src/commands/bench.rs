@@ -1,7 +1,8 @@
 //! `lossy bench`: an nccl-tests-style all-reduce table for the plugin and, in the same run
 //! and the same worker processes, plain loopback TCP with as many streams, with the ratio:
 //! per size the mean time, the p50 and p99 of the per-iteration times (slowest rank of each
-//! iteration), algbw and busbw, over `--comms` ring channels.
+//! iteration), algbw and busbw, over `--comms` ring channels; `--vs-library` adds another net
+//! plugin library as one more link, timed in the same alternation.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -58,6 +59,12 @@ pub struct Args {
     /// it is a path, else this command's plugin library).
     #[arg(long, value_name = "PATH")]
     pub library: Option<PathBuf>,
+    /// Also drive another net plugin library (NCCL's own Socket transport built as a plugin,
+    /// say) on its own connections, interleaved iteration by iteration with the plugin and
+    /// raw TCP in the same worker processes, and print its columns and its time over the
+    /// plugin's: a comparison the machine's noise cannot tilt, since both see the same moments.
+    #[arg(long, value_name = "PATH")]
+    pub vs_library: Option<PathBuf>,
     /// Running as one rank of a multi-process job (torchrun, mpirun, srun, or by hand).
     #[command(flatten)]
     pub cluster: ClusterArgs,
@@ -302,9 +309,18 @@ fn bench(args: &Args) -> Result<()> {
     if args.vs_lossless {
         links.push(LinkKind::PluginLossless);
     }
+    let peer_library = args
+        .vs_library
+        .as_deref()
+        .map(|path| plugin_library(Some(path)))
+        .transpose()?;
+    if peer_library.is_some() {
+        links.push(LinkKind::Peer);
+    }
     let per_size = links.len();
     let library = plugin_library(args.library.as_deref())?;
     let mut job = Job::collectives(library.clone(), links, runs.clone());
+    job.peer_library = peer_library.clone();
     job.chunk = chunk.max(dtype.size());
     job.version = args.net_version;
     job.lossless = args.lossless;
@@ -332,6 +348,13 @@ fn bench(args: &Args) -> Result<()> {
         reports.first().map_or("?", |r| r.plugin.as_str()),
         library.display()
     );
+    if let Some(peer) = &peer_library {
+        println!(
+            "# peer {} from {}",
+            reports.first().map_or("?", |r| r.peer.as_str()),
+            peer.display()
+        );
+    }
     if let Some(members) = &members {
         print_ranks(members);
     }
@@ -359,12 +382,21 @@ fn bench(args: &Args) -> Result<()> {
     } else {
         (String::new(), String::new())
     };
+    let (peer_head, peer_units) = if peer_library.is_some() {
+        let (h, u) = link_head("peer");
+        (
+            format!(" | {h} {:>8}", "vs"),
+            format!(" | {u} {:>8}", "peer"),
+        )
+    } else {
+        (String::new(), String::new())
+    };
     println!(
-        "# {:>10} {:>10} {:>5} | {plugin_head} | {raw_head} | {:>6}{extra_head} | {:>5}",
+        "# {:>10} {:>10} {:>5} | {plugin_head} | {raw_head} | {:>6}{extra_head}{peer_head} | {:>5}",
         "size", "count", "iters", "ratio", "check"
     );
     println!(
-        "# {:>10} {:>10} {:>5} | {plugin_units} | {raw_units} | {:>6}{extra_units} | {:>5}",
+        "# {:>10} {:>10} {:>5} | {plugin_units} | {raw_units} | {:>6}{extra_units}{peer_units} | {:>5}",
         "(B)", "(elems)", "", "vs raw", ""
     );
     let mut all_ok = true;
@@ -401,8 +433,19 @@ fn bench(args: &Args) -> Result<()> {
         } else {
             String::new()
         };
+        // The peer link is the last of the size's results.
+        let versus = if peer_library.is_some() {
+            let k = per_size - 1;
+            format!(
+                " | {} {:>7.0}%",
+                link_columns(&reports, first + k, bytes, factor),
+                ratio(slowest(&reports, first + k), plugin)
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "  {:>10} {:>10} {:>5} | {} | {} | {:>5.0}%{extra} | {:>5}",
+            "  {:>10} {:>10} {:>5} | {} | {} | {:>5.0}%{extra}{versus} | {:>5}",
             bytes,
             bytes / dtype.size(),
             run.iters,

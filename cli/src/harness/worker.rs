@@ -32,6 +32,10 @@ pub enum LinkKind {
     /// The plugin library again, on its own connections, with loss injection switched off
     /// for its iterations: the lossless baseline measured in the same run, interleaved.
     PluginLossless,
+    /// Another net plugin library ([`Job::peer_library`], e.g. NCCL's own Socket transport
+    /// built as a plugin) on its own connections: a rival timed in the same processes and
+    /// moments as the plugin, so the machine's noise cannot favour either.
+    Peer,
 }
 
 /// One collective at one size, repeated.
@@ -153,6 +157,9 @@ impl PacketCensus {
 pub struct Job {
     /// The plugin library to `dlopen`.
     pub library: PathBuf,
+    /// The library of a [`LinkKind::Peer`] link.
+    #[serde(default)]
+    pub peer_library: Option<PathBuf>,
     /// `ncclNetPlugin_vN` version to use.
     pub version: u32,
     /// Largest message, bytes.
@@ -180,6 +187,7 @@ impl Job {
     pub fn collectives(library: PathBuf, links: Vec<LinkKind>, runs: Vec<RunSpec>) -> Job {
         Job {
             library,
+            peer_library: None,
             version: super::plugin_client::MAX_VERSION,
             chunk: DEFAULT_CHUNK,
             in_flight: MAX_IN_FLIGHT,
@@ -249,6 +257,9 @@ pub struct WorkerReport {
     pub rank: usize,
     /// Plugin name as the library reports it.
     pub plugin: String,
+    /// Name the peer library reports (empty without a [`LinkKind::Peer`] link).
+    #[serde(default)]
+    pub peer: String,
     /// ABI version used.
     pub version: u32,
     /// Collective runs, in job order (plugin first, then raw, per run).
@@ -272,6 +283,7 @@ pub fn run_job(job: &Job, boot: &mut Bootstrap) -> Result<WorkerReport> {
     let mut report = WorkerReport {
         rank: boot.rank(),
         plugin: String::new(),
+        peer: String::new(),
         version: job.version,
         results: Vec::new(),
         groups_checked: 0,
@@ -346,14 +358,23 @@ fn run_collectives(
     let mut opened: Vec<(LinkKind, Channels, usize)> = Vec::new();
     for &kind in links {
         let (set, streams): (Channels, usize) = match kind {
-            LinkKind::Plugin | LinkKind::PluginLossless => {
-                let comm_id = if kind == LinkKind::Plugin {
-                    0x10551
-                } else {
-                    0x10552
+            LinkKind::Plugin | LinkKind::PluginLossless | LinkKind::Peer => {
+                // Each plugin link is a context of its own (its comm id); the peer's is in
+                // another library.
+                let (library, comm_id) = match kind {
+                    LinkKind::Plugin => (Rc::clone(lib), 0x10551),
+                    LinkKind::PluginLossless => (Rc::clone(lib), 0x10552),
+                    _ => {
+                        let path = job.peer_library.as_deref().ok_or_else(|| {
+                            nccl_net_lossy::Error::invalid_argument(
+                                "a peer link needs a peer library",
+                            )
+                        })?;
+                        (PluginLibrary::open(path)?, 0x10553)
+                    }
                 };
                 let set = PluginLink::connect_channels(
-                    lib,
+                    &library,
                     job.version,
                     comm_id,
                     boot,
@@ -361,7 +382,12 @@ fn run_collectives(
                     channels,
                 )?;
                 if let Some(first) = set.first() {
-                    report.plugin = first.client().name();
+                    let name = first.client().name();
+                    if kind == LinkKind::Peer {
+                        report.peer = name;
+                    } else {
+                        report.plugin = name;
+                    }
                 }
                 let set = set
                     .into_iter()
