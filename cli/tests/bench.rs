@@ -225,6 +225,8 @@ fn vs_library_times_a_second_library_in_the_same_processes_with_its_ratio() {
     let copy = dir.join("libnccl-net-peercopy.so");
     std::fs::copy(common::library(), &copy).expect("copy the plugin library");
     let copy_s = copy.display().to_string();
+    // Under a profile that zeroes lost packets, `--lossless` must switch the other build off
+    // too: a peer left lossy would deliver damaged data, and the table would say WRONG.
     let out = bench(
         &[
             "--sizes",
@@ -235,7 +237,7 @@ fn vs_library_times_a_second_library_in_the_same_processes_with_its_ratio() {
             "--vs-library",
             &copy_s,
         ],
-        &[],
+        &[("NCCL_LOSSY_PROFILE", "configs/uniform-1pct.toml")],
     );
     // The name comes from the peer link's own `init`, so the copy really was driven.
     assert!(

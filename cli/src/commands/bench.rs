@@ -63,6 +63,7 @@ pub struct Args {
     /// say) on its own connections, interleaved iteration by iteration with the plugin and
     /// raw TCP in the same worker processes, and print its columns and its time over the
     /// plugin's: a comparison the machine's noise cannot tilt, since both see the same moments.
+    /// Another build of this plugin follows `--lossless` too.
     #[arg(long, value_name = "PATH")]
     pub vs_library: Option<PathBuf>,
     /// Running as one rank of a multi-process job (torchrun, mpirun, srun, or by hand).

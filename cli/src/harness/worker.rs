@@ -33,8 +33,9 @@ pub enum LinkKind {
     /// for its iterations: the lossless baseline measured in the same run, interleaved.
     PluginLossless,
     /// Another net plugin library ([`Job::peer_library`], e.g. NCCL's own Socket transport
-    /// built as a plugin) on its own connections: a rival timed in the same processes and
-    /// moments as the plugin, so the machine's noise cannot favour either.
+    /// built as a plugin, or another build of this one) on its own connections: a rival
+    /// timed in the same processes and moments as the plugin, so the machine's noise cannot
+    /// favour either. With this project's control API it runs under the job's `lossless`.
     Peer,
 }
 
@@ -337,6 +338,9 @@ pub fn run_job(job: &Job, boot: &mut Bootstrap) -> Result<WorkerReport> {
     Ok(report)
 }
 
+/// The control API's switch for loss injection (`nccl_lossy_control.h`).
+const LOSS_SWITCH: &str = "ncclLossySetEnabled";
+
 /// Whether loss injection is on while `kind` runs.
 fn loss_on(job: &Job, kind: LinkKind) -> bool {
     !job.lossless && kind != LinkKind::PluginLossless
@@ -370,7 +374,14 @@ fn run_collectives(
                                 "a peer link needs a peer library",
                             )
                         })?;
-                        (PluginLibrary::open(path)?, 0x10553)
+                        let peer = PluginLibrary::open(path)?;
+                        // Another build of this plugin (an A/B of two builds) runs under the
+                        // same `--lossless` as ours; a library without our control API is
+                        // left as it is.
+                        if peer.exports(LOSS_SWITCH) {
+                            peer.set_loss_enabled(!job.lossless)?;
+                        }
+                        (peer, 0x10553)
                     }
                 };
                 let set = PluginLink::connect_channels(
