@@ -374,30 +374,27 @@ fn bench(args: &Args) -> Result<()> {
     );
     let (plugin_head, plugin_units) = link_head("plugin");
     let (raw_head, raw_units) = link_head("raw");
-    let (extra_head, extra_units) = if args.vs_lossless {
-        let (h, u) = link_head("lossless");
-        (
-            format!(" | {h} {:>8}", "vs"),
-            format!(" | {u} {:>8}", "lossless"),
-        )
-    } else {
-        (String::new(), String::new())
-    };
-    let (peer_head, peer_units) = if peer_library.is_some() {
-        let (h, u) = link_head("peer");
-        (
-            format!(" | {h} {:>8}", "vs"),
-            format!(" | {u} {:>8}", "peer"),
-        )
-    } else {
-        (String::new(), String::new())
-    };
+    // Links shown beside the plugin with their mean time over the plugin's (above 100%: the
+    // plugin is faster): the lossless plugin (third result of a size), the peer (last one).
+    let mut compared: Vec<(usize, &str)> = Vec::new();
+    if args.vs_lossless {
+        compared.push((2, "lossless"));
+    }
+    if peer_library.is_some() {
+        compared.push((per_size - 1, "peer"));
+    }
+    let (mut extra_head, mut extra_units) = (String::new(), String::new());
+    for &(_, name) in &compared {
+        let (h, u) = link_head(name);
+        extra_head += &format!(" | {h} {:>8}", "vs");
+        extra_units += &format!(" | {u} {name:>8}");
+    }
     println!(
-        "# {:>10} {:>10} {:>5} | {plugin_head} | {raw_head} | {:>6}{extra_head}{peer_head} | {:>5}",
+        "# {:>10} {:>10} {:>5} | {plugin_head} | {raw_head} | {:>6}{extra_head} | {:>5}",
         "size", "count", "iters", "ratio", "check"
     );
     println!(
-        "# {:>10} {:>10} {:>5} | {plugin_units} | {raw_units} | {:>6}{extra_units}{peer_units} | {:>5}",
+        "# {:>10} {:>10} {:>5} | {plugin_units} | {raw_units} | {:>6}{extra_units} | {:>5}",
         "(B)", "(elems)", "", "vs raw", ""
     );
     let mut all_ok = true;
@@ -424,29 +421,18 @@ fn bench(args: &Args) -> Result<()> {
                 0.0
             }
         };
-        let extra = if args.vs_lossless {
-            let lossless = slowest(&reports, first + 2);
-            format!(
-                " | {} {:>7.0}%",
-                link_columns(&reports, first + 2, bytes, factor),
-                ratio(lossless, plugin)
-            )
-        } else {
-            String::new()
-        };
-        // The peer link is the last of the size's results.
-        let versus = if peer_library.is_some() {
-            let k = per_size - 1;
-            format!(
-                " | {} {:>7.0}%",
-                link_columns(&reports, first + k, bytes, factor),
-                ratio(slowest(&reports, first + k), plugin)
-            )
-        } else {
-            String::new()
-        };
+        let extra: String = compared
+            .iter()
+            .map(|&(k, _)| {
+                format!(
+                    " | {} {:>7.0}%",
+                    link_columns(&reports, first + k, bytes, factor),
+                    ratio(slowest(&reports, first + k), plugin)
+                )
+            })
+            .collect();
         println!(
-            "  {:>10} {:>10} {:>5} | {} | {} | {:>5.0}%{extra}{versus} | {:>5}",
+            "  {:>10} {:>10} {:>5} | {} | {} | {:>5.0}%{extra} | {:>5}",
             bytes,
             bytes / dtype.size(),
             run.iters,

@@ -15,6 +15,9 @@ pub const CARGO_LIBRARY_NAME: &str = "libnccl_net_lossy.so";
 
 /// The file name NCCL opens for `NCCL_NET_PLUGIN=lossy`.
 pub const NCCL_LIBRARY_NAME: &str = "libnccl-net-lossy.so";
+
+/// The control API's switch for loss injection (`nccl_lossy_control.h`).
+const LOSS_SWITCH: &str = "ncclLossySetEnabled";
 /// Where the plugin library probably is: next to the running executable (Cargo's target
 /// directory, or `bin/../lib` of an installation), or in the target directory above a test
 /// binary in `deps/`.
@@ -99,6 +102,12 @@ impl PluginLibrary {
         self.lib.net_versions()
     }
 
+    /// True when the library has this project's switch for loss injection (another build of
+    /// this plugin, not a third party's).
+    pub fn switches_loss(&self) -> bool {
+        self.exports(LOSS_SWITCH)
+    }
+
     /// Turns loss injection on or off through the library's control API
     /// (`ncclLossySetEnabled`). The control API is this library's own: a plugin without it
     /// (a third party's, or a raw-TCP-only job's) is left as it is when loss is asked on,
@@ -108,13 +117,13 @@ impl PluginLibrary {
         // stays loaded during the call.
         let f = unsafe {
             self.lib
-                .function::<extern "C" fn(c_int) -> c_int>("ncclLossySetEnabled")
+                .function::<extern "C" fn(c_int) -> c_int>(LOSS_SWITCH)
         };
         let Some(f) = f else {
             return if enabled {
                 Ok(())
             } else {
-                Err(missing("ncclLossySetEnabled").context(
+                Err(missing(LOSS_SWITCH).context(
                     "cannot switch loss injection off for a lossless run (a plugin without \
                      this project's control API)",
                 ))

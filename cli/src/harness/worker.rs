@@ -338,9 +338,6 @@ pub fn run_job(job: &Job, boot: &mut Bootstrap) -> Result<WorkerReport> {
     Ok(report)
 }
 
-/// The control API's switch for loss injection (`nccl_lossy_control.h`).
-const LOSS_SWITCH: &str = "ncclLossySetEnabled";
-
 /// Whether loss injection is on while `kind` runs.
 fn loss_on(job: &Job, kind: LinkKind) -> bool {
     !job.lossless && kind != LinkKind::PluginLossless
@@ -378,7 +375,7 @@ fn run_collectives(
                         // Another build of this plugin (an A/B of two builds) runs under the
                         // same `--lossless` as ours; a library without our control API is
                         // left as it is.
-                        if peer.exports(LOSS_SWITCH) {
+                        if peer.switches_loss() {
                             peer.set_loss_enabled(!job.lossless)?;
                         }
                         (peer, 0x10553)
