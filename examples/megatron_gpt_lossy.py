@@ -55,6 +55,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+
+def _key_value(text):
+    """A --set argument: KEY=VALUE, checked when the command line is read."""
+    key, sep, _ = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. model.rate=0.02), got {text!r}")
+    return text
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--nproc", type=int, default=2, help="ranks to start when not under a launcher")
@@ -75,7 +83,8 @@ def parse_args(argv=None):
     p.add_argument("--text", nargs="*", default=None, help="text files (default: the repository's *.md)")
     p.add_argument("--no-sequence-parallel", action="store_true")
     p.add_argument("--profile", default=None, help="lossy profile (default: configs/lossless.toml)")
-    p.add_argument("--set", action="append", default=[], help="profile override KEY=VALUE (repeatable)")
+    p.add_argument("--set", action="append", default=[], type=_key_value,
+                   help="profile override KEY=VALUE (repeatable)")
     p.add_argument("--stats", default=None, help="directory for the plugin's statistics files")
     p.add_argument("--log", default=None, help="JSONL file rank 0 writes (one line per step)")
     p.add_argument("--setting", default="", help="a label copied into every log line")

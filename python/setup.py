@@ -3,13 +3,18 @@
 Where the library comes from, first match wins:
 
 1. ``NCCL_LOSSY_LIBRARY``: the path of an already built library;
-2. ``<repository>/target/release/libnccl_net_lossy.so``, the output of ``cargo build --release``;
+2. ``<target>/release/libnccl_net_lossy.so``, the output of ``cargo build --release``, where
+   ``<target>`` is ``CARGO_TARGET_DIR`` when set (relative to the repository root) and
+   ``<repository>/target`` otherwise;
 3. otherwise, when this directory sits in the repository and ``cargo`` is on ``PATH``, the hook
-   runs ``cargo build --release --lib`` in the repository root and uses its output.
+   runs ``cargo build --release --lib`` in the repository root and uses its output (found as
+   in 2, or where ``cargo metadata`` says the target directory is, e.g. a ``build.target-dir``
+   in a Cargo configuration file).
 
 If none of these gives a library the build stops with a message saying how to provide one.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -31,19 +36,33 @@ def find_library():
         if not path.is_file():
             raise SystemExit(f"NCCL_LOSSY_LIBRARY={explicit} does not name a file")
         return path
-    built = REPO / "target" / "release" / CARGO_NAME
+    built = target_dir() / "release" / CARGO_NAME
     if built.is_file():
         return built
     if (REPO / "Cargo.toml").is_file() and shutil.which("cargo"):
-        print("nccl-lossy: no release build of the plugin found; running cargo build --release --lib")
+        print(f"nccl-lossy: no release build of the plugin at {built}; running cargo build --release --lib")
         subprocess.run(["cargo", "build", "--release", "--lib"], cwd=REPO, check=True)
         if built.is_file():
             return built
+        meta = subprocess.run(
+            ["cargo", "metadata", "--format-version", "1", "--no-deps"],
+            cwd=REPO, check=True, capture_output=True, text=True,
+        )
+        built = Path(json.loads(meta.stdout)["target_directory"]) / "release" / CARGO_NAME
+        if built.is_file():
+            return built
     raise SystemExit(
-        "nccl-lossy: the plugin library is not built. Run `cargo build --release --lib` in the "
-        "repository root (needs a Rust toolchain and libclang), or set NCCL_LOSSY_LIBRARY to the "
-        "path of a built libnccl_net_lossy.so, then install again."
+        f"nccl-lossy: the plugin library is not built (looked for {built}). Run `cargo build "
+        "--release --lib` in the repository root (needs a Rust toolchain and libclang), or set "
+        "NCCL_LOSSY_LIBRARY to the path of a built libnccl_net_lossy.so, then install again."
     )
+
+
+def target_dir():
+    """Cargo's target directory: CARGO_TARGET_DIR (relative to the repository root, where
+    cargo runs) when set, else <repository>/target."""
+    given = os.environ.get("CARGO_TARGET_DIR", "").strip()
+    return REPO / Path(given).expanduser() if given else REPO / "target"
 
 
 class BuildPyWithLibrary(build_py):

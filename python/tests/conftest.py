@@ -11,6 +11,7 @@ import nccl_lossy
 
 TESTS = Path(__file__).resolve().parent
 HARNESS = TESTS / "net_harness.py"
+REPO = TESTS.parents[1]
 
 # Variables of ours that a developer's shell may carry; every subprocess starts without them.
 _OURS = (
@@ -93,3 +94,19 @@ def run_ranks(script, world, args=(), timeout=600, **env):
             if p.poll() is None:
                 p.kill()
     return sorted(outs, key=lambda o: o["rank"])
+
+
+def lossy_binary():
+    """The `lossy` command: NCCL_LOSSY_CLI when set, else built (incrementally) here."""
+    given = os.environ.get("NCCL_LOSSY_CLI")
+    if given:
+        return given
+    subprocess.run(
+        ["cargo", "build", "--release", "-p", "lossy-cli", "--bin", "lossy"],
+        cwd=REPO, check=True,
+    )
+    meta = subprocess.run(
+        ["cargo", "metadata", "--format-version", "1", "--no-deps"],
+        cwd=REPO, check=True, capture_output=True, text=True,
+    )
+    return str(Path(json.loads(meta.stdout)["target_directory"]) / "release" / "lossy")

@@ -59,3 +59,46 @@ def test_control_reaches_the_copy_nccl_loaded(tmp_path, lib_path):
     cells = out["live_stats"]["connections"][0]["by_op"]
     assert sorted(c["phase"] for c in cells) == ["any", "backward", "forward"]
     assert all(c["messages"] == 1 and c["bytes"] == 1 << 20 for c in cells)
+
+
+LOCATE = r"""
+import ctypes, sys
+from nccl_lossy import control as c
+try:
+    c.set_phase("forward")
+except c.ControlError as err:
+    print("error:", err)
+else:
+    print("bound:", c.control().source, c.control().path)
+"""
+
+
+def test_an_unloadable_library_is_reported_with_the_loaders_reason(tmp_path):
+    bad = tmp_path / "bad.so"
+    bad.write_text("not a library\n")
+    try:
+        import ctypes
+
+        ctypes.CDLL(str(bad))
+    except OSError as err:
+        reason = str(err)
+    proc = run_python(LOCATE, env=clean_env(NCCL_LOSSY_LIBRARY=bad))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.strip()
+    assert out.startswith("error:") and str(bad) in out, out
+    assert reason in out, out  # the dynamic loader's own words (e.g. invalid ELF header)
+
+
+def test_a_plugin_path_that_cannot_be_opened_is_refused_not_replaced(tmp_path):
+    missing = tmp_path / "gone" / "libnccl-net-lossy.so"
+    proc = run_python(LOCATE, env=clean_env(NCCL_NET_PLUGIN=missing))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.strip()
+    # NCCL would not load the packaged copy: switches there would act on a detached copy
+    assert out.startswith("error:"), out
+    assert f"NCCL_NET_PLUGIN={missing}" in out and "No such file" in out, out
+
+    # a bare name resolves as before: NCCL's search path, else the packaged copy
+    proc = run_python(LOCATE, env=clean_env(NCCL_NET_PLUGIN="lossy"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("bound: package "), proc.stdout

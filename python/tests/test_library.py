@@ -1,11 +1,16 @@
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import nccl_lossy
 from nccl_lossy._library import mapped_library_paths, nccl_plugin_candidates
-from conftest import clean_env, run_python
+from conftest import TESTS, clean_env, run_python
+
+PYTHON_DIR = TESTS.parent
 
 
 def test_packaged_library_is_the_plugin(lib_path):
@@ -47,3 +52,47 @@ def test_mapped_library_is_found_in_proc_maps(lib_path):
     proc = run_python(code, args=(str(lib_path),))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == repr([os.path.realpath(lib_path)])
+
+
+def _source_tree(tmp_path):
+    """A source checkout's shape: <repo>/Cargo.toml and <repo>/python/{setup.py,src,...}."""
+    repo = tmp_path / "repo"
+    shutil.copytree(PYTHON_DIR / "src" / "nccl_lossy", repo / "python" / "src" / "nccl_lossy",
+                    ignore=shutil.ignore_patterns("__pycache__", "lib"))
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy2(PYTHON_DIR / name, repo / "python" / name)
+    (repo / "Cargo.toml").write_text("")
+    return repo
+
+
+def _build_in(target_dir, lib_path):
+    """A library as Cargo leaves it in ``target_dir``; a trailing marker tells it from others."""
+    built = target_dir / "release" / "libnccl_net_lossy.so"
+    built.parent.mkdir(parents=True)
+    built.write_bytes(lib_path.read_bytes() + b"\0cargo-target-dir")
+    return built
+
+
+def test_a_source_checkout_finds_the_library_under_cargo_target_dir(tmp_path, lib_path):
+    repo = _source_tree(tmp_path)
+    built = _build_in(tmp_path / "elsewhere", lib_path)
+    env = clean_env(PYTHONPATH=repo / "python" / "src", CARGO_TARGET_DIR=tmp_path / "elsewhere")
+    env.pop("NCCL_LOSSY_LIBRARY", None)
+    proc = run_python("import nccl_lossy; print(nccl_lossy.library_path())", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == str(built)
+
+
+def test_setup_packages_the_library_under_cargo_target_dir(tmp_path, lib_path):
+    repo = _source_tree(tmp_path)
+    built = _build_in(tmp_path / "elsewhere", lib_path)
+    env = clean_env(CARGO_TARGET_DIR=tmp_path / "elsewhere")
+    env.pop("NCCL_LOSSY_LIBRARY", None)
+    out = tmp_path / "build"
+    proc = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(out)],
+        cwd=repo / "python", env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    packaged = out / "nccl_lossy" / "lib" / "libnccl-net-lossy.so"
+    assert packaged.read_bytes() == built.read_bytes()

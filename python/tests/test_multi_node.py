@@ -1,31 +1,10 @@
 """`lossy bench` as one rank per process under a real torchrun: rank 0 prints the table
 with a line per rank, the other rank prints nothing."""
 
-import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
-from conftest import clean_env, free_port
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def lossy_binary():
-    """The `lossy` command: NCCL_LOSSY_CLI when set, else built (incrementally) here."""
-    given = os.environ.get("NCCL_LOSSY_CLI")
-    if given:
-        return given
-    subprocess.run(
-        ["cargo", "build", "--release", "-p", "lossy-cli", "--bin", "lossy"],
-        cwd=REPO, check=True,
-    )
-    meta = subprocess.run(
-        ["cargo", "metadata", "--format-version", "1", "--no-deps"],
-        cwd=REPO, check=True, capture_output=True, text=True,
-    )
-    return str(Path(json.loads(meta.stdout)["target_directory"]) / "release" / "lossy")
+from conftest import clean_env, free_port, lossy_binary
 
 
 def test_torchrun_starts_two_bench_ranks_and_rank_0_prints_the_table(tmp_path):

@@ -111,21 +111,26 @@ def test_bad_profiles_are_reported_with_their_path(tmp_path):
         LossyNetwork(set={"a;b": 1})
 
 
-def test_apply_sets_os_environ_and_drops_stale_variables(tmp_path):
+def test_apply_sets_what_is_missing_and_keeps_inherited_variables(tmp_path):
+    inherited = profile(tmp_path, "seed = 2\n", "inherited.toml")
     code = (
         "import logging, os, nccl_lossy\n"
         "logging.basicConfig(level=logging.INFO)\n"
         "env = nccl_lossy.LossyNetwork(set={'seed': 9}).apply()\n"
         "assert os.environ['NCCL_LOSSY_SET'] == 'seed=9'\n"
-        "assert 'NCCL_LOSSY_PROFILE' not in os.environ\n"
         "assert all(os.environ[k] == v for k, v in env.items())\n"
-        "print('ok')\n"
+        "print(os.environ['NCCL_LOSSY_PROFILE'])\n"
     )
-    proc = run_python(code, env=clean_env(NCCL_LOSSY_PROFILE=tmp_path / "old.toml"))
+    proc = run_python(code, env=clean_env(NCCL_LOSSY_PROFILE=inherited))
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "ok"
-    assert "unsetting inherited NCCL_LOSSY_PROFILE" in proc.stderr
+    # the object leaves the profile at its default: the inherited one stays in force
+    assert proc.stdout.strip() == str(inherited)
     assert "lossy network environment: NCCL_NET_PLUGIN=" in proc.stderr
+    assert "(kept from the environment: NCCL_LOSSY_PROFILE)" in proc.stderr
+    # an inherited profile that does not exist is named, not silently dropped
+    proc = run_python(code, env=clean_env(NCCL_LOSSY_PROFILE=tmp_path / "old.toml"))
+    assert proc.returncode != 0
+    assert f"NCCL_LOSSY_PROFILE={tmp_path / 'old.toml'} (in the environment) does not name a file" in proc.stderr
 
 
 def test_apply_refuses_once_the_plugin_is_loaded(lib_path):

@@ -23,19 +23,28 @@ class LibraryNotFoundError(FileNotFoundError):
     """The plugin library could not be found."""
 
 
+def cargo_target_dir(repo: Path) -> Path:
+    """Where Cargo builds the repository ``repo``: ``CARGO_TARGET_DIR`` when set (a relative
+    one counts from the repository root, where Cargo runs), else ``<repo>/target``."""
+    given = os.environ.get("CARGO_TARGET_DIR", "").strip()
+    return repo / Path(given).expanduser() if given else repo / "target"
+
+
 def _source_checkout_candidates() -> List[Path]:
     # An editable install or a run from the source tree: python/src/nccl_lossy -> repository.
     repo = _PACKAGE_DIR.parent.parent.parent
     if not (repo / "Cargo.toml").is_file():
         return []
-    return [repo / "target" / profile / CARGO_NAME for profile in ("release", "debug")]
+    target = cargo_target_dir(repo)
+    return [target / profile / CARGO_NAME for profile in ("release", "debug")]
 
 
 def library_path() -> Path:
     """Absolute path of the plugin library this package uses.
 
     ``NCCL_LOSSY_LIBRARY`` wins when set; otherwise the copy packaged with ``nccl_lossy``;
-    otherwise (running from a source checkout) the Cargo build output.
+    otherwise (running from a source checkout) the Cargo build output, in ``CARGO_TARGET_DIR``
+    when that is set.
     """
     explicit = os.environ.get(LIBRARY_ENV)
     if explicit:

@@ -5,8 +5,11 @@ here are the ones NCCL's network threads read. The library is found, in order:
 
 1. already mapped into this process (``/proc/self/maps``): opened again with ``RTLD_NOLOAD``,
    which hands back that very copy;
-2. the library ``NCCL_NET_PLUGIN`` names, resolved the way NCCL resolves it;
-3. :func:`nccl_lossy.library_path`.
+2. the library ``NCCL_NET_PLUGIN`` names, resolved the way NCCL resolves it; when it names a
+   path that cannot be opened (or has no control API) :class:`ControlError` says so, naming
+   the variable and the loader's reason, since NCCL would not use any other copy;
+3. :func:`nccl_lossy.library_path` (also when ``NCCL_NET_PLUGIN`` is a bare name such as
+   ``lossy`` that the loader's search path does not find).
 
 Loading it early (before NCCL) is harmless: when NCCL later opens the same file the dynamic
 loader returns the copy already loaded, with the switches already set.
@@ -19,9 +22,10 @@ import json
 import logging
 import os
 import threading
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from ._library import (
+    LIBRARY_ENV,
     LibraryNotFoundError,
     library_path,
     mapped_library_paths,
@@ -134,32 +138,49 @@ _lock = threading.Lock()
 _control: Optional[Control] = None
 
 
-def _open(path: str, mode: int) -> Optional[ctypes.CDLL]:
+def _open(path: str, mode: int) -> Tuple[Optional[ctypes.CDLL], str]:
+    """The library at ``path`` when it has the control API, else None and why not (the
+    dynamic loader's own message when it cannot be loaded)."""
     try:
         lib = ctypes.CDLL(path, mode=mode)
-    except OSError:
-        return None
-    return lib if hasattr(lib, "ncclLossyControlVersion") else None
+    except OSError as err:
+        return None, str(err)
+    if hasattr(lib, "ncclLossyControlVersion"):
+        return lib, ""
+    return None, f"{path} has no control API (ncclLossyControlVersion): not this plugin, or a build that predates it"
 
 
 def _locate() -> Control:
     noload = getattr(os, "RTLD_NOLOAD", 4) | getattr(os, "RTLD_NOW", 2)
     for path in mapped_library_paths():
-        lib = _open(path, noload)
+        lib, _ = _open(path, noload)
         if lib is not None:
             return Control(lib, path, "mapped")
     global_mode = getattr(os, "RTLD_NOW", 2) | getattr(os, "RTLD_GLOBAL", ctypes.RTLD_GLOBAL)
-    for name in nccl_plugin_candidates(os.environ.get("NCCL_NET_PLUGIN")):
-        lib = _open(name, global_mode)
+    plugin = os.environ.get("NCCL_NET_PLUGIN")
+    names = nccl_plugin_candidates(plugin)
+    reasons = []
+    for name in names:
+        lib, why = _open(name, global_mode)
         if lib is not None:
             return Control(lib, name, "NCCL_NET_PLUGIN")
+        reasons.append(why)
+    if any("/" in name for name in names):
+        # NCCL loads that path or nothing: binding to the packaged copy instead would set
+        # switches NCCL's copy never reads.
+        raise ControlError(
+            f"NCCL_NET_PLUGIN={plugin} cannot serve the control API ({'; '.join(reasons)}); NCCL "
+            "would not use the packaged copy either, so switches set there would not reach it. "
+            "Allowed: the path of this plugin's library, or lossy; or unset NCCL_NET_PLUGIN"
+        )
     try:
         path = str(library_path())
     except LibraryNotFoundError as err:
         raise ControlError(f"cannot reach the plugin's control API: {err}") from err
-    lib = _open(path, global_mode)
+    lib, why = _open(path, global_mode)
     if lib is None:
-        raise ControlError(f"{path} could not be loaded or has no control API")
+        named = f" ({LIBRARY_ENV}={os.environ[LIBRARY_ENV]})" if os.environ.get(LIBRARY_ENV) else ""
+        raise ControlError(f"{path}{named} could not be loaded or has no control API: {why}")
     return Control(lib, path, "package")
 
 

@@ -65,13 +65,24 @@ class LossyMegatronIntegration:
     :class:`LossyConfigError` naming the key, the value and what is allowed.
 
     ``enable()`` (or entering the ``with`` block) puts the :class:`LossyNetwork` environment in
-    place when NCCL has not started yet (``apply_env``), applies the megatron-core patches
-    (``patch_megatron``) and switches injection on. :meth:`attach` hooks a model so that the
+    place (``apply_env``, see below), applies the megatron-core patches (``patch_megatron``)
+    and switches injection on. :meth:`attach` hooks a model so that the
     plugin sees ``forward`` while the model runs forward and ``backward`` once gradients flow
     back through its outputs; with an optimizer it also advances the training step after each
     optimizer step (and marks the optimizer's own traffic as phase ``any``). The same can be
     done by hand with :meth:`mark_forward`, :meth:`mark_backward`, :meth:`mark_any` and
     :meth:`step`.
+
+    ``apply_env`` (default True): ``enable()`` sets the variables NCCL needs that the
+    environment lacks (:meth:`LossyNetwork.apply`). Variables a launcher already set (``lossy
+    run --profile P --stats D``, the user's shell) are kept where this object leaves the value
+    at its default; a value given here that differs from the environment's raises
+    :class:`LossyConfigError` naming the variable and both values; ``NCCL_NET`` must be
+    ``lossy``. After ``enable()``, :attr:`network` describes the configuration in force, the
+    environment's values included. Once NCCL has started it is too late to set anything: with
+    every variable already in place ``enable()`` goes on, with one missing it raises
+    :class:`NcclAlreadyInitializedError`. ``apply_env=False`` leaves the environment alone
+    (:attr:`network` then holds only the values given here).
 
     ``enable_on_forward`` / ``enable_on_backward``: whether loss is injected during that phase
     (traffic outside both phases is always subject to the profile while enabled). Profile rules
@@ -79,7 +90,7 @@ class LossyMegatronIntegration:
 
     ``record_steps`` (default True): at every step boundary, read the plugin's counters and
     keep their growth per collective and phase (:meth:`step_table`; :meth:`write_stats` and
-    :meth:`disable` write them next to the plugin's statistics file, for
+    :meth:`disable` write them next to the plugin's statistics file, in :meth:`stats_dir`, for
     ``read_stats(dir, table="step_ops")``). It costs one read of the plugin's statistics per
     step.
 
@@ -303,14 +314,13 @@ class LossyMegatronIntegration:
     # -- switching ------------------------------------------------------------------------
 
     def enable(self) -> "LossyMegatronIntegration":
-        """Environment (when ``apply_env``), megatron-core patches (when ``patch_megatron``),
-        then injection on."""
+        """Environment (when ``apply_env``: the variables it lacks, see
+        :meth:`LossyNetwork.apply`; :attr:`network` then describes what is in force),
+        megatron-core patches (when ``patch_megatron``), then injection on."""
         if self.apply_env:
-            wanted = self.network.env()
-            if all(os.environ.get(k) == v for k, v in wanted.items()):
-                log.info("lossy network environment already in place")
-            else:
-                self.network.apply()
+            network = self.network.resolved()
+            network.apply()
+            self.network = network  # describes what is in force, the environment's values too
         if self.patch_megatron and not self._patched_here:
             already = is_patched()
             self.patch_results = apply_megatron_core_patch()
@@ -340,8 +350,9 @@ class LossyMegatronIntegration:
         if self._recording:
             self._recorder.end_step(self._step)
             self._recording = False
-            if self.network.stats_dir is not None:
-                self._recorder.write(self.network.stats_dir)
+            stats_dir = self.stats_dir()
+            if stats_dir is not None:
+                self._recorder.write(stats_dir)
         if check_bool("revert_patches", revert_patches) and self._patched_here:
             revert_megatron_core_patch()
             self._patched_here = False
@@ -452,14 +463,24 @@ class LossyMegatronIntegration:
         ]
         return as_table(rows, ("step", "op", "phase") + STEP_OP_COUNTERS + ("loss_rate",), dataframe)
 
+    def stats_dir(self) -> Optional[Path]:
+        """The statistics directory: the integration's own (``stats_dir``), else the one the
+        plugin writes to (``NCCL_LOSSY_STATS`` in the environment, e.g. from ``lossy run
+        --stats``); None when neither is set."""
+        if self.network.stats_dir is not None:
+            return self.network.stats_dir
+        from_env = os.environ.get("NCCL_LOSSY_STATS", "")
+        return Path(from_env).expanduser().resolve() if from_env.strip() else None
+
     def write_stats(self) -> Optional[Path]:
         """Asks the plugin to write its statistics file into the statistics directory now and
-        writes the per-step file next to it; returns the per-step file's path (None without a
-        statistics directory)."""
+        writes the per-step file next to it (:meth:`stats_dir`); returns the per-step file's
+        path (None without a statistics directory)."""
         _control.control().write_stats()
-        if self.network.stats_dir is None:
+        stats_dir = self.stats_dir()
+        if stats_dir is None:
             return None
-        return self._recorder.write(self.network.stats_dir)
+        return self._recorder.write(stats_dir)
 
 
 def _merge_config(config: Mapping[str, Any], given: Dict[str, Any]) -> Dict[str, Any]:

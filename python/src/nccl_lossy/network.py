@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -10,14 +11,21 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
 
-from ._library import library_path, mapped_library_paths
+from ._library import CARGO_NAME, PACKAGED_NAME, library_path, mapped_library_paths
 from .config import LossyConfigError, loss_overrides
 
 log = logging.getLogger("nccl_lossy")
 
 
-#: Variables :meth:`LossyNetwork.apply` owns: set from the object, or removed when it has none.
+#: Variables a :class:`LossyNetwork` sets from its ``profile``, ``set`` and ``stats_dir``; where
+#: it leaves one at its default (None), :meth:`LossyNetwork.apply` keeps the environment's.
 OWNED_VARIABLES = ("NCCL_LOSSY_PROFILE", "NCCL_LOSSY_SET", "NCCL_LOSSY_STATS")
+
+#: How to settle a clash with the environment (ends every such error).
+_RESOLVE = (
+    "or keep the environment as it is (LossyMegatronIntegration(..., apply_env=False), or no "
+    "LossyNetwork.apply())"
+)
 
 _PROTOCOLS = ("LL", "LL128", "SIMPLE")
 
@@ -228,7 +236,9 @@ class LossyNetwork:
 
     def env(self, base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
         """Variables to add to a launcher's environment (``base``: the environment they join,
-        ``os.environ`` by default, consulted only for a user's own ``NCCL_PROTO``)."""
+        ``os.environ`` by default, consulted only for a user's own ``NCCL_PROTO``). These are
+        this object's own values; ``resolved(base).env(base)`` takes the variables ``base``
+        already holds into account (what :meth:`apply` does)."""
         base = os.environ if base is None else base
         lib = self.library or library_path()
         env = {"NCCL_NET_PLUGIN": str(lib), "NCCL_NET": "lossy"}
@@ -252,26 +262,176 @@ class LossyNetwork:
                     )
         return env
 
-    def apply(self) -> Dict[str, str]:
-        """Puts :meth:`env` into ``os.environ`` (call before ``torch.distributed`` starts NCCL).
+    def resolved(self, base: Optional[Mapping[str, str]] = None) -> "LossyNetwork":
+        """The network NCCL will see once :meth:`apply` has run in ``base`` (``os.environ`` by
+        default): a copy of this one with what it leaves at the default taken from ``base``.
 
-        Removes inherited ``NCCL_LOSSY_PROFILE/SET/STATS`` this object does not set. Refuses
-        with :class:`NcclAlreadyInitializedError` when NCCL is already running here."""
-        reason = nccl_started_reason()
-        if reason:
-            raise NcclAlreadyInitializedError(
-                f"cannot switch NCCL to the lossy plugin: {reason}. NCCL reads its plugin "
-                "settings once; call LossyNetwork.apply() before torch.distributed."
-                "init_process_group, or pass LossyNetwork.env() to the launcher (torchrun)."
+        A launcher (``lossy run``, the user's shell) may have set the variables already:
+
+        - ``NCCL_LOSSY_PROFILE``, ``NCCL_LOSSY_SET``, ``NCCL_LOSSY_STATS``: used where this
+          object has no ``profile``, ``set`` (nor loss keywords), ``stats_dir``; where it has
+          one that differs, :class:`LossyConfigError` names the variable and both values;
+        - ``NCCL_NET_PLUGIN``: kept when it names this plugin (``lossy``, or a file named
+          ``libnccl-net-lossy.so`` / ``libnccl_net_lossy.so``); a path that is no file, another
+          plugin, or (with ``library``) another file than ``library`` is refused;
+        - ``NCCL_NET``: anything but ``lossy`` is refused (NCCL would use another network).
+
+        The copy is checked by the plugin library (:meth:`check`), so the protocol guard of
+        :meth:`env` follows the profile and overrides actually in force."""
+        base = os.environ if base is None else base
+        net = copy.copy(self)
+        changed = False
+
+        profile = _from_env(base, "NCCL_LOSSY_PROFILE")
+        if profile is not None:
+            path = Path(profile).expanduser().resolve()
+            if self.profile is None:
+                if not path.is_file():
+                    raise LossyConfigError(
+                        f"NCCL_LOSSY_PROFILE={profile} (in the environment) does not name a file; "
+                        "allowed: the path of a TOML profile; unset NCCL_LOSSY_PROFILE for the "
+                        "plugin's embedded default"
+                    )
+                net.profile, changed = path, True
+            elif path != self.profile:
+                raise _clash("NCCL_LOSSY_PROFILE", profile, str(self.profile), "profile")
+
+        overrides = _from_env(base, "NCCL_LOSSY_SET")
+        if overrides is not None:
+            theirs = format_overrides(overrides)
+            if not self.overrides:
+                net.overrides, changed = theirs, True
+            elif parse_overrides(theirs) != parse_overrides(self.overrides):
+                raise _clash("NCCL_LOSSY_SET", overrides, self.overrides, "set= (or the loss keywords)")
+
+        stats = _from_env(base, "NCCL_LOSSY_STATS")
+        if stats is not None:
+            path = Path(stats).expanduser().resolve()
+            if self.stats_dir is None:
+                net.stats_dir = path
+            elif path != self.stats_dir:
+                raise _clash("NCCL_LOSSY_STATS", stats, str(self.stats_dir), "stats_dir")
+
+        plugin = _from_env(base, "NCCL_NET_PLUGIN")
+        if plugin is not None:
+            first = plugin.split(",")[0].strip()
+            if self.library is not None:
+                if not ("/" in first and os.path.isfile(first) and os.path.samefile(first, self.library)):
+                    raise _clash("NCCL_NET_PLUGIN", plugin, str(self.library), "library")
+            elif not names_this_plugin(plugin):
+                raise LossyConfigError(
+                    f"NCCL_NET_PLUGIN={plugin} (in the environment) names another library than "
+                    f"this plugin ({library_path()}): NCCL would load it and find no lossy "
+                    "network; allowed: lossy, or the path of libnccl-net-lossy.so / "
+                    f"libnccl_net_lossy.so: unset NCCL_NET_PLUGIN, {_RESOLVE}"
+                )
+            elif "/" in first:
+                if not os.path.isfile(first):
+                    raise LossyConfigError(
+                        f"NCCL_NET_PLUGIN={plugin} (in the environment): {first} does not exist, "
+                        f"so NCCL cannot load the plugin; allowed: the path of a built plugin "
+                        f"library: unset NCCL_NET_PLUGIN, {_RESOLVE}"
+                    )
+                net.library, changed = Path(first).resolve(), True
+
+        network = _from_env(base, "NCCL_NET")
+        if network is not None and network.lower() != "lossy":
+            raise LossyConfigError(
+                f"NCCL_NET={network} (in the environment) makes NCCL use another network than "
+                f"the lossy plugin; allowed: NCCL_NET=lossy: unset NCCL_NET, {_RESOLVE}"
             )
-        env = self.env()
-        for name in OWNED_VARIABLES:
-            if name not in env and name in os.environ:
-                log.info("unsetting inherited %s=%s", name, os.environ[name])
-                del os.environ[name]
-        os.environ.update(env)
-        log.info("lossy network environment: %s", " ".join(f"{k}={v}" for k, v in env.items()))
-        return env
+
+        if changed:
+            net._checked = None
+            try:
+                net.check()
+            except LossyConfigError as err:
+                raise LossyConfigError(f"the configuration in force with the environment's "
+                                       f"NCCL_LOSSY_PROFILE/NCCL_LOSSY_SET/NCCL_NET_PLUGIN: {err}") from err
+        return net
+
+    def apply(self) -> Dict[str, str]:
+        """Puts the environment of :meth:`resolved` in place in ``os.environ`` (call before
+        ``torch.distributed`` starts NCCL) and returns the variables now in force.
+
+        Only missing variables are set: a launcher's own (``lossy run``, the shell) are kept
+        where this object leaves the value at its default, and a clash with a value this object
+        sets raises :class:`LossyConfigError` (see :meth:`resolved`). When something is missing
+        and NCCL is already running here, raises :class:`NcclAlreadyInitializedError`; when
+        nothing is missing, nothing changes and NCCL having started does not matter."""
+        net = self.resolved(os.environ)
+        wanted = net.env(os.environ)
+        missing = {k: v for k, v in wanted.items() if not os.environ.get(k, "").strip()}
+        if missing:
+            reason = nccl_started_reason()
+            if reason:
+                raise NcclAlreadyInitializedError(
+                    f"cannot switch NCCL to the lossy plugin: {reason}, and the environment "
+                    f"lacks {' '.join(f'{k}={v}' for k, v in missing.items())}. NCCL reads its "
+                    "plugin settings once; call LossyNetwork.apply() (or "
+                    "LossyMegatronIntegration.enable()) before torch.distributed."
+                    "init_process_group, or pass LossyNetwork.env() to the launcher (torchrun); "
+                    "when the launcher set the environment itself, pass apply_env=False to "
+                    "LossyMegatronIntegration."
+                )
+            os.environ.update(missing)
+        in_force = {k: os.environ[k] for k in wanted}
+        kept = [k for k in wanted if k not in missing]
+        log.info(
+            "lossy network environment: %s%s",
+            " ".join(f"{k}={v}" for k, v in in_force.items()),
+            f" (kept from the environment: {', '.join(kept)})" if kept else "",
+        )
+        return in_force
+
+
+def names_this_plugin(value: str) -> bool:
+    """Whether an ``NCCL_NET_PLUGIN`` value makes NCCL load this plugin: its first entry is
+    ``lossy`` (NCCL opens ``libnccl-net-lossy.so``), a file named ``libnccl-net-lossy.so`` /
+    ``libnccl_net_lossy.so``, or a file under another name that exports this plugin's control
+    API (a renamed copy)."""
+    first = value.split(",")[0].strip()
+    if first == "lossy" or os.path.basename(first) in (PACKAGED_NAME, CARGO_NAME):
+        return True
+    return "/" in first and _exports_control_api(first)
+
+
+#: A name only this plugin's library exports (``nccl_headers/nccl_lossy_control.h``): its
+#: dynamic symbol table holds the string.
+_CONTROL_SYMBOL = b"ncclLossySetEnabled"
+
+
+def _exports_control_api(path: str) -> bool:
+    """Whether the file at ``path`` names this plugin's control API, read without loading it
+    (loading runs the library's constructors, and a foreign plugin's may not expect that)."""
+    try:
+        if not os.path.isfile(path):
+            return False
+        with open(path, "rb") as f:
+            tail = b""
+            while True:
+                block = f.read(1 << 20)
+                if not block:
+                    return False
+                if _CONTROL_SYMBOL in tail + block:
+                    return True
+                tail = block[-len(_CONTROL_SYMBOL):]
+    except OSError:
+        return False
+
+
+def _from_env(base: Mapping[str, str], name: str) -> Optional[str]:
+    """``base[name]``, None when unset or blank (the plugin reads a blank value as unset)."""
+    value = base.get(name)
+    return value if value is not None and value.strip() else None
+
+
+def _clash(name: str, theirs: str, mine: str, keyword: str) -> LossyConfigError:
+    return LossyConfigError(
+        f"{name}: the environment has {name}={theirs} (set by the launcher or the shell), the "
+        f"code asks for {mine} ({keyword}); NCCL can use only one. Allowed: one value: unset "
+        f"{name}, leave {keyword} out to use the environment's, {_RESOLVE}"
+    )
 
 
 def nccl_started_reason() -> Optional[str]:

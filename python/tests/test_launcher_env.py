@@ -1,0 +1,222 @@
+"""The integration inside a job a launcher set up (`lossy run`, or the user's shell): values the
+code leaves at their defaults keep what the environment says, a value the code sets that
+differs from the environment's is refused, missing variables are filled in, and the per-step
+statistics land where the plugin writes its own."""
+
+import json
+import subprocess
+import sys
+
+import nccl_lossy
+from conftest import TESTS, clean_env, lossy_binary, run_python
+
+VARS = (
+    "NCCL_NET",
+    "NCCL_NET_PLUGIN",
+    "NCCL_PROTO",
+    "NCCL_LOSSY_PROFILE",
+    "NCCL_LOSSY_SET",
+    "NCCL_LOSSY_STATS",
+)
+
+# Loses half the packets (512-byte packets: 2,048 in a 1 MiB message) and zeroes them, so
+# `lossy run` also pins NCCL_PROTO=Simple. The embedded default loses 1%: a lost count in
+# [820, 1228] (+-9 sd of Binomial(2048, 0.5)) proves the plugin read this profile.
+HALF = 'seed = 5\nmtu = 512\neffect = "zero"\nmodel = { kind = "uniform", rate = 0.5 }\n'
+ZERO_1PCT = 'effect = "zero"\nmodel = { kind = "uniform", rate = 0.01 }\n'
+
+# A train.py as a user writes it: the integration with its defaults (apply_env=True).
+TRAIN = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+import nccl_lossy
+from net_harness import Link
+
+VARS = %r
+before = {k: os.environ.get(k) for k in VARS}
+integ = nccl_lossy.LossyMegatronIntegration(enable_on_forward=False, patch_megatron=False)
+integ.enable()
+after = {k: os.environ.get(k) for k in VARS}
+link = Link(1 << 20)               # loads the plugin from NCCL_NET_PLUGIN, as NCCL does
+integ.step(1)
+integ.mark_backward()
+link.send()
+integ.mark_forward()
+link.send()
+integ.step()
+link.close()                       # the plugin writes its statistics file
+written = integ.write_stats()
+integ.disable()
+print(json.dumps({"before": before, "after": after, "written": written and str(written),
+                  "profile": str(integ.network.profile),
+                  "stats_dir": str(integ.network.stats_dir)}))
+""" % (VARS,)
+
+
+def test_lossy_run_environment_survives_enable_and_gets_the_per_step_file(tmp_path):
+    prof = tmp_path / "half.toml"
+    prof.write_text(HALF)
+    stats = tmp_path / "stats"
+    proc = subprocess.run(
+        [lossy_binary(), "run", "--profile", str(prof), "--stats", str(stats), "--",
+         sys.executable, "-c", TRAIN, str(TESTS)],
+        env=clean_env(NCCL_SOCKET_IFNAME="lo", RANK=2),
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    before = out["before"]
+    assert before["NCCL_LOSSY_PROFILE"] == str(prof) and before["NCCL_LOSSY_STATS"] == str(stats)
+    assert before["NCCL_PROTO"] == "Simple" and before["NCCL_NET"] == "lossy"
+    # enable() changed nothing the launcher set
+    assert out["after"] == before
+    # the integration describes what is in force
+    assert out["profile"] == str(prof.resolve())
+    assert out["stats_dir"] == str(stats.resolve())
+
+    # the plugin read the launcher's profile: half the backward packets lost, none forward
+    cells = nccl_lossy.read_stats(stats, table="step_ops")
+    assert [(r["step"], r["phase"], r["packets"]) for r in cells] == [
+        (1, "backward", 2048), (1, "forward", 2048)
+    ]
+    lost = {r["phase"]: r["lost_packets"] for r in cells}
+    assert lost["forward"] == 0 and 820 <= lost["backward"] <= 1228, lost
+    assert all(r["rank"] == 2 for r in cells)
+    # the per-step file is where write_stats() said, next to the plugin's own file
+    assert out["written"] is not None and out["written"].startswith(str(stats))
+    assert sorted(p.name.split("-")[1] for p in stats.glob("lossy-*-rank2-*.json")) == ["stats", "steps"]
+
+
+WRITE_ONLY = r"""
+import sys
+import nccl_lossy
+integ = nccl_lossy.LossyMegatronIntegration(apply_env=False, patch_megatron=False)
+integ.enable()
+integ.step()
+print(integ.write_stats())
+"""
+
+
+def test_write_stats_uses_the_environments_directory_with_apply_env_false(tmp_path):
+    stats = tmp_path / "stats"
+    stats.mkdir()
+    proc = run_python(WRITE_ONLY, env=clean_env(NCCL_LOSSY_STATS=stats, RANK=4))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    written = proc.stdout.strip().splitlines()[-1]
+    assert written != "None", "write_stats() ignored NCCL_LOSSY_STATS"
+    assert written.startswith(str(stats)) and "lossy-steps-rank4-" in written
+    assert len(list(stats.glob("lossy-stats-rank4-*.json"))) == 1  # the plugin's own file
+
+
+ENABLE = r"""
+import json, os, sys
+import nccl_lossy
+kwargs = json.loads(sys.argv[1])
+try:
+    nccl_lossy.LossyMegatronIntegration(patch_megatron=False, **kwargs).enable()
+except (nccl_lossy.LossyConfigError, nccl_lossy.NcclAlreadyInitializedError) as err:
+    print(json.dumps({"error": type(err).__name__, "message": str(err)}))
+else:
+    print(json.dumps({"env": {k: os.environ.get(k) for k in %r}}))
+""" % (VARS,)
+
+
+def enable_in_child(env, **kwargs):
+    proc = run_python(ENABLE, env=env, args=(json.dumps(kwargs),))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_an_explicit_value_that_differs_from_the_environment_is_refused(tmp_path):
+    mine = tmp_path / "mine.toml"
+    mine.write_text(HALF)
+    theirs = tmp_path / "theirs.toml"
+    theirs.write_text(HALF)
+    out = enable_in_child(clean_env(NCCL_LOSSY_PROFILE=theirs), profile=str(mine))
+    assert out.get("error") == "LossyConfigError", out
+    msg = out["message"]
+    assert "NCCL_LOSSY_PROFILE" in msg and str(theirs) in msg and str(mine) in msg, msg
+    assert "unset NCCL_LOSSY_PROFILE" in msg and "apply_env=False" in msg, msg
+
+    out = enable_in_child(clean_env(NCCL_LOSSY_STATS=tmp_path / "a"), stats_dir=str(tmp_path / "b"))
+    assert out.get("error") == "LossyConfigError", out
+    assert "NCCL_LOSSY_STATS" in out["message"] and str(tmp_path / "a") in out["message"], out
+    assert str(tmp_path / "b") in out["message"], out
+
+    out = enable_in_child(clean_env(NCCL_LOSSY_SET="seed=3"), set={"seed": 4})
+    assert out.get("error") == "LossyConfigError", out
+    assert "NCCL_LOSSY_SET" in out["message"] and "seed=3" in out["message"], out
+    assert "seed=4" in out["message"], out
+
+    # the same value both ways is no conflict
+    out = enable_in_child(clean_env(NCCL_LOSSY_PROFILE=mine, NCCL_LOSSY_SET="seed=4"),
+                          profile=str(mine), set={"seed": 4})
+    assert out.get("env", {}).get("NCCL_LOSSY_PROFILE") == str(mine), out
+
+
+def test_a_foreign_network_or_plugin_in_the_environment_is_refused(tmp_path):
+    out = enable_in_child(clean_env(NCCL_NET="Socket"))
+    assert out.get("error") == "LossyConfigError", out
+    assert "NCCL_NET=Socket" in out["message"] and "lossy" in out["message"], out
+    assert "apply_env=False" in out["message"], out
+
+    other = tmp_path / "libnccl-net-other.so"
+    other.write_bytes(b"")
+    out = enable_in_child(clean_env(NCCL_NET_PLUGIN=other))
+    assert out.get("error") == "LossyConfigError", out
+    assert f"NCCL_NET_PLUGIN={other}" in out["message"], out
+    assert "apply_env=False" in out["message"], out
+
+    # a copy of this plugin under another name is this plugin: kept
+    renamed = tmp_path / "libnccl-net.so"
+    renamed.write_bytes(nccl_lossy.library_path().read_bytes())
+    out = enable_in_child(clean_env(NCCL_NET_PLUGIN=renamed))
+    assert out.get("env", {}).get("NCCL_NET_PLUGIN") == str(renamed), out
+
+
+def test_missing_variables_are_filled_in_around_the_inherited_ones(tmp_path):
+    # The shell set a corrupting profile and a statistics directory; the code adds overrides.
+    prof = tmp_path / "zero.toml"
+    prof.write_text(ZERO_1PCT)
+    stats = tmp_path / "stats"
+    out = enable_in_child(clean_env(NCCL_LOSSY_PROFILE=prof, NCCL_LOSSY_STATS=stats),
+                          set={"seed": 11})
+    env = out.get("env")
+    assert env is not None, out
+    assert env["NCCL_LOSSY_PROFILE"] == str(prof) and env["NCCL_LOSSY_STATS"] == str(stats)
+    assert env["NCCL_LOSSY_SET"] == "seed=11"
+    assert env["NCCL_NET"] == "lossy"
+    assert env["NCCL_NET_PLUGIN"] == str(nccl_lossy.library_path())
+    # the protocol guard follows the profile in force (the inherited one corrupts data)
+    assert env["NCCL_PROTO"] == "Simple"
+
+    # a bare NCCL_NET_PLUGIN=lossy names this plugin: kept
+    out = enable_in_child(clean_env(NCCL_NET_PLUGIN="lossy"))
+    assert out.get("env", {}).get("NCCL_NET_PLUGIN") == "lossy", out
+
+
+AFTER_NCCL = r"""
+import ctypes, json, sys
+import nccl_lossy
+ctypes.CDLL(sys.argv[1])   # what NCCL does when it initialises: the plugin is loaded
+try:
+    nccl_lossy.LossyMegatronIntegration(patch_megatron=False).enable()
+except nccl_lossy.NcclAlreadyInitializedError as err:
+    print(json.dumps({"error": str(err)}))
+else:
+    print(json.dumps({"enabled": True}))
+"""
+
+
+def test_enable_after_nccl_started_needs_no_change_when_the_launcher_set_everything(lib_path):
+    ready = clean_env(NCCL_NET="lossy", NCCL_NET_PLUGIN=lib_path)
+    proc = run_python(AFTER_NCCL, env=ready, args=(str(lib_path),))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"enabled": True}
+
+    # something missing (NCCL_NET): too late to set it, and the error says what to do
+    proc = run_python(AFTER_NCCL, env=clean_env(NCCL_NET_PLUGIN=lib_path), args=(str(lib_path),))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    err = json.loads(proc.stdout.strip().splitlines()[-1]).get("error", "")
+    assert "already loaded in this process" in err and "NCCL_NET" in err, err
+    assert "apply_env=False" in err, err
