@@ -37,9 +37,11 @@ pub fn op_name(slot: usize) -> &'static str {
     }
 }
 
-/// Op slot of the `op` bitmask NCCL passes to `setNetAttr` (one bit set: `1 << ncclFunc`).
+/// Op slot of the `op` bitmask NCCL passes to `setNetAttr`: one bit set (`1 << ncclFunc`)
+/// names a collective, as NCCL sets it per transfer; no bit or several (what NCCL sets when a
+/// connection is made: every bit, or the point-to-point functions together) name none.
 pub fn op_slot(op_bits: u32) -> usize {
-    if op_bits == 0 {
+    if op_bits.count_ones() != 1 {
         return 0;
     }
     let func = op_bits.trailing_zeros() as usize;
@@ -144,7 +146,7 @@ impl CollectiveId {
             .map_or(CollectiveId::Unknown, CollectiveId::from_op_slot)
     }
 
-    /// The collective of NCCL's op bitmask (`1 << ncclFunc`; the lowest set bit counts).
+    /// The collective of NCCL's op bitmask (`1 << ncclFunc`; no bit or several: `Unknown`).
     pub fn from_op_mask(bits: u32) -> CollectiveId {
         CollectiveId::from_op_slot(op_slot(bits))
     }
@@ -186,6 +188,17 @@ mod tests {
         assert_eq!(op_name(op_slot(1 << 4)), "AllReduce");
         assert_eq!(op_name(op_slot(1 << 5)), "SendRecv");
         assert_eq!(op_name(op_slot(1 << 31)), "Unknown");
+        // What NCCL sets when a connection is made (src/transport/net.cc,
+        // populateCommNetAttrs): every bit (the undefined op) for collective connections, and
+        // Send | Recv | AllToAll | Scatter | Gather for point-to-point ones. Neither names one
+        // collective, and a message posted under them must not be counted as the lowest bit's.
+        assert_eq!(op_name(op_slot(u32::MAX)), "Unknown");
+        assert_eq!(
+            op_name(op_slot(
+                (1 << 6) | (1 << 7) | (1 << 8) | (1 << 9) | (1 << 10)
+            )),
+            "Unknown"
+        );
         assert_eq!(op_name(OP_SLOTS + 3), "Unknown");
     }
 
@@ -208,10 +221,10 @@ mod tests {
             CollectiveId::ReduceScatter
         );
         assert_eq!(CollectiveId::from_op_mask(0), CollectiveId::Unknown);
-        // The lowest set bit decides.
+        // Several bits name no one collective.
         assert_eq!(
             CollectiveId::from_op_mask((1 << 4) | (1 << 6)),
-            CollectiveId::AllReduce
+            CollectiveId::Unknown
         );
         assert_eq!(CollectiveId::parse("AllReduse"), None);
     }
