@@ -318,6 +318,119 @@ fn idle_child() {
     println!("idle check passed: {used} ticks");
 }
 
+const FAILED_CHILD_ENV: &str = "LOSSY_SOCKET_FAILED_CHILD";
+
+#[test]
+fn a_failed_connection_costs_its_pool_thread_no_cpu() {
+    // As above: the pool's CPU time needs a process of its own.
+    run_child(
+        "transport::socket::engine_tests::failed_child",
+        FAILED_CHILD_ENV,
+        &[("NCCL_LOSSY_IO_THREADS", "1")],
+        "failed check passed",
+    );
+}
+
+#[test]
+#[ignore = "run in a process of its own by a_failed_connection_costs_its_pool_thread_no_cpu"]
+fn failed_child() {
+    if std::env::var_os(FAILED_CHILD_ENV).is_none() {
+        return;
+    }
+    let t = loopback(1);
+    let (send, recv) = connect_pair(&t);
+    let size = 64 << 20;
+    let mut data = pattern(size, 3);
+    let mut into = vec![0u8; size];
+    // SAFETY: `into` outlives the receiving connection (dropped at the end of this test).
+    let r = wait("irecv slot", || {
+        recv.irecv(&[unsafe { HostBuf::from_slice(&mut into) }], &[7])
+    })
+    .expect("irecv");
+    // The sender goes away in the middle of the message: the receiver reads part of the chunk,
+    // then EOF, and its connection fails (as when a peer process is killed).
+    // SAFETY: `data` outlives the sending connection, dropped right after.
+    let s = wait("isend slot", || {
+        send.isend(
+            unsafe { HostBuf::from_slice(&mut data) },
+            7,
+            &LossPlan::lossless(),
+        )
+    })
+    .expect("isend");
+    let _ = send.test(s);
+    drop(send);
+    let failed = wait("the receive's failure", || match recv.test(r) {
+        Ok(None) => Ok(None),
+        Ok(Some(_)) => Ok(Some(false)),
+        Err(_) => Ok(Some(true)),
+    })
+    .expect("test");
+    assert!(failed, "a receive cut off by the peer's exit completed");
+    // The failed connection stays open, as NCCL keeps a comm until it tears down: its shut
+    // down socket is always readable, and a pool thread that armed it again spun on it.
+    std::thread::sleep(Duration::from_millis(50));
+    let before = pool_cpu_ticks();
+    std::thread::sleep(Duration::from_secs(1));
+    let used = pool_cpu_ticks() - before;
+    // A spin is about 100 ticks (one core, 100 Hz) in this second; see the idle test above.
+    assert!(
+        used <= 10,
+        "the I/O pool thread used {used} ticks of CPU in 1 s beside a failed connection"
+    );
+    drop(recv);
+    println!("failed check passed: {used} ticks");
+}
+
+const UNTESTED_CHILD_ENV: &str = "LOSSY_SOCKET_UNTESTED_CHILD";
+
+#[test]
+fn with_a_pool_thread_a_posted_receive_moves_before_anyone_tests_it() {
+    run_child(
+        "transport::socket::engine_tests::untested_child",
+        UNTESTED_CHILD_ENV,
+        &[("NCCL_LOSSY_IO_THREADS", "1")],
+        "untested check passed",
+    );
+}
+
+#[test]
+#[ignore = "run in a process of its own by with_a_pool_thread_a_posted_receive_moves_before_anyone_tests_it"]
+fn untested_child() {
+    if std::env::var_os(UNTESTED_CHILD_ENV).is_none() {
+        return;
+    }
+    let t = loopback(2);
+    let (send, recv) = connect_pair(&t);
+    // More than the sockets' buffers hold: the send completes only if the receiving side
+    // drains them, and only the pool thread can (nobody tests the receive until the send is
+    // done). That is what the pool is for: connections nobody is polling keep moving.
+    let size = 16 << 20;
+    let mut data = pattern(size, 5);
+    let mut into = vec![0u8; size];
+    // SAFETY: `into` and `data` outlive both connections (dropped at the end of this test).
+    let r = wait("irecv slot", || {
+        recv.irecv(&[unsafe { HostBuf::from_slice(&mut into) }], &[7])
+    })
+    .expect("irecv");
+    let s = wait("isend slot", || {
+        send.isend(
+            unsafe { HostBuf::from_slice(&mut data) },
+            7,
+            &LossPlan::lossless(),
+        )
+    })
+    .expect("isend");
+    wait("the send, its receive untested", || {
+        send.test(s).map(|c| c.map(|_| ()))
+    })
+    .expect("the send completes");
+    wait("the receive", || recv.test(r).map(|c| c.map(|_| ()))).expect("receive");
+    assert!(into == data, "the message arrived changed");
+    drop((send, recv));
+    println!("untested check passed");
+}
+
 /// A zero-loss plan over `mtu`-byte packets that loses every other packet from packet 1 on,
 /// `runs` times: `runs + 1` kept ranges, more than one gathered send takes.
 fn every_other_packet(effect: Effect, mtu: u32, runs: u32) -> LossPlan {

@@ -139,7 +139,10 @@ impl SocketRecvConn {
         let side = RecvSide {
             passed: vec![0; sockets.len()],
             closed: 0,
-            parked: 0,
+            // Nothing is read before a receive is posted: the first `irecv` moves every
+            // socket (and so arms it with its pool thread, which then keeps it moving even
+            // if nobody tests that receive).
+            parked: u16::MAX >> (16 - sockets.len().clamp(1, 16)),
             slots: (0..MAX_REQUESTS)
                 .map(|_| RecvSlot {
                     n: 0,

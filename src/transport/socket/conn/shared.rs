@@ -183,6 +183,9 @@ pub(super) struct Shared<S: Side> {
     pub(super) locked: Mutex<Locked<S>>,
     pub(super) slot_state: [AtomicU8; MAX_REQUESTS],
     pub(super) failed: AtomicBool,
+    /// The owner is closing the connection: no state machine runs any more (it could write
+    /// into a receive buffer the caller frees once the close returns).
+    closing: AtomicBool,
     pub(super) progress: Progress,
     /// Fail the connection when a request is outstanding and no byte moved for this long.
     pub(super) timeout: Option<Duration>,
@@ -228,6 +231,7 @@ impl<S: Side> Shared<S> {
             }),
             slot_state: std::array::from_fn(|_| AtomicU8::new(FREE)),
             failed: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
             owner_ns: AtomicU64::new(0),
         });
         if let Some(pool) = pool {
@@ -287,7 +291,7 @@ impl<S: Side> Shared<S> {
                 Err(TryLockError::Poisoned(p)) => p.into_inner(),
             };
             while cell.pending.swap(false, Ordering::AcqRel) {
-                if self.failed.load(Ordering::Acquire) {
+                if self.failed.load(Ordering::Acquire) || self.closing.load(Ordering::Acquire) {
                     break;
                 }
                 let run = catch_unwind(AssertUnwindSafe(|| S::advance(self, s, &mut st)));
@@ -298,7 +302,15 @@ impl<S: Side> Shared<S> {
                     );
                 }
             }
-            self.arm(s, S::waits_on(&st));
+            // A failed connection's sockets are shut down and always ready: arming one again
+            // would wake its pool thread at once, for ever.
+            let want =
+                if self.failed.load(Ordering::Acquire) || self.closing.load(Ordering::Acquire) {
+                    0
+                } else {
+                    S::waits_on(&st)
+                };
+            self.arm(s, want);
             drop(st);
             // Raised after our last pass and before we let go: its raiser skipped, so go on.
             if !cell.pending.load(Ordering::Acquire) {
@@ -351,12 +363,20 @@ impl<S: Side> Shared<S> {
         self.shutdown_sockets();
     }
 
-    /// Starts closing: nothing moves any more, and the sockets shut down.
+    /// Closes: nothing moves any more, and the sockets shut down. Returns only when no pool
+    /// thread is inside a socket's state machine, so none writes into (or reads from) a
+    /// buffer of NCCL's after its `close` returned and NCCL freed it.
     pub(super) fn stop(&self) {
         let mut g = self.lock();
         g.stopping = true;
         drop(g);
+        self.closing.store(true, Ordering::Release);
         self.shutdown_sockets();
+        for cell in &self.cells {
+            // A state machine never blocks while it holds its lock, so this wait is short; and
+            // a later pass sees `closing` before it touches anything.
+            drop(cell.state.lock());
+        }
     }
 
     /// Fails unless new requests may be posted: only while closing. A failed connection
