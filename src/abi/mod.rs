@@ -108,6 +108,18 @@ fn init_legacy(logger: ncclDebugLogger_t, profiler: Option<ncclProfilerCallback_
     Ok(())
 }
 
+/// Contexts handed out by [`init_context`] and not yet finalized (their addresses), so that
+/// a pointer that is not one of them, or one finalized already, is an error instead of a
+/// crash: NCCL's Socket plugin ignores the context, so a driver that passes a wrong one or
+/// finalizes one twice works there.
+static LIVE_CONTEXTS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+
+fn live_contexts() -> Result<std::sync::MutexGuard<'static, Vec<usize>>> {
+    LIVE_CONTEXTS
+        .lock()
+        .map_err(|_| Error::internal("context list poisoned by an earlier panic"))
+}
+
 /// `init` of v11/v12: one context per communicator.
 fn init_context(
     ctx_out: *mut *mut c_void,
@@ -122,30 +134,49 @@ fn init_context(
     Runtime::acquire(Hold::Counted, logger)?;
     let ctx = Box::new(Context::new(comm_id, traffic_class));
     ctx.set_profiler(net_profiler::from_callback(profiler));
+    let ptr = Box::into_raw(ctx);
+    live_contexts()?.push(ptr as usize);
     // SAFETY: NCCL passes a valid pointer to where it keeps the context (checked non-NULL).
-    unsafe { *ctx_out = Box::into_raw(ctx).cast() };
+    unsafe { *ctx_out = ptr.cast() };
     Ok(())
 }
 
-/// Borrows the context behind a v11/v12 `ctx` pointer.
-///
-/// # Safety
-/// `ctx` must come from [`init_context`] and not yet be finalized.
-unsafe fn context_ref<'a>(ctx: *mut c_void) -> Result<&'a Arc<Context>> {
-    let ctx = non_null(ctx, "ctx")?;
-    // SAFETY: per this function's contract, `ctx` is a live Box<Arc<Context>> from init.
-    Ok(unsafe { &*(ctx as *const Arc<Context>) })
+/// The context behind a v11/v12 `ctx` pointer: one [`init_context`] made and nobody
+/// finalized yet (anything else is an error), or, for NULL, the process's implicit context
+/// (the one v8-v10 use: NCCL's Socket plugin ignores the context, so a driver may pass none).
+fn context_of(ctx: *mut c_void) -> Result<Arc<Context>> {
+    if ctx.is_null() {
+        return Ok(Context::implicit());
+    }
+    let live = live_contexts()?;
+    if !live.contains(&(ctx as usize)) {
+        return Err(Error::invalid_argument(
+            "ctx is not a context this plugin's init returned, or it was finalized",
+        ));
+    }
+    // SAFETY: the address is a live Box<Arc<Context>> from init_context (checked in the list
+    // above); finalize takes it out of the list under the same lock before freeing it.
+    Ok(Arc::clone(unsafe { &*(ctx as *const Arc<Context>) }))
 }
 
 /// `finalize` of v11/v12: drops the context and the connects it left in progress (its comms
 /// hold their own references), and gives back its hold on the runtime: the last one
 /// releases it.
 ///
-/// # Safety
-/// `ctx` must come from [`init_context`] and not be used again.
-unsafe fn finalize_context(ctx: *mut c_void) -> Result<()> {
+/// A pointer that is not a live context (NULL, foreign, finalized already) is an error.
+fn finalize_context(ctx: *mut c_void) -> Result<()> {
     let ctx = non_null(ctx, "ctx")?;
-    // SAFETY: per this function's contract, `ctx` is the Box<Arc<Context>> made at init.
+    {
+        let mut live = live_contexts()?;
+        let Some(at) = live.iter().position(|&c| c == ctx as usize) else {
+            return Err(Error::invalid_argument(
+                "finalize of a ctx this plugin's init did not return, or finalized already",
+            ));
+        };
+        live.swap_remove(at);
+    }
+    // SAFETY: `ctx` was a live Box<Arc<Context>> made at init (checked), and is now out of
+    // the list, so nothing else will use or free it.
     let ctx = unsafe { Box::from_raw(ctx as *mut Arc<Context>) };
     ctx.abandon_pending();
     drop(ctx);
@@ -263,8 +294,12 @@ fn listen(
         PEER_RANK_AT,
         runtime.rank().map_or(0, |rank| u64::from(rank) + 1),
     );
+    let comm = Box::new(AbiListenComm {
+        kind: CommKind::Listen,
+        comm,
+    });
     // SAFETY: valid out-pointer from NCCL (checked non-NULL).
-    unsafe { *listen_comm = Box::into_raw(Box::new(comm)).cast() };
+    unsafe { *listen_comm = Box::into_raw(comm).cast() };
     Ok(())
 }
 
@@ -309,20 +344,24 @@ fn accept(listen_comm: *mut c_void, recv_comm: *mut *mut c_void) -> Result<()> {
     let recv_comm = non_null(recv_comm, "recvComm")?;
     // SAFETY: valid out-pointer from NCCL.
     unsafe { *recv_comm = std::ptr::null_mut() };
-    let listen_comm = non_null(listen_comm, "listenComm")? as *mut ListenComm;
-    // SAFETY: NCCL passes back the ListenComm our listen returned, on one thread at a time.
-    let listener = unsafe { &mut *listen_comm };
-    if let Some(comm) = listener.accept()? {
+    // SAFETY: NCCL passes back the listenComm our listen returned, on one thread at a time.
+    let listener = unsafe { comm_mut::<AbiListenComm>(listen_comm, CommKind::Listen, "accept")? };
+    if let Some(comm) = listener.comm.accept()? {
         // SAFETY: valid out-pointer (checked above).
         unsafe { *recv_comm = Box::into_raw(AbiRecvComm::new(comm)).cast() };
     }
     Ok(())
 }
 
+/// Closing NULL does nothing, as with NCCL's own plugins.
 fn close_listen(listen_comm: *mut c_void) -> Result<()> {
-    let listen_comm = non_null(listen_comm, "listenComm")?;
-    // SAFETY: NCCL gives back the Box our listen made, once, when it no longer uses it.
-    drop(unsafe { Box::from_raw(listen_comm as *mut ListenComm) });
+    if listen_comm.is_null() {
+        return Ok(());
+    }
+    // SAFETY: NCCL gives back the listenComm our listen made (kind checked), once.
+    unsafe { comm_mut::<AbiListenComm>(listen_comm, CommKind::Listen, "closeListen")? };
+    // SAFETY: as above: the Box our listen made, no longer used by NCCL.
+    drop(unsafe { Box::from_raw(listen_comm as *mut AbiListenComm) });
     Ok(())
 }
 
@@ -330,10 +369,17 @@ fn close_listen(listen_comm: *mut c_void) -> Result<()> {
 
 /// What NCCL's `request` pointer points to: one of the fixed slots of a comm, so posting a
 /// message allocates nothing.
+#[repr(C)]
 pub(crate) struct RequestSlot {
+    /// [`REQUEST_MAGIC`]: `test` checks it before it trusts the rest, so a pointer that is
+    /// not one of our requests (a comm, say) is an error instead of a crash.
+    magic: u64,
     owner: *const dyn TestRequest,
     id: RequestId,
 }
+
+/// First word of every request slot we hand out ("LSREQUST").
+const REQUEST_MAGIC: u64 = 0x4c53_5245_5155_5354;
 
 /// A comm that can report on its requests.
 trait TestRequest {
@@ -345,8 +391,62 @@ trait TestRequest {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 #[repr(u64)]
 enum CommKind {
-    Send = 0x4c53_5345_4e44_434d, // "LSSENDCM"
-    Recv = 0x4c53_5245_4356_434d, // "LSRECVCM"
+    Send = 0x4c53_5345_4e44_434d,   // "LSSENDCM"
+    Recv = 0x4c53_5245_4356_434d,   // "LSRECVCM"
+    Listen = 0x4c53_4c49_5354_434d, // "LSLISTCM"
+}
+
+impl CommKind {
+    fn of_word(word: u64) -> Option<CommKind> {
+        [CommKind::Send, CommKind::Recv, CommKind::Listen]
+            .into_iter()
+            .find(|k| *k as u64 == word)
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            CommKind::Send => "sendComm",
+            CommKind::Recv => "recvComm",
+            CommKind::Listen => "listenComm",
+        }
+    }
+}
+
+/// A listenComm as NCCL holds it: the kind word, then the listener.
+#[repr(C)]
+pub(crate) struct AbiListenComm {
+    kind: CommKind,
+    comm: ListenComm,
+}
+
+/// The comm of kind `kind` behind `ptr`, which `what` (an entry point) was given: NULL, or
+/// a comm of another kind (NCCL's Socket plugin has one struct for both, so a swap works
+/// there), is an error instead of undefined behaviour.
+///
+/// # Safety
+/// `ptr` must be NULL or point to at least 8 readable bytes: one of the comms our
+/// listen/connect/accept returned and not yet closed (whatever its kind), or another object.
+unsafe fn comm_mut<'a, T>(ptr: *mut c_void, kind: CommKind, what: &str) -> Result<&'a mut T> {
+    let ptr = non_null(ptr, kind.name())?;
+    // SAFETY: per this function's contract; every comm type is #[repr(C)] with the kind word
+    // first, read as a plain integer so a foreign object gives an error, not an invalid enum.
+    let word = unsafe { *(ptr as *const u64) };
+    match CommKind::of_word(word) {
+        Some(k) if k == kind => {
+            // SAFETY: the kind word says `ptr` is the `T` our entry point made for this kind,
+            // alive until its close; NCCL uses a comm from one thread at a time.
+            Ok(unsafe { &mut *(ptr as *mut T) })
+        }
+        Some(other) => Err(Error::invalid_argument(format!(
+            "{what} was given a {} where it takes a {}",
+            other.name(),
+            kind.name()
+        ))),
+        None => Err(Error::invalid_argument(format!(
+            "{what} was given a {} that is none of this plugin's comms",
+            kind.name()
+        ))),
+    }
 }
 
 /// A sendComm as NCCL holds it: the safe comm plus its request slots.
@@ -384,6 +484,7 @@ fn with_slots<T: TestRequest + 'static>(
 ) -> Box<T> {
     let empty: Box<[RequestSlot]> = (0..MAX_REQUESTS as RequestId)
         .map(|id| RequestSlot {
+            magic: REQUEST_MAGIC,
             owner: std::ptr::null::<AbiSendComm>() as *const dyn TestRequest,
             id,
         })
@@ -448,9 +549,8 @@ fn isend(
     request: *mut *mut c_void,
 ) -> Result<()> {
     let request = non_null(request, "request")?;
-    let send_comm = non_null(send_comm, "sendComm")? as *const AbiSendComm;
     // SAFETY: NCCL passes back the sendComm our connect returned; it is alive until closeSend.
-    let comm = unsafe { &*send_comm };
+    let comm: &AbiSendComm = unsafe { comm_mut(send_comm, CommKind::Send, "isend")? };
     if size > 0 {
         non_null(data, "data")?;
     }
@@ -476,7 +576,8 @@ fn irecv(
     request: *mut *mut c_void,
 ) -> Result<()> {
     let request = non_null(request, "request")?;
-    let recv_comm = non_null(recv_comm, "recvComm")? as *const AbiRecvComm;
+    // SAFETY: NCCL passes back the recvComm our accept returned; alive until closeRecv.
+    let comm: &AbiRecvComm = unsafe { comm_mut(recv_comm, CommKind::Recv, "irecv")? };
     let count = usize::try_from(n)
         .ok()
         .filter(|&n| (1..=MAX_RECVS).contains(&n))
@@ -504,8 +605,6 @@ fn irecv(
         bufs[i] = unsafe { HostBuf::new(ptr.cast(), size) }.with_mr(mr);
         tag_values[i] = tag;
     }
-    // SAFETY: NCCL passes back the recvComm our accept returned; alive until closeRecv.
-    let comm = unsafe { &*recv_comm };
     let id = comm.comm.irecv(&bufs[..count], &tag_values[..count])?;
     hand_out(&comm.slots, id, request)
 }
@@ -514,7 +613,14 @@ fn irecv(
 fn test(request: *mut c_void, done: *mut c_int, sizes: *mut c_int) -> Result<()> {
     let done = non_null(done, "done")?;
     let slot = non_null(request, "request")? as *const RequestSlot;
-    // SAFETY: `request` is a slot we handed out from a comm that NCCL has not closed yet.
+    // SAFETY: `request` is a slot we handed out from a comm that NCCL has not closed yet, or
+    // some other object of at least 8 bytes: only the first word is read until it matches.
+    if unsafe { *(slot as *const u64) } != REQUEST_MAGIC {
+        return Err(Error::invalid_argument(
+            "test was given a request that is none of this plugin's",
+        ));
+    }
+    // SAFETY: the magic word says this is a slot we handed out, alive with its comm.
     let slot = unsafe { &*slot };
     // SAFETY: slots point at the comm that owns them, alive as long as the slot is.
     let owner = unsafe { &*slot.owner };
@@ -533,16 +639,26 @@ fn test(request: *mut c_void, done: *mut c_int, sizes: *mut c_int) -> Result<()>
     Ok(())
 }
 
+/// Closing NULL does nothing, as with NCCL's own plugins.
 fn close_send(send_comm: *mut c_void) -> Result<()> {
-    let send_comm = non_null(send_comm, "sendComm")?;
-    // SAFETY: NCCL gives back the Box our connect made, once, with no request in use.
+    if send_comm.is_null() {
+        return Ok(());
+    }
+    // SAFETY: NCCL gives back the sendComm our connect made (kind checked), once.
+    unsafe { comm_mut::<AbiSendComm>(send_comm, CommKind::Send, "closeSend")? };
+    // SAFETY: as above: the Box our connect made, with no request in use.
     drop(unsafe { Box::from_raw(send_comm as *mut AbiSendComm) });
     Ok(())
 }
 
+/// Closing NULL does nothing, as with NCCL's own plugins.
 fn close_recv(recv_comm: *mut c_void) -> Result<()> {
-    let recv_comm = non_null(recv_comm, "recvComm")?;
-    // SAFETY: NCCL gives back the Box our accept made, once, with no request in use.
+    if recv_comm.is_null() {
+        return Ok(());
+    }
+    // SAFETY: NCCL gives back the recvComm our accept made (kind checked), once.
+    unsafe { comm_mut::<AbiRecvComm>(recv_comm, CommKind::Recv, "closeRecv")? };
+    // SAFETY: as above: the Box our accept made, with no request in use.
     drop(unsafe { Box::from_raw(recv_comm as *mut AbiRecvComm) });
     Ok(())
 }
@@ -559,13 +675,9 @@ unsafe fn comm_kind(comm: *mut c_void) -> Result<CommKind> {
     // kind word; read it as a plain integer so a foreign pointer gives an error, not UB on
     // an invalid enum value.
     let word = unsafe { *(comm as *const u64) };
-    match word {
-        w if w == CommKind::Send as u64 => Ok(CommKind::Send),
-        w if w == CommKind::Recv as u64 => Ok(CommKind::Recv),
-        _ => Err(Error::invalid_argument(
-            "regMr/deregMr on something that is not one of our comms",
-        )),
-    }
+    CommKind::of_word(word).ok_or_else(|| {
+        Error::invalid_argument("regMr/deregMr on something that is not one of our comms")
+    })
 }
 
 /// `regMr`: registers host memory with the comm's transport (sockets need nothing; a
@@ -599,6 +711,7 @@ fn reg_mr(
         CommKind::Recv => unsafe { &*(comm as *const AbiRecvComm) }
             .comm
             .register(buf)?,
+        CommKind::Listen => return Err(listen_mr()),
     };
     // SAFETY: valid out-pointer (checked non-NULL).
     unsafe { *mhandle = mr as *mut c_void };
@@ -618,7 +731,14 @@ fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> Result<()> {
         CommKind::Recv => unsafe { &*(comm as *const AbiRecvComm) }
             .comm
             .deregister(mr),
+        CommKind::Listen => Err(listen_mr()),
     }
+}
+
+fn listen_mr() -> Error {
+    Error::invalid_argument(
+        "regMr/deregMr on a listenComm (memory registers with a sendComm or recvComm)",
+    )
 }
 
 /// Host plugins are never asked to flush; answer "nothing to wait for".
@@ -641,10 +761,9 @@ fn get_device_mr(dptr_mhandle: *mut *mut c_void) -> Result<()> {
 /// Records `setNetAttr` in the context so rules can match the collective being posted.
 ///
 /// # Safety
-/// `ctx` must come from init; `attr` is NCCL's attribute struct or NULL.
+/// `attr` is NCCL's attribute struct or NULL.
 unsafe fn set_net_attr(ctx: *mut c_void, attr: *mut ffi::ncclNetAttr_v11_t) -> Result<()> {
-    // SAFETY: per this function's contract.
-    let ctx = unsafe { context_ref(ctx)? };
+    let ctx = context_of(ctx)?;
     let attr = non_null(attr, "netAttr")?;
     // SAFETY: NCCL passes a valid attribute struct for the duration of the call.
     let attr = unsafe { &*attr };

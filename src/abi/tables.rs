@@ -377,9 +377,7 @@ extern "C" fn listen_v11(
     listen_comm: *mut *mut c_void,
 ) -> ncclResult_t {
     guard("listen", || {
-        // SAFETY: NCCL passes the context our init returned.
-        let ctx = unsafe { super::context_ref(ctx)? };
-        super::listen(ctx, dev, handle, listen_comm)
+        super::listen(&super::context_of(ctx)?, dev, handle, listen_comm)
     })
 }
 
@@ -391,19 +389,16 @@ extern "C" fn connect_v11(
     _dev_comm: *mut *mut ncclNetDeviceHandle_v8_t,
 ) -> ncclResult_t {
     guard("connect", || {
-        // SAFETY: NCCL passes the context our init returned.
-        let ctx = unsafe { super::context_ref(ctx)? };
-        super::connect(ctx, dev, handle, send_comm)
+        super::connect(&super::context_of(ctx)?, dev, handle, send_comm)
     })
 }
 
 extern "C" fn finalize(ctx: *mut c_void) -> ncclResult_t {
-    // SAFETY: NCCL passes the context our init returned, once, at the communicator's end.
-    guard("finalize", || unsafe { super::finalize_context(ctx) })
+    guard("finalize", || super::finalize_context(ctx))
 }
 
 extern "C" fn set_net_attr(ctx: *mut c_void, attr: *mut ncclNetAttr_v11_t) -> ncclResult_t {
-    // SAFETY: NCCL passes the context our init returned and a valid attribute struct.
+    // SAFETY: NCCL passes a valid attribute struct (or NULL).
     guard("setNetAttr", || unsafe { super::set_net_attr(ctx, attr) })
 }
 
@@ -509,7 +504,7 @@ export_table! {
 }
 
 export_table! {
-    /// Net plugin API v8 (NCCL 2.19-2.23).
+    /// Net plugin API v8 (NCCL 2.20-2.23).
     ncclNetPlugin_v8: ncclNet_v8_t {
         init: init_v8,
         getProperties: get_properties_v8,

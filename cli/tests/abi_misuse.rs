@@ -1,0 +1,332 @@
+//! The v12 table driven raw, as a C driver would, with the pointers mixed up: a comm of one
+//! kind where another is taken, NULL closes, a context finalized twice or never made, and no
+//! context at all. NCCL's Socket plugin has one struct for every comm and ignores the
+//! context, so these calls work or fail cleanly there; here they must fail cleanly (an error
+//! code), never crash or hang, and the comms must go on working afterwards.
+
+mod common;
+
+use std::ffi::{c_int, c_void};
+use std::ptr::null_mut;
+use std::time::{Duration, Instant};
+
+use nccl_net_lossy::ffi::net::NetLibrary;
+use nccl_net_lossy::ffi::{ncclNet_v12_t, ncclResult_t, NCCL_PTR_HOST};
+
+const OK: ncclResult_t = ncclResult_t::ncclSuccess;
+
+/// The plugin's v12 table, with the library kept loaded for the test's life.
+fn table() -> &'static ncclNet_v12_t {
+    // SAFETY: our own plugin library, whose initialisers are sound.
+    let lib = unsafe { NetLibrary::open(&common::library()) }
+        .expect("dlopen")
+        .keep_loaded();
+    let sym = lib.symbol("ncclNetPlugin_v12").expect("the v12 table");
+    // SAFETY: the symbol is the plugin's ncclNet_v12_t, static data of a library never unloaded.
+    let table = unsafe { &*(sym as *const ncclNet_v12_t) };
+    std::mem::forget(lib);
+    table
+}
+
+fn init(t: &ncclNet_v12_t, comm_id: u64) -> *mut c_void {
+    let mut ctx = null_mut();
+    // SAFETY: a valid out-pointer; NULL config, logger and profiler are allowed.
+    let rc = unsafe { t.init.expect("init")(&mut ctx, comm_id, null_mut(), None, None) };
+    assert_eq!(rc, OK, "init");
+    assert!(!ctx.is_null(), "init returned no context");
+    ctx
+}
+
+/// A connected (sendComm, recvComm, listenComm) on device 0 of `ctx`.
+fn connected(t: &ncclNet_v12_t, ctx: *mut c_void) -> (*mut c_void, *mut c_void, *mut c_void) {
+    let mut handle = [0u8; 128];
+    let mut lc = null_mut();
+    // SAFETY: a 128-byte handle buffer and valid out-pointers, as NCCL passes them.
+    let rc = unsafe { t.listen.expect("listen")(ctx, 0, handle.as_mut_ptr().cast(), &mut lc) };
+    assert_eq!(rc, OK, "listen");
+    let (mut sc, mut rc_): (*mut c_void, *mut c_void) = (null_mut(), null_mut());
+    let start = Instant::now();
+    while sc.is_null() || rc_.is_null() {
+        assert!(start.elapsed() < Duration::from_secs(30), "no connection");
+        let mut dev = null_mut();
+        if sc.is_null() {
+            // SAFETY: the same handle memory every call, as NCCL does.
+            let rc = unsafe {
+                t.connect.expect("connect")(ctx, 0, handle.as_mut_ptr().cast(), &mut sc, &mut dev)
+            };
+            assert_eq!(rc, OK, "connect");
+        }
+        if rc_.is_null() {
+            // SAFETY: the listenComm listen returned; valid out-pointers.
+            let rc = unsafe { t.accept.expect("accept")(lc, &mut rc_, &mut dev) };
+            assert_eq!(rc, OK, "accept");
+        }
+    }
+    (sc, rc_, lc)
+}
+
+/// Sends 64 KiB from `sc` to `rc` and checks they arrive intact.
+fn transfer(t: &ncclNet_v12_t, sc: *mut c_void, rc: *mut c_void) {
+    let mut data: Vec<u8> = (0..65536u32).map(|i| (i * 7 + 3) as u8).collect();
+    let mut into = vec![0u8; data.len()];
+    let (mut smr, mut rmr) = (null_mut(), null_mut());
+    // SAFETY: host buffers that outlive their registrations and requests.
+    unsafe {
+        let reg = t.regMr.expect("regMr");
+        assert_eq!(
+            reg(
+                sc,
+                data.as_mut_ptr().cast(),
+                data.len(),
+                NCCL_PTR_HOST as c_int,
+                &mut smr
+            ),
+            OK
+        );
+        assert_eq!(
+            reg(
+                rc,
+                into.as_mut_ptr().cast(),
+                into.len(),
+                NCCL_PTR_HOST as c_int,
+                &mut rmr
+            ),
+            OK
+        );
+    }
+    let (mut sreq, mut rreq): (*mut c_void, *mut c_void) = (null_mut(), null_mut());
+    let start = Instant::now();
+    while sreq.is_null() || rreq.is_null() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "posting never succeeded"
+        );
+        let mut ptr: *mut c_void = into.as_mut_ptr().cast();
+        let mut size = into.len();
+        let mut tag: c_int = 9;
+        let mut mr = rmr;
+        // SAFETY: arrays of one entry each, and buffers lent until the requests end.
+        unsafe {
+            if rreq.is_null() {
+                let irecv = t.irecv.expect("irecv");
+                let rc_ = irecv(
+                    rc,
+                    1,
+                    &mut ptr,
+                    &mut size,
+                    &mut tag,
+                    &mut mr,
+                    null_mut(),
+                    &mut rreq,
+                );
+                assert_eq!(rc_, OK, "irecv");
+            }
+            if sreq.is_null() {
+                let isend = t.isend.expect("isend");
+                let rc_ = isend(
+                    sc,
+                    data.as_mut_ptr().cast(),
+                    data.len(),
+                    9,
+                    smr,
+                    null_mut(),
+                    &mut sreq,
+                );
+                assert_eq!(rc_, OK, "isend");
+            }
+        }
+    }
+    let (mut sdone, mut rdone) = (0, 0);
+    while sdone == 0 || rdone == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the transfer never ended"
+        );
+        let mut sizes = [0 as c_int; 1];
+        // SAFETY: requests the plugin handed out, tested until done.
+        unsafe {
+            if sdone == 0 {
+                assert_eq!(t.test.expect("test")(sreq, &mut sdone, null_mut()), OK);
+            }
+            if rdone == 0 {
+                assert_eq!(
+                    t.test.expect("test")(rreq, &mut rdone, sizes.as_mut_ptr()),
+                    OK
+                );
+            }
+        }
+    }
+    assert!(into == data, "the message arrived changed");
+    // SAFETY: registrations of these comms, no request in flight.
+    unsafe {
+        assert_eq!(t.deregMr.expect("deregMr")(sc, smr), OK);
+        assert_eq!(t.deregMr.expect("deregMr")(rc, rmr), OK);
+    }
+}
+
+#[test]
+fn a_comm_of_the_wrong_kind_is_an_error_and_the_comms_still_work() {
+    let t = table();
+    let ctx = init(t, 0x5a1);
+    let (sc, rc, lc) = connected(t, ctx);
+    let mut byte = [0u8; 8];
+    let mut req = null_mut();
+    let mut out = null_mut();
+    let mut dev = null_mut();
+    let mut done: c_int = 0;
+    // SAFETY: every pointer is one of the plugin's live comms (of another kind than the entry
+    // point takes) or a valid out-pointer: the situation under test.
+    unsafe {
+        let isend = t.isend.expect("isend");
+        assert_ne!(
+            isend(
+                rc,
+                byte.as_mut_ptr().cast(),
+                8,
+                1,
+                null_mut(),
+                null_mut(),
+                &mut req
+            ),
+            OK,
+            "isend(recvComm)"
+        );
+        assert_ne!(
+            isend(
+                lc,
+                byte.as_mut_ptr().cast(),
+                8,
+                1,
+                null_mut(),
+                null_mut(),
+                &mut req
+            ),
+            OK,
+            "isend(listenComm)"
+        );
+        let mut ptr: *mut c_void = byte.as_mut_ptr().cast();
+        let (mut size, mut tag, mut mr) = (8usize, 1 as c_int, null_mut());
+        let irecv = t.irecv.expect("irecv");
+        assert_ne!(
+            irecv(
+                sc,
+                1,
+                &mut ptr,
+                &mut size,
+                &mut tag,
+                &mut mr,
+                null_mut(),
+                &mut req
+            ),
+            OK,
+            "irecv(sendComm)"
+        );
+        assert_ne!(
+            t.accept.expect("accept")(sc, &mut out, &mut dev),
+            OK,
+            "accept(sendComm)"
+        );
+        assert!(out.is_null(), "accept(sendComm) handed out a comm");
+        assert_ne!(
+            t.test.expect("test")(sc, &mut done, null_mut()),
+            OK,
+            "test(sendComm)"
+        );
+        let reg = t.regMr.expect("regMr");
+        assert_ne!(
+            reg(
+                lc,
+                byte.as_mut_ptr().cast(),
+                8,
+                NCCL_PTR_HOST as c_int,
+                &mut out
+            ),
+            OK,
+            "regMr(listenComm)"
+        );
+        assert_ne!(
+            t.closeSend.expect("closeSend")(rc),
+            OK,
+            "closeSend(recvComm)"
+        );
+        assert_ne!(
+            t.closeRecv.expect("closeRecv")(lc),
+            OK,
+            "closeRecv(listenComm)"
+        );
+        assert_ne!(
+            t.closeListen.expect("closeListen")(sc),
+            OK,
+            "closeListen(sendComm)"
+        );
+    }
+    // None of that touched the comms.
+    transfer(t, sc, rc);
+    // SAFETY: the comms this test made, closed once each; then the context, finalized once.
+    unsafe {
+        assert_eq!(t.closeSend.expect("closeSend")(sc), OK);
+        assert_eq!(t.closeRecv.expect("closeRecv")(rc), OK);
+        assert_eq!(t.closeListen.expect("closeListen")(lc), OK);
+        assert_eq!(t.finalize.expect("finalize")(ctx), OK);
+    }
+}
+
+#[test]
+fn closing_null_succeeds_as_with_nccls_plugins() {
+    let t = table();
+    // SAFETY: NULL comms, which NCCL's Socket and IB plugins accept as "nothing to close".
+    unsafe {
+        assert_eq!(t.closeSend.expect("closeSend")(null_mut()), OK);
+        assert_eq!(t.closeRecv.expect("closeRecv")(null_mut()), OK);
+        assert_eq!(t.closeListen.expect("closeListen")(null_mut()), OK);
+    }
+}
+
+#[test]
+fn a_context_finalized_twice_or_never_made_is_an_error() {
+    let t = table();
+    let ctx = init(t, 0x5a2);
+    let mut foreign = [0u64; 4];
+    let foreign: *mut c_void = foreign.as_mut_ptr().cast();
+    let mut handle = [0u8; 128];
+    let mut lc = null_mut();
+    // SAFETY: a live context and a foreign pointer of 32 readable bytes; valid out-pointers.
+    unsafe {
+        let listen = t.listen.expect("listen");
+        assert_ne!(
+            listen(foreign, 0, handle.as_mut_ptr().cast(), &mut lc),
+            OK,
+            "listen(foreign ctx)"
+        );
+        assert!(lc.is_null());
+        assert_ne!(
+            t.finalize.expect("finalize")(foreign),
+            OK,
+            "finalize(foreign)"
+        );
+        assert_eq!(t.finalize.expect("finalize")(ctx), OK, "finalize");
+        // The second finalize freed the context again: a crash, before it was an error.
+        assert_ne!(t.finalize.expect("finalize")(ctx), OK, "finalize twice");
+    }
+}
+
+#[test]
+fn without_a_context_the_plugin_works_as_nccls_socket_plugin_does() {
+    let t = table();
+    // Hold the runtime with a real context, as NCCL does (init before anything else)...
+    let ctx = init(t, 0x5a3);
+    // ...and then pass none: NCCL's Socket plugin ignores the context altogether.
+    let (sc, rc, lc) = connected(t, null_mut());
+    transfer(t, sc, rc);
+    // SAFETY: a plain C struct of integers, for which all zeroes is a valid value.
+    let mut attr: nccl_net_lossy::ffi::ncclNetAttr_v11_t = unsafe { std::mem::zeroed() };
+    attr.op = 1 << 4;
+    // SAFETY: the comms this test made, closed once; a NULL context and a valid attribute.
+    unsafe {
+        assert_eq!(t.setNetAttr.expect("setNetAttr")(null_mut(), &mut attr), OK);
+        assert_eq!(t.closeSend.expect("closeSend")(sc), OK);
+        assert_eq!(t.closeRecv.expect("closeRecv")(rc), OK);
+        assert_eq!(t.closeListen.expect("closeListen")(lc), OK);
+        assert_eq!(t.finalize.expect("finalize")(ctx), OK);
+    }
+}
