@@ -124,9 +124,11 @@ fn rank(addr: &IfaceAddr) -> u8 {
 }
 
 /// Picks one address per interface, in the order interfaces first appear in `addrs`, at most
-/// `max` of them. With `filter`, exactly the interfaces it admits; without it, everything but
-/// loopback and container/VM bridges (`docker*`, `virbr*`), falling back to those bridges and
-/// then to loopback when nothing else exists. IPv6 loopback is only used when asked for by
+/// `max` of them. With `filter`, exactly the interfaces it admits; without it, as NCCL's own
+/// Socket transport picks (`src/misc/socket.cc`, `ncclFindInterfaces`): the IPoIB interfaces
+/// (`ib*`) alone when there are any, else everything but loopback and container/VM bridges
+/// (`docker*`, `virbr*`), falling back to those bridges and then to loopback when nothing else
+/// exists. IPv6 loopback is only used when asked for by
 /// family, as NCCL does.
 pub fn select(
     addrs: &[IfaceAddr],
@@ -153,6 +155,10 @@ pub fn select(
     };
     if let Some(filter) = filter {
         return pick(&|a| filter.matches(&a.name));
+    }
+    let found = pick(&|a| !a.is_loopback && a.name.starts_with("ib"));
+    if !found.is_empty() {
+        return found;
     }
     let bridge = |a: &IfaceAddr| a.name.starts_with("docker") || a.name.starts_with("virbr");
     let found = pick(&|a| !a.is_loopback && !bridge(a));
@@ -224,12 +230,18 @@ mod tests {
     }
 
     #[test]
-    fn default_skips_loopback_and_bridges_and_prefers_ipv4() {
+    fn default_takes_ib_interfaces_alone_when_there_are_any() {
+        // As NCCL's own Socket transport (src/misc/socket.cc, ncclFindInterfaces): IPoIB first,
+        // so a host's slow management Ethernet does not become a second device beside it.
         let got = select(&host(), None, None, MAX_DEVICES);
-        assert_eq!(
-            names(&got),
-            ["eth0=10.0.0.2", "ib0=fd01::5", "eth10=fe80::a"]
-        );
+        assert_eq!(names(&got), ["ib0=fd01::5"]);
+    }
+
+    #[test]
+    fn default_skips_loopback_and_bridges_and_prefers_ipv4() {
+        let no_ib: Vec<_> = host().into_iter().filter(|a| a.name != "ib0").collect();
+        let got = select(&no_ib, None, None, MAX_DEVICES);
+        assert_eq!(names(&got), ["eth0=10.0.0.2", "eth10=fe80::a"]);
     }
 
     #[test]
@@ -253,10 +265,11 @@ mod tests {
 
     #[test]
     fn family_restricts_addresses() {
+        // ib0 has no IPv4 address: the other interfaces, as if it were not there.
         let v4 = select(&host(), None, Some(Family::V4), 16);
         assert_eq!(names(&v4), ["eth0=10.0.0.2"]);
         let v6 = select(&host(), None, Some(Family::V6), 16);
-        assert_eq!(names(&v6), ["eth0=fd00::2", "ib0=fd01::5", "eth10=fe80::a"]);
+        assert_eq!(names(&v6), ["ib0=fd01::5"]);
         assert_eq!(Family::parse("AF_INET"), Some(Family::V4));
         assert_eq!(Family::parse("AF_INET6"), Some(Family::V6));
         assert_eq!(Family::parse("inet"), None);
