@@ -300,3 +300,32 @@ fn peer_rules_hit_one_link_of_the_ring() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+#[test]
+fn with_injection_switched_off_messages_count_in_the_profiles_packets() {
+    // Loss switched off through the control API before the first message (`lossy bench
+    // --lossless` does this): nothing is lost, but the statistics still cut every message
+    // into the profile's packets, 1 MiB / 512 B = 2048 each: 2 ranks x 40 x 2048 = 163,840.
+    // The first message of a connection was counted with the built-in 4096-byte packets
+    // (256) before any plan had carried the profile's size.
+    let stats = fresh_dir("switched-off");
+    let mut job = Job::collectives(library(), vec![LinkKind::Plugin], Vec::new());
+    job.task = messages(op::SEND_RECV);
+    job.timeout_s = 60.0;
+    job.lossless = true;
+    let env = vec![
+        (
+            "NCCL_LOSSY_PROFILE".into(),
+            repo_file("configs/uniform-1pct.toml").display().to_string(),
+        ),
+        ("NCCL_LOSSY_SET".into(), "mtu=512".into()),
+        ("NCCL_LOSSY_STATS".into(), stats.display().to_string()),
+    ];
+    let reports = launch_env(2, job, env).unwrap_or_else(|e| panic!("run failed: {e}"));
+    let census = total_census(&reports);
+    assert_eq!(census.intact, census.packets, "{census:?}");
+    let run = load_run(&stats).expect("statistics written");
+    assert_eq!(run.total.counts.lost_packets, 0);
+    assert_eq!(run.total.counts.packets, 163_840, "{:?}", run.total.counts);
+    let _ = std::fs::remove_dir_all(&stats);
+}

@@ -136,6 +136,18 @@ impl ConnectionLoss {
         }
         matched
     }
+
+    /// What [`ConnectionLoss::plan`] would decide for a message with loss switched off: the
+    /// matching rule's effect, packet size and timeout, and no lost packet. The models do not
+    /// move, so switching loss on again goes on where it stopped.
+    pub fn lossless_plan(&self, ctx: &MatchContext, out: &mut LossPlan) {
+        let slot = first_match(&self.rules.rules, ctx).unwrap_or(self.rules.rules.len());
+        let action = self.rules.action(slot);
+        out.effect = action.effect;
+        out.mtu = action.mtu;
+        out.retransmit_timeout = action.retransmit_timeout;
+        out.lost.clear();
+    }
 }
 
 #[cfg(test)]
@@ -183,6 +195,21 @@ mod tests {
                 plan.lost.clone()
             })
             .collect()
+    }
+
+    #[test]
+    fn a_lossless_plan_has_the_rules_packets_and_leaves_the_model_where_it_was() {
+        let e = engine(Vec::new());
+        let ctx = MatchContext::default();
+        let mut stream = e.stream(key(1, 0));
+        let mut plan = LossPlan::lossless();
+        plan.lost.push(PacketRun { start: 0, len: 1 });
+        stream.lossless_plan(&ctx, &mut plan);
+        assert_eq!((plan.mtu, plan.effect), (1024, Effect::Zero));
+        assert!(plan.lost.is_empty());
+        // Switching loss back on goes on where the stream stopped: as if nothing happened.
+        let after = plans(&mut stream, &ctx, 20, 1 << 20);
+        assert_eq!(after, plans(&mut e.stream(key(1, 0)), &ctx, 20, 1 << 20));
     }
 
     #[test]

@@ -202,20 +202,21 @@ impl SendComm {
         let phase = switches::phase();
         let step = switches::step();
         if state.pending_len != Some(buf.len()) {
+            let matching = MatchContext {
+                collective: CollectiveId::from_op_slot(op),
+                traffic_class: self.ctx.traffic_class,
+                comm_size: self.comm_size,
+                direction: Direction::Send,
+                peer: self.peer,
+                local_rank: self.local_rank,
+                phase,
+                step,
+            };
             if switches::enabled() {
-                let matching = MatchContext {
-                    collective: CollectiveId::from_op_slot(op),
-                    traffic_class: self.ctx.traffic_class,
-                    comm_size: self.comm_size,
-                    direction: Direction::Send,
-                    peer: self.peer,
-                    local_rank: self.local_rank,
-                    phase,
-                    step,
-                };
                 state.loss.plan(&matching, buf.len(), &mut state.plan);
             } else {
-                state.plan.lost.clear();
+                // Nothing lost, but the message is still cut into the profile's packets.
+                state.loss.lossless_plan(&matching, &mut state.plan);
             }
         }
         let Some(id) = self.conn.isend(buf, tag, &state.plan)? else {
