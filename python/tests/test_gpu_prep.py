@@ -241,6 +241,18 @@ def test_megatron_example_flags_build_the_integration(tmp_path):
         example.integration(example.parse_args(["--loss-rate", "1.5"]))
 
 
+def test_megatron_example_refuses_a_set_without_a_value(capsys):
+    # "--set foo" used to pass the command line and fail later with a bare unpacking error.
+    example = load(EXAMPLE, "megatron_gpt_lossy")
+    for bad in ("foo", "=x"):
+        with pytest.raises(SystemExit) as exit_:
+            example.parse_args(["--set", bad])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert "--set" in err and "KEY=VALUE" in err and repr(bad) in err, err
+    assert example.parse_args(["--set", "model.rate=0.02"]).set == ["model.rate=0.02"]
+
+
 CHECKS = REPO / "bench" / "gpu" / "nccl_checks.py"
 
 
