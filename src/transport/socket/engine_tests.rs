@@ -342,20 +342,18 @@ fn failed_child() {
     let size = 64 << 20;
     let mut data = pattern(size, 3);
     let mut into = vec![0u8; size];
-    // SAFETY: `into` outlives the receiving connection (dropped at the end of this test).
     let r = wait("irecv slot", || {
-        recv.irecv(&[unsafe { HostBuf::from_slice(&mut into) }], &[7])
+        // SAFETY: `into` outlives the receiving connection (dropped at the end of this test).
+        let buf = unsafe { HostBuf::from_slice(&mut into) };
+        recv.irecv(&[buf], &[7])
     })
     .expect("irecv");
     // The sender goes away in the middle of the message: the receiver reads part of the chunk,
     // then EOF, and its connection fails (as when a peer process is killed).
-    // SAFETY: `data` outlives the sending connection, dropped right after.
     let s = wait("isend slot", || {
-        send.isend(
-            unsafe { HostBuf::from_slice(&mut data) },
-            7,
-            &LossPlan::lossless(),
-        )
+        // SAFETY: `data` outlives the sending connection (dropped before it in this test).
+        let buf = unsafe { HostBuf::from_slice(&mut data) };
+        send.isend(buf, 7, &LossPlan::lossless())
     })
     .expect("isend");
     let _ = send.test(s);
@@ -408,17 +406,16 @@ fn untested_child() {
     let size = 16 << 20;
     let mut data = pattern(size, 5);
     let mut into = vec![0u8; size];
-    // SAFETY: `into` and `data` outlive both connections (dropped at the end of this test).
     let r = wait("irecv slot", || {
-        recv.irecv(&[unsafe { HostBuf::from_slice(&mut into) }], &[7])
+        // SAFETY: `into` outlives the receiving connection (dropped at the end of this test).
+        let buf = unsafe { HostBuf::from_slice(&mut into) };
+        recv.irecv(&[buf], &[7])
     })
     .expect("irecv");
     let s = wait("isend slot", || {
-        send.isend(
-            unsafe { HostBuf::from_slice(&mut data) },
-            7,
-            &LossPlan::lossless(),
-        )
+        // SAFETY: `data` outlives the sending connection (dropped before it in this test).
+        let buf = unsafe { HostBuf::from_slice(&mut data) };
+        send.isend(buf, 7, &LossPlan::lossless())
     })
     .expect("isend");
     wait("the send, its receive untested", || {
