@@ -44,11 +44,11 @@ pub fn run(args: Args) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let joined = applied
+    // Each override is a layer of its own, so an error names where it came from.
+    let layers: Vec<(&str, &str)> = applied
         .iter()
-        .map(|(_, set)| set.as_str())
-        .collect::<Vec<_>>()
-        .join(";");
+        .map(|(from, set)| (from.as_str(), set.as_str()))
+        .collect();
     let mut failed = false;
     // No file: what a run would load, the profile NCCL_LOSSY_PROFILE names or the embedded
     // default, so `lossy validate --set ...` previews the run.
@@ -61,7 +61,7 @@ pub fn run(args: Args) -> ExitCode {
         args.files.iter().map(Some).collect()
     };
     for file in files {
-        match Profile::load(file.map(PathBuf::as_path), &joined) {
+        match Profile::load_layers(file.map(PathBuf::as_path), &layers) {
             Ok(profile) => {
                 println!("{}", profile.summary());
                 for (from, set) in &applied {
