@@ -144,15 +144,7 @@ impl Profile {
     /// `NCCL_LOSSY_SET` applied on top.
     pub fn from_env() -> Result<Profile> {
         let path = std::env::var_os(PROFILE_ENV).filter(|p| !p.is_empty());
-        let overrides = match std::env::var(SET_ENV) {
-            Ok(s) => s,
-            Err(std::env::VarError::NotPresent) => String::new(),
-            Err(std::env::VarError::NotUnicode(_)) => {
-                return Err(Error::invalid_argument(format!(
-                    "{SET_ENV} is not valid UTF-8"
-                )))
-            }
-        };
+        let overrides = crate::env::var(SET_ENV)?.unwrap_or_default();
         Profile::load(path.as_deref().map(Path::new), &overrides)
     }
 

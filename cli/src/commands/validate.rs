@@ -24,12 +24,9 @@ pub struct Args {
 /// The overrides `lossy validate` applies, in order, each with where it came from.
 fn overrides(args: &Args) -> Result<Vec<(String, String)>, String> {
     let mut all = Vec::new();
-    match std::env::var(SET_ENV) {
-        Ok(env) if !env.trim().is_empty() => all.push((SET_ENV.to_string(), env)),
-        Ok(_) | Err(std::env::VarError::NotPresent) => {}
-        Err(std::env::VarError::NotUnicode(_)) => {
-            return Err(format!("{SET_ENV} is not valid UTF-8"))
-        }
+    match nccl_net_lossy::env::var(SET_ENV).map_err(|e| e.to_string())? {
+        Some(env) if !env.trim().is_empty() => all.push((SET_ENV.to_string(), env)),
+        _ => {}
     }
     all.extend(args.set.iter().map(|s| ("--set".to_string(), s.clone())));
     Ok(all)
