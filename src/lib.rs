@@ -19,6 +19,7 @@
 pub mod env;
 pub mod error;
 pub mod ffi;
+pub mod files;
 pub mod loss;
 pub mod profile;
 pub mod stats;

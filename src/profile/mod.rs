@@ -12,11 +12,11 @@ use std::time::Duration;
 use serde_json::{json, Value as Json};
 
 use crate::error::{Error, Result};
+use crate::files::read_regular_file;
 use crate::loss::engine::LossEngine;
 use crate::loss::model::short;
 use crate::loss::plan::Effect;
 use crate::loss::rules::{Action, Direction, Rule};
-use crate::loss::trace::read_regular_file;
 
 mod check;
 #[cfg(test)]
