@@ -16,8 +16,10 @@
 //! this one; nothing here depends on them.
 
 // Public: what the `lossy` command, the harness, the benches and the examples build on.
+pub mod env;
 pub mod error;
 pub mod ffi;
+pub mod files;
 pub mod loss;
 pub mod profile;
 pub mod stats;

@@ -44,3 +44,30 @@ fn a_bad_nccl_lossy_io_threads_is_refused_at_init_naming_the_range() {
         assert!(config.is_ok(), "{good:?} is a valid thread count");
     }
 }
+
+fn error_of(name: &'static str, value: &str) -> String {
+    let value = value.to_string();
+    SocketConfig::from_lookup(move |n| (n == name).then(|| value.clone()))
+        .expect_err("a bad value is refused")
+        .message
+}
+
+#[test]
+fn a_bad_speed_or_socket_buffer_states_the_range() {
+    for bad in ["0", "-5", "fast", "99999999999"] {
+        let message = error_of("NCCL_LOSSY_SPEED_MBPS", bad);
+        assert!(
+            message.contains(&format!("NCCL_LOSSY_SPEED_MBPS={bad}"))
+                && message.contains(&format!("1 to {}", i32::MAX)),
+            "for {bad:?}: {message}"
+        );
+    }
+    for bad in ["1", "4095", "99999999999", "big"] {
+        let message = error_of("NCCL_LOSSY_SOCKBUF", bad);
+        assert!(
+            message.contains(&format!("NCCL_LOSSY_SOCKBUF={bad}"))
+                && message.contains("4096 to 1073741824"),
+            "for {bad:?}: {message}"
+        );
+    }
+}

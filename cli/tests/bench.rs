@@ -275,3 +275,36 @@ fn vs_library_times_a_second_library_in_the_same_processes_with_its_ratio() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Runs `lossy bench args`, which must fail at once with an error on stderr (no rank started).
+fn bench_refused(args: &[&str]) -> String {
+    let out = Command::new(lossy_exe())
+        .arg("bench")
+        .args(args)
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .env_remove("NCCL_LOSSY_STATS")
+        .output()
+        .expect("run lossy bench");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "lossy bench {args:?}: {stderr}");
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("rank"),
+        "lossy bench {args:?} started ranks or panicked: {stderr}"
+    );
+    stderr
+}
+
+#[test]
+fn sizes_chunks_and_iterations_beyond_the_limits_are_refused_before_any_rank_starts() {
+    for sizes in ["18446744073709551615", "4G", "64K,2G"] {
+        let e = bench_refused(&["--sizes", sizes, "--iters", "1"]);
+        assert!(e.contains("bad size") && e.contains("at most 1 GiB"), "{e}");
+    }
+    let e = bench_refused(&["--sizes", "64K", "--chunk", "1099511627776"]);
+    assert!(e.contains("bad size") && e.contains("at most 1 GiB"), "{e}");
+    let e = bench_refused(&["--sizes", "64K", "--iters", "18446744073709551615"]);
+    assert!(
+        e.contains("--iters") && e.contains("at most 1000000"),
+        "{e}"
+    );
+}

@@ -82,7 +82,7 @@ fn broken_profile_exits_2_naming_file_line_and_key() {
         )),
         "{stderr}"
     );
-    // A bad override names the override and its key.
+    // A bad override names where it came from (the command line) and its key.
     let out = lossy(&[
         "validate",
         "configs/uniform-1pct.toml",
@@ -92,7 +92,7 @@ fn broken_profile_exits_2_naming_file_line_and_key() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2));
     assert!(
-        stderr.contains("NCCL_LOSSY_SET: model.rate = 2: must be a probability"),
+        stderr.contains("--set: model.rate = 2: must be a probability"),
         "{stderr}"
     );
     // A good override shows in the summary.

@@ -119,3 +119,39 @@ fn validate_refuses_a_fifo_at_once() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn validate_names_the_command_line_for_a_bad_set_and_survives_a_deep_key() {
+    let deep = format!("{}b=1", "a.".repeat(40_000));
+    for (env, set, want) in [
+        (
+            vec![],
+            "model.rate=1e400".to_string(),
+            "--set: model.rate = 1e400: float out of range",
+        ),
+        (vec![], deep.clone(), "--set: `a.a.a."),
+        (
+            vec![("NCCL_LOSSY_SET", deep.as_str())],
+            "seed=2".to_string(),
+            "NCCL_LOSSY_SET: `a.a.a.",
+        ),
+    ] {
+        let out = lossy(&["validate", "--set", &set], &env);
+        let (stdout, stderr) = text(&out);
+        // A stack overflow aborts (134); an error is exit 2 with the message.
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{stdout}{}",
+            &stderr[..stderr.len().min(500)]
+        );
+        assert!(
+            stderr.contains(want) && stderr.len() < 1000,
+            "{}",
+            &stderr[..stderr.len().min(500)]
+        );
+    }
+    // The deep key's error says what is allowed.
+    let out = lossy(&["validate", "--set", &deep], &[]);
+    assert!(text(&out).1.contains("at most 16 segments"));
+}

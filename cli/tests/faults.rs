@@ -357,6 +357,46 @@ fn a_malformed_timeout_fails_init_loudly_naming_the_variable() {
     );
 }
 
+#[test]
+fn a_value_that_is_not_utf8_fails_init_naming_the_variable() {
+    use std::os::unix::ffi::OsStrExt;
+    let exe = std::env::current_exe().expect("test binary");
+    for name in [
+        "NCCL_LOSSY_TIMEOUT",
+        "NCCL_LOSSY_NSOCKS",
+        "NCCL_LOSSY_TRACE",
+        "NCCL_LOSSY_TRACE_EVENTS",
+        "NCCL_LOSSY_INNER",
+        "NCCL_LOSSY_SOCKBUF",
+    ] {
+        let out = std::process::Command::new(&exe)
+            .args([
+                "--exact",
+                CHILD,
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(ROLE_ENV, "init_only")
+            .env(name, std::ffi::OsStr::from_bytes(b"\xff10"))
+            .env("NCCL_SOCKET_IFNAME", "lo")
+            .output()
+            .expect("run the peer");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        // Treated as unset, init would succeed: a run that asked to wrap a plugin would
+        // silently run over the plugin's own sockets.
+        assert!(
+            stdout.contains("INIT failed"),
+            "{name}: init succeeded:\n{stdout}\n{stderr}"
+        );
+        assert!(
+            stderr.contains(&format!("{name} is not valid UTF-8")),
+            "{name}: {stderr}"
+        );
+    }
+}
+
 /// Sizes the `send_three` peers send: odd, zero and multi-socket.
 const THREE: [usize; 3] = [1001, 0, 300_001];
 

@@ -346,3 +346,83 @@ fn per_step_report_prints_the_plugins_counts_by_collective_beside_the_training_l
     assert!(String::from_utf8_lossy(&out.stderr).contains("no column \"accuracy\""));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Runs `lossy args` and gives up after 10 s: a hang is a failure, not a stuck test.
+fn lossy_within_10s(args: &[&str]) -> Output {
+    let mut child = Command::new(lossy_exe())
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run lossy");
+    let start = std::time::Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if start.elapsed() > Duration::from_secs(10) {
+            child.kill().ok();
+            child.wait().ok();
+            panic!("lossy {args:?} did not finish within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
+}
+
+fn make_fifo(path: &Path) {
+    let c = CString::new(path.to_str().expect("utf-8")).expect("path");
+    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+}
+
+#[test]
+fn report_refuses_fifos_and_endless_files_naming_them() {
+    use nccl_net_lossy::stats::writer::StatsFile;
+    let dir = fresh_dir("report-hostile");
+    let good = StatsFile::new(serde_json::json!({"seed": 1}), vec![]);
+    std::fs::write(
+        dir.join("lossy-stats-rank0-x-1.json"),
+        serde_json::to_string(&good).expect("JSON"),
+    )
+    .expect("write");
+    let run = dir.to_str().expect("utf-8").to_string();
+    // A training log that is a FIFO with no writer: opening it would block forever.
+    let log = dir.join("train.jsonl");
+    make_fifo(&log);
+    let out = lossy_within_10s(&[
+        "report",
+        &run,
+        "--per-step",
+        "--train-log",
+        log.to_str().expect("utf-8"),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && stderr.contains("train.jsonl")
+            && stderr.contains("not a regular file"),
+        "{stderr}"
+    );
+    // A statistics file that is a FIFO, then one that never ends.
+    let fifo = dir.join("lossy-stats-rank9-x-1.json");
+    make_fifo(&fifo);
+    let out = lossy_within_10s(&["report", &run]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && stderr.contains("lossy-stats-rank9-x-1.json")
+            && stderr.contains("not a regular file"),
+        "{stderr}"
+    );
+    std::fs::remove_file(&fifo).expect("remove");
+    std::os::unix::fs::symlink("/dev/zero", dir.join("lossy-stats-rank9-x-2.json"))
+        .expect("symlink");
+    let out = lossy_within_10s(&["report", &run]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && stderr.contains("lossy-stats-rank9-x-2.json")
+            && stderr.contains("not a regular file (a character device)"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -43,7 +43,7 @@ fn a_thousand_init_finalize_cycles_leave_threads_fds_and_heap_at_baseline() {
     let profile = dir.join("profile.toml");
     // A short statistics interval, so every connection starts (and its close joins) the
     // periodic writer, and statistics files are written at each release.
-    std::fs::write(&profile, "stats_interval = 0.05\n").expect("write the profile");
+    std::fs::write(&profile, "stats_interval = 0.1\n").expect("write the profile");
     let stats = dir.join("stats");
     let said = run_child(
         "cycles",

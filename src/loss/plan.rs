@@ -63,6 +63,10 @@ pub const DEFAULT_MTU: u32 = 4096;
 /// Default retransmission timeout per loss event.
 pub const DEFAULT_RETRANSMIT_TIMEOUT: Duration = Duration::from_micros(200);
 
+/// Longest retransmission timeout per loss event: the most a chunk header carries, and so the
+/// most a profile may ask for.
+pub const MAX_RETRANSMIT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The fate of one message, decided by the sender. `lost` is sorted, runs are disjoint,
 /// and every run lies inside the message's packets.
 #[derive(Clone, Debug, PartialEq)]

@@ -9,10 +9,12 @@ use crate::ids::{CollectiveId, Phase};
 use crate::loss::effect::MIN_MTU;
 use crate::loss::model::params::{param_type, ParamType, ParamValue};
 use crate::loss::model::{kind_names, model_keys, ModelSpec, RawModel};
-use crate::loss::plan::{Effect, DEFAULT_MTU, DEFAULT_RETRANSMIT_TIMEOUT};
+use crate::loss::plan::{Effect, DEFAULT_MTU, DEFAULT_RETRANSMIT_TIMEOUT, MAX_RETRANSMIT_TIMEOUT};
 use crate::loss::rules::{Action, Direction, Match, Rule};
 use crate::profile::tree::{At, Node, Val};
-use crate::profile::{Profile, TransportKind, DEFAULT_SEED, MAX_TRACE_EVENTS, SET_ENV};
+use crate::profile::{
+    Profile, TransportKind, DEFAULT_SEED, MAX_RULES, MAX_TRACE_EVENTS, MIN_STATS_INTERVAL, SET_ENV,
+};
 
 const TOP_KEYS: &[&str] = &[
     "description",
@@ -43,19 +45,29 @@ const RULE_KEYS: &[&str] = &[
     "mtu",
 ];
 const EFFECTS: &str = "\"zero\", \"stale\", \"retransmit\", \"bitflip\"";
-/// Longest timeout or interval we accept, in seconds: keeps `Duration` conversions in range.
-const MAX_SECONDS: f64 = 1e6;
+/// Longest interval we accept: keeps `Duration` conversions in range.
+const MAX_INTERVAL: Duration = Duration::from_secs(1_000_000);
+/// Units per second of keys in seconds and of keys in microseconds (`_us`).
+const SECONDS: f64 = 1.0;
+const MICROSECONDS: f64 = 1e6;
 
 /// Checks the tree against the schema; errors say where each value came from.
 pub(super) struct Checker<'a> {
     pub(super) origin: &'a str,
+    /// Where each layer of overrides came from (`NCCL_LOSSY_SET`, `--set`), by layer.
+    pub(super) sources: &'a [&'a str],
 }
 
 impl Checker<'_> {
     fn place(&self, at: At) -> String {
         match at {
             At::Line(line) => format!("{}:{line}", self.origin),
-            At::Set => SET_ENV.to_string(),
+            At::Set(layer) => self
+                .sources
+                .get(layer)
+                .copied()
+                .unwrap_or(SET_ENV)
+                .to_string(),
         }
     }
 
@@ -125,20 +137,39 @@ impl Checker<'_> {
         }
     }
 
-    fn seconds(&self, node: &Node, key: &str, scale: f64, positive: bool) -> Result<Duration> {
+    /// A duration from `min` to `max`, written in units of which `scale` make a second; the
+    /// error gives the range in seconds (and in the key's unit when that is not seconds).
+    fn duration(
+        &self,
+        node: &Node,
+        key: &str,
+        scale: f64,
+        min: Duration,
+        max: Duration,
+    ) -> Result<Duration> {
         let x = self.number(node, key)?;
-        let ok = x.is_finite()
-            && (if positive { x > 0.0 } else { x >= 0.0 })
-            && x / scale <= MAX_SECONDS;
-        if !ok {
-            let lower = if positive { "> 0" } else { ">= 0" };
+        let secs = x / scale;
+        if !(x.is_finite() && secs >= min.as_secs_f64() && secs <= max.as_secs_f64()) {
+            let show = |d: Duration| {
+                let secs = d.as_secs_f64();
+                if scale == SECONDS {
+                    format!("{secs} s")
+                } else {
+                    format!("{secs} s ({} us)", secs * scale)
+                }
+            };
+            let lower = if min.is_zero() {
+                ">= 0".to_string()
+            } else {
+                format!("at least {}", show(min))
+            };
             return Err(self.bad(
                 node,
                 key,
-                format!("must be a number {lower} and at most {MAX_SECONDS} s"),
+                format!("must be a number {lower} and at most {}", show(max)),
             ));
         }
-        Ok(Duration::from_secs_f64(x / scale))
+        Ok(Duration::from_secs_f64(secs))
     }
 
     fn effect(&self, node: &Node, key: &str) -> Result<Effect> {
@@ -256,8 +287,14 @@ impl Checker<'_> {
             action.model = self.model(n, &join(path, "model"), base)?;
         }
         if let Some(n) = table.get("retransmit_timeout_us") {
-            action.retransmit_timeout =
-                self.seconds(n, &join(path, "retransmit_timeout_us"), 1e6, false)?;
+            // The transport refuses a longer one at every send: refuse it here, at init.
+            action.retransmit_timeout = self.duration(
+                n,
+                &join(path, "retransmit_timeout_us"),
+                MICROSECONDS,
+                Duration::ZERO,
+                MAX_RETRANSMIT_TIMEOUT,
+            )?;
         }
         if let Some(n) = table.get("mtu") {
             action.mtu = self.mtu(n, &join(path, "mtu"))?;
@@ -363,7 +400,13 @@ impl Checker<'_> {
             None => DEFAULT_MTU,
         };
         let stats_interval = match root.get("stats_interval") {
-            Some(n) => Some(self.seconds(n, "stats_interval", 1.0, true)?),
+            Some(n) => Some(self.duration(
+                n,
+                "stats_interval",
+                SECONDS,
+                MIN_STATS_INTERVAL,
+                MAX_INTERVAL,
+            )?),
             None => None,
         };
         let description = match root.get("description") {
@@ -421,6 +464,16 @@ impl Checker<'_> {
             let Val::Array(items) = &list.val else {
                 return Err(self.bad(list, "rules", "must be a list of tables ([[rules]])"));
             };
+            if items.len() > MAX_RULES {
+                return Err(self.bad_key(
+                    list.at,
+                    "rules",
+                    format!(
+                        "{} rules; a profile has at most {MAX_RULES} (docs/loss-models.md)",
+                        items.len()
+                    ),
+                ));
+            }
             for (i, item) in items.iter().enumerate() {
                 rules.push(self.rule(item, &format!("rules.{i}"), &defaults, base)?);
             }

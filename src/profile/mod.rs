@@ -12,11 +12,11 @@ use std::time::Duration;
 use serde_json::{json, Value as Json};
 
 use crate::error::{Error, Result};
+use crate::files::read_regular_file;
 use crate::loss::engine::LossEngine;
 use crate::loss::model::short;
 use crate::loss::plan::Effect;
 use crate::loss::rules::{Action, Direction, Rule};
-use crate::loss::trace::read_regular_file;
 
 mod check;
 #[cfg(test)]
@@ -32,10 +32,23 @@ pub const EMBEDDED_ORIGIN: &str = "embedded default";
 /// The profile used when `NCCL_LOSSY_PROFILE` is not set.
 pub const DEFAULT_PROFILE: &str = include_str!("../../configs/default.toml");
 /// Largest profile file read, in bytes (profiles are a few KiB; a FIFO or `/dev/zero` is
-/// refused before any read, a huge file before it fills memory).
-pub const MAX_PROFILE_BYTES: u64 = 64 << 20;
+/// refused before any read, a huge file before it fills memory). Parsing holds about 35
+/// bytes per byte of text: at most about 150 MB here, where 64 MiB took 2.3 GB.
+pub const MAX_PROFILE_BYTES: u64 = 4 << 20;
 /// Seed used when a profile sets none.
 pub const DEFAULT_SEED: u64 = 1;
+/// Most segments in an override's dotted key. The deepest key of the schema has four
+/// (`rules.0.model.rate`); the limit keeps a hostile key from nesting the tree without end.
+pub const MAX_KEY_SEGMENTS: usize = 16;
+/// Most rules in a profile. Every connection keeps one loss state per rule, every message
+/// looks for its rule in order, and statistics files list every rule: a handful is typical,
+/// and a thousand covers one rule per peer of a large job.
+pub const MAX_RULES: usize = 1024;
+/// Longest one-line summary (`lossy validate`, the plugin's init log), in bytes: rules past it
+/// are counted, not listed.
+pub const MAX_SUMMARY_BYTES: usize = 4096;
+/// Shortest `stats_interval`: each write rewrites the whole statistics file.
+pub const MIN_STATS_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Which transport carries the bytes (profile key `transport`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,26 +144,26 @@ impl Profile {
     /// `NCCL_LOSSY_SET` applied on top.
     pub fn from_env() -> Result<Profile> {
         let path = std::env::var_os(PROFILE_ENV).filter(|p| !p.is_empty());
-        let overrides = match std::env::var(SET_ENV) {
-            Ok(s) => s,
-            Err(std::env::VarError::NotPresent) => String::new(),
-            Err(std::env::VarError::NotUnicode(_)) => {
-                return Err(Error::invalid_argument(format!(
-                    "{SET_ENV} is not valid UTF-8"
-                )))
-            }
-        };
+        let overrides = crate::env::var(SET_ENV)?.unwrap_or_default();
         Profile::load(path.as_deref().map(Path::new), &overrides)
     }
 
-    /// The profile at `path` (the embedded default for `None`) with `overrides` applied.
+    /// The profile at `path` (the embedded default for `None`) with `overrides` (from
+    /// `NCCL_LOSSY_SET`) applied.
     pub fn load(path: Option<&Path>, overrides: &str) -> Result<Profile> {
+        Profile::load_layers(path, &[(SET_ENV, overrides)])
+    }
+
+    /// The profile at `path` (the embedded default for `None`) with each layer of overrides
+    /// applied in order (later ones win); a layer is (where it came from, its `a.b=v;c=w`
+    /// text), and errors about its values name where it came from (`--set`).
+    pub fn load_layers(path: Option<&Path>, layers: &[(&str, &str)]) -> Result<Profile> {
         match path {
-            None => Profile::parse_in(DEFAULT_PROFILE, EMBEDDED_ORIGIN, None, overrides),
+            None => Profile::parse_layers(DEFAULT_PROFILE, EMBEDDED_ORIGIN, None, layers),
             Some(path) => {
                 let text = read_regular_file(path, MAX_PROFILE_BYTES, "profile")
                     .map_err(Error::invalid_argument)?;
-                Profile::parse_in(&text, &path.display().to_string(), path.parent(), overrides)
+                Profile::parse_layers(&text, &path.display().to_string(), path.parent(), layers)
             }
         }
     }
@@ -161,14 +174,31 @@ impl Profile {
         let base = (origin != EMBEDDED_ORIGIN)
             .then(|| Path::new(origin).parent())
             .flatten();
-        Profile::parse_in(text, origin, base, overrides)
+        Profile::parse_layers(text, origin, base, &[(SET_ENV, overrides)])
     }
 
-    fn parse_in(text: &str, origin: &str, base: Option<&Path>, overrides: &str) -> Result<Profile> {
+    fn parse_layers(
+        text: &str,
+        origin: &str,
+        base: Option<&Path>,
+        layers: &[(&str, &str)],
+    ) -> Result<Profile> {
         let mut root = tree::parse(text, origin)?;
-        tree::apply_overrides(&mut root, overrides)?;
-        let mut profile = check::Checker { origin }.profile(&root, base)?;
-        profile.overrides = overrides.trim().to_string();
+        for (layer, (source, overrides)) in layers.iter().enumerate() {
+            tree::apply_overrides(&mut root, overrides, layer, source)?;
+        }
+        let sources: Vec<&str> = layers.iter().map(|(source, _)| *source).collect();
+        let mut profile = check::Checker {
+            origin,
+            sources: &sources,
+        }
+        .profile(&root, base)?;
+        profile.overrides = layers
+            .iter()
+            .map(|(_, overrides)| overrides.trim())
+            .filter(|overrides| !overrides.is_empty())
+            .collect::<Vec<_>>()
+            .join(";");
         Ok(profile)
     }
 
@@ -255,12 +285,21 @@ impl Profile {
             self.rules.len(),
             if self.rules.len() == 1 { "" } else { "s" }
         ));
-        for rule in &self.rules {
-            line.push_str(&format!(
+        for (i, rule) in self.rules.iter().enumerate() {
+            let part = format!(
                 " [{} -> {}]",
                 rule.when.describe(),
                 describe_action(&rule.action)
-            ));
+            );
+            if line.len() + part.len() > MAX_SUMMARY_BYTES {
+                let left = self.rules.len() - i;
+                line.push_str(&format!(
+                    " … {left} more rule{} (the statistics files list every rule)",
+                    if left == 1 { "" } else { "s" }
+                ));
+                break;
+            }
+            line.push_str(&part);
         }
         if let Some(TransportKind::Wrap) = self.transport {
             line.push_str(&format!(

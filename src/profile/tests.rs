@@ -167,7 +167,7 @@ fn errors_name_file_line_key_and_what_is_allowed() {
         ("[[rules]]\nphase = \"sideways\"\n", "configs/x.toml:2: rules.0.phase = \"sideways\": allowed: \"forward\", \"backward\", \"any\""),
         ("[[rules]]\ndirection = \"up\"\n", "configs/x.toml:2: rules.0.direction = \"up\": allowed: \"send\", \"recv\""),
         ("[[rules]]\npeer = -1\n", "configs/x.toml:2: rules.0.peer = -1: must be an integer in [0, 4294967295]"),
-        ("stats_interval = 0\n", "configs/x.toml:1: stats_interval = 0: must be a number > 0"),
+        ("stats_interval = 0\n", "configs/x.toml:1: stats_interval = 0: must be a number at least 0.1 s"),
         ("trace_events = 0\n", "configs/x.toml:1: trace_events = 0: must be an integer in [1, 16777216]"),
         ("trace = \"\"\n", "configs/x.toml:1: trace = \"\": must name a directory"),
         ("trace = 3\n", "configs/x.toml:1: trace = 3: must be a string"),
@@ -184,11 +184,19 @@ fn errors_name_file_line_key_and_what_is_allowed() {
         ("seed = 1\nmtu = 2\nmtu = 3\n", "configs/x.toml:3: not valid TOML: duplicate key"),
         (
             "mtu = 100\n\nseed = 99999999999999999999\n",
-            "configs/x.toml:3: not valid TOML: integer out of range",
+            "configs/x.toml:3: seed = 99999999999999999999: integer out of range: at most 9223372036854775807",
+        ),
+        (
+            "[[rules]]\nmodel = { kind = \"uniform\", rate = 1e400 }\n",
+            "configs/x.toml:2: rules.0.model.rate = 1e400: float out of range",
+        ),
+        (
+            "[[rules]]\npeer = [1, 99999999999999999999]\n",
+            "configs/x.toml:2: rules.0.peer.1 = 99999999999999999999: integer out of range",
         ),
         (
             "seed = 1\nrate = 1e400\n",
-            "configs/x.toml:2: not valid TOML: float out of range",
+            "configs/x.toml:2: rate = 1e400: float out of range: at most about 1.8e308",
         ),
     ];
     for (text, want) in cases {
@@ -260,6 +268,14 @@ fn overrides_apply_on_top_and_name_the_variable() {
             "NCCL_LOSSY_SET: mtu.x: mtu is a value, not a table",
         ),
         ("modle.rate=0.1", "NCCL_LOSSY_SET: modle: unknown key"),
+        (
+            "model.rate=1e400",
+            "NCCL_LOSSY_SET: model.rate = 1e400: float out of range",
+        ),
+        (
+            "rules.1.peer=[1,1e400]",
+            "NCCL_LOSSY_SET: rules.1.peer.1 = 1e400: float out of range",
+        ),
         (
             "effect=drop",
             "NCCL_LOSSY_SET: effect = \"drop\": unknown effect",
@@ -338,7 +354,7 @@ fn profiles_and_traces_must_be_regular_files_of_bounded_size() {
         .unwrap_err()
         .message;
     assert!(
-        e.contains("fifo.toml") && e.contains("not a regular file") && e.contains("64 MiB"),
+        e.contains("fifo.toml") && e.contains("not a regular file") && e.contains("4 MiB"),
         "{e}"
     );
     // A character device that never ends.
@@ -360,7 +376,7 @@ fn profiles_and_traces_must_be_regular_files_of_bounded_size() {
         .unwrap();
     let e = Profile::load(Some(&big), "").unwrap_err().message;
     assert!(
-        e.contains("big.toml") && e.contains("larger than") && e.contains("64 MiB"),
+        e.contains("big.toml") && e.contains("larger than") && e.contains("4 MiB"),
         "{e}"
     );
     // Traces: the same rules, with their own cap.
@@ -419,4 +435,117 @@ fn a_quoted_semicolon_does_not_split_an_override() {
     // An unterminated quote is an error, not a silent split.
     let e = err("", "description=\"a; seed=3");
     assert!(e.contains("NCCL_LOSSY_SET") && e.contains("quote"), "{e}");
+}
+
+#[test]
+fn a_deep_override_key_is_refused_naming_the_variable_and_the_limit() {
+    // 40,000 segments: one stack frame each would overflow the stack (it crashed init).
+    let deep = format!("{}b=1", "a.".repeat(40_000));
+    let e = within_seconds(move || err("", &deep));
+    assert!(
+        e.starts_with("NCCL_LOSSY_SET: `a.a.a.")
+            && e.contains(&format!("at most {MAX_KEY_SEGMENTS} segments"))
+            && e.contains("40001"),
+        "{}",
+        &e[..e.len().min(300)]
+    );
+    assert!(
+        e.len() < 400,
+        "the key is cut in the error: {} bytes",
+        e.len()
+    );
+    // The deepest key the schema has is far below the limit.
+    let ok = Profile::parse(FULL, "x.toml", "rules.0.model.mean_burst=4");
+    assert!(ok.is_ok(), "{ok:?}");
+    let at_limit = format!("{}b=1", "a.".repeat(MAX_KEY_SEGMENTS - 1));
+    assert!(err("", &at_limit).contains("a: unknown key"));
+}
+
+#[test]
+fn overrides_from_the_command_line_are_named_as_such() {
+    let layers = [(SET_ENV, "seed=3"), ("--set", "model.rate=1.5")];
+    let e = Profile::load_layers(None, &layers).unwrap_err().message;
+    assert!(
+        e.starts_with("--set: model.rate = 1.5: must be a probability"),
+        "{e}"
+    );
+    let layers = [(SET_ENV, "seed=-3"), ("--set", "model.rate=0.5")];
+    let e = Profile::load_layers(None, &layers).unwrap_err().message;
+    assert!(e.starts_with("NCCL_LOSSY_SET: seed = -3"), "{e}");
+    let deep = format!("{}b=1", "a.".repeat(100));
+    let e = Profile::load_layers(None, &[("--set", &deep)])
+        .unwrap_err()
+        .message;
+    assert!(
+        e.starts_with("--set: `a.a.") && e.contains("segments"),
+        "{e}"
+    );
+    let p = Profile::load_layers(None, &[(SET_ENV, "seed=3"), ("--set", "seed=4")]).unwrap();
+    assert_eq!((p.seed, p.overrides.as_str()), (4, "seed=3;seed=4"));
+}
+
+#[test]
+fn a_retransmit_timeout_beyond_the_transports_limit_is_refused() {
+    for (text, shown) in [
+        ("retransmit_timeout_us = 20000000\n", "20000000"),
+        ("retransmit_timeout_us = 1e12\n", "1000000000000"),
+        ("[[rules]]\nretransmit_timeout_us = 10000001\n", "10000001"),
+    ] {
+        let e = err(text, "");
+        assert!(
+            e.contains(&format!("retransmit_timeout_us = {shown}"))
+                && e.contains("at most 10 s (10000000 us)"),
+            "for {text:?}: {e}"
+        );
+    }
+    let p = parse("retransmit_timeout_us = 10000000\n").unwrap();
+    assert_eq!(p.defaults.retransmit_timeout, Duration::from_secs(10));
+}
+
+#[test]
+fn a_stats_interval_below_the_minimum_is_refused_with_the_range() {
+    for (bad, shown) in [
+        ("1e-9", "0.000000001"),
+        ("0.01", "0.01"),
+        ("0", "0"),
+        ("-1", "-1"),
+    ] {
+        let e = err(&format!("stats_interval = {bad}\n"), "");
+        assert!(
+            e.starts_with(&format!("configs/x.toml:1: stats_interval = {shown}: "))
+                && e.contains("at least 0.1 s")
+                && e.contains("at most 1000000 s"),
+            "for {bad}: {e}"
+        );
+    }
+    let p = parse("stats_interval = 0.1\n").unwrap();
+    assert_eq!(p.stats_interval, Some(Duration::from_millis(100)));
+}
+
+#[test]
+fn the_number_of_rules_is_limited_and_the_summary_stays_short() {
+    let many = "[[rules]]\n".repeat(MAX_RULES + 1);
+    let e = err(&many, "");
+    assert!(
+        e.starts_with("configs/x.toml:")
+            && e.contains(&format!("{} rules", MAX_RULES + 1))
+            && e.contains(&format!("at most {MAX_RULES}")),
+        "{e}"
+    );
+    let text = "[[rules]]\npeer = [1, 2, 3]\nmodel = { kind = \"uniform\", rate = 0.1 }\n"
+        .repeat(MAX_RULES);
+    let p = parse(&text).unwrap();
+    assert_eq!(p.rules.len(), MAX_RULES);
+    let s = p.summary();
+    assert!(
+        s.len() <= MAX_SUMMARY_BYTES + 100 && s.contains(&format!("{MAX_RULES} rules")),
+        "{} bytes: {}",
+        s.len(),
+        &s[..s.len().min(300)]
+    );
+    assert!(s.contains("more rules"), "{s}");
+    // One rule with a long list is cut too.
+    let peers: Vec<String> = (0..100_000).map(|i| i.to_string()).collect();
+    let p = parse(&format!("[[rules]]\npeer = [{}]\n", peers.join(","))).unwrap();
+    assert!(p.summary().len() <= MAX_SUMMARY_BYTES + 100);
 }

@@ -5,13 +5,13 @@ use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
 use crate::error::{Error, Result};
-use crate::profile::SET_ENV;
+use crate::profile::MAX_KEY_SEGMENTS;
 
-/// Where a value came from: a line of the profile, or an override.
+/// Where a value came from: a line of the profile, or a layer of overrides (by number).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) enum At {
     Line(usize),
-    Set,
+    Set(usize),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -85,22 +85,38 @@ impl Lines {
     }
 }
 
-/// Converts the parser's values; `lines` is `None` for override values.
+/// Converts the parser's values; `lines` is `None` for override values of layer `layer`.
 struct Convert<'a> {
     lines: Option<&'a Lines>,
+    layer: usize,
 }
 
-/// A value the tree cannot hold (an integer beyond 64 bits): where, and why.
+/// A value the tree cannot hold (a number beyond 64 bits): where, its key, and why.
 struct Invalid {
     offset: usize,
+    /// The key's segments, innermost first (filled in on the way out).
+    key: Vec<String>,
+    literal: String,
     message: &'static str,
+}
+
+impl Invalid {
+    /// `key = literal: why`, the key under `outer` (an override's key; empty in a file).
+    fn describe(&self, outer: &str) -> String {
+        let inner = self.key.iter().rev().map(String::as_str);
+        let key: Vec<&str> = std::iter::once(outer)
+            .filter(|k| !k.is_empty())
+            .chain(inner)
+            .collect();
+        format!("{} = {}: {}", key.join("."), self.literal, self.message)
+    }
 }
 
 impl Convert<'_> {
     fn at(&self, span: std::ops::Range<usize>) -> At {
         match self.lines {
             Some(lines) => At::Line(lines.line(span.start)),
-            None => At::Set,
+            None => At::Set(self.layer),
         }
     }
 
@@ -111,10 +127,11 @@ impl Convert<'_> {
         table
             .iter()
             .map(|(key, value)| {
-                Ok((
-                    key.get_ref().to_string(),
-                    self.value(value, self.at(key.span()))?,
-                ))
+                let node = self.value(value, self.at(key.span())).map_err(|mut e| {
+                    e.key.push(key.get_ref().to_string());
+                    e
+                })?;
+                Ok((key.get_ref().to_string(), node))
             })
             .collect()
     }
@@ -131,21 +148,32 @@ impl Convert<'_> {
         } else {
             self.at(span.clone())
         };
-        let invalid = |message| Invalid {
+        let invalid = |literal: &str, message| Invalid {
             offset: span.start,
+            key: Vec::new(),
+            literal: literal.to_string(),
             message,
         };
         let val = match value.get_ref() {
             DeValue::String(s) => Val::Str(s.to_string()),
-            DeValue::Integer(i) => Val::Int(
-                i64::from_str_radix(i.as_str(), i.radix())
-                    .map_err(|_| invalid("integer out of range of a 64-bit signed integer"))?,
-            ),
+            DeValue::Integer(i) => {
+                Val::Int(i64::from_str_radix(i.as_str(), i.radix()).map_err(|_| {
+                    invalid(
+                        i.as_str(),
+                        "integer out of range: at most 9223372036854775807 (64-bit signed)",
+                    )
+                })?)
+            }
             DeValue::Float(f) => {
                 // A finite literal too large for f64 is out of range, not infinity.
                 match f.as_str().parse::<f64>() {
                     Ok(x) if !x.is_infinite() || f.as_str().contains("inf") => Val::Float(x),
-                    _ => return Err(invalid("float out of range of a 64-bit float")),
+                    _ => {
+                        return Err(invalid(
+                            f.as_str(),
+                            "float out of range: at most about 1.8e308 (64-bit float)",
+                        ))
+                    }
                 }
             }
             DeValue::Boolean(b) => Val::Bool(*b),
@@ -153,7 +181,13 @@ impl Convert<'_> {
             DeValue::Array(items) => Val::Array(
                 items
                     .iter()
-                    .map(|x| self.value(x, at))
+                    .enumerate()
+                    .map(|(i, x)| {
+                        self.value(x, at).map_err(|mut e| {
+                            e.key.push(i.to_string());
+                            e
+                        })
+                    })
                     .collect::<std::result::Result<_, _>>()?,
             ),
             DeValue::Table(table) => Val::Table(self.table_entries(table)?),
@@ -162,74 +196,107 @@ impl Convert<'_> {
     }
 }
 
-/// The tree of profile `text`; errors say `origin:line: not valid TOML: why`.
+/// The tree of profile `text`; errors say `origin:line: not valid TOML: why`, or for a number
+/// beyond 64 bits `origin:line: key = value: why`.
 pub(super) fn parse(text: &str, origin: &str) -> Result<Node> {
     let lines = Lines::new(text);
-    let invalid = |offset: usize, message: &str| {
-        Error::invalid_argument(format!(
-            "{origin}:{}: not valid TOML: {message}",
-            lines.line(offset)
-        ))
+    let located = |offset: usize, message: &str| {
+        Error::invalid_argument(format!("{origin}:{}: {message}", lines.line(offset)))
     };
     // The parser reports errors in no particular order, and values too large for 64 bits only
     // show when converted: the first in the text is the one to fix first.
     let (doc, errors) = DeTable::parse_recoverable(text);
     let convert = Convert {
         lines: Some(&lines),
+        layer: 0,
     };
     let entries = convert.table_entries(doc.get_ref());
-    let syntax = errors
-        .iter()
-        .map(|err| (err.span().map_or(0, |s| s.start), err.message().trim_end()));
-    let value = entries.as_ref().err().map(|e| (e.offset, e.message));
+    let syntax = errors.iter().map(|err| {
+        (
+            err.span().map_or(0, |s| s.start),
+            format!("not valid TOML: {}", err.message().trim_end()),
+        )
+    });
+    let value = entries.as_ref().err().map(|e| (e.offset, e.describe("")));
     if let Some((offset, message)) = syntax.chain(value).min_by_key(|(offset, _)| *offset) {
-        return Err(invalid(offset, message));
+        return Err(located(offset, &message));
     }
-    let entries = entries.map_err(|e| invalid(e.offset, e.message))?;
+    let entries = entries.map_err(|e| located(e.offset, &e.describe("")))?;
     Ok(Node {
         val: Val::Table(entries),
         at: At::Line(1),
     })
 }
 
-/// Writes `overrides` (`a.b=v;c=w`) into the tree.
-pub(super) fn apply_overrides(root: &mut Node, overrides: &str) -> Result<()> {
-    for item in split_overrides(overrides)? {
+/// Writes `overrides` (`a.b=v;c=w`), layer number `layer` from `source` (`NCCL_LOSSY_SET`,
+/// `--set`), into the tree.
+pub(super) fn apply_overrides(
+    root: &mut Node,
+    overrides: &str,
+    layer: usize,
+    source: &str,
+) -> Result<()> {
+    for item in split_overrides(overrides, source)? {
         let item = item.trim();
         if item.is_empty() {
             continue;
         }
         let Some((key, raw)) = item.split_once('=') else {
             return Err(Error::invalid_argument(format!(
-                "{SET_ENV}: `{item}`: expected key=value, e.g. model.rate=0.01"
+                "{source}: `{item}`: expected key=value, e.g. model.rate=0.01"
             )));
         };
         let key = key.trim();
+        // Checked before the key is split: a key of thousands of segments would nest the
+        // tree (and `set_path`'s recursion) as deep.
+        let segments = key.split('.').count();
+        if segments > MAX_KEY_SEGMENTS {
+            return Err(Error::invalid_argument(format!(
+                "{source}: `{}`: a key has at most {MAX_KEY_SEGMENTS} segments (like \
+                 rules.0.model.rate), this one has {segments}",
+                cut(key, 60)
+            )));
+        }
         let path: Vec<&str> = key.split('.').map(str::trim).collect();
         if path.iter().any(|p| p.is_empty()) {
             return Err(Error::invalid_argument(format!(
-                "{SET_ENV}: `{key}`: not a dotted key (like model.rate or rules.0.effect)"
+                "{source}: `{key}`: not a dotted key (like model.rate or rules.0.effect)"
             )));
         }
         let raw = raw.trim();
-        // A bare word that is not TOML (effect=zero) is taken as a string.
+        // A bare word that is not TOML (effect=zero) is taken as a string; a number beyond
+        // 64 bits is an error, as in the file.
         let value = match DeValue::parse(raw) {
-            Ok(v) => Convert { lines: None }.value(&v, At::Set).ok(),
+            Ok(v) => Some(
+                Convert { lines: None, layer }
+                    .value(&v, At::Set(layer))
+                    .map_err(|e| {
+                        Error::invalid_argument(format!("{source}: {}", e.describe(key)))
+                    })?,
+            ),
             Err(_) => None,
         };
         let value = value.unwrap_or_else(|| Node {
             val: Val::Str(raw.to_string()),
-            at: At::Set,
+            at: At::Set(layer),
         });
         set_path(root, &path, 0, value)
-            .map_err(|msg| Error::invalid_argument(format!("{SET_ENV}: {key}: {msg}")))?;
+            .map_err(|msg| Error::invalid_argument(format!("{source}: {key}: {msg}")))?;
     }
     Ok(())
 }
 
+/// `text`, or its first `max` characters and "…" when it is longer.
+fn cut(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_string(),
+    }
+}
+
 /// Splits `a=1;b="x;y"` at the `;` outside quotes: a quoted TOML string (basic `"..."` with
 /// backslash escapes, or literal `'...'`) may contain `;`.
-fn split_overrides(overrides: &str) -> Result<Vec<&str>> {
+fn split_overrides<'a>(overrides: &'a str, source: &str) -> Result<Vec<&'a str>> {
     let mut items = Vec::new();
     let mut start = 0;
     let mut quote: Option<char> = None;
@@ -250,7 +317,7 @@ fn split_overrides(overrides: &str) -> Result<Vec<&str>> {
     }
     if let Some(q) = quote {
         return Err(Error::invalid_argument(format!(
-            "{SET_ENV}: `{}`: unterminated {q} quote",
+            "{source}: `{}`: unterminated {q} quote",
             overrides[start..].trim()
         )));
     }
@@ -286,7 +353,7 @@ fn set_path(
                             path[depth + 1]
                         ));
                     }
-                    entries.push((head.to_string(), Node::table(At::Set)));
+                    entries.push((head.to_string(), Node::table(value.at)));
                     entries.len() - 1
                 }
             };

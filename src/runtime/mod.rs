@@ -53,7 +53,7 @@ use crate::switches;
 use crate::transport::socket::SocketTransport;
 use crate::transport::wrap::{WrapOptions, WrapTransport};
 use crate::transport::{DeviceProps, Transport, WireHandle};
-use crate::{log, Error, Result};
+use crate::{env, log, Error, Result};
 
 /// The name NCCL matches against `NCCL_NET`.
 pub const PLUGIN_NAME: &str = "lossy";
@@ -125,13 +125,11 @@ impl Runtime {
         output::check_stats_dir()?;
         output::start_trace(
             &profile,
-            std::env::var(crate::stats::timeline::TRACE_DIR_ENV).ok(),
-            std::env::var(crate::stats::timeline::TRACE_EVENTS_ENV).ok(),
+            env::var(crate::stats::timeline::TRACE_DIR_ENV)?,
+            env::var(crate::stats::timeline::TRACE_EVENTS_ENV)?,
         )?;
         check_forced_protocol(&profile, std::env::var("NCCL_PROTO").ok().as_deref())?;
-        let inner_env = std::env::var(INNER_ENV)
-            .ok()
-            .filter(|v| !v.trim().is_empty());
+        let inner_env = env::var(INNER_ENV)?.filter(|v| !v.trim().is_empty());
         let transport: Box<dyn Transport> = match wrap_target(&profile, inner_env)? {
             None => Box::new(SocketTransport::from_env()?),
             Some(inner) => {

@@ -9,10 +9,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use super::{ConnectionSnapshot, Counts, StepCounts};
+use crate::files::read_regular_file;
 use crate::{Error, Result};
 
 /// Version of the statistics file layout.
 pub const FORMAT_VERSION: u32 = 1;
+
+/// Largest statistics (or per-step) file `lossy report` reads, in bytes: a file lists at most
+/// 1024 rules and the counts of each connection and step, a few MiB for a large job.
+pub const MAX_STATS_FILE_BYTES: u64 = 256 << 20;
 
 /// Environment variable naming the directory statistics files go to.
 pub const STATS_DIR_ENV: &str = "NCCL_LOSSY_STATS";
@@ -108,11 +113,12 @@ impl StatsFile {
             })
     }
 
-    /// Reads a statistics file.
+    /// Reads a statistics file: a regular file of at most [`MAX_STATS_FILE_BYTES`] (a FIFO
+    /// or `/dev/zero` in a run directory is refused, not read forever).
     pub fn read(path: &Path) -> Result<StatsFile> {
-        let text = fs::read(path)
-            .map_err(|e| Error::system(format!("cannot read {}: {e}", path.display())))?;
-        serde_json::from_slice(&text).map_err(|e| {
+        let text = read_regular_file(path, MAX_STATS_FILE_BYTES, "statistics file")
+            .map_err(Error::invalid_argument)?;
+        serde_json::from_str(&text).map_err(|e| {
             Error::invalid_argument(format!("{} is not a statistics file: {e}", path.display()))
         })
     }

@@ -88,7 +88,15 @@ pub fn plugin_library(arg: Option<&Path>) -> Result<PathBuf> {
     }
 }
 
-/// Parses `4096`, `4K`, `1M`, `64MiB`, `1G` into bytes.
+/// Largest size `--sizes` and `--chunk` take, in bytes: 4 times the largest sweep (256 MiB).
+/// Each rank allocates a few buffers of the size (input, output, staging), so a larger one
+/// would exhaust memory or abort the ranks rather than measure anything.
+pub const MAX_SIZE: usize = 1 << 30;
+
+/// Most timed iterations `--iters` takes (each keeps a time sample per link and rank).
+pub const MAX_ITERS_ARG: usize = 1_000_000;
+
+/// Parses `4096`, `4K`, `1M`, `64MiB`, `1G` into bytes, at most [`MAX_SIZE`].
 pub fn parse_size(text: &str) -> std::result::Result<usize, String> {
     let t = text.trim();
     let t = t
@@ -101,11 +109,27 @@ pub fn parse_size(text: &str) -> std::result::Result<usize, String> {
         Some('G' | 'g') => (&t[..t.len() - 1], 30),
         _ => (t, 0),
     };
-    num.trim()
-        .parse::<usize>()
-        .ok()
-        .and_then(|n| n.checked_mul(1usize << shift))
-        .ok_or_else(|| format!("bad size `{text}` (e.g. 4096, 64K, 1M, 1G)"))
+    let too_large = || {
+        format!(
+            "bad size `{text}`: at most {} ({MAX_SIZE} bytes)",
+            fmt_bytes(MAX_SIZE)
+        )
+    };
+    let digits = num.trim();
+    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+        // Only digits, yet not a usize times the unit: too large, not malformed.
+        let bytes = digits
+            .parse::<usize>()
+            .ok()
+            .and_then(|n| n.checked_mul(1usize << shift))
+            .ok_or_else(too_large)?;
+        return if bytes > MAX_SIZE {
+            Err(too_large())
+        } else {
+            Ok(bytes)
+        };
+    }
+    Err(format!("bad size `{text}` (e.g. 4096, 64K, 1M, 1G)"))
 }
 
 /// Sizes from `from` to `to` bytes, doubling (nccl-tests' `-b from -e to -f 2`).
@@ -296,6 +320,9 @@ fn bench(args: &Args) -> Result<()> {
     if args.comms == 0 {
         return Err(bad("--comms must be at least 1".into()));
     }
+    if let Some(iters) = args.iters.filter(|&n| n > MAX_ITERS_ARG) {
+        return Err(bad(format!("--iters {iters}: at most {MAX_ITERS_ARG}")));
+    }
     let runs: Vec<RunSpec> = sizes
         .iter()
         .map(|&bytes| RunSpec {
@@ -477,7 +504,16 @@ mod tests {
         assert_eq!(parse_size("4096"), Ok(4096));
         assert_eq!(parse_size("64K"), Ok(64 << 10));
         assert_eq!(parse_size("1MiB"), Ok(1 << 20));
-        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        for big in [
+            "2G",
+            "1073741825",
+            "18446744073709551615",
+            "99999999999999999999",
+        ] {
+            let e = parse_size(big).unwrap_err();
+            assert!(e.contains("at most 1 GiB (1073741824 bytes)"), "{big}: {e}");
+        }
         assert!(parse_size("lots").is_err());
         assert_eq!(parse_sizes("small").map(|v| v.len()), Ok(3));
         assert_eq!(parse_bench_sizes("small").map(|v| v.len()), Ok(18));

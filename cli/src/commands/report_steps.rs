@@ -13,10 +13,15 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use serde::Serialize;
 
+use nccl_net_lossy::files::read_regular_file;
 use nccl_net_lossy::stats::report::load_run;
+use nccl_net_lossy::stats::writer::MAX_STATS_FILE_BYTES;
 
 /// The per-step files of the Python integration.
 const STEP_FILE_PREFIX: &str = "lossy-steps-rank";
+
+/// Largest training log read, in bytes: a JSON line or CSV row per logged step.
+const MAX_TRAIN_LOG_BYTES: u64 = 1 << 30;
 
 /// One (step, collective) of a run, summed over ranks and phases.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -55,9 +60,9 @@ impl RunSteps {
     }
 }
 
+/// Reads a per-step file, a regular file no larger than a statistics file.
 fn read_json(path: &Path) -> Result<serde_json::Value, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text = read_regular_file(path, MAX_STATS_FILE_BYTES, "per-step file")?;
     serde_json::from_str(&text).map_err(|e| format!("{} is not valid JSON: {e}", path.display()))
 }
 
@@ -131,8 +136,7 @@ pub fn load_run_steps(dir: &Path) -> Result<RunSteps, String> {
 /// with a header naming both columns. Lines without the metric are skipped; a later line for
 /// the same step wins.
 pub fn read_train_log(path: &Path, metric: &str) -> Result<BTreeMap<u64, f64>, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read training log {}: {e}", path.display()))?;
+    let text = read_regular_file(path, MAX_TRAIN_LOG_BYTES, "training log")?;
     let is_csv = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("csv"));

@@ -121,7 +121,8 @@ pub fn simulate(action: &Action, seed: u64, packets: u64) -> Measured {
 
 /// Runs `lossy simulate`.
 pub fn run(args: Args) -> ExitCode {
-    let profile = match Profile::load(Some(&args.file), &args.set.join(";")) {
+    let set = args.set.join(";");
+    let profile = match Profile::load_layers(Some(&args.file), &[("--set", &set)]) {
         Ok(p) => p,
         Err(err) => {
             eprintln!("lossy simulate: {err}");

@@ -24,12 +24,9 @@ pub struct Args {
 /// The overrides `lossy validate` applies, in order, each with where it came from.
 fn overrides(args: &Args) -> Result<Vec<(String, String)>, String> {
     let mut all = Vec::new();
-    match std::env::var(SET_ENV) {
-        Ok(env) if !env.trim().is_empty() => all.push((SET_ENV.to_string(), env)),
-        Ok(_) | Err(std::env::VarError::NotPresent) => {}
-        Err(std::env::VarError::NotUnicode(_)) => {
-            return Err(format!("{SET_ENV} is not valid UTF-8"))
-        }
+    match nccl_net_lossy::env::var(SET_ENV).map_err(|e| e.to_string())? {
+        Some(env) if !env.trim().is_empty() => all.push((SET_ENV.to_string(), env)),
+        _ => {}
     }
     all.extend(args.set.iter().map(|s| ("--set".to_string(), s.clone())));
     Ok(all)
@@ -44,11 +41,11 @@ pub fn run(args: Args) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let joined = applied
+    // Each override is a layer of its own, so an error names where it came from.
+    let layers: Vec<(&str, &str)> = applied
         .iter()
-        .map(|(_, set)| set.as_str())
-        .collect::<Vec<_>>()
-        .join(";");
+        .map(|(from, set)| (from.as_str(), set.as_str()))
+        .collect();
     let mut failed = false;
     // No file: what a run would load, the profile NCCL_LOSSY_PROFILE names or the embedded
     // default, so `lossy validate --set ...` previews the run.
@@ -61,7 +58,7 @@ pub fn run(args: Args) -> ExitCode {
         args.files.iter().map(Some).collect()
     };
     for file in files {
-        match Profile::load(file.map(PathBuf::as_path), &joined) {
+        match Profile::load_layers(file.map(PathBuf::as_path), &layers) {
             Ok(profile) => {
                 println!("{}", profile.summary());
                 for (from, set) in &applied {

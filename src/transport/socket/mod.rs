@@ -115,6 +115,10 @@ impl Default for SocketConfig {
     }
 }
 
+/// Smallest and largest `NCCL_LOSSY_SOCKBUF` accepted, in bytes.
+pub const MIN_SOCKBUF: usize = 4096;
+pub const MAX_SOCKBUF: usize = 1 << 30;
+
 /// Longest `NCCL_LOSSY_TIMEOUT` accepted, in seconds (a week; longer is a typo).
 pub const MAX_TIMEOUT_SECS: f64 = 7.0 * 24.0 * 3600.0;
 
@@ -134,15 +138,19 @@ pub fn parse_timeout(value: &str) -> Result<Option<Duration>> {
 
 impl SocketConfig {
     /// Reads the settings from the environment; a malformed value is an error, not ignored.
+    /// A value that is not UTF-8 is an error naming the variable.
     pub fn from_env() -> Result<SocketConfig> {
-        SocketConfig::from_lookup(|name| std::env::var(name).ok())
+        SocketConfig::read(crate::env::var)
     }
 
     /// Reads the settings from `lookup` (a variable name to its value), as `from_env` does.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<SocketConfig> {
-        let text = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
-        let invalid = |name: &str, v: &str| {
-            Error::invalid_argument(format!("{name}={v} is not a valid value"))
+        SocketConfig::read(|name| Ok(lookup(name)))
+    }
+
+    fn read(lookup: impl Fn(&str) -> Result<Option<String>>) -> Result<SocketConfig> {
+        let text = |name: &str| -> Result<Option<String>> {
+            Ok(lookup(name)?.filter(|v| !v.trim().is_empty()))
         };
         fn number<T: std::str::FromStr>(
             v: Option<String>,
@@ -156,7 +164,7 @@ impl SocketConfig {
                 },
             }
         }
-        let family = match text("NCCL_SOCKET_FAMILY") {
+        let family = match text("NCCL_SOCKET_FAMILY")? {
             None => None,
             Some(v) => Some(Family::parse(&v).ok_or_else(|| {
                 Error::invalid_argument(format!(
@@ -164,7 +172,7 @@ impl SocketConfig {
                 ))
             })?),
         };
-        let nsocks = number(text("NCCL_LOSSY_NSOCKS"), |n: &usize| {
+        let nsocks = number(text("NCCL_LOSSY_NSOCKS")?, |n: &usize| {
             (1..=MAX_SOCKETS).contains(n)
         })
         .map_err(|v| {
@@ -173,14 +181,24 @@ impl SocketConfig {
                  from 1 to {MAX_SOCKETS}"
             ))
         })?;
-        let speed_mbps = number(text("NCCL_LOSSY_SPEED_MBPS"), |s: &i32| *s > 0)
-            .map_err(|v| invalid("NCCL_LOSSY_SPEED_MBPS", &v))?;
-        let sockbuf = number(text("NCCL_LOSSY_SOCKBUF"), |b: &usize| {
-            (4096..=1 << 30).contains(b)
+        let speed_mbps = number(text("NCCL_LOSSY_SPEED_MBPS")?, |s: &i32| *s > 0).map_err(|v| {
+            Error::invalid_argument(format!(
+                "NCCL_LOSSY_SPEED_MBPS={v} is not a valid value: the link speed reported to \
+                 NCCL in Mbps, an integer from 1 to {}",
+                i32::MAX
+            ))
+        })?;
+        let sockbuf = number(text("NCCL_LOSSY_SOCKBUF")?, |b: &usize| {
+            (MIN_SOCKBUF..=MAX_SOCKBUF).contains(b)
         })
-        .map_err(|v| invalid("NCCL_LOSSY_SOCKBUF", &v))?;
+        .map_err(|v| {
+            Error::invalid_argument(format!(
+                "NCCL_LOSSY_SOCKBUF={v} is not a valid value: socket buffer size in bytes, an \
+                 integer from {MIN_SOCKBUF} to {MAX_SOCKBUF}"
+            ))
+        })?;
         // Read by the I/O pool when it starts; checked here so a bad value fails `init`.
-        number(text("NCCL_LOSSY_IO_THREADS"), |n: &usize| {
+        number(text("NCCL_LOSSY_IO_THREADS")?, |n: &usize| {
             *n <= MAX_IO_THREADS
         })
         .map_err(|v| {
@@ -189,11 +207,11 @@ impl SocketConfig {
                  process, an integer from 0 to {MAX_IO_THREADS}"
             ))
         })?;
-        let timeout = match text("NCCL_LOSSY_TIMEOUT") {
+        let timeout = match text("NCCL_LOSSY_TIMEOUT")? {
             Some(v) => parse_timeout(&v)?,
             None => None,
         };
-        let delayed_acks = match text("NCCL_LOSSY_DELAYED_ACKS").as_deref().map(str::trim) {
+        let delayed_acks = match text("NCCL_LOSSY_DELAYED_ACKS")?.as_deref().map(str::trim) {
             None | Some("1") => true,
             Some("0") => false,
             Some(v) => {
@@ -207,7 +225,7 @@ impl SocketConfig {
         Ok(SocketConfig {
             timeout,
             delayed_acks,
-            ifname: text("NCCL_SOCKET_IFNAME"),
+            ifname: text("NCCL_SOCKET_IFNAME")?,
             family,
             nsocks: nsocks.unwrap_or_else(default_nsocks),
             speed_mbps,

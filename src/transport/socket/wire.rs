@@ -3,7 +3,6 @@
 //! layout does not depend on the compiler, and every decoder rejects what it cannot trust.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
-use std::time::Duration;
 
 use crate::loss::plan::Effect;
 use crate::transport::{WireHandle, HANDLE_WIRE_SIZE};
@@ -39,8 +38,8 @@ pub const RUN_SIZE: usize = 8;
 /// Largest message the protocol carries (1 TiB, NCCL's limit for `maxP2pBytes`).
 pub const MAX_MESSAGE_BYTES: u64 = 1 << 40;
 
-/// Longest retransmission timeout per loss event a header may carry.
-pub const MAX_RETRANSMIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest retransmission timeout per loss event a header may carry (the profile checks it).
+pub use crate::loss::plan::MAX_RETRANSMIT_TIMEOUT;
 
 /// The one byte a receiving side writes on each socket (the only bytes that ever flow from
 /// receiver to sender) when its comm is closed in an orderly way, just before shutting the

@@ -1,0 +1,75 @@
+//! Reading files a user or another process hands us (profiles, loss traces, statistics files,
+//! training logs) without trusting them: only a regular file, opened without blocking, read up
+//! to a size limit. A FIFO would block the reader forever, `/dev/zero` would never end.
+
+use std::path::Path;
+
+/// Reads a text file of at most `cap` bytes that must be a regular file: a FIFO would block
+/// the reader forever and `/dev/zero` would never end. The file is opened without blocking
+/// and checked on the open descriptor, so nothing can be swapped in between. `what` names the
+/// file's role in errors ("profile", "trace").
+pub fn read_regular_file(path: &Path, cap: u64, what: &str) -> Result<String, String> {
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let allowed = format!(
+        "a {what} must be a regular file of at most {}",
+        human_bytes(cap)
+    );
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|err| format!("{}: cannot read {what}: {err}", path.display()))?;
+    let meta = file
+        .metadata()
+        .map_err(|err| format!("{}: cannot read {what}: {err}", path.display()))?;
+    let kind = meta.file_type();
+    if !kind.is_file() {
+        let is = if kind.is_dir() {
+            "a directory"
+        } else if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_char_device() {
+            "a character device"
+        } else if kind.is_block_device() {
+            "a block device"
+        } else if kind.is_socket() {
+            "a socket"
+        } else {
+            "special"
+        };
+        return Err(format!(
+            "{}: not a regular file ({is}); {allowed}",
+            path.display()
+        ));
+    }
+    if meta.len() > cap {
+        return Err(format!(
+            "{}: {} bytes, larger than the limit; {allowed}",
+            path.display(),
+            meta.len()
+        ));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    // One byte more than the cap tells a file that grew since the check.
+    file.take(cap + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|err| format!("{}: cannot read {what}: {err}", path.display()))?;
+    if bytes.len() as u64 > cap {
+        return Err(format!(
+            "{}: grew past the limit while read; {allowed}",
+            path.display()
+        ));
+    }
+    String::from_utf8(bytes)
+        .map_err(|_| format!("{}: cannot read {what}: not UTF-8 text", path.display()))
+}
+
+/// "64 MiB" for whole MiB, bytes otherwise.
+fn human_bytes(n: u64) -> String {
+    if n >= 1 << 20 && n % (1 << 20) == 0 {
+        format!("{} MiB", n >> 20)
+    } else {
+        format!("{n} bytes")
+    }
+}
