@@ -6,8 +6,7 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
 
 use common::{fresh_dir, lossy_exe};
 
@@ -15,24 +14,11 @@ fn lossy(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(lossy_exe());
     cmd.args(args)
         .env_remove("NCCL_LOSSY_SET")
-        .env_remove("NCCL_LOSSY_PROFILE")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .env_remove("NCCL_LOSSY_PROFILE");
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let mut child = cmd.spawn().expect("run lossy");
-    let start = Instant::now();
-    while child.try_wait().expect("wait").is_none() {
-        if start.elapsed() > Duration::from_secs(10) {
-            child.kill().ok();
-            child.wait().ok();
-            panic!("lossy {args:?} did not finish within 10 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().expect("output")
+    common::output_within_10s(&mut cmd, &format!("lossy {args:?}"))
 }
 
 fn text(out: &Output) -> (String, String) {

@@ -329,22 +329,7 @@ fn stopped_receiver_times_out() {
 
 #[test]
 fn a_malformed_timeout_fails_init_loudly_naming_the_variable() {
-    let exe = std::env::current_exe().expect("test binary");
-    let out = std::process::Command::new(exe)
-        .args([
-            "--exact",
-            CHILD,
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(ROLE_ENV, "init_only")
-        .env("NCCL_LOSSY_TIMEOUT", "ten")
-        .env("NCCL_SOCKET_IFNAME", "lo")
-        .output()
-        .expect("run the peer");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (stdout, stderr) = init_only_with("NCCL_LOSSY_TIMEOUT", "ten".as_ref());
     assert!(
         stdout.contains("INIT failed"),
         "init succeeded:\n{stdout}\n{stderr}"
@@ -357,10 +342,32 @@ fn a_malformed_timeout_fails_init_loudly_naming_the_variable() {
     );
 }
 
+/// Runs the plugin's `init` alone in a child process with `name=value` set: its stdout and
+/// stderr.
+fn init_only_with(name: &str, value: &std::ffi::OsStr) -> (String, String) {
+    let exe = std::env::current_exe().expect("test binary");
+    let out = std::process::Command::new(exe)
+        .args([
+            "--exact",
+            CHILD,
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(ROLE_ENV, "init_only")
+        .env(name, value)
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .output()
+        .expect("run the peer");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 #[test]
 fn a_value_that_is_not_utf8_fails_init_naming_the_variable() {
     use std::os::unix::ffi::OsStrExt;
-    let exe = std::env::current_exe().expect("test binary");
     for name in [
         "NCCL_LOSSY_TIMEOUT",
         "NCCL_LOSSY_NSOCKS",
@@ -369,21 +376,7 @@ fn a_value_that_is_not_utf8_fails_init_naming_the_variable() {
         "NCCL_LOSSY_INNER",
         "NCCL_LOSSY_SOCKBUF",
     ] {
-        let out = std::process::Command::new(&exe)
-            .args([
-                "--exact",
-                CHILD,
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(ROLE_ENV, "init_only")
-            .env(name, std::ffi::OsStr::from_bytes(b"\xff10"))
-            .env("NCCL_SOCKET_IFNAME", "lo")
-            .output()
-            .expect("run the peer");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let (stdout, stderr) = init_only_with(name, std::ffi::OsStr::from_bytes(b"\xff10"));
         // Treated as unset, init would succeed: a run that asked to wrap a plugin would
         // silently run over the plugin's own sockets.
         assert!(

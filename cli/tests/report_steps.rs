@@ -349,23 +349,10 @@ fn per_step_report_prints_the_plugins_counts_by_collective_beside_the_training_l
 
 /// Runs `lossy args` and gives up after 10 s: a hang is a failure, not a stuck test.
 fn lossy_within_10s(args: &[&str]) -> Output {
-    let mut child = Command::new(lossy_exe())
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run lossy");
-    let start = std::time::Instant::now();
-    while child.try_wait().expect("wait").is_none() {
-        if start.elapsed() > Duration::from_secs(10) {
-            child.kill().ok();
-            child.wait().ok();
-            panic!("lossy {args:?} did not finish within 10 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().expect("output")
+    common::output_within_10s(
+        Command::new(lossy_exe()).args(args),
+        &format!("lossy {args:?}"),
+    )
 }
 
 fn make_fifo(path: &Path) {

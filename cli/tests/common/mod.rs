@@ -15,6 +15,28 @@ pub fn lossy_exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_lossy"))
 }
 
+/// Runs the finished `cmd` (its stdout and stderr piped here) and gives up after 10 s: a
+/// hang is a failure, not a stuck test.
+pub fn output_within_10s(cmd: &mut std::process::Command, what: &str) -> std::process::Output {
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run the command");
+    let start = std::time::Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if start.elapsed() > Duration::from_secs(10) {
+            child.kill().ok();
+            child.wait().ok();
+            panic!("{what} did not finish within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
+}
+
 /// The plugin library next to it.
 pub fn library() -> PathBuf {
     let exe = lossy_exe();

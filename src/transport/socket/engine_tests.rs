@@ -318,6 +318,33 @@ fn idle_child() {
     println!("idle check passed: {used} ticks");
 }
 
+/// Posts a receive into `into` and a lossless send of `data` (tag 7): (send, receive) ids.
+///
+/// # Safety
+/// `data` and `into` must outlive both connections (or the requests' completion).
+unsafe fn post_one(
+    send: &dyn SendConn,
+    recv: &dyn crate::transport::RecvConn,
+    data: &mut [u8],
+    into: &mut [u8],
+) -> (crate::transport::RequestId, crate::transport::RequestId) {
+    let r = wait("irecv slot", || {
+        // SAFETY: the caller lends `into` for as long as the receive may run.
+        recv.irecv(&[unsafe { HostBuf::from_slice(into) }], &[7])
+    })
+    .expect("irecv");
+    let s = wait("isend slot", || {
+        // SAFETY: the caller lends `data` for as long as the send may run.
+        send.isend(
+            unsafe { HostBuf::from_slice(data) },
+            7,
+            &LossPlan::lossless(),
+        )
+    })
+    .expect("isend");
+    (s, r)
+}
+
 const FAILED_CHILD_ENV: &str = "LOSSY_SOCKET_FAILED_CHILD";
 
 #[test]
@@ -342,20 +369,10 @@ fn failed_child() {
     let size = 64 << 20;
     let mut data = pattern(size, 3);
     let mut into = vec![0u8; size];
-    let r = wait("irecv slot", || {
-        // SAFETY: `into` outlives the receiving connection (dropped at the end of this test).
-        let buf = unsafe { HostBuf::from_slice(&mut into) };
-        recv.irecv(&[buf], &[7])
-    })
-    .expect("irecv");
     // The sender goes away in the middle of the message: the receiver reads part of the chunk,
     // then EOF, and its connection fails (as when a peer process is killed).
-    let s = wait("isend slot", || {
-        // SAFETY: `data` outlives the sending connection (dropped before it in this test).
-        let buf = unsafe { HostBuf::from_slice(&mut data) };
-        send.isend(buf, 7, &LossPlan::lossless())
-    })
-    .expect("isend");
+    // SAFETY: `data` and `into` outlive both connections, dropped explicitly below.
+    let (s, r) = unsafe { post_one(&*send, &*recv, &mut data, &mut into) };
     let _ = send.test(s);
     drop(send);
     let failed = wait("the receive's failure", || match recv.test(r) {
@@ -406,18 +423,8 @@ fn untested_child() {
     let size = 16 << 20;
     let mut data = pattern(size, 5);
     let mut into = vec![0u8; size];
-    let r = wait("irecv slot", || {
-        // SAFETY: `into` outlives the receiving connection (dropped at the end of this test).
-        let buf = unsafe { HostBuf::from_slice(&mut into) };
-        recv.irecv(&[buf], &[7])
-    })
-    .expect("irecv");
-    let s = wait("isend slot", || {
-        // SAFETY: `data` outlives the sending connection (dropped before it in this test).
-        let buf = unsafe { HostBuf::from_slice(&mut data) };
-        send.isend(buf, 7, &LossPlan::lossless())
-    })
-    .expect("isend");
+    // SAFETY: `data` and `into` outlive both connections, dropped explicitly below.
+    let (s, r) = unsafe { post_one(&*send, &*recv, &mut data, &mut into) };
     wait("the send, its receive untested", || {
         send.test(s).map(|c| c.map(|_| ()))
     })
