@@ -7,6 +7,7 @@
 //! inside [`guard`], which turns errors and panics into `ncclResult_t` codes and log lines.
 
 pub mod control;
+mod live;
 mod net_profiler;
 pub mod tables;
 pub mod tuner;
@@ -108,17 +109,8 @@ fn init_legacy(logger: ncclDebugLogger_t, profiler: Option<ncclProfilerCallback_
     Ok(())
 }
 
-/// Contexts handed out by [`init_context`] and not yet finalized (their addresses), so that
-/// a pointer that is not one of them, or one finalized already, is an error instead of a
-/// crash: NCCL's Socket plugin ignores the context, so a driver that passes a wrong one or
-/// finalizes one twice works there.
-static LIVE_CONTEXTS: Mutex<Vec<usize>> = Mutex::new(Vec::new());
-
-fn live_contexts() -> Result<std::sync::MutexGuard<'static, Vec<usize>>> {
-    LIVE_CONTEXTS
-        .lock()
-        .map_err(|_| Error::internal("context list poisoned by an earlier panic"))
-}
+/// Net contexts handed out by [`init_context`] and not yet finalized.
+static LIVE_CONTEXTS: live::Live = live::Live::new("ctx");
 
 /// `init` of v11/v12: one context per communicator.
 fn init_context(
@@ -135,7 +127,7 @@ fn init_context(
     let ctx = Box::new(Context::new(comm_id, traffic_class));
     ctx.set_profiler(net_profiler::from_callback(profiler));
     let ptr = Box::into_raw(ctx);
-    live_contexts()?.push(ptr as usize);
+    LIVE_CONTEXTS.add(ptr as usize)?;
     // SAFETY: NCCL passes a valid pointer to where it keeps the context (checked non-NULL).
     unsafe { *ctx_out = ptr.cast() };
     Ok(())
@@ -148,15 +140,11 @@ fn context_of(ctx: *mut c_void) -> Result<Arc<Context>> {
     if ctx.is_null() {
         return Ok(Context::implicit());
     }
-    let live = live_contexts()?;
-    if !live.contains(&(ctx as usize)) {
-        return Err(Error::invalid_argument(
-            "ctx is not a context this plugin's init returned, or it was finalized",
-        ));
-    }
-    // SAFETY: the address is a live Box<Arc<Context>> from init_context (checked in the list
-    // above); finalize takes it out of the list under the same lock before freeing it.
-    Ok(Arc::clone(unsafe { &*(ctx as *const Arc<Context>) }))
+    LIVE_CONTEXTS.with(ctx as usize, || {
+        // SAFETY: the address is a live Box<Arc<Context>> from init_context (checked by
+        // `with`, which holds the list): finalize takes it out of the list before freeing it.
+        Arc::clone(unsafe { &*(ctx as *const Arc<Context>) })
+    })
 }
 
 /// `finalize` of v11/v12: drops the context and the connects it left in progress (its comms
@@ -166,15 +154,7 @@ fn context_of(ctx: *mut c_void) -> Result<Arc<Context>> {
 /// A pointer that is not a live context (NULL, foreign, finalized already) is an error.
 fn finalize_context(ctx: *mut c_void) -> Result<()> {
     let ctx = non_null(ctx, "ctx")?;
-    {
-        let mut live = live_contexts()?;
-        let Some(at) = live.iter().position(|&c| c == ctx as usize) else {
-            return Err(Error::invalid_argument(
-                "finalize of a ctx this plugin's init did not return, or finalized already",
-            ));
-        };
-        live.swap_remove(at);
-    }
+    LIVE_CONTEXTS.take(ctx as usize)?;
     // SAFETY: `ctx` was a live Box<Arc<Context>> made at init (checked), and is now out of
     // the list, so nothing else will use or free it.
     let ctx = unsafe { Box::from_raw(ctx as *mut Arc<Context>) };

@@ -10,6 +10,7 @@ use super::ffi::{
     ncclTuner_v5_t, ncclTuner_v6_t, NCCL_LOSSY_ALGO_RING, NCCL_LOSSY_PROTO_LL,
     NCCL_LOSSY_PROTO_LL128, NCCL_LOSSY_PROTO_SIMPLE,
 };
+use super::live::Live;
 use super::tables::Exported;
 use super::{guard, non_null};
 use crate::log;
@@ -22,6 +23,9 @@ const ALGO_PROTO_IGNORE: f32 = -1.0;
 struct TunerContext {
     force_simple: bool,
 }
+
+/// Tuner contexts handed out and not yet destroyed.
+static LIVE_TUNERS: Live = Live::new("tuner context");
 
 /// The tuner's `init`: holds the runtime (building it if need be) until the tuner's
 /// `finalize`/`destroy`, like a net context does; records the communicator's size
@@ -44,21 +48,30 @@ fn tuner_init(
             "tuner: a data-corrupting loss effect is active: LL and LL128 are ruled out for this communicator ({n_ranks} ranks)"
         ));
     }
-    let ctx = Box::new(TunerContext { force_simple });
+    let ctx = Box::into_raw(Box::new(TunerContext { force_simple }));
+    LIVE_TUNERS.add(ctx as usize)?;
     // SAFETY: NCCL passes a valid pointer to where it keeps the tuner context.
-    unsafe { *context = Box::into_raw(ctx).cast() };
+    unsafe { *context = ctx.cast() };
     Ok(())
 }
 
-fn tuner_context<'a>(context: *mut c_void) -> crate::Result<&'a TunerContext> {
+/// Whether the tuner context `context` rules out LL and LL128: an error for a pointer that
+/// is not a live context of ours.
+fn forces_simple(context: *mut c_void) -> crate::Result<bool> {
     let context = non_null(context, "tuner context")?;
-    // SAFETY: NCCL passes back the context our tuner init created, alive until destroy.
-    Ok(unsafe { &*(context as *const TunerContext) })
+    LIVE_TUNERS.with(context as usize, || {
+        // SAFETY: a live context our tuner init created (checked by `with`, which holds the
+        // list: destroy takes it out before freeing it).
+        unsafe { &*(context as *const TunerContext) }.force_simple
+    })
 }
 
+/// Destroys a tuner context once: another pointer, or a second destroy, is an error and
+/// gives back no hold on the runtime.
 fn tuner_destroy(context: *mut c_void) -> crate::Result<()> {
     let context = non_null(context, "tuner context")?;
-    // SAFETY: NCCL gives back the Box our init created, once.
+    LIVE_TUNERS.take(context as usize)?;
+    // SAFETY: the Box our init created, now out of the live list, so freed only here.
     drop(unsafe { Box::from_raw(context as *mut TunerContext) });
     Runtime::release()
 }
@@ -85,7 +98,7 @@ fn cost_table_info(
     num_algo: c_int,
     num_proto: c_int,
 ) -> crate::Result<()> {
-    if tuner_context(context)?.force_simple {
+    if forces_simple(context)? {
         rule_out_ll(table, num_algo, num_proto)?;
     }
     Ok(())
@@ -128,7 +141,7 @@ extern "C" fn get_coll_info_v2(
 ) -> ncclResult_t {
     // v2 can only name a preferred pair, not forbid one: prefer ring over Simple.
     guard("tuner getCollInfo", || {
-        if tuner_context(context)?.force_simple {
+        if forces_simple(context)? {
             let (algorithm, protocol) = (
                 non_null(algorithm, "algorithm")?,
                 non_null(protocol, "protocol")?,
@@ -263,9 +276,18 @@ mod tests {
         let mut ctx = TunerContext {
             force_simple: false,
         };
+        let addr = &mut ctx as *mut TunerContext;
+        LIVE_TUNERS.add(addr as usize).expect("live");
         let mut table = vec![2.0f32; 7 * 3];
-        let rc = get_coll_info_v4(
-            (&mut ctx as *mut TunerContext).cast(),
+        let rc = coll_info(addr.cast(), &mut table);
+        LIVE_TUNERS.take(addr as usize).expect("live");
+        assert_eq!(rc, ncclResult_t::ncclSuccess);
+        assert!(table.iter().all(|&c| c == 2.0));
+    }
+
+    fn coll_info(context: *mut c_void, table: &mut [f32]) -> ncclResult_t {
+        get_coll_info_v4(
+            context,
             4,
             1 << 20,
             1,
@@ -274,8 +296,31 @@ mod tests {
             3,
             0,
             std::ptr::null_mut(),
-        );
-        assert_eq!(rc, ncclResult_t::ncclSuccess);
+        )
+    }
+
+    #[test]
+    fn a_context_that_is_not_live_is_an_error_not_a_crash() {
+        // Never handed out: refused, the table untouched.
+        let mut foreign = [0u64; 4];
+        let mut table = vec![2.0f32; 7 * 3];
+        let rc = coll_info(foreign.as_mut_ptr().cast(), &mut table);
+        assert_eq!(rc, ncclResult_t::ncclInvalidArgument);
         assert!(table.iter().all(|&c| c == 2.0));
+        assert!(tuner_destroy(foreign.as_mut_ptr().cast()).is_err());
+        // Destroyed: a second destroy freed the box twice before (and gave back a hold on
+        // the runtime it did not have); now it is refused.
+        let ctx = Box::into_raw(Box::new(TunerContext {
+            force_simple: false,
+        }));
+        LIVE_TUNERS.add(ctx as usize).expect("live");
+        LIVE_TUNERS.take(ctx as usize).expect("live");
+        // SAFETY: the box made above, out of the live list: freed once, here.
+        drop(unsafe { Box::from_raw(ctx) });
+        assert!(tuner_destroy(ctx.cast()).is_err());
+        assert_eq!(
+            coll_info(ctx.cast(), &mut table),
+            ncclResult_t::ncclInvalidArgument
+        );
     }
 }
