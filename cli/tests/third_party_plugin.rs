@@ -83,3 +83,35 @@ fn a_v12_init_that_leaves_the_context_null_is_accepted() {
         assert!(report.results.iter().all(|r| r.ok), "{report:?}");
     }
 }
+
+#[test]
+fn a_test_that_answers_in_progress_goes_on_as_with_nccl() {
+    // NCCL's NCCLCHECK lets ncclInProgress through: the request is simply not done yet.
+    let plugin = forward_plugin("in-progress");
+    let runs = every(&[4096, 1 << 20], &[DataType::F32]);
+    let n = runs.len();
+    let job = Job::collectives(plugin, vec![LinkKind::Plugin], runs);
+    let mut env = env();
+    env.push(("FORWARD_PLUGIN_PENDING_CODE".to_string(), "7".to_string()));
+    env.push(("NCCL_LOSSY_SET".to_string(), "model.rate=0".to_string()));
+    let reports = launch_env(2, job, env).unwrap_or_else(|e| panic!("the job failed: {e}"));
+    for report in &reports {
+        assert_eq!(report.results.len(), n, "{report:?}");
+        assert!(report.results.iter().all(|r| r.ok), "{report:?}");
+    }
+}
+
+#[test]
+fn a_result_code_newer_than_our_headers_is_an_error_naming_it() {
+    // ncclTimeout (8) came with NCCL 2.30; a code the harness's bindings did not list was
+    // undefined behaviour (a panic, "capacity overflow", in the rank). Now it is an error.
+    let plugin = forward_plugin("timeout-code");
+    let runs = every(&[1 << 20], &[DataType::F32]);
+    let job = Job::collectives(plugin, vec![LinkKind::Plugin], runs);
+    let mut env = env();
+    env.push(("FORWARD_PLUGIN_PENDING_CODE".to_string(), "8".to_string()));
+    let err = launch_env(2, job, env).expect_err("a timeout code fails the job");
+    let text = err.to_string();
+    assert!(text.contains("ncclTimeout (8)"), "{text}");
+    assert!(!text.contains("panicked"), "{text}");
+}

@@ -37,8 +37,10 @@ fn checked(code: ncclResult_t, what: &str) {
         ERRORS.warn(
             "profiler callback error",
             &format!(
-                "NCCL's net profiler callback returned {code:?} at {what} (ignored; the message \
-                 goes on)"
+                "NCCL's net profiler callback returned {} ({}) at {what} (ignored; the message \
+                 goes on)",
+                crate::ffi::result_name(code),
+                code.0
             ),
         );
     }

@@ -32,16 +32,35 @@ pub fn result_code(kind: ErrorKind) -> ncclResult_t {
 }
 
 /// The error class of a code a net plugin returned (`None`: success); the inverse of
-/// [`result_code`].
+/// [`result_code`]. `ncclInProgress` is no error either: NCCL's `NCCLCHECK` lets it through
+/// and goes on with what the call returned. Any other code, one NCCL added later
+/// (`ncclTimeout`, 8, in 2.30) or a stray value, is an error: the code is a plain integer
+/// here, so no value a plugin returns is undefined behaviour.
 pub fn error_kind(code: ncclResult_t) -> Option<ErrorKind> {
     Some(match code {
-        ncclResult_t::ncclSuccess => return None,
+        ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress => return None,
         ncclResult_t::ncclSystemError => ErrorKind::System,
         ncclResult_t::ncclInvalidArgument => ErrorKind::InvalidArgument,
         ncclResult_t::ncclInvalidUsage => ErrorKind::InvalidUsage,
         ncclResult_t::ncclRemoteError => ErrorKind::Remote,
         _ => ErrorKind::Internal,
     })
+}
+
+/// NCCL's name of a result code, for messages.
+pub fn result_name(code: ncclResult_t) -> &'static str {
+    match code {
+        ncclResult_t::ncclSuccess => "ncclSuccess",
+        ncclResult_t::ncclUnhandledCudaError => "ncclUnhandledCudaError",
+        ncclResult_t::ncclSystemError => "ncclSystemError",
+        ncclResult_t::ncclInternalError => "ncclInternalError",
+        ncclResult_t::ncclInvalidArgument => "ncclInvalidArgument",
+        ncclResult_t::ncclInvalidUsage => "ncclInvalidUsage",
+        ncclResult_t::ncclRemoteError => "ncclRemoteError",
+        ncclResult_t::ncclInProgress => "ncclInProgress",
+        ncclResult_t(8) => "ncclTimeout",
+        _ => "an unknown result code",
+    }
 }
 
 /// Copies a C string a plugin owns (NULL: none).

@@ -87,7 +87,7 @@ macro_rules! base_props {
             latency_us: p.latency,
             max_comms: p.maxComms,
             max_recvs: p.maxRecvs,
-            net_device_type: p.netDeviceType as i32,
+            net_device_type: p.netDeviceType.0 as i32,
             net_device_version: p.netDeviceVersion,
             vdevs: vec![$dev],
             max_p2p_bytes: V8_MAX_BYTES,

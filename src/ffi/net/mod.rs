@@ -315,10 +315,11 @@ impl NetPlugin {
             Some(kind) => Err(Error::new(
                 kind,
                 format!(
-                    "net plugin {} ({}): {what} returned {code:?} ({})",
+                    "net plugin {} ({}): {what} returned {} ({})",
                     self.name,
                     self.lib.path().display(),
-                    code as i32
+                    super::result_name(code),
+                    code.0
                 ),
             )),
         }
