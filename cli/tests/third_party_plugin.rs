@@ -17,12 +17,17 @@ use lossy_cli::harness::worker::{Job, LinkKind};
 /// Builds the forwarding plugin into a fresh folder of its own for test `test` (tests of this
 /// file run in parallel: a shared folder would be wiped under another test's ranks).
 fn forward_plugin(test: &str) -> PathBuf {
+    build_fixture(test, "forward_plugin.c")
+}
+
+/// Builds `cli/tests/fixtures/{source}` into a plugin library of its own for test `test`.
+fn build_fixture(test: &str, source: &str) -> PathBuf {
     let out = common::fresh_dir(&format!("forward-plugin-{test}")).join("libnccl-net-forward.so");
     let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
     let status = Command::new(&compiler)
         .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-I"])
         .arg(repo_file("nccl_headers"))
-        .arg(repo_file("cli/tests/fixtures/forward_plugin.c"))
+        .arg(repo_file(&format!("cli/tests/fixtures/{source}")))
         .arg("-o")
         .arg(&out)
         .arg("-ldl")
@@ -114,4 +119,23 @@ fn a_result_code_newer_than_our_headers_is_an_error_naming_it() {
     let text = err.to_string();
     assert!(text.contains("ncclTimeout (8)"), "{text}");
     assert!(!text.contains("panicked"), "{text}");
+}
+
+#[test]
+fn a_plugin_built_for_an_older_nccl_runs_under_the_default_version() {
+    // NCCL 2.30 takes the newest table a library exports, v12 down (src/plugin/net.cc); the
+    // harness asked for v12 exactly and refused a v10-only plugin.
+    let plugin = build_fixture("v10-only", "forward_v10_plugin.c");
+    let runs = every(&[4096, 1 << 20], &[DataType::F32]);
+    let n = runs.len();
+    let job = Job::collectives(plugin, vec![LinkKind::Plugin], runs);
+    assert_eq!(job.version, 12, "the default asks for the newest");
+    let mut env = env();
+    env.push(("NCCL_LOSSY_SET".to_string(), "model.rate=0".to_string()));
+    let reports = launch_env(2, job, env).unwrap_or_else(|e| panic!("the job failed: {e}"));
+    for report in &reports {
+        assert_eq!(report.version, 10, "{report:?}");
+        assert_eq!(report.results.len(), n, "{report:?}");
+        assert!(report.results.iter().all(|r| r.ok), "{report:?}");
+    }
 }

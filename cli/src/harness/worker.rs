@@ -395,6 +395,7 @@ fn run_collectives(
                         report.peer = name;
                     } else {
                         report.plugin = name;
+                        report.version = first.client().version();
                     }
                 }
                 let set = set

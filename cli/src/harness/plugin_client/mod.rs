@@ -39,7 +39,8 @@ pub type ConnHandle = [u8; HANDLE_BYTES];
 /// Oldest net-plugin ABI version the harness drives.
 pub const MIN_VERSION: u32 = OLDEST_VERSION;
 
-/// Newest net-plugin ABI version the harness drives (and the default).
+/// Newest net-plugin ABI version the harness drives (and the default: the newest table a
+/// library exports up to it is used).
 pub const MAX_VERSION: u32 = NEWEST_VERSION;
 
 /// Environment variable that makes the harness print the plugin's log lines: `WARN` (the
@@ -198,7 +199,10 @@ impl PluginClient {
                 "net plugin version {version} (the harness drives {MIN_VERSION} to {MAX_VERSION})"
             )));
         }
-        let plugin = NetPlugin::load(Arc::clone(&lib.lib), version..=version)?;
+        // As NCCL does: the newest table the library exports, from `version` down (NCCL
+        // 2.30 asks for v12, then v11, ...; src/plugin/net.cc), so a plugin built for an
+        // older NCCL runs under the default.
+        let plugin = NetPlugin::load(Arc::clone(&lib.lib), MIN_VERSION..=version)?;
         let ctx = plugin.init_profiled(comm_id, logger(), profiler)?;
         Ok(PluginClient {
             inner: Rc::new(ClientInner {
