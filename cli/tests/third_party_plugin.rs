@@ -139,3 +139,21 @@ fn a_plugin_built_for_an_older_nccl_runs_under_the_default_version() {
         assert!(report.results.iter().all(|r| r.ok), "{report:?}");
     }
 }
+
+#[test]
+fn a_plugin_that_reports_no_sizes_runs_as_under_nccl() {
+    // NCCL never reads a finished send's size and reads a receive's only for its profiler
+    // and GPU flushes: a plugin that writes none works there. The bytes are still checked.
+    let plugin = forward_plugin("no-sizes");
+    let runs = every(&[4096, 1 << 20], &[DataType::F32]);
+    let n = runs.len();
+    let job = Job::collectives(plugin, vec![LinkKind::Plugin], runs);
+    let mut env = env();
+    env.push(("FORWARD_PLUGIN_NO_SIZES".to_string(), "1".to_string()));
+    env.push(("NCCL_LOSSY_SET".to_string(), "model.rate=0".to_string()));
+    let reports = launch_env(2, job, env).unwrap_or_else(|e| panic!("the job failed: {e}"));
+    for report in &reports {
+        assert_eq!(report.results.len(), n, "{report:?}");
+        assert!(report.results.iter().all(|r| r.ok), "{report:?}");
+    }
+}

@@ -26,7 +26,7 @@ use nccl_net_lossy::{Error, Result};
 
 mod request;
 
-use request::{posted, Lent};
+use request::{posted, Lent, PostedSizes};
 pub use request::{Posted, Request, RequestFifo};
 
 pub use super::library::{
@@ -582,7 +582,7 @@ impl SendComm {
                 .plugin()
                 .isend_profiled(raw, data.cast(), size, tag, mr.raw, ph)
         };
-        posted(outcome, &self.inner, lent, phandle)
+        posted(outcome, &self.inner, lent, phandle, PostedSizes::Send(size))
     }
 
     /// Calls `closeSend`.
@@ -658,7 +658,11 @@ impl RecvComm {
         // least its posted size of bytes we own (leaked into `lent`) and keep untouched
         // until test reports the request done.
         let outcome = unsafe { self.inner.plugin().irecv(raw, &bufs[..lent.n]) };
-        posted(outcome, &self.inner, lent, None)
+        let mut sizes = [0; MAX_GROUPED_RECVS];
+        for (to, b) in sizes.iter_mut().zip(&bufs[..lent.n]) {
+            *to = b.size;
+        }
+        posted(outcome, &self.inner, lent, None, PostedSizes::Recv(sizes))
     }
 
     /// Calls `closeRecv`.

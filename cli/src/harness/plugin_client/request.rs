@@ -13,6 +13,19 @@ use super::{CommInner, HostBuffer};
 /// which case the buffers come back.
 // A request keeps its buffers and sizes inline (no allocation per message); it is moved once,
 // into the caller's queue, so its size costs less than the allocation boxing it would.
+/// What a request was posted with, for the sizes `test` may leave unwritten: NCCL never
+/// reads the size of a finished send (`sendProxyProgress`), and reads a receive's only for its
+/// profiler and GPU flushes (`recvProxyProgress`, sizes zeroed before the call), so a plugin
+/// that writes none works there, and must here.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum PostedSizes {
+    /// A send of this many bytes: the plugin's report is not read.
+    Send(usize),
+    /// A receive into buffers of these posted sizes: a size the plugin did not write counts
+    /// as the posted one (the bytes themselves are still checked by the caller).
+    Recv([usize; MAX_GROUPED_RECVS]),
+}
+
 #[allow(clippy::large_enum_variant)]
 pub enum Posted {
     /// The request, to `test` until done.
@@ -65,12 +78,14 @@ pub(super) fn posted(
     comm: &Rc<CommInner>,
     lent: Lent,
     phandle: Option<Box<u64>>,
+    sizes: PostedSizes,
 ) -> Result<Posted> {
     match outcome {
         Ok(Some(raw)) => Ok(Posted::Started(Request {
             raw,
             comm: Rc::clone(comm),
             bufs: lent,
+            posted: sizes,
             sizes: None,
             failed: false,
             phandle,
@@ -91,6 +106,8 @@ pub struct Request {
     comm: Rc<CommInner>,
     /// The lent buffers, as raw allocations the plugin may use until done.
     bufs: Lent,
+    /// What it was posted with.
+    posted: PostedSizes,
     /// Bytes per buffer, once `test` reported the request done.
     sizes: Option<[usize; MAX_GROUPED_RECVS]>,
     /// `test` failed: the plugin may have released the request.
@@ -118,9 +135,21 @@ impl Request {
                 return Ok(None);
             };
             let mut sizes = [0; MAX_GROUPED_RECVS];
-            for (to, &s) in sizes.iter_mut().zip(&reported[..n]) {
-                *to = usize::try_from(s)
-                    .map_err(|_| Error::internal(format!("test reported a negative size {s}")))?;
+            match self.posted {
+                PostedSizes::Send(len) => sizes[0] = len,
+                PostedSizes::Recv(posted) => {
+                    for (i, (to, &s)) in sizes.iter_mut().zip(&reported[..n]).enumerate() {
+                        // The client fills the array with -1 before the call: left so, the
+                        // plugin did not write it.
+                        *to = if s == -1 {
+                            posted[i]
+                        } else {
+                            usize::try_from(s).map_err(|_| {
+                                Error::internal(format!("test reported a negative size {s}"))
+                            })?
+                        };
+                    }
+                }
             }
             self.sizes = Some(sizes);
         }
