@@ -8,33 +8,15 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::Command;
 
-use common::{every, launch_env, library, repo_file};
+use common::{every, launch_env, library};
 use lossy_cli::harness::collectives::DataType;
 use lossy_cli::harness::worker::{Job, LinkKind};
 
 /// Builds the forwarding plugin into a fresh folder of its own for test `test` (tests of this
 /// file run in parallel: a shared folder would be wiped under another test's ranks).
 fn forward_plugin(test: &str) -> PathBuf {
-    build_fixture(test, "forward_plugin.c")
-}
-
-/// Builds `cli/tests/fixtures/{source}` into a plugin library of its own for test `test`.
-fn build_fixture(test: &str, source: &str) -> PathBuf {
-    let out = common::fresh_dir(&format!("forward-plugin-{test}")).join("libnccl-net-forward.so");
-    let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
-    let status = Command::new(&compiler)
-        .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-I"])
-        .arg(repo_file("nccl_headers"))
-        .arg(repo_file(&format!("cli/tests/fixtures/{source}")))
-        .arg("-o")
-        .arg(&out)
-        .arg("-ldl")
-        .status()
-        .unwrap_or_else(|e| panic!("run the C compiler {compiler}: {e}"));
-    assert!(status.success(), "building the forwarding plugin failed");
-    out
+    common::build_fixture(test, "forward_plugin.c")
 }
 
 fn env() -> Vec<(String, String)> {
@@ -125,7 +107,7 @@ fn a_result_code_newer_than_our_headers_is_an_error_naming_it() {
 fn a_plugin_built_for_an_older_nccl_runs_under_the_default_version() {
     // NCCL 2.30 takes the newest table a library exports, v12 down (src/plugin/net.cc); the
     // harness asked for v12 exactly and refused a v10-only plugin.
-    let plugin = build_fixture("v10-only", "forward_v10_plugin.c");
+    let plugin = common::build_fixture("v10-only", "forward_v10_plugin.c");
     let runs = every(&[4096, 1 << 20], &[DataType::F32]);
     let n = runs.len();
     let job = Job::collectives(plugin, vec![LinkKind::Plugin], runs);
