@@ -26,6 +26,27 @@ fn env() -> Vec<(String, String)> {
     )]
 }
 
+/// Runs lossless collectives (4 KiB and 1 MiB, f32) through `plugin` on 2 ranks with the
+/// forwarding plugin's `quirk` variables set, checks every result bit-exact, and returns the
+/// reports.
+fn exact_through(
+    plugin: PathBuf,
+    quirk: &[(&str, &str)],
+) -> Vec<lossy_cli::harness::worker::WorkerReport> {
+    let runs = every(&[4096, 1 << 20], &[DataType::F32]);
+    let n = runs.len();
+    let job = Job::collectives(plugin, vec![LinkKind::Plugin], runs);
+    let mut env = env();
+    env.extend(quirk.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    env.push(("NCCL_LOSSY_SET".to_string(), "model.rate=0".to_string()));
+    let reports = launch_env(2, job, env).unwrap_or_else(|e| panic!("the job failed: {e}"));
+    for report in &reports {
+        assert_eq!(report.results.len(), n, "{report:?}");
+        assert!(report.results.iter().all(|r| r.ok), "{report:?}");
+    }
+    reports
+}
+
 #[test]
 fn a_plugin_without_the_control_api_runs_on_the_plugin_and_raw_links() {
     let plugin = forward_plugin("links");
@@ -57,35 +78,19 @@ fn a_job_that_needs_the_control_api_names_the_missing_symbol() {
 fn a_v12_init_that_leaves_the_context_null_is_accepted() {
     // NCCL accepts a v11+ `init` that leaves the context NULL (its own Socket transport does)
     // and then passes NULL back to listen, connect and finalize; the harness must too.
-    let plugin = forward_plugin("null-context");
-    let runs = every(&[4096, 1 << 20], &[DataType::F32]);
-    let n = runs.len();
-    let job = Job::collectives(plugin, vec![LinkKind::Plugin], runs);
-    let mut env = env();
-    env.push(("FORWARD_PLUGIN_NULL_CONTEXT".to_string(), "1".to_string()));
-    env.push(("NCCL_LOSSY_SET".to_string(), "model.rate=0".to_string()));
-    let reports = launch_env(2, job, env).unwrap_or_else(|e| panic!("the job failed: {e}"));
-    for report in &reports {
-        assert_eq!(report.results.len(), n, "{report:?}");
-        assert!(report.results.iter().all(|r| r.ok), "{report:?}");
-    }
+    exact_through(
+        forward_plugin("null-context"),
+        &[("FORWARD_PLUGIN_NULL_CONTEXT", "1")],
+    );
 }
 
 #[test]
 fn a_test_that_answers_in_progress_goes_on_as_with_nccl() {
     // NCCL's NCCLCHECK lets ncclInProgress through: the request is simply not done yet.
-    let plugin = forward_plugin("in-progress");
-    let runs = every(&[4096, 1 << 20], &[DataType::F32]);
-    let n = runs.len();
-    let job = Job::collectives(plugin, vec![LinkKind::Plugin], runs);
-    let mut env = env();
-    env.push(("FORWARD_PLUGIN_PENDING_CODE".to_string(), "7".to_string()));
-    env.push(("NCCL_LOSSY_SET".to_string(), "model.rate=0".to_string()));
-    let reports = launch_env(2, job, env).unwrap_or_else(|e| panic!("the job failed: {e}"));
-    for report in &reports {
-        assert_eq!(report.results.len(), n, "{report:?}");
-        assert!(report.results.iter().all(|r| r.ok), "{report:?}");
-    }
+    exact_through(
+        forward_plugin("in-progress"),
+        &[("FORWARD_PLUGIN_PENDING_CODE", "7")],
+    );
 }
 
 #[test]
@@ -107,18 +112,10 @@ fn a_result_code_newer_than_our_headers_is_an_error_naming_it() {
 fn a_plugin_built_for_an_older_nccl_runs_under_the_default_version() {
     // NCCL 2.30 takes the newest table a library exports, v12 down (src/plugin/net.cc); the
     // harness asked for v12 exactly and refused a v10-only plugin.
+    // (Job::collectives asks for the newest version the harness drives, v12.)
     let plugin = common::build_fixture("v10-only", "forward_v10_plugin.c");
-    let runs = every(&[4096, 1 << 20], &[DataType::F32]);
-    let n = runs.len();
-    let job = Job::collectives(plugin, vec![LinkKind::Plugin], runs);
-    assert_eq!(job.version, 12, "the default asks for the newest");
-    let mut env = env();
-    env.push(("NCCL_LOSSY_SET".to_string(), "model.rate=0".to_string()));
-    let reports = launch_env(2, job, env).unwrap_or_else(|e| panic!("the job failed: {e}"));
-    for report in &reports {
+    for report in exact_through(plugin, &[]) {
         assert_eq!(report.version, 10, "{report:?}");
-        assert_eq!(report.results.len(), n, "{report:?}");
-        assert!(report.results.iter().all(|r| r.ok), "{report:?}");
     }
 }
 
@@ -126,16 +123,8 @@ fn a_plugin_built_for_an_older_nccl_runs_under_the_default_version() {
 fn a_plugin_that_reports_no_sizes_runs_as_under_nccl() {
     // NCCL never reads a finished send's size and reads a receive's only for its profiler
     // and GPU flushes: a plugin that writes none works there. The bytes are still checked.
-    let plugin = forward_plugin("no-sizes");
-    let runs = every(&[4096, 1 << 20], &[DataType::F32]);
-    let n = runs.len();
-    let job = Job::collectives(plugin, vec![LinkKind::Plugin], runs);
-    let mut env = env();
-    env.push(("FORWARD_PLUGIN_NO_SIZES".to_string(), "1".to_string()));
-    env.push(("NCCL_LOSSY_SET".to_string(), "model.rate=0".to_string()));
-    let reports = launch_env(2, job, env).unwrap_or_else(|e| panic!("the job failed: {e}"));
-    for report in &reports {
-        assert_eq!(report.results.len(), n, "{report:?}");
-        assert!(report.results.iter().all(|r| r.ok), "{report:?}");
-    }
+    exact_through(
+        forward_plugin("no-sizes"),
+        &[("FORWARD_PLUGIN_NO_SIZES", "1")],
+    );
 }
