@@ -7,7 +7,7 @@
 //! inside [`guard`], which turns errors and panics into `ncclResult_t` codes and log lines.
 
 pub mod control;
-mod live;
+mod handles;
 mod net_profiler;
 pub mod tables;
 pub mod tuner;
@@ -30,6 +30,7 @@ use crate::transport::{
     MAX_REQUESTS,
 };
 use crate::{Error, Result};
+use handles::{checked, Kind, Live};
 
 /// Runs one entry point: errors become codes (and a warning naming `what`), and a panic is
 /// caught here, logged and reported as an internal error instead of unwinding into NCCL.
@@ -110,7 +111,14 @@ fn init_legacy(logger: ncclDebugLogger_t, profiler: Option<ncclProfilerCallback_
 }
 
 /// Net contexts handed out by [`init_context`] and not yet finalized.
-static LIVE_CONTEXTS: live::Live = live::Live::new("ctx");
+static LIVE_CONTEXTS: Live = Live::new(Kind::Context);
+
+/// A v11/v12 context as NCCL holds it: the kind word, then the context.
+#[repr(C)]
+struct AbiContext {
+    kind: Kind,
+    ctx: Arc<Context>,
+}
 
 /// `init` of v11/v12: one context per communicator.
 fn init_context(
@@ -124,27 +132,33 @@ fn init_context(
     install_logger(logger);
     // Held until this context's finalize.
     Runtime::acquire(Hold::Counted, logger)?;
-    let ctx = Box::new(Context::new(comm_id, traffic_class));
+    let ctx = Context::new(comm_id, traffic_class);
     ctx.set_profiler(net_profiler::from_callback(profiler));
-    let ptr = Box::into_raw(ctx);
-    LIVE_CONTEXTS.add(ptr as usize)?;
+    let ptr = Box::into_raw(Box::new(AbiContext {
+        kind: Kind::Context,
+        ctx,
+    }));
+    LIVE_CONTEXTS.add(ptr)?;
     // SAFETY: NCCL passes a valid pointer to where it keeps the context (checked non-NULL).
     unsafe { *ctx_out = ptr.cast() };
     Ok(())
 }
 
-/// The context behind a v11/v12 `ctx` pointer: one [`init_context`] made and nobody
-/// finalized yet (anything else is an error), or, for NULL, the process's implicit context
-/// (the one v8-v10 use: NCCL's Socket plugin ignores the context, so a driver may pass none).
-fn context_of(ctx: *mut c_void) -> Result<Arc<Context>> {
+/// The context behind the v11/v12 `ctx` pointer `what` was given: one [`init_context`]
+/// made (its kind word checked; anything else is an error), or, for NULL, the process's
+/// implicit context (the one v8-v10 use: NCCL's Socket plugin ignores the context, so a
+/// driver may pass none).
+///
+/// # Safety
+/// `ctx` is NULL, a context our init returned and not finalized, or another object of at
+/// least 8 readable bytes.
+unsafe fn context_of(ctx: *mut c_void, what: &str) -> Result<Arc<Context>> {
     if ctx.is_null() {
         return Ok(Context::implicit());
     }
-    LIVE_CONTEXTS.with(ctx as usize, || {
-        // SAFETY: the address is a live Box<Arc<Context>> from init_context (checked by
-        // `with`, which holds the list): finalize takes it out of the list before freeing it.
-        Arc::clone(unsafe { &*(ctx as *const Arc<Context>) })
-    })
+    // SAFETY: per this function's contract; AbiContext is #[repr(C)] with its kind first.
+    let abi = unsafe { &*checked::<AbiContext>(ctx, Kind::Context, what)? };
+    Ok(Arc::clone(&abi.ctx))
 }
 
 /// `finalize` of v11/v12: drops the context and the connects it left in progress (its comms
@@ -154,10 +168,10 @@ fn context_of(ctx: *mut c_void) -> Result<Arc<Context>> {
 /// A pointer that is not a live context (NULL, foreign, finalized already) is an error.
 fn finalize_context(ctx: *mut c_void) -> Result<()> {
     let ctx = non_null(ctx, "ctx")?;
-    LIVE_CONTEXTS.take(ctx as usize)?;
-    // SAFETY: `ctx` was a live Box<Arc<Context>> made at init (checked), and is now out of
-    // the list, so nothing else will use or free it.
-    let ctx = unsafe { Box::from_raw(ctx as *mut Arc<Context>) };
+    LIVE_CONTEXTS.take(ctx)?;
+    // SAFETY: `ctx` was a live AbiContext made at init (checked), and is now out of the list,
+    // so nothing else will free it.
+    let ctx = unsafe { Box::from_raw(ctx as *mut AbiContext) }.ctx;
     ctx.abandon_pending();
     drop(ctx);
     Runtime::release()
@@ -275,7 +289,7 @@ fn listen(
         runtime.rank().map_or(0, |rank| u64::from(rank) + 1),
     );
     let comm = Box::new(AbiListenComm {
-        kind: CommKind::Listen,
+        kind: Kind::Listen,
         comm,
     });
     // SAFETY: valid out-pointer from NCCL (checked non-NULL).
@@ -324,8 +338,9 @@ fn accept(listen_comm: *mut c_void, recv_comm: *mut *mut c_void) -> Result<()> {
     let recv_comm = non_null(recv_comm, "recvComm")?;
     // SAFETY: valid out-pointer from NCCL.
     unsafe { *recv_comm = std::ptr::null_mut() };
-    // SAFETY: NCCL passes back the listenComm our listen returned, on one thread at a time.
-    let listener = unsafe { comm_mut::<AbiListenComm>(listen_comm, CommKind::Listen, "accept")? };
+    // SAFETY: NCCL passes back the listenComm our listen returned (kind checked), and uses it
+    // from one thread at a time.
+    let listener = unsafe { &mut *checked::<AbiListenComm>(listen_comm, Kind::Listen, "accept")? };
     if let Some(comm) = listener.comm.accept()? {
         // SAFETY: valid out-pointer (checked above).
         unsafe { *recv_comm = Box::into_raw(AbiRecvComm::new(comm)).cast() };
@@ -339,7 +354,7 @@ fn close_listen(listen_comm: *mut c_void) -> Result<()> {
         return Ok(());
     }
     // SAFETY: NCCL gives back the listenComm our listen made (kind checked), once.
-    unsafe { comm_mut::<AbiListenComm>(listen_comm, CommKind::Listen, "closeListen")? };
+    unsafe { checked::<AbiListenComm>(listen_comm, Kind::Listen, "closeListen")? };
     // SAFETY: as above: the Box our listen made, no longer used by NCCL.
     drop(unsafe { Box::from_raw(listen_comm as *mut AbiListenComm) });
     Ok(())
@@ -351,88 +366,27 @@ fn close_listen(listen_comm: *mut c_void) -> Result<()> {
 /// message allocates nothing.
 #[repr(C)]
 pub(crate) struct RequestSlot {
-    /// [`REQUEST_MAGIC`]: `test` checks it before it trusts the rest, so a pointer that is
-    /// not one of our requests (a comm, say) is an error instead of a crash.
-    magic: u64,
+    kind: Kind,
     owner: *const dyn TestRequest,
     id: RequestId,
 }
-
-/// First word of every request slot we hand out ("LSREQUST").
-const REQUEST_MAGIC: u64 = 0x4c53_5245_5155_5354;
 
 /// A comm that can report on its requests.
 trait TestRequest {
     fn test(&self, id: RequestId) -> Result<Option<Completion>>;
 }
 
-/// First word of every comm we hand to NCCL, so `regMr`/`deregMr` (which get either kind
-/// as `void*`) know which one they were given.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-#[repr(u64)]
-enum CommKind {
-    Send = 0x4c53_5345_4e44_434d,   // "LSSENDCM"
-    Recv = 0x4c53_5245_4356_434d,   // "LSRECVCM"
-    Listen = 0x4c53_4c49_5354_434d, // "LSLISTCM"
-}
-
-impl CommKind {
-    fn of_word(word: u64) -> Option<CommKind> {
-        [CommKind::Send, CommKind::Recv, CommKind::Listen]
-            .into_iter()
-            .find(|k| *k as u64 == word)
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            CommKind::Send => "sendComm",
-            CommKind::Recv => "recvComm",
-            CommKind::Listen => "listenComm",
-        }
-    }
-}
-
 /// A listenComm as NCCL holds it: the kind word, then the listener.
 #[repr(C)]
 pub(crate) struct AbiListenComm {
-    kind: CommKind,
+    kind: Kind,
     comm: ListenComm,
-}
-
-/// The comm of kind `kind` behind `ptr`, which `what` (an entry point) was given: NULL, or
-/// a comm of another kind (NCCL's Socket plugin has one struct for both, so a swap works
-/// there), is an error instead of undefined behaviour.
-///
-/// # Safety
-/// `ptr` must be NULL or point to at least 8 readable bytes: one of the comms our
-/// listen/connect/accept returned and not yet closed (whatever its kind), or another object.
-unsafe fn comm_mut<'a, T>(ptr: *mut c_void, kind: CommKind, what: &str) -> Result<&'a mut T> {
-    let ptr = non_null(ptr, kind.name())?;
-    // SAFETY: per this function's contract; every comm type is #[repr(C)] with the kind word
-    // first, read as a plain integer so a foreign object gives an error, not an invalid enum.
-    let word = unsafe { *(ptr as *const u64) };
-    match CommKind::of_word(word) {
-        Some(k) if k == kind => {
-            // SAFETY: the kind word says `ptr` is the `T` our entry point made for this kind,
-            // alive until its close; NCCL uses a comm from one thread at a time.
-            Ok(unsafe { &mut *(ptr as *mut T) })
-        }
-        Some(other) => Err(Error::invalid_argument(format!(
-            "{what} was given a {} where it takes a {}",
-            other.name(),
-            kind.name()
-        ))),
-        None => Err(Error::invalid_argument(format!(
-            "{what} was given a {} that is none of this plugin's comms",
-            kind.name()
-        ))),
-    }
 }
 
 /// A sendComm as NCCL holds it: the safe comm plus its request slots.
 #[repr(C)]
 pub(crate) struct AbiSendComm {
-    kind: CommKind,
+    kind: Kind,
     comm: SendComm,
     slots: Box<[RequestSlot]>,
 }
@@ -440,7 +394,7 @@ pub(crate) struct AbiSendComm {
 /// A recvComm as NCCL holds it.
 #[repr(C)]
 pub(crate) struct AbiRecvComm {
-    kind: CommKind,
+    kind: Kind,
     comm: RecvComm,
     slots: Box<[RequestSlot]>,
 }
@@ -464,7 +418,7 @@ fn with_slots<T: TestRequest + 'static>(
 ) -> Box<T> {
     let empty: Box<[RequestSlot]> = (0..MAX_REQUESTS as RequestId)
         .map(|id| RequestSlot {
-            magic: REQUEST_MAGIC,
+            kind: Kind::Request,
             owner: std::ptr::null::<AbiSendComm>() as *const dyn TestRequest,
             id,
         })
@@ -481,7 +435,7 @@ impl AbiSendComm {
     fn new(comm: SendComm) -> Box<Self> {
         with_slots(
             |slots| AbiSendComm {
-                kind: CommKind::Send,
+                kind: Kind::Send,
                 comm,
                 slots,
             },
@@ -494,7 +448,7 @@ impl AbiRecvComm {
     fn new(comm: RecvComm) -> Box<Self> {
         with_slots(
             |slots| AbiRecvComm {
-                kind: CommKind::Recv,
+                kind: Kind::Recv,
                 comm,
                 slots,
             },
@@ -530,7 +484,7 @@ fn isend(
 ) -> Result<()> {
     let request = non_null(request, "request")?;
     // SAFETY: NCCL passes back the sendComm our connect returned; it is alive until closeSend.
-    let comm: &AbiSendComm = unsafe { comm_mut(send_comm, CommKind::Send, "isend")? };
+    let comm = unsafe { &*checked::<AbiSendComm>(send_comm, Kind::Send, "isend")? };
     if size > 0 {
         non_null(data, "data")?;
     }
@@ -557,7 +511,7 @@ fn irecv(
 ) -> Result<()> {
     let request = non_null(request, "request")?;
     // SAFETY: NCCL passes back the recvComm our accept returned; alive until closeRecv.
-    let comm: &AbiRecvComm = unsafe { comm_mut(recv_comm, CommKind::Recv, "irecv")? };
+    let comm = unsafe { &*checked::<AbiRecvComm>(recv_comm, Kind::Recv, "irecv")? };
     let count = usize::try_from(n)
         .ok()
         .filter(|&n| (1..=MAX_RECVS).contains(&n))
@@ -592,16 +546,9 @@ fn irecv(
 /// Reports on a request; `sizes` (may be NULL) gets the size of each of its buffers.
 fn test(request: *mut c_void, done: *mut c_int, sizes: *mut c_int) -> Result<()> {
     let done = non_null(done, "done")?;
-    let slot = non_null(request, "request")? as *const RequestSlot;
-    // SAFETY: `request` is a slot we handed out from a comm that NCCL has not closed yet, or
-    // some other object of at least 8 bytes: only the first word is read until it matches.
-    if unsafe { *(slot as *const u64) } != REQUEST_MAGIC {
-        return Err(Error::invalid_argument(
-            "test was given a request that is none of this plugin's",
-        ));
-    }
-    // SAFETY: the magic word says this is a slot we handed out, alive with its comm.
-    let slot = unsafe { &*slot };
+    // SAFETY: `request` is a slot we handed out from a comm that NCCL has not closed yet (its
+    // kind word checked), or another object of at least 8 readable bytes.
+    let slot = unsafe { &*checked::<RequestSlot>(request, Kind::Request, "test")? };
     // SAFETY: slots point at the comm that owns them, alive as long as the slot is.
     let owner = unsafe { &*slot.owner };
     let completion = owner.test(slot.id);
@@ -625,7 +572,7 @@ fn close_send(send_comm: *mut c_void) -> Result<()> {
         return Ok(());
     }
     // SAFETY: NCCL gives back the sendComm our connect made (kind checked), once.
-    unsafe { comm_mut::<AbiSendComm>(send_comm, CommKind::Send, "closeSend")? };
+    unsafe { checked::<AbiSendComm>(send_comm, Kind::Send, "closeSend")? };
     // SAFETY: as above: the Box our connect made, with no request in use.
     drop(unsafe { Box::from_raw(send_comm as *mut AbiSendComm) });
     Ok(())
@@ -637,7 +584,7 @@ fn close_recv(recv_comm: *mut c_void) -> Result<()> {
         return Ok(());
     }
     // SAFETY: NCCL gives back the recvComm our accept made (kind checked), once.
-    unsafe { comm_mut::<AbiRecvComm>(recv_comm, CommKind::Recv, "closeRecv")? };
+    unsafe { checked::<AbiRecvComm>(recv_comm, Kind::Recv, "closeRecv")? };
     // SAFETY: as above: the Box our accept made, with no request in use.
     drop(unsafe { Box::from_raw(recv_comm as *mut AbiRecvComm) });
     Ok(())
@@ -645,19 +592,22 @@ fn close_recv(recv_comm: *mut c_void) -> Result<()> {
 
 // ---- memory registration ------------------------------------------------------------------
 
-/// Reads the kind word every comm we hand out starts with.
+/// Which comm `regMr`/`deregMr` (which take either kind as `void*`) were given.
 ///
 /// # Safety
-/// `comm` must be a sendComm or recvComm our connect/accept returned, not yet closed.
-unsafe fn comm_kind(comm: *mut c_void) -> Result<CommKind> {
-    let comm = non_null(comm, "comm")?;
-    // SAFETY: per this function's contract both comm types are #[repr(C)] and start with the
-    // kind word; read it as a plain integer so a foreign pointer gives an error, not UB on
-    // an invalid enum value.
-    let word = unsafe { *(comm as *const u64) };
-    CommKind::of_word(word).ok_or_else(|| {
-        Error::invalid_argument("regMr/deregMr on something that is not one of our comms")
-    })
+/// `comm` must be NULL, a comm our listen/connect/accept returned and not yet closed, or
+/// another object of at least 8 readable bytes.
+unsafe fn comm_kind(comm: *mut c_void) -> Result<Kind> {
+    // SAFETY: per this function's contract.
+    match unsafe { handles::kind_of(comm, Kind::Send)? } {
+        Some(kind @ (Kind::Send | Kind::Recv)) => Ok(kind),
+        Some(Kind::Listen) => Err(Error::invalid_argument(
+            "regMr/deregMr on a listenComm (memory registers with a sendComm or recvComm)",
+        )),
+        _ => Err(Error::invalid_argument(
+            "regMr/deregMr on something that is not one of our comms",
+        )),
+    }
 }
 
 /// `regMr`: registers host memory with the comm's transport (sockets need nothing; a
@@ -684,14 +634,14 @@ fn reg_mr(
     // SAFETY: NCCL passes one of the comms our connect/accept returned.
     let mr = match unsafe { comm_kind(comm)? } {
         // SAFETY: the kind word says this is an AbiSendComm, alive until closeSend.
-        CommKind::Send => unsafe { &*(comm as *const AbiSendComm) }
+        Kind::Send => unsafe { &*(comm as *const AbiSendComm) }
             .comm
             .register(buf)?,
         // SAFETY: the kind word says this is an AbiRecvComm, alive until closeRecv.
-        CommKind::Recv => unsafe { &*(comm as *const AbiRecvComm) }
+        Kind::Recv => unsafe { &*(comm as *const AbiRecvComm) }
             .comm
             .register(buf)?,
-        CommKind::Listen => return Err(listen_mr()),
+        _ => return Err(Error::internal("comm_kind returned another kind")),
     };
     // SAFETY: valid out-pointer (checked non-NULL).
     unsafe { *mhandle = mr as *mut c_void };
@@ -704,21 +654,15 @@ fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> Result<()> {
     // SAFETY: NCCL passes one of the comms our connect/accept returned.
     match unsafe { comm_kind(comm)? } {
         // SAFETY: the kind word says this is an AbiSendComm, alive until closeSend.
-        CommKind::Send => unsafe { &*(comm as *const AbiSendComm) }
+        Kind::Send => unsafe { &*(comm as *const AbiSendComm) }
             .comm
             .deregister(mr),
         // SAFETY: the kind word says this is an AbiRecvComm, alive until closeRecv.
-        CommKind::Recv => unsafe { &*(comm as *const AbiRecvComm) }
+        Kind::Recv => unsafe { &*(comm as *const AbiRecvComm) }
             .comm
             .deregister(mr),
-        CommKind::Listen => Err(listen_mr()),
+        _ => Err(Error::internal("comm_kind returned another kind")),
     }
-}
-
-fn listen_mr() -> Error {
-    Error::invalid_argument(
-        "regMr/deregMr on a listenComm (memory registers with a sendComm or recvComm)",
-    )
 }
 
 /// Host plugins are never asked to flush; answer "nothing to wait for".
@@ -743,7 +687,8 @@ fn get_device_mr(dptr_mhandle: *mut *mut c_void) -> Result<()> {
 /// # Safety
 /// `attr` is NCCL's attribute struct or NULL.
 unsafe fn set_net_attr(ctx: *mut c_void, attr: *mut ffi::ncclNetAttr_v11_t) -> Result<()> {
-    let ctx = context_of(ctx)?;
+    // SAFETY: as for every v11/v12 entry point: NCCL's context (or NULL).
+    let ctx = unsafe { context_of(ctx, "setNetAttr")? };
     let attr = non_null(attr, "netAttr")?;
     // SAFETY: NCCL passes a valid attribute struct for the duration of the call.
     let attr = unsafe { &*attr };

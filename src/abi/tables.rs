@@ -377,7 +377,9 @@ extern "C" fn listen_v11(
     listen_comm: *mut *mut c_void,
 ) -> ncclResult_t {
     guard("listen", || {
-        super::listen(&super::context_of(ctx)?, dev, handle, listen_comm)
+        // SAFETY: NCCL passes the context our init returned (or NULL).
+        let ctx = unsafe { super::context_of(ctx, "listen")? };
+        super::listen(&ctx, dev, handle, listen_comm)
     })
 }
 
@@ -389,7 +391,9 @@ extern "C" fn connect_v11(
     _dev_comm: *mut *mut ncclNetDeviceHandle_v8_t,
 ) -> ncclResult_t {
     guard("connect", || {
-        super::connect(&super::context_of(ctx)?, dev, handle, send_comm)
+        // SAFETY: NCCL passes the context our init returned (or NULL).
+        let ctx = unsafe { super::context_of(ctx, "connect")? };
+        super::connect(&ctx, dev, handle, send_comm)
     })
 }
 

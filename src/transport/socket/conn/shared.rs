@@ -291,7 +291,7 @@ impl<S: Side> Shared<S> {
                 Err(TryLockError::Poisoned(p)) => p.into_inner(),
             };
             while cell.pending.swap(false, Ordering::AcqRel) {
-                if self.failed.load(Ordering::Acquire) || self.closing.load(Ordering::Acquire) {
+                if self.halted() {
                     break;
                 }
                 let run = catch_unwind(AssertUnwindSafe(|| S::advance(self, s, &mut st)));
@@ -304,12 +304,7 @@ impl<S: Side> Shared<S> {
             }
             // A failed connection's sockets are shut down and always ready: arming one again
             // would wake its pool thread at once, for ever.
-            let want =
-                if self.failed.load(Ordering::Acquire) || self.closing.load(Ordering::Acquire) {
-                    0
-                } else {
-                    S::waits_on(&st)
-                };
+            let want = if self.halted() { 0 } else { S::waits_on(&st) };
             self.arm(s, want);
             drop(st);
             // Raised after our last pass and before we let go: its raiser skipped, so go on.
@@ -317,6 +312,11 @@ impl<S: Side> Shared<S> {
                 return;
             }
         }
+    }
+
+    /// Failed or closing: no state machine runs, and no socket is armed.
+    fn halted(&self) -> bool {
+        self.failed.load(Ordering::Acquire) || self.closing.load(Ordering::Acquire)
     }
 
     /// Has the pool thread of socket `s` progress it when `want` is ready, unless it is

@@ -1,0 +1,135 @@
+//! What NCCL holds of ours: every comm, request slot and context we hand out starts with a
+//! word naming its kind, and each entry point checks that word before it trusts the rest. A
+//! pointer of another kind (`isend` on a recvComm, `test` on a comm, a foreign context) is an
+//! error instead of undefined behaviour: NCCL's Socket plugin has one struct for every comm
+//! and ignores its context, so such a mix-up does no harm there either. The check is one
+//! read of a word the call reads anyway, with no lock, so it costs the data path nothing.
+//!
+//! A word cannot tell a context that was finalized already (its memory is freed), so
+//! contexts are also kept in a [`Live`] list from `init` to `finalize`: a second `finalize`
+//! is refused instead of freeing the context twice.
+
+use std::ffi::c_void;
+use std::sync::{Mutex, MutexGuard};
+
+use crate::{Error, Result};
+
+/// First word of everything we hand to NCCL.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u64)]
+pub(crate) enum Kind {
+    Send = 0x4c53_5345_4e44_434d,    // "LSSENDCM"
+    Recv = 0x4c53_5245_4356_434d,    // "LSRECVCM"
+    Listen = 0x4c53_4c49_5354_434d,  // "LSLISTCM"
+    Request = 0x4c53_5245_5155_5354, // "LSREQUST"
+    Context = 0x4c53_4e45_5443_5458, // "LSNETCTX"
+    Tuner = 0x4c53_5455_4e43_5458,   // "LSTUNCTX"
+}
+
+impl Kind {
+    const ALL: [Kind; 6] = [
+        Kind::Send,
+        Kind::Recv,
+        Kind::Listen,
+        Kind::Request,
+        Kind::Context,
+        Kind::Tuner,
+    ];
+
+    fn of_word(word: u64) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| *k as u64 == word)
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kind::Send => "sendComm",
+            Kind::Recv => "recvComm",
+            Kind::Listen => "listenComm",
+            Kind::Request => "request",
+            Kind::Context => "ctx",
+            Kind::Tuner => "tuner context",
+        }
+    }
+}
+
+/// The kind word of `ptr`, which `what` (an entry point) was given as a `expected`: `None`
+/// for a foreign object, an error for NULL.
+///
+/// # Safety
+/// `ptr` must be NULL or point to at least 8 readable bytes.
+pub(crate) unsafe fn kind_of(ptr: *mut c_void, expected: Kind) -> Result<Option<Kind>> {
+    let ptr = super::non_null(ptr, expected.name())?;
+    // SAFETY: per this function's contract; read as a plain integer so a foreign object gives
+    // `None`, not an invalid enum value.
+    Ok(Kind::of_word(unsafe { *(ptr as *const u64) }))
+}
+
+/// `ptr` as the `T` of kind `kind` it must be: NULL or anything else is an error naming what
+/// `what` was given.
+///
+/// # Safety
+/// `ptr` must be NULL or point to at least 8 readable bytes; a `T` of `kind` must be a
+/// `#[repr(C)]` struct whose first field is that [`Kind`]. The pointer is only checked, not
+/// dereferenced: the caller decides how to borrow it.
+pub(crate) unsafe fn checked<T>(ptr: *mut c_void, kind: Kind, what: &str) -> Result<*mut T> {
+    // SAFETY: per this function's contract.
+    match unsafe { kind_of(ptr, kind)? } {
+        Some(k) if k == kind => Ok(ptr.cast()),
+        Some(other) => Err(Error::invalid_argument(format!(
+            "{what} was given a {} where it takes a {}",
+            other.name(),
+            kind.name()
+        ))),
+        None => Err(Error::invalid_argument(format!(
+            "{what} was given a {} that is none of this plugin's",
+            kind.name()
+        ))),
+    }
+}
+
+/// The addresses of one kind of context handed out and not yet finalized.
+pub(crate) struct Live {
+    kind: Kind,
+    addrs: Mutex<Vec<usize>>,
+}
+
+impl Live {
+    pub(crate) const fn new(kind: Kind) -> Live {
+        Live {
+            kind,
+            addrs: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, Vec<usize>>> {
+        self.addrs.lock().map_err(|_| {
+            Error::internal(format!(
+                "{} list poisoned by an earlier panic",
+                self.kind.name()
+            ))
+        })
+    }
+
+    /// Records `ptr` as handed out.
+    pub(crate) fn add<T>(&self, ptr: *mut T) -> Result<()> {
+        self.lock()?.push(ptr as usize);
+        Ok(())
+    }
+
+    /// Takes `ptr` out (its owner is about to free it), or fails if it is not live: never
+    /// handed out, or finalized already.
+    pub(crate) fn take(&self, ptr: *mut c_void) -> Result<()> {
+        let mut live = self.lock()?;
+        let at = live
+            .iter()
+            .position(|&a| a == ptr as usize)
+            .ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "{} is not one this plugin's init returned, or it was finalized already",
+                    self.kind.name()
+                ))
+            })?;
+        live.swap_remove(at);
+        Ok(())
+    }
+}
