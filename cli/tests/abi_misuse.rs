@@ -10,22 +10,14 @@ use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
 use std::time::{Duration, Instant};
 
-use nccl_net_lossy::ffi::net::NetLibrary;
 use nccl_net_lossy::ffi::{ncclNet_v12_t, ncclResult_t, NCCL_PTR_HOST};
 
 const OK: ncclResult_t = ncclResult_t::ncclSuccess;
 
 /// The plugin's v12 table, with the library kept loaded for the test's life.
 fn table() -> &'static ncclNet_v12_t {
-    // SAFETY: our own plugin library, whose initialisers are sound.
-    let lib = unsafe { NetLibrary::open(&common::library()) }
-        .expect("dlopen")
-        .keep_loaded();
-    let sym = lib.symbol("ncclNetPlugin_v12").expect("the v12 table");
-    // SAFETY: the symbol is the plugin's ncclNet_v12_t, static data of a library never unloaded.
-    let table = unsafe { &*(sym as *const ncclNet_v12_t) };
-    std::mem::forget(lib);
-    table
+    // SAFETY: ncclNetPlugin_v12 is a ncclNet_v12_t in our headers.
+    unsafe { common::library_table::<ncclNet_v12_t>("ncclNetPlugin_v12") }
 }
 
 fn init(t: &ncclNet_v12_t, comm_id: u64) -> *mut c_void {

@@ -8,7 +8,6 @@ mod common;
 use std::ffi::c_void;
 use std::ptr::null_mut;
 
-use nccl_net_lossy::ffi::net::NetLibrary;
 use nccl_net_lossy::ffi::{ncclResult_t, ncclTuner_v6_t};
 
 const OK: ncclResult_t = ncclResult_t::ncclSuccess;
@@ -21,15 +20,8 @@ const ALGOS: usize = 7;
 const PROTOS: usize = 3;
 
 fn table() -> &'static ncclTuner_v6_t {
-    // SAFETY: our own plugin library, whose initialisers are sound.
-    let lib = unsafe { NetLibrary::open(&common::library()) }
-        .expect("dlopen")
-        .keep_loaded();
-    let sym = lib.symbol("ncclTunerPlugin_v6").expect("the v6 tuner");
-    // SAFETY: the symbol is the plugin's ncclTuner_v6_t, static data of a library never unloaded.
-    let table = unsafe { &*(sym as *const ncclTuner_v6_t) };
-    std::mem::forget(lib);
-    table
+    // SAFETY: ncclTunerPlugin_v6 is a ncclTuner_v6_t in our headers.
+    unsafe { common::library_table::<ncclTuner_v6_t>("ncclTunerPlugin_v6") }
 }
 
 /// One communicator's tuner: init, one all-reduce's cost table, finalize (twice: the second

@@ -56,6 +56,24 @@ pub fn build_fixture(test: &str, source: &str) -> PathBuf {
     out
 }
 
+/// The exported table `symbol` (`ncclNetPlugin_v12`, `ncclTunerPlugin_v6`, ...) of the
+/// plugin library, as NCCL finds it with `dlsym`; the library stays loaded for the process.
+///
+/// # Safety
+/// `T` must be the C type of that table in our headers.
+pub unsafe fn library_table<T>(symbol: &str) -> &'static T {
+    use nccl_net_lossy::ffi::net::NetLibrary;
+    // SAFETY: our own plugin library, whose initialisers are sound.
+    let lib = unsafe { NetLibrary::open(&library()) }
+        .expect("dlopen")
+        .keep_loaded();
+    let sym = lib.symbol(symbol).unwrap_or_else(|| panic!("no {symbol}"));
+    // Never unloaded (kept loaded above), so the table lives as long as the process.
+    std::mem::forget(lib);
+    // SAFETY: per this function's contract, static data of a library never unloaded.
+    unsafe { &*(sym as *const T) }
+}
+
 /// The plugin library next to it.
 pub fn library() -> PathBuf {
     let exe = lossy_exe();
