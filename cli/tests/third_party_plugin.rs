@@ -128,3 +128,30 @@ fn a_plugin_that_reports_no_sizes_runs_as_under_nccl() {
         &[("FORWARD_PLUGIN_NO_SIZES", "1")],
     );
 }
+
+#[test]
+fn receives_are_posted_at_the_whole_step_as_nccl_posts_them() {
+    // NCCL posts every receive at its whole step (`stepSize * sliceSteps`, 512 KiB with the
+    // default buffer), whatever the sender puts in it, and learns the size from `test`: a
+    // plugin must deliver a shorter message into a larger receive. The 4 KiB all-reduce on
+    // 2 ranks sends 2 KiB messages, so a driver that posts each receive at its message's
+    // exact size never asks that of the plugin.
+    let plugin = forward_plugin("recv-log");
+    let log = plugin.with_file_name("posted-sizes.txt");
+    let _ = std::fs::remove_file(&log);
+    exact_through(
+        plugin,
+        &[("FORWARD_PLUGIN_RECV_LOG", log.to_str().expect("UTF-8 path"))],
+    );
+    let text = std::fs::read_to_string(&log).expect("the plugin's log of posted receives");
+    let posted: Vec<usize> = text
+        .lines()
+        .map(|l| l.parse().expect("a size per line"))
+        .collect();
+    // 2 ranks x (2 steps of the 4 KiB run + 2 of the 1 MiB run), and warm-up iterations.
+    assert!(posted.len() >= 8, "{posted:?}");
+    assert!(
+        posted.iter().all(|&s| s == 512 << 10),
+        "receives posted at other sizes than the 512 KiB step: {posted:?}"
+    );
+}

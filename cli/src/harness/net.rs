@@ -32,8 +32,10 @@ pub trait RingLink {
     /// when the transport asks to retry later.
     fn post_send(&mut self, buf: HostBuffer, len: usize) -> Result<Option<HostBuffer>>;
 
-    /// Posts a receive of up to `len` bytes from the previous rank into `buf`.
-    fn post_recv(&mut self, buf: HostBuffer, len: usize) -> Result<Option<HostBuffer>>;
+    /// Posts a receive from the previous rank into the whole of `buf`, as NCCL posts its
+    /// whole step (`stepSize * sliceSteps`, `recvProxyProgress` in src/transport/net.cc)
+    /// whatever the sender puts in it: [`RingLink::test_recv`] says how much arrived.
+    fn post_recv(&mut self, buf: HostBuffer) -> Result<Option<HostBuffer>>;
 
     /// Sends posted and not yet completed.
     fn sends_in_flight(&self) -> usize;
@@ -186,12 +188,13 @@ impl RingLink for PluginLink {
         }
     }
 
-    fn post_recv(&mut self, mut buf: HostBuffer, len: usize) -> Result<Option<HostBuffer>> {
+    fn post_recv(&mut self, mut buf: HostBuffer) -> Result<Option<HostBuffer>> {
         let recv = &self.recv;
         let mr = mr_for(&mut self.recv_mrs, &mut buf, |b| recv.reg_mr(b))?;
+        let size = buf.len();
         let item = RecvItem {
             buf,
-            size: len,
+            size,
             tag: RING_TAG,
             mr,
         };
@@ -460,11 +463,11 @@ impl RingLink for RawTcpLink {
         Ok(None)
     }
 
-    fn post_recv(&mut self, buf: HostBuffer, len: usize) -> Result<Option<HostBuffer>> {
+    fn post_recv(&mut self, buf: HostBuffer) -> Result<Option<HostBuffer>> {
         let s = self.next_recv % self.rx.len();
         self.rx[s].queue.push_back(RxMsg {
+            cap: buf.len(),
             buf,
-            cap: len,
             header: [0; HEADER],
             len: None,
             done: 0,
