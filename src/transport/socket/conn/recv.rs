@@ -124,7 +124,9 @@ pub(super) struct RxSock {
 /// The receiving half of a socket connection.
 pub struct SocketRecvConn {
     shared: Arc<Shared<RecvSide>>,
-    _pool: Option<Arc<Pool>>,
+    /// The I/O pool whose thread keeps the sockets moving, if any (else only the owner's
+    /// calls move them).
+    pool: Option<Arc<Pool>>,
 }
 
 impl SocketRecvConn {
@@ -174,10 +176,7 @@ impl SocketRecvConn {
             .collect();
         let pool = Pool::shared()?;
         let shared = Shared::start(sockets, states, peer, side, timeout, pool.as_deref())?;
-        Ok(SocketRecvConn {
-            shared,
-            _pool: pool,
-        })
+        Ok(SocketRecvConn { shared, pool })
     }
 
     /// Whether each receiving socket delays its acknowledgements now (`TCP_QUICKACK` reads 0
@@ -269,10 +268,16 @@ impl RecvConn for SocketRecvConn {
             return Ok(Some(slot as RequestId));
         }
         // Sockets that wait for bytes are armed with their pool thread or progressed by
-        // `test`; those that hold a header for a receive not posted until now move here.
+        // `test`; those that hold a header for a receive not posted until now move here, and
+        // the others that went quiet for want of a receive are armed again. Without a pool
+        // thread the next `test` moves every socket anyway, which NCCL calls next (its proxy
+        // tests what it posted), so a read here would be one more system call per message,
+        // mostly finding nothing.
         let parked = std::mem::take(&mut g.side.parked);
         drop(g);
-        shared.progress_sockets(parked);
+        if self.pool.is_some() {
+            shared.progress_sockets(parked);
+        }
         Ok(Some(slot as RequestId))
     }
 
