@@ -297,11 +297,13 @@ fn listen(
     Ok(())
 }
 
+/// `traffic_class`: the one v10 gives each `connect` (v11+ give it to `init`, in `ctx`).
 fn connect(
     ctx: &Arc<Context>,
     dev: c_int,
     handle: *mut c_void,
     send_comm: *mut *mut c_void,
+    traffic_class: Option<i32>,
 ) -> Result<()> {
     let send_comm = non_null(send_comm, "sendComm")?;
     // SAFETY: NCCL writes NULL here until we return a comm; the pointer is valid.
@@ -319,7 +321,8 @@ fn connect(
                 .ok()
                 .and_then(|rank| rank.checked_sub(1));
             let runtime = Runtime::current()?;
-            Box::new(runtime.connect(ctx, device_index(dev)?, wire_part(bytes), peer)?)
+            let dev = device_index(dev)?;
+            Box::new(runtime.connect(ctx, dev, wire_part(bytes), peer, traffic_class)?)
         }
     };
     let outcome = connecting.poll();

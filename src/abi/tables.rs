@@ -229,20 +229,32 @@ extern "C" fn connect_v8(
     _dev_comm: *mut *mut ncclNetDeviceHandle_v8_t,
 ) -> ncclResult_t {
     guard("connect", || {
-        super::connect(&Context::implicit(), dev, handle, send_comm)
+        super::connect(&Context::implicit(), dev, handle, send_comm, None)
     })
 }
 
+/// v10 gives the communicator's traffic class to each `connect` (v11+ to `init`).
 extern "C" fn connect_v10(
     dev: c_int,
-    _config: *mut ncclNetCommConfig_v10_t,
+    config: *mut ncclNetCommConfig_v10_t,
     handle: *mut c_void,
     send_comm: *mut *mut c_void,
     _dev_comm: *mut *mut ncclNetDeviceHandle_v8_t,
 ) -> ncclResult_t {
     guard("connect", || {
-        super::connect(&Context::implicit(), dev, handle, send_comm)
+        let traffic_class = traffic_class_of(config);
+        super::connect(&Context::implicit(), dev, handle, send_comm, traffic_class)
     })
+}
+
+/// The traffic class of NCCL's comm config, if it sets one (NULL or
+/// `NCCL_NET_TRAFFIC_CLASS_UNDEF`: none).
+fn traffic_class_of(config: *const ncclNetCommConfig_v10_t) -> Option<i32> {
+    if config.is_null() {
+        return None;
+    }
+    // SAFETY: NCCL passes a valid config struct or NULL (checked).
+    Some(unsafe { (*config).trafficClass }).filter(|&tc| tc != NCCL_NET_TRAFFIC_CLASS_UNDEF)
 }
 
 extern "C" fn isend_v8(
@@ -360,13 +372,7 @@ extern "C" fn init_v11(
     profiler: ncclProfilerCallback_t,
 ) -> ncclResult_t {
     guard("init", || {
-        let traffic_class = if config.is_null() {
-            None
-        } else {
-            // SAFETY: NCCL passes a valid config struct or NULL (checked).
-            Some(unsafe { (*config).trafficClass }).filter(|&tc| tc != NCCL_NET_TRAFFIC_CLASS_UNDEF)
-        };
-        super::init_context(ctx, comm_id, traffic_class, logger, profiler)
+        super::init_context(ctx, comm_id, traffic_class_of(config), logger, profiler)
     })
 }
 
@@ -393,7 +399,7 @@ extern "C" fn connect_v11(
     guard("connect", || {
         // SAFETY: NCCL passes the context our init returned (or NULL).
         let ctx = unsafe { super::context_of(ctx, "connect")? };
-        super::connect(&ctx, dev, handle, send_comm)
+        super::connect(&ctx, dev, handle, send_comm, None)
     })
 }
 

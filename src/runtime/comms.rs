@@ -58,6 +58,7 @@ pub struct Connecting {
     loss: Option<ConnectionLoss>,
     peer: Option<u32>,
     index: u32,
+    traffic_class: Option<i32>,
     runtime: Arc<Runtime>,
 }
 
@@ -69,6 +70,7 @@ impl Connecting {
         loss: ConnectionLoss,
         peer: Option<u32>,
         index: u32,
+        traffic_class: Option<i32>,
     ) -> Connecting {
         Connecting {
             ctx,
@@ -76,6 +78,7 @@ impl Connecting {
             loss: Some(loss),
             peer,
             index,
+            traffic_class,
             runtime,
         }
     }
@@ -99,6 +102,7 @@ impl Connecting {
             stats,
             peer: self.peer,
             index: self.index,
+            traffic_class: self.traffic_class,
             local_rank: self.runtime.rank(),
             comm_size: self.runtime.comm_size(self.ctx.comm_id),
             sender: Mutex::new(SenderState::new(loss)),
@@ -169,6 +173,8 @@ pub struct SendComm {
     stats: Arc<ConnectionStats>,
     peer: Option<u32>,
     index: u32,
+    /// The communicator's traffic class, for rules (v11+: from the context; v10: connect's).
+    traffic_class: Option<i32>,
     local_rank: Option<u32>,
     comm_size: Option<u32>,
     sender: Mutex<SenderState>,
@@ -204,7 +210,7 @@ impl SendComm {
         if state.pending_len != Some(buf.len()) {
             let matching = MatchContext {
                 collective: CollectiveId::from_op_slot(op),
-                traffic_class: self.ctx.traffic_class,
+                traffic_class: self.traffic_class,
                 comm_size: self.comm_size,
                 direction: Direction::Send,
                 peer: self.peer,

@@ -284,6 +284,7 @@ impl Runtime {
         dev: usize,
         handle: &WireHandle,
         peer: Option<u32>,
+        traffic_class: Option<i32>,
     ) -> Result<Connecting> {
         self.properties(dev)?;
         let connector = self.transport.connect(dev, handle)?;
@@ -304,6 +305,8 @@ impl Runtime {
             loss,
             peer,
             index,
+            // v10 gives it per connection; v11+ in the context.
+            traffic_class.or(ctx.traffic_class),
         ))
     }
 }

@@ -2,13 +2,16 @@
 
 #![allow(dead_code)]
 
+use std::ffi::{c_int, c_void};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::ptr::null_mut;
+use std::time::{Duration, Instant};
 
 use lossy_cli::harness::collectives::{Collective, DataType};
 use lossy_cli::harness::launch::{self, Launch};
 use lossy_cli::harness::plugin_client::library_near;
 use lossy_cli::harness::worker::{Job, LinkKind, PacketCensus, RunSpec, WorkerReport};
+use nccl_net_lossy::ffi::{ncclNet_v12_t, ncclResult_t, NCCL_PTR_HOST};
 
 /// The `lossy` binary Cargo built for these tests.
 pub fn lossy_exe() -> PathBuf {
@@ -171,7 +174,6 @@ pub fn assert_all_exact(reports: &[WorkerReport], runs: usize) {
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::time::Instant;
 
 use lossy_cli::harness::plugin_client::{
     ConnHandle, Posted, RecvComm, RecvItem, Request, SendComm, HANDLE_BYTES,
@@ -390,4 +392,117 @@ pub fn heap_in_use() -> usize {
     // SAFETY: mallinfo2 takes no argument and only reads the allocator's counters.
     let info = unsafe { libc::mallinfo2() };
     info.uordblks + info.hblkhd
+}
+
+/// Sends `data` from `sc` to `rc` through the raw v12 table, as NCCL's proxy posts and tests
+/// (the receive posted at the message's size): the bytes that arrived.
+pub fn raw_transfer(
+    t: &ncclNet_v12_t,
+    sc: *mut c_void,
+    rc: *mut c_void,
+    data: &mut [u8],
+) -> Vec<u8> {
+    let mut into = vec![0u8; data.len()];
+    let (mut smr, mut rmr) = (null_mut(), null_mut());
+    // SAFETY: host buffers that outlive their registrations and requests.
+    unsafe {
+        let reg = t.regMr.expect("regMr");
+        assert_eq!(
+            reg(
+                sc,
+                data.as_mut_ptr().cast(),
+                data.len(),
+                NCCL_PTR_HOST as c_int,
+                &mut smr
+            ),
+            ncclResult_t::ncclSuccess
+        );
+        assert_eq!(
+            reg(
+                rc,
+                into.as_mut_ptr().cast(),
+                into.len(),
+                NCCL_PTR_HOST as c_int,
+                &mut rmr
+            ),
+            ncclResult_t::ncclSuccess
+        );
+    }
+    let (mut sreq, mut rreq): (*mut c_void, *mut c_void) = (null_mut(), null_mut());
+    let start = Instant::now();
+    while sreq.is_null() || rreq.is_null() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "posting never succeeded"
+        );
+        let mut ptr: *mut c_void = into.as_mut_ptr().cast();
+        let mut size = into.len();
+        let mut tag: c_int = 9;
+        let mut mr = rmr;
+        // SAFETY: arrays of one entry each, and buffers lent until the requests end.
+        unsafe {
+            if rreq.is_null() {
+                let irecv = t.irecv.expect("irecv");
+                let rc_ = irecv(
+                    rc,
+                    1,
+                    &mut ptr,
+                    &mut size,
+                    &mut tag,
+                    &mut mr,
+                    null_mut(),
+                    &mut rreq,
+                );
+                assert_eq!(rc_, ncclResult_t::ncclSuccess, "irecv");
+            }
+            if sreq.is_null() {
+                let isend = t.isend.expect("isend");
+                let rc_ = isend(
+                    sc,
+                    data.as_mut_ptr().cast(),
+                    data.len(),
+                    9,
+                    smr,
+                    null_mut(),
+                    &mut sreq,
+                );
+                assert_eq!(rc_, ncclResult_t::ncclSuccess, "isend");
+            }
+        }
+    }
+    let (mut sdone, mut rdone) = (0, 0);
+    while sdone == 0 || rdone == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the transfer never ended"
+        );
+        let mut sizes = [0 as c_int; 1];
+        // SAFETY: requests the plugin handed out, tested until done.
+        unsafe {
+            if sdone == 0 {
+                assert_eq!(
+                    t.test.expect("test")(sreq, &mut sdone, null_mut()),
+                    ncclResult_t::ncclSuccess
+                );
+            }
+            if rdone == 0 {
+                assert_eq!(
+                    t.test.expect("test")(rreq, &mut rdone, sizes.as_mut_ptr()),
+                    ncclResult_t::ncclSuccess
+                );
+            }
+        }
+    }
+    // SAFETY: registrations of these comms, no request in flight.
+    unsafe {
+        assert_eq!(
+            t.deregMr.expect("deregMr")(sc, smr),
+            ncclResult_t::ncclSuccess
+        );
+        assert_eq!(
+            t.deregMr.expect("deregMr")(rc, rmr),
+            ncclResult_t::ncclSuccess
+        );
+    }
+    into
 }
