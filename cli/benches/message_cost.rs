@@ -4,8 +4,9 @@
 //! drives it) and through a non-blocking TCP socket pair (an 8-byte length, then the
 //! payload, as the harness's raw link sends). Nothing waits for another process, so the
 //! difference is the work of the layers, with little of the machine's noise in it.
-//! `cargo bench -p lossy-cli --bench message_cost [-- LIBRARY.so]` (default: this build's
-//! library), so two builds compare in turn on the same machine.
+//! `cargo bench -p lossy-cli --bench message_cost [-- [LIBRARY.so] [--vs-library PEER.so]]`
+//! (default: this build's library); the peer, NCCL's Socket transport built as a plugin, say,
+//! is timed in the same rounds.
 
 use std::io::{IoSlice, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -118,24 +119,21 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn main() {
-    // Cargo passes `--bench`; a path is the library to drive instead of this build's.
-    let lib = match std::env::args().skip(1).find(|a| !a.starts_with("--")) {
-        Some(path) => PluginLibrary::open(std::path::Path::new(&path)),
-        None => PluginLibrary::open_default(),
+/// A connected pair of `lib` on device 0, its buffers registered; loss switched off when the
+/// library has this project's control API (NCCL's own transports have no loss to switch).
+fn open(lib: &std::rc::Rc<PluginLibrary>, id: u64, largest: usize) -> (PluginClient, Plugin) {
+    if lib.switches_loss() {
+        lib.set_loss_enabled(false).expect("switch loss off");
     }
-    .expect("the plugin library");
-    lib.set_loss_enabled(false).expect("switch loss off");
-    let client = PluginClient::init(&lib, 12, 0x6d73).expect("init");
+    let client = PluginClient::init(lib, 12, id).expect("init");
     let (send, recv) = client
         .local_pair(0, Duration::from_secs(10))
         .expect("connect and accept");
-    let largest = SIZES[SIZES.len() - 1];
     let mut sbuf = vec![0x5au8; largest].into_boxed_slice();
     let mut rbuf = vec![0u8; largest].into_boxed_slice();
     let smr = send.reg_mr(&mut sbuf).expect("regMr");
     let rmr = recv.reg_mr(&mut rbuf).expect("regMr");
-    let mut plugin = Plugin {
+    let plugin = Plugin {
         send,
         recv,
         sbuf: Some(sbuf),
@@ -143,6 +141,31 @@ fn main() {
         smr,
         rmr,
     };
+    (client, plugin)
+}
+
+fn main() {
+    // Cargo passes `--bench`. A path is the library to drive instead of this build's;
+    // `--vs-library PATH` adds another net plugin (NCCL's Socket transport built as one), timed
+    // in the same rounds.
+    let (mut library, mut peer) = (None, None);
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--vs-library" => peer = Some(args.next().expect("a path after --vs-library")),
+            a if a.starts_with("--") => {}
+            _ => library = Some(arg),
+        }
+    }
+    let lib = match library {
+        Some(path) => PluginLibrary::open(std::path::Path::new(&path)),
+        None => PluginLibrary::open_default(),
+    }
+    .expect("the plugin library");
+    let largest = SIZES[SIZES.len() - 1];
+    let (client, mut plugin) = open(&lib, 0x6d73, largest);
+    let peer_lib = peer.map(|p| PluginLibrary::open(std::path::Path::new(&p)).expect("the peer"));
+    let mut peer = peer_lib.as_ref().map(|l| open(l, 0x6d74, largest));
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let tx = TcpStream::connect(listener.local_addr().expect("address")).expect("connect");
     let (rx, _) = listener.accept().expect("accept");
@@ -162,28 +185,53 @@ fn main() {
         client.name(),
         lib.path().display()
     );
-    println!(
+    if let (Some((c, _)), Some(l)) = (&peer, &peer_lib) {
+        println!("# peer {} from {}", c.name(), l.path().display());
+    }
+    print!(
         "{:>10} {:>7} | {:>10} {:>10} | {:>9} {:>7}",
         "size (B)", "iters", "plugin ns", "raw ns", "extra ns", "raw/plg"
+    );
+    println!(
+        "{}",
+        if peer.is_some() {
+            " | peer ns peer/plg"
+        } else {
+            ""
+        }
     );
     for size in SIZES {
         let iters = ((256usize << 20) / size.max(4096)).clamp(200, 20_000);
         // Warm-up: connection buffers grow, pages fault in.
         time(iters / 10 + 1, || plugin.message(size));
         time(iters / 10 + 1, || raw.message(size));
-        let (mut p, mut r) = (Vec::new(), Vec::new());
+        if let Some((_, q)) = peer.as_mut() {
+            time(iters / 10 + 1, || q.message(size));
+        }
+        let (mut p, mut r, mut q) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..ROUNDS {
             p.push(time(iters, || plugin.message(size)));
             r.push(time(iters, || raw.message(size)));
+            if let Some((_, other)) = peer.as_mut() {
+                q.push(time(iters, || other.message(size)));
+            }
         }
         let (p, r) = (median(p), median(r));
-        println!(
+        print!(
             "{size:>10} {iters:>7} | {p:>10.0} {r:>10.0} | {:>9.0} {:>6.0}%",
             p - r,
             100.0 * r / p
         );
+        if q.is_empty() {
+            println!();
+        } else {
+            let q = median(q);
+            println!(" | {q:>7.0} {:>6.0}%", 100.0 * q / p);
+        }
     }
-    plugin.send.close().expect("closeSend");
-    plugin.recv.close().expect("closeRecv");
-    client.finalize().expect("finalize");
+    for (c, p) in [Some((client, plugin)), peer].into_iter().flatten() {
+        p.send.close().expect("closeSend");
+        p.recv.close().expect("closeRecv");
+        c.finalize().expect("finalize");
+    }
 }
