@@ -2,7 +2,9 @@
 //! receive, sends a message to itself over loopback and tests both until done, through the
 //! plugin library (loss switched off, driven by the harness's plugin client as NCCL's proxy
 //! drives it) and through a non-blocking TCP socket pair (an 8-byte length, then the
-//! payload, as the harness's raw link sends). Nothing waits for another process, so the
+//! payload, as the harness's raw link sends). Receives are posted at the message's size on
+//! every path (the harness posts whole steps; this measures a message, not the harness's
+//! ring). Nothing waits for another process, so the
 //! difference is the work of the layers, with little of the machine's noise in it.
 //! `cargo bench -p lossy-cli --bench message_cost [-- [LIBRARY.so] [--vs-library PEER.so]]`
 //! (default: this build's library); the peer, NCCL's Socket transport built as a plugin, say,
@@ -105,7 +107,7 @@ fn moved(outcome: std::io::Result<usize>) -> usize {
     }
 }
 
-/// Nanoseconds per message of `iters` messages of `size` bytes.
+/// Nanoseconds per call of `f` (one message), over `iters` calls.
 fn time(iters: usize, mut f: impl FnMut()) -> f64 {
     let start = Instant::now();
     for _ in 0..iters {

@@ -8,7 +8,6 @@ mod common;
 
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
-use std::time::{Duration, Instant};
 
 use nccl_net_lossy::ffi::{ncclNet_v12_t, ncclResult_t, NCCL_PTR_HOST};
 
@@ -36,25 +35,12 @@ fn connected(t: &ncclNet_v12_t, ctx: *mut c_void) -> (*mut c_void, *mut c_void, 
     // SAFETY: a 128-byte handle buffer and valid out-pointers, as NCCL passes them.
     let rc = unsafe { t.listen.expect("listen")(ctx, 0, handle.as_mut_ptr().cast(), &mut lc) };
     assert_eq!(rc, OK, "listen");
-    let (mut sc, mut rc_): (*mut c_void, *mut c_void) = (null_mut(), null_mut());
-    let start = Instant::now();
-    while sc.is_null() || rc_.is_null() {
-        assert!(start.elapsed() < Duration::from_secs(30), "no connection");
+    let (sc, rc) = common::raw_connect_pair(t, lc, |sc| {
         let mut dev = null_mut();
-        if sc.is_null() {
-            // SAFETY: the same handle memory every call, as NCCL does.
-            let rc = unsafe {
-                t.connect.expect("connect")(ctx, 0, handle.as_mut_ptr().cast(), &mut sc, &mut dev)
-            };
-            assert_eq!(rc, OK, "connect");
-        }
-        if rc_.is_null() {
-            // SAFETY: the listenComm listen returned; valid out-pointers.
-            let rc = unsafe { t.accept.expect("accept")(lc, &mut rc_, &mut dev) };
-            assert_eq!(rc, OK, "accept");
-        }
-    }
-    (sc, rc_, lc)
+        // SAFETY: the same handle memory every call, as NCCL does; valid out-pointers.
+        unsafe { t.connect.expect("connect")(ctx, 0, handle.as_mut_ptr().cast(), sc, &mut dev) }
+    });
+    (sc, rc, lc)
 }
 
 /// Sends 64 KiB from `sc` to `rc` and checks they arrive intact.

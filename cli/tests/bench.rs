@@ -278,13 +278,15 @@ fn vs_library_times_a_second_library_in_the_same_processes_with_its_ratio() {
 
 /// Runs `lossy bench args`, which must fail at once with an error on stderr (no rank started).
 fn bench_refused(args: &[&str]) -> String {
-    let out = Command::new(lossy_exe())
-        .arg("bench")
-        .args(args)
-        .env("NCCL_SOCKET_IFNAME", "lo")
-        .env_remove("NCCL_LOSSY_STATS")
-        .output()
-        .expect("run lossy bench");
+    // Bounded: a limit that stopped working would start ranks (and hang or exhaust memory).
+    let out = common::output_within_10s(
+        Command::new(lossy_exe())
+            .arg("bench")
+            .args(args)
+            .env("NCCL_SOCKET_IFNAME", "lo")
+            .env_remove("NCCL_LOSSY_STATS"),
+        "lossy bench",
+    );
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(1), "lossy bench {args:?}: {stderr}");
     assert!(

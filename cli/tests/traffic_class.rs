@@ -9,7 +9,6 @@ mod common;
 
 use std::ffi::c_void;
 use std::ptr::null_mut;
-use std::time::{Duration, Instant};
 
 use nccl_net_lossy::ffi::{ncclNetCommConfig_v10_t, ncclNet_v10_t, ncclNet_v12_t, ncclResult_t};
 
@@ -26,32 +25,6 @@ traffic_class = 5
 effect = "zero"
 model = { kind = "uniform", rate = 1.0 }
 "#;
-
-/// Connects with `connect` (one call of the table's own, returning its code) and accepts on
-/// `listen_comm` until both ends are up.
-fn connect_pair(
-    t: &ncclNet_v12_t,
-    listen_comm: *mut c_void,
-    mut connect: impl FnMut(&mut *mut c_void) -> ncclResult_t,
-) -> (*mut c_void, *mut c_void) {
-    let (mut sc, mut rc): (*mut c_void, *mut c_void) = (null_mut(), null_mut());
-    let start = Instant::now();
-    while sc.is_null() || rc.is_null() {
-        assert!(start.elapsed() < Duration::from_secs(30), "no connection");
-        if sc.is_null() {
-            assert_eq!(connect(&mut sc), OK, "connect");
-        }
-        if rc.is_null() {
-            let mut dev = null_mut();
-            // SAFETY: the listenComm listen returned; valid out-pointers.
-            assert_eq!(
-                unsafe { t.accept.expect("accept")(listen_comm, &mut rc, &mut dev) },
-                OK
-            );
-        }
-    }
-    (sc, rc)
-}
 
 /// Sends 64 KiB of non-zero bytes from `sc` to `rc`: what arrived.
 fn transfer(t: &ncclNet_v12_t, sc: *mut c_void, rc: *mut c_void) -> Vec<u8> {
@@ -105,7 +78,7 @@ fn traffic_class_rules_match_the_class_init_v11_and_connect_v10_are_given() {
         } else {
             null_mut()
         };
-        let (sc, rc) = connect_pair(v12, lc, |sc| {
+        let (sc, rc) = common::raw_connect_pair(v12, lc, |sc| {
             let mut dev = null_mut();
             // SAFETY: the same handle memory every call, as NCCL does; valid out-pointers.
             unsafe {
@@ -149,7 +122,7 @@ fn traffic_class_rules_match_the_class_init_v11_and_connect_v10_are_given() {
         let rc =
             unsafe { v12.listen.expect("listen")(ctx, 0, handle.as_mut_ptr().cast(), &mut lc) };
         assert_eq!(rc, OK, "listen");
-        let (sc, rc) = connect_pair(v12, lc, |sc| {
+        let (sc, rc) = common::raw_connect_pair(v12, lc, |sc| {
             let mut dev = null_mut();
             // SAFETY: the same handle memory every call, as NCCL does; valid out-pointers.
             unsafe {

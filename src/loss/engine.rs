@@ -121,18 +121,12 @@ impl ConnectionLoss {
     /// reused, so the steady state does not allocate). Returns the index of the rule that
     /// matched, or `None` when the profile's defaults applied.
     pub fn plan(&mut self, ctx: &MatchContext, len: usize, out: &mut LossPlan) -> Option<usize> {
-        let matched = first_match(&self.rules.rules, ctx);
-        let slot = matched.unwrap_or(self.rules.rules.len());
-        let action = self.rules.action(slot);
-        out.effect = action.effect;
-        out.mtu = action.mtu;
-        out.retransmit_timeout = action.retransmit_timeout;
+        let (matched, slot) = self.act(ctx, out);
         out.flip_seed = splitmix64(self.flip_base ^ splitmix64(self.messages));
         self.messages = self.messages.wrapping_add(1);
-        out.lost.clear();
         // Models keep one state per slot; `models` has one per slot by construction.
         if let Some(model) = self.models.get_mut(slot) {
-            model.fill(packet_count(len, action.mtu), &mut out.lost);
+            model.fill(packet_count(len, out.mtu), &mut out.lost);
         }
         matched
     }
@@ -141,12 +135,20 @@ impl ConnectionLoss {
     /// matching rule's effect, packet size and timeout, and no lost packet. The models do not
     /// move, so switching loss on again goes on where it stopped.
     pub fn lossless_plan(&self, ctx: &MatchContext, out: &mut LossPlan) {
-        let slot = first_match(&self.rules.rules, ctx).unwrap_or(self.rules.rules.len());
+        self.act(ctx, out);
+    }
+
+    /// Writes the action of the first rule matching `ctx` (or the defaults) into `out`, with
+    /// no lost packet: the rule's index, and its slot among the actions and models.
+    fn act(&self, ctx: &MatchContext, out: &mut LossPlan) -> (Option<usize>, usize) {
+        let matched = first_match(&self.rules.rules, ctx);
+        let slot = matched.unwrap_or(self.rules.rules.len());
         let action = self.rules.action(slot);
         out.effect = action.effect;
         out.mtu = action.mtu;
         out.retransmit_timeout = action.retransmit_timeout;
         out.lost.clear();
+        (matched, slot)
     }
 }
 

@@ -128,7 +128,7 @@ impl Runtime {
             env::var(crate::stats::timeline::TRACE_DIR_ENV)?,
             env::var(crate::stats::timeline::TRACE_EVENTS_ENV)?,
         )?;
-        check_forced_protocol(&profile, std::env::var("NCCL_PROTO").ok().as_deref())?;
+        check_forced_protocol(&profile, env::var("NCCL_PROTO")?.as_deref())?;
         let inner_env = env::var(INNER_ENV)?.filter(|v| !v.trim().is_empty());
         let transport: Box<dyn Transport> = match wrap_target(&profile, inner_env)? {
             None => Box::new(SocketTransport::from_env()?),

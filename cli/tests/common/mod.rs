@@ -394,15 +394,16 @@ pub fn heap_in_use() -> usize {
     info.uordblks + info.hblkhd
 }
 
-/// Sends `data` from `sc` to `rc` through the raw v12 table, as NCCL's proxy posts and tests
-/// (the receive posted at the message's size): the bytes that arrived.
+/// Sends `data` from `sc` to `rc` through the raw v12 table, posting and testing as NCCL's
+/// proxy does (the receive at the message's size): the bytes that arrived, in a buffer that
+/// starts as 0xee bytes, so bytes never written show.
 pub fn raw_transfer(
     t: &ncclNet_v12_t,
     sc: *mut c_void,
     rc: *mut c_void,
     data: &mut [u8],
 ) -> Vec<u8> {
-    let mut into = vec![0u8; data.len()];
+    let mut into = vec![0xeeu8; data.len()];
     let (mut smr, mut rmr) = (null_mut(), null_mut());
     // SAFETY: host buffers that outlive their registrations and requests.
     unsafe {
@@ -505,4 +506,30 @@ pub fn raw_transfer(
         );
     }
     into
+}
+
+/// Connects with `connect` (one call of some table's `connect`, returning its code) and
+/// accepts on `listen_comm` until both ends are up: (sendComm, recvComm).
+pub fn raw_connect_pair(
+    t: &ncclNet_v12_t,
+    listen_comm: *mut c_void,
+    mut connect: impl FnMut(&mut *mut c_void) -> ncclResult_t,
+) -> (*mut c_void, *mut c_void) {
+    let (mut sc, mut rc): (*mut c_void, *mut c_void) = (null_mut(), null_mut());
+    let start = Instant::now();
+    while sc.is_null() || rc.is_null() {
+        assert!(start.elapsed() < Duration::from_secs(30), "no connection");
+        if sc.is_null() {
+            assert_eq!(connect(&mut sc), ncclResult_t::ncclSuccess, "connect");
+        }
+        if rc.is_null() {
+            let mut dev = null_mut();
+            // SAFETY: the listenComm listen returned; valid out-pointers.
+            assert_eq!(
+                unsafe { t.accept.expect("accept")(listen_comm, &mut rc, &mut dev) },
+                ncclResult_t::ncclSuccess
+            );
+        }
+    }
+    (sc, rc)
 }

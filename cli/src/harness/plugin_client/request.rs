@@ -9,10 +9,6 @@ use nccl_net_lossy::{Error, Result};
 
 use super::{CommInner, HostBuffer};
 
-/// What `isend`/`irecv` did: started a request, or (NULL request) asked to retry later, in
-/// which case the buffers come back.
-// A request keeps its buffers and sizes inline (no allocation per message); it is moved once,
-// into the caller's queue, so its size costs less than the allocation boxing it would.
 /// What a request was posted with, for the sizes `test` may leave unwritten: NCCL never
 /// reads the size of a finished send (`sendProxyProgress`), and reads a receive's only for its
 /// profiler and GPU flushes (`recvProxyProgress`, sizes zeroed before the call), so a plugin
@@ -26,6 +22,10 @@ pub(super) enum PostedSizes {
     Recv([usize; MAX_GROUPED_RECVS]),
 }
 
+/// What `isend`/`irecv` did: started a request, or (NULL request) asked to retry later, in
+/// which case the buffers come back.
+// A request keeps its buffers and sizes inline (no allocation per message); it is moved once,
+// into the caller's queue, so its size costs less than the allocation boxing it would.
 #[allow(clippy::large_enum_variant)]
 pub enum Posted {
     /// The request, to `test` until done.

@@ -124,9 +124,7 @@ pub(super) struct RxSock {
 /// The receiving half of a socket connection.
 pub struct SocketRecvConn {
     shared: Arc<Shared<RecvSide>>,
-    /// The I/O pool whose thread keeps the sockets moving, if any (else only the owner's
-    /// calls move them).
-    pool: Option<Arc<Pool>>,
+    _pool: Option<Arc<Pool>>,
 }
 
 impl SocketRecvConn {
@@ -176,7 +174,10 @@ impl SocketRecvConn {
             .collect();
         let pool = Pool::shared()?;
         let shared = Shared::start(sockets, states, peer, side, timeout, pool.as_deref())?;
-        Ok(SocketRecvConn { shared, pool })
+        Ok(SocketRecvConn {
+            shared,
+            _pool: pool,
+        })
     }
 
     /// Whether each receiving socket delays its acknowledgements now (`TCP_QUICKACK` reads 0
@@ -273,9 +274,9 @@ impl RecvConn for SocketRecvConn {
         // thread the next `test` moves every socket anyway, which NCCL calls next (its proxy
         // tests what it posted), so a read here would be one more system call per message,
         // mostly finding nothing.
-        let parked = std::mem::take(&mut g.side.parked);
-        drop(g);
-        if self.pool.is_some() {
+        if shared.has_pool() {
+            let parked = std::mem::take(&mut g.side.parked);
+            drop(g);
             shared.progress_sockets(parked);
         }
         Ok(Some(slot as RequestId))

@@ -259,10 +259,16 @@ impl<S: Side> Shared<S> {
         }
     }
 
+    /// Whether a pool thread serves this connection's sockets (else only the owner's calls
+    /// move them).
+    pub(super) fn has_pool(&self) -> bool {
+        self.regs.get().is_some()
+    }
+
     /// Notes that the owner progresses the connection now, for its pool thread (if any) to
     /// leave the sockets to it.
     fn owner_active(&self) {
-        if self.regs.get().is_some() {
+        if self.has_pool() {
             self.owner_ns
                 .store(self.progress.now_ns(), Ordering::Relaxed);
         }
