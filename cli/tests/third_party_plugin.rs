@@ -155,3 +155,26 @@ fn receives_are_posted_at_the_whole_step_as_nccl_posts_them() {
         "receives posted at other sizes than the 512 KiB step: {posted:?}"
     );
 }
+
+#[test]
+fn the_inline_calibration_plugin_runs_exact_collectives_in_both_wires() {
+    // The benchmarks time tests/fixtures/inline_tcp_plugin.c (one inline socket, nothing
+    // else) next to ours to tell the harness's own cost from the plugin's; it must run
+    // through the harness as any plugin does, in its plain wire and in ours.
+    for (name, defines) in [
+        ("inline", &[][..]),
+        ("inline-lossy-wire", &["LOSSY_WIRE"][..]),
+    ] {
+        let plugin = common::build_fixture_with(name, "inline_tcp_plugin.c", defines);
+        let runs = every(&[8, 4096, 1 << 20], &[DataType::F32, DataType::U8]);
+        let n = runs.len();
+        let job = Job::collectives(plugin, vec![LinkKind::Plugin], runs);
+        let reports = launch_env(2, job, vec![])
+            .unwrap_or_else(|e| panic!("the job over the {name} plugin failed: {e}"));
+        for report in &reports {
+            assert_eq!(report.plugin, "inline-tcp", "{report:?}");
+            assert_eq!(report.results.len(), n, "{report:?}");
+            assert!(report.results.iter().all(|r| r.ok), "{report:?}");
+        }
+    }
+}

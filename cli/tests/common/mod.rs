@@ -40,15 +40,21 @@ pub fn output_within_10s(cmd: &mut std::process::Command, what: &str) -> std::pr
     child.wait_with_output().expect("output")
 }
 
-/// Builds the C plugin `cli/tests/fixtures/{source}` (a small forwarding plugin, with the
-/// system C compiler) into a fresh folder of its own for test `test`: tests run in parallel,
-/// and a shared folder would be wiped under another test's ranks.
+/// Builds the C plugin `cli/tests/fixtures/{source}` (a small plugin, with the system C
+/// compiler) into a fresh folder of its own for test `test`: tests run in parallel, and a
+/// shared folder would be wiped under another test's ranks.
 pub fn build_fixture(test: &str, source: &str) -> PathBuf {
-    let out = fresh_dir(&format!("forward-plugin-{test}")).join("libnccl-net-forward.so");
+    build_fixture_with(test, source, &[])
+}
+
+/// As [`build_fixture`], with `defines` (`NAME` or `NAME=VALUE`) given to the compiler.
+pub fn build_fixture_with(test: &str, source: &str, defines: &[&str]) -> PathBuf {
+    let out = fresh_dir(&format!("fixture-plugin-{test}")).join("libnccl-net-fixture.so");
     let compiler = std::env::var("CC").unwrap_or_else(|_| "cc".to_string());
     let status = std::process::Command::new(&compiler)
         .args(["-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-I"])
         .arg(repo_file("nccl_headers"))
+        .args(defines.iter().map(|d| format!("-D{d}")))
         .arg(repo_file(&format!("cli/tests/fixtures/{source}")))
         .arg("-o")
         .arg(&out)

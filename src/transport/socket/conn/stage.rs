@@ -33,7 +33,10 @@ const ACK_REARM: u32 = 16;
 /// fills the stage with one plain `recv` and is served from it, so a small message (header,
 /// runs and payload) costs one system call, and a poll that finds nothing costs the cheapest
 /// one; a larger read goes straight into the caller's buffer and offers the stage for what
-/// follows (the next header), in the same call.
+/// follows (the next header), in the same call. After a chunk of at least the stage's size
+/// the socket carries bulk traffic, where a copy through the stage costs more than the
+/// system call it saves: it reads exactly what is asked (header, then payload straight into
+/// the caller's buffer) until a smaller chunk comes.
 pub(super) struct Stage {
     buf: Vec<u8>,
     start: usize,
@@ -42,6 +45,8 @@ pub(super) struct Stage {
     /// small chunks since the last bulk one (0: acknowledgements are not delayed).
     delayed_acks: bool,
     small_chunks: u32,
+    /// The socket's last chunk was at least the stage's size: read exactly what is asked.
+    bulk: bool,
 }
 
 /// What one [`Stage::read`] did.
@@ -64,6 +69,7 @@ impl Stage {
             end: 0,
             delayed_acks,
             small_chunks: 0,
+            bulk: false,
         }
     }
 
@@ -84,6 +90,13 @@ impl Stage {
     pub(super) fn read(&mut self, sock: &Socket, buf: &mut [u8]) -> io::Result<Read> {
         if !self.is_empty() {
             return Ok(Read::Staged(self.take(buf)));
+        }
+        if self.bulk {
+            return Ok(match recv_some(sock, buf, &mut [])? {
+                None => Read::Nothing,
+                Some(0) => Read::Closed,
+                Some(n) => Read::Arrived(n),
+            });
         }
         if self.buf.is_empty() {
             self.buf = vec![0; STAGE_SIZE];
@@ -112,6 +125,7 @@ impl Stage {
     /// Notes that a chunk of `len` bytes arrived whole on `sock`, and suits the socket's
     /// acknowledgements to its traffic: delayed for small messages, the usual for bulk.
     pub(super) fn chunk_received(&mut self, sock: &Socket, len: usize) {
+        self.bulk = len >= STAGE_SIZE;
         if !self.delayed_acks {
             return;
         }
@@ -125,5 +139,95 @@ impl Stage {
             let _ = sock.set_quickack(true);
             self.small_chunks = 0;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+
+    use socket2::Socket;
+
+    use super::{Read, Stage, STAGE_SIZE};
+    use crate::transport::socket::conn::shared::peek_arrived;
+
+    /// A loopback pair: the writing end, and the non-blocking reading end as the transport
+    /// holds it.
+    fn pair() -> (TcpStream, Socket) {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let tx = TcpStream::connect(listener.local_addr().expect("address")).expect("connect");
+        let (rx, _) = listener.accept().expect("accept");
+        rx.set_nonblocking(true).expect("non-blocking");
+        (tx, Socket::from(rx))
+    }
+
+    /// Waits until `n` bytes wait in `sock` (loopback delivers within the writer's call, but
+    /// the test must not rely on it).
+    fn arrived(sock: &Socket, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut buf = vec![0u8; n];
+        while peek_arrived(sock, &mut buf).unwrap_or(0) < n {
+            assert!(Instant::now() < deadline, "{n} bytes never arrived");
+            std::thread::yield_now();
+        }
+    }
+
+    /// Reads `want` bytes through the stage, one call per arrival.
+    fn read_exactly(stage: &mut Stage, sock: &Socket, want: usize) -> Vec<u8> {
+        let mut out = vec![0u8; want];
+        let mut got = 0;
+        while got < want {
+            match stage.read(sock, &mut out[got..]).expect("read") {
+                Read::Staged(k) | Read::Arrived(k) => got += k,
+                Read::Nothing => std::thread::yield_now(),
+                Read::Closed => panic!("closed after {got} bytes"),
+            }
+        }
+        out
+    }
+
+    /// Bytes still in the socket, not read by anyone.
+    fn unread(sock: &Socket) -> usize {
+        let mut buf = vec![0u8; 2 * STAGE_SIZE];
+        peek_arrived(sock, &mut buf).unwrap_or(0)
+    }
+
+    #[test]
+    fn small_reads_take_what_follows_into_the_stage() {
+        let (mut tx, rx) = pair();
+        let mut stage = Stage::new(false);
+        let bytes: Vec<u8> = (0..300u32).map(|i| i as u8).collect();
+        tx.write_all(&bytes).expect("write");
+        arrived(&rx, bytes.len());
+        // A 56-byte read (a header) brings everything that arrived: one system call.
+        assert_eq!(read_exactly(&mut stage, &rx, 56), bytes[..56]);
+        assert_eq!(unread(&rx), 0, "the rest should be in the stage");
+        assert!(!stage.is_empty());
+        assert_eq!(read_exactly(&mut stage, &rx, 244), bytes[56..]);
+        assert!(stage.is_empty());
+    }
+
+    #[test]
+    fn after_a_bulk_chunk_reads_take_only_what_is_asked_and_a_small_one_stages_again() {
+        let (mut tx, rx) = pair();
+        let mut stage = Stage::new(false);
+        let bytes: Vec<u8> = (0..600u32).map(|i| (i * 7) as u8).collect();
+        tx.write_all(&bytes).expect("write");
+        arrived(&rx, bytes.len());
+        // A bulk chunk came whole: the next header is read exactly, with no copy through
+        // the stage, and what follows stays in the socket for the next read.
+        stage.chunk_received(&rx, STAGE_SIZE);
+        assert_eq!(read_exactly(&mut stage, &rx, 56), bytes[..56]);
+        assert!(stage.is_empty(), "a bulk socket read ahead into the stage");
+        assert_eq!(unread(&rx), 544);
+        assert_eq!(read_exactly(&mut stage, &rx, 200), bytes[56..256]);
+        assert_eq!(unread(&rx), 344);
+        // A small chunk puts the socket back to reading ahead.
+        stage.chunk_received(&rx, 200);
+        assert_eq!(read_exactly(&mut stage, &rx, 56), bytes[256..312]);
+        assert_eq!(unread(&rx), 0);
+        assert_eq!(read_exactly(&mut stage, &rx, 288), bytes[312..]);
     }
 }
