@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use common::{fresh_dir, lossy_exe};
+use common::{fresh_dir, lossy_exe, make_fifo};
 
 fn lossy(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(lossy_exe());
@@ -88,9 +88,7 @@ fn validate_without_a_file_checks_the_profile_nccl_lossy_profile_names() {
 fn validate_refuses_a_fifo_at_once() {
     let dir = fresh_dir("validate-fifo");
     let fifo = dir.join("profile.toml");
-    let c = std::ffi::CString::new(fifo.to_str().expect("utf-8")).expect("path");
-    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    make_fifo(&fifo);
     let fifo = fifo.display().to_string();
     for env in [vec![], vec![("NCCL_LOSSY_PROFILE", fifo.as_str())]] {
         let args: &[&str] = if env.is_empty() {

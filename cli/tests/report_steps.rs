@@ -13,7 +13,9 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use common::{fresh_dir, library, lossy_exe, message_bytes, post_recv, post_send, wait_request};
+use common::{
+    fresh_dir, library, lossy_exe, make_fifo, message_bytes, post_recv, post_send, wait_request,
+};
 use lossy_cli::harness::plugin_client::{op, PluginClient, PluginLibrary};
 use nccl_net_lossy::stats::report::load_run;
 
@@ -355,10 +357,13 @@ fn lossy_within_10s(args: &[&str]) -> Output {
     )
 }
 
-fn make_fifo(path: &Path) {
-    let c = CString::new(path.to_str().expect("utf-8")).expect("path");
-    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+/// `lossy report` failed with an error naming `file` and saying `why`.
+fn assert_refused_naming(out: &Output, file: &str, why: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains(file) && stderr.contains(why),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -382,34 +387,20 @@ fn report_refuses_fifos_and_endless_files_naming_them() {
         "--train-log",
         log.to_str().expect("utf-8"),
     ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success()
-            && stderr.contains("train.jsonl")
-            && stderr.contains("not a regular file"),
-        "{stderr}"
-    );
+    assert_refused_naming(&out, "train.jsonl", "not a regular file");
     // A statistics file that is a FIFO, then one that never ends.
     let fifo = dir.join("lossy-stats-rank9-x-1.json");
     make_fifo(&fifo);
     let out = lossy_within_10s(&["report", &run]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success()
-            && stderr.contains("lossy-stats-rank9-x-1.json")
-            && stderr.contains("not a regular file"),
-        "{stderr}"
-    );
+    assert_refused_naming(&out, "lossy-stats-rank9-x-1.json", "not a regular file");
     std::fs::remove_file(&fifo).expect("remove");
     std::os::unix::fs::symlink("/dev/zero", dir.join("lossy-stats-rank9-x-2.json"))
         .expect("symlink");
     let out = lossy_within_10s(&["report", &run]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success()
-            && stderr.contains("lossy-stats-rank9-x-2.json")
-            && stderr.contains("not a regular file (a character device)"),
-        "{stderr}"
+    assert_refused_naming(
+        &out,
+        "lossy-stats-rank9-x-2.json",
+        "not a regular file (a character device)",
     );
     std::fs::remove_dir_all(&dir).ok();
 }

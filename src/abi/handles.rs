@@ -72,6 +72,12 @@ pub(crate) unsafe fn kind_of(ptr: *mut c_void, expected: Kind) -> Result<Option<
 /// `#[repr(C)]` struct whose first field is that [`Kind`]. The pointer is only checked, not
 /// dereferenced: the caller decides how to borrow it.
 pub(crate) unsafe fn checked<T>(ptr: *mut c_void, kind: Kind, what: &str) -> Result<*mut T> {
+    let ptr = super::non_null(ptr, kind.name())?;
+    // SAFETY: per this function's contract. The expected word first: the common case costs
+    // one compare, and only a mismatch looks up what else it is, for the error.
+    if unsafe { *(ptr as *const u64) } == kind as u64 {
+        return Ok(ptr.cast());
+    }
     // SAFETY: per this function's contract.
     match unsafe { kind_of(ptr, kind)? } {
         Some(k) if k == kind => Ok(ptr.cast()),
@@ -101,25 +107,23 @@ impl Live {
         }
     }
 
-    fn lock(&self) -> Result<MutexGuard<'_, Vec<usize>>> {
-        self.addrs.lock().map_err(|_| {
-            Error::internal(format!(
-                "{} list poisoned by an earlier panic",
-                self.kind.name()
-            ))
-        })
+    /// The list. A poisoned lock only means a thread panicked while holding it; no step of
+    /// `add` or `take` can leave the list half-changed, so it is used as it is. (Failing
+    /// instead would leak the context `add` was about to record, and its hold on the
+    /// runtime.)
+    fn lock(&self) -> MutexGuard<'_, Vec<usize>> {
+        self.addrs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Records `ptr` as handed out.
-    pub(crate) fn add<T>(&self, ptr: *mut T) -> Result<()> {
-        self.lock()?.push(ptr as usize);
-        Ok(())
+    pub(crate) fn add<T>(&self, ptr: *mut T) {
+        self.lock().push(ptr as usize);
     }
 
     /// Takes `ptr` out (its owner is about to free it), or fails if it is not live: never
     /// handed out, or finalized already.
     pub(crate) fn take(&self, ptr: *mut c_void) -> Result<()> {
-        let mut live = self.lock()?;
+        let mut live = self.lock();
         let at = live
             .iter()
             .position(|&a| a == ptr as usize)

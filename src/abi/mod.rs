@@ -138,7 +138,7 @@ fn init_context(
         kind: Kind::Context,
         ctx,
     }));
-    LIVE_CONTEXTS.add(ptr)?;
+    LIVE_CONTEXTS.add(ptr);
     // SAFETY: NCCL passes a valid pointer to where it keeps the context (checked non-NULL).
     unsafe { *ctx_out = ptr.cast() };
     Ok(())
@@ -351,15 +351,19 @@ fn accept(listen_comm: *mut c_void, recv_comm: *mut *mut c_void) -> Result<()> {
     Ok(())
 }
 
-/// Closing NULL does nothing, as with NCCL's own plugins.
-fn close_listen(listen_comm: *mut c_void) -> Result<()> {
-    if listen_comm.is_null() {
+/// Frees the handle of `kind` (a `T` our listen, connect or accept made) that NCCL hands back
+/// to `call` (`closeListen`, `closeSend`, `closeRecv`); closing NULL does nothing, as with
+/// NCCL's own plugins.
+fn close_handle<T>(handle: *mut c_void, kind: Kind, call: &str) -> Result<()> {
+    if handle.is_null() {
         return Ok(());
     }
-    // SAFETY: NCCL gives back the listenComm our listen made (kind checked), once.
-    unsafe { checked::<AbiListenComm>(listen_comm, Kind::Listen, "closeListen")? };
-    // SAFETY: as above: the Box our listen made, no longer used by NCCL.
-    drop(unsafe { Box::from_raw(listen_comm as *mut AbiListenComm) });
+    // SAFETY: NCCL gives back a handle our listen/connect/accept made, once; its kind word is
+    // checked to be `kind`, which only a `T` carries.
+    unsafe { checked::<T>(handle, kind, call)? };
+    // SAFETY: as above: the Box our call made, no longer used by NCCL (no request of a comm
+    // is in use when NCCL closes it).
+    drop(unsafe { Box::from_raw(handle as *mut T) });
     Ok(())
 }
 
@@ -569,28 +573,16 @@ fn test(request: *mut c_void, done: *mut c_int, sizes: *mut c_int) -> Result<()>
     Ok(())
 }
 
-/// Closing NULL does nothing, as with NCCL's own plugins.
 fn close_send(send_comm: *mut c_void) -> Result<()> {
-    if send_comm.is_null() {
-        return Ok(());
-    }
-    // SAFETY: NCCL gives back the sendComm our connect made (kind checked), once.
-    unsafe { checked::<AbiSendComm>(send_comm, Kind::Send, "closeSend")? };
-    // SAFETY: as above: the Box our connect made, with no request in use.
-    drop(unsafe { Box::from_raw(send_comm as *mut AbiSendComm) });
-    Ok(())
+    close_handle::<AbiSendComm>(send_comm, Kind::Send, "closeSend")
 }
 
-/// Closing NULL does nothing, as with NCCL's own plugins.
 fn close_recv(recv_comm: *mut c_void) -> Result<()> {
-    if recv_comm.is_null() {
-        return Ok(());
-    }
-    // SAFETY: NCCL gives back the recvComm our accept made (kind checked), once.
-    unsafe { checked::<AbiRecvComm>(recv_comm, Kind::Recv, "closeRecv")? };
-    // SAFETY: as above: the Box our accept made, with no request in use.
-    drop(unsafe { Box::from_raw(recv_comm as *mut AbiRecvComm) });
-    Ok(())
+    close_handle::<AbiRecvComm>(recv_comm, Kind::Recv, "closeRecv")
+}
+
+fn close_listen(listen_comm: *mut c_void) -> Result<()> {
+    close_handle::<AbiListenComm>(listen_comm, Kind::Listen, "closeListen")
 }
 
 // ---- memory registration ------------------------------------------------------------------

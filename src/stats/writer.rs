@@ -128,7 +128,7 @@ impl StatsFile {
 pub fn launcher_rank() -> Option<u64> {
     ["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"]
         .iter()
-        .find_map(|var| std::env::var(var).ok()?.trim().parse().ok())
+        .find_map(|var| crate::env::var(var).ok()??.trim().parse().ok())
 }
 
 /// Writes `bytes` to `dir/name` so a reader sees the old file or the whole new one, never

@@ -40,6 +40,18 @@ pub fn output_within_10s(cmd: &mut std::process::Command, what: &str) -> std::pr
     child.wait_with_output().expect("output")
 }
 
+/// Makes a FIFO at `path` (a file that never ends and blocks its reader: hostile input).
+pub fn make_fifo(path: &Path) {
+    let c = std::ffi::CString::new(path.to_str().expect("utf-8")).expect("path");
+    // SAFETY: `c` is a valid NUL-terminated path for the duration of the call.
+    assert_eq!(
+        unsafe { libc::mkfifo(c.as_ptr(), 0o600) },
+        0,
+        "mkfifo {}",
+        path.display()
+    );
+}
+
 /// Builds the C plugin `cli/tests/fixtures/{source}` (a small plugin, with the system C
 /// compiler) into a fresh folder of its own for test `test`: tests run in parallel, and a
 /// shared folder would be wiped under another test's ranks.

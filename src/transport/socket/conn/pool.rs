@@ -278,19 +278,20 @@ pub fn default_io_threads() -> usize {
 /// `NCCL_LOSSY_IO_THREADS`, or the default. `SocketConfig` refuses a malformed value at `init`;
 /// one set after `init` is reported and ignored.
 pub fn io_threads() -> usize {
-    match std::env::var("NCCL_LOSSY_IO_THREADS") {
-        Ok(v) if !v.trim().is_empty() => match v.trim().parse::<usize>() {
+    let fallback = |why: std::fmt::Arguments<'_>| {
+        let n = default_io_threads();
+        log_warn(format_args!("{why}; using {n}"));
+        n
+    };
+    match crate::env::var("NCCL_LOSSY_IO_THREADS") {
+        Ok(Some(v)) if !v.trim().is_empty() => match v.trim().parse::<usize>() {
             Ok(n) if n <= MAX_IO_THREADS => n,
-            _ => {
-                log_warn(format_args!(
-                    "NCCL_LOSSY_IO_THREADS={v} is not valid (an integer from 0 to \
-                     {MAX_IO_THREADS}); using {}",
-                    default_io_threads()
-                ));
-                default_io_threads()
-            }
+            _ => fallback(format_args!(
+                "NCCL_LOSSY_IO_THREADS={v} is not valid (an integer from 0 to {MAX_IO_THREADS})"
+            )),
         },
-        _ => default_io_threads(),
+        Ok(_) => default_io_threads(),
+        Err(e) => fallback(format_args!("{e}")),
     }
 }
 
