@@ -21,39 +21,52 @@ fn inner_copy(dir: &Path) -> PathBuf {
     copy
 }
 
+/// Lossless collectives (several sizes, f32 and u8) on `nranks` ranks wrapping `inner`,
+/// driven through net API `version`: every result bit-exact, and NCCL sees our name.
+fn exact_over(inner: &Path, nranks: usize, version: u32) {
+    let runs = every(&[0, 7, 4096, (1 << 20) + 3], &[DataType::F32, DataType::U8]);
+    let n = runs.len();
+    let mut job = Job::collectives(library(), vec![LinkKind::Plugin], runs);
+    job.version = version;
+    job.timeout_s = 60.0;
+    let env = vec![
+        (
+            "NCCL_LOSSY_PROFILE".into(),
+            repo_file("configs/lossless.toml").display().to_string(),
+        ),
+        ("NCCL_LOSSY_INNER".into(), inner.display().to_string()),
+    ];
+    let reports = launch_env(nranks, job, env)
+        .unwrap_or_else(|e| panic!("v{version} over {}: run failed: {e}", inner.display()));
+    assert_all_exact(&reports, n);
+    assert!(
+        reports.iter().all(|r| r.plugin == "lossy"),
+        "our name stays"
+    );
+}
+
 #[test]
 fn wrapped_collectives_are_bit_exact_at_zero_loss_on_every_abi_version() {
     let dir = fresh_dir("exact");
     let inner = inner_copy(&dir);
     for version in [8, 10, 12] {
-        let runs = every(&[0, 7, 4096, (1 << 20) + 3], &[DataType::F32, DataType::U8]);
-        let n = runs.len();
-        let mut job = Job::collectives(library(), vec![LinkKind::Plugin], runs);
-        job.version = version;
-        job.timeout_s = 60.0;
-        let reports = launch_env(
-            3,
-            job,
-            vec![
-                (
-                    "NCCL_LOSSY_PROFILE".into(),
-                    repo_file("configs/lossless.toml").display().to_string(),
-                ),
-                ("NCCL_LOSSY_INNER".into(), inner.display().to_string()),
-            ],
-        )
-        .unwrap_or_else(|e| panic!("v{version}: run failed: {e}"));
-        assert_all_exact(&reports, n);
-        assert!(
-            reports.iter().all(|r| r.plugin == "lossy"),
-            "our name stays"
-        );
+        exact_over(&inner, 3, version);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// 2 ranks x 40 messages of 1 MiB (256 packets each), under a loss profile, with statistics.
 fn lossy_messages(effect: &str, inner: Option<&Path>, stats: &Path) -> Vec<WorkerReport> {
+    lossy_messages_env(effect, inner, stats, &[])
+}
+
+/// As [`lossy_messages`], with more variables set on every rank.
+fn lossy_messages_env(
+    effect: &str,
+    inner: Option<&Path>,
+    stats: &Path,
+    more: &[(&str, &str)],
+) -> Vec<WorkerReport> {
     let mut job = Job::collectives(library(), vec![LinkKind::Plugin], Vec::new());
     job.task = Task::Messages {
         bytes: 1 << 20,
@@ -73,6 +86,7 @@ fn lossy_messages(effect: &str, inner: Option<&Path>, stats: &Path) -> Vec<Worke
     if let Some(inner) = inner {
         env.push(("NCCL_LOSSY_INNER".into(), inner.display().to_string()));
     }
+    env.extend(more.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     launch_env(2, job, env).unwrap_or_else(|e| panic!("run failed: {e}"))
 }
 
@@ -474,6 +488,49 @@ fn an_inner_plugin_out_of_requests_gets_the_data_on_the_retry() {
     assert!(last_sent);
     for (k, d) in dsts.iter().enumerate() {
         assert!(d.iter().all(|&x| x == k as u8 + 1), "message {k}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn an_inner_device_that_does_not_list_host_memory_is_wrapped_as_nccl_uses_it() {
+    // NCCL never checks NCCL_PTR_HOST in a device's ptrSupport: it registers host buffers with
+    // any plugin (its bootstrap over the net, its host-staged proxy buffers), and only an
+    // inner regMr that refuses one fails. Wrap mode refused such a device at init, stricter
+    // than NCCL; the calibration plugin built to list NCCL_PTR_CUDA only must wrap cleanly.
+    let inner =
+        common::build_fixture_with("wrap-no-host-ptr", "inline_tcp_plugin.c", &["NO_HOST_PTR"]);
+    exact_over(&inner, 2, 12);
+}
+
+#[test]
+fn an_inner_plugin_that_reports_no_sizes_is_wrapped_as_nccl_uses_it() {
+    // NCCL reads no send's size and a receive's only for its profiler and GPU flushes, so a
+    // plugin may leave them unwritten; wrap mode needed them (its side message was checked
+    // against the reported data size) and failed such a plugin with "bad side message".
+    // The inner plugin here is the forwarding fixture with its sizes switched off, in front
+    // of the calibration plugin: the same packets must be lost and damaged as on our own
+    // sockets with the same seed.
+    let dir = fresh_dir("no-sizes");
+    let target = common::build_fixture_with("wrap-no-sizes-target", "inline_tcp_plugin.c", &[]);
+    let inner = common::build_fixture("wrap-no-sizes", "forward_plugin.c");
+    let target = target.display().to_string();
+    let quirks = [
+        ("FORWARD_PLUGIN_TARGET", target.as_str()),
+        ("FORWARD_PLUGIN_NO_SIZES", "1"),
+    ];
+    for effect in ["zero", "bitflip", "retransmit"] {
+        let direct = total_census(&lossy_messages(effect, None, &dir.join(effect)));
+        let wrapped_stats = dir.join(format!("wrapped-{effect}"));
+        let wrapped = total_census(&lossy_messages_env(
+            effect,
+            Some(&inner),
+            &wrapped_stats,
+            &quirks,
+        ));
+        assert_eq!(wrapped, direct, "{effect}");
+        let w = load_run(&wrapped_stats).expect("wrapped statistics");
+        assert!(w.total.counts.lost_packets > 0, "{effect}: nothing lost");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

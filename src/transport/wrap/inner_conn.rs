@@ -180,8 +180,10 @@ pub(super) enum Half {
     Unposted,
     /// Posted; the inner request.
     Pending(NetRequest),
-    /// Done, with the size the inner plugin reported.
-    Done(usize),
+    /// Done, with the size the inner plugin reported; `None` when it wrote none (NCCL reads
+    /// no send's size and a receive's only for its profiler and GPU flushes, so a plugin may
+    /// leave them unwritten).
+    Done(Option<usize>),
     /// Its test failed: the inner plugin may have released the request.
     Failed,
 }
@@ -249,7 +251,9 @@ impl InFlight {
             // SAFETY: a request of this connection's live comm that has neither tested done
             // nor failed (either takes it out of `Pending`, so it is never tested again).
             match unsafe { conn.plugin.net.test(req) } {
-                Ok(Some(sizes)) => *half = Half::Done(usize::try_from(sizes[0]).unwrap_or(0)),
+                // The client fills the sizes with -1 before the call: still negative, the
+                // plugin did not write it.
+                Ok(Some(sizes)) => *half = Half::Done(usize::try_from(sizes[0]).ok()),
                 Ok(None) => return Ok(()),
                 Err(err) => {
                     *half = Half::Failed;

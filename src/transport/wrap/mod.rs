@@ -100,12 +100,16 @@ impl WrapTransport {
                 )));
             }
             if p.ptr_support & NCCL_PTR_HOST as i32 == 0 {
-                return Err(Error::invalid_argument(format!(
-                    "inner net plugin {}: device {dev} ({}) does not accept host memory, \
-                     which wrap mode needs",
+                // NCCL registers host buffers with any plugin whatever its ptrSupport says
+                // (src/bootstrap.cc, src/transport/net.cc): only an inner regMr that refuses
+                // host memory fails, with the inner plugin's own error.
+                log::warn(&format!(
+                    "wrap mode: inner net plugin {} device {dev} ({}) does not list host \
+                     memory (NCCL_PTR_HOST) in its ptrSupport; wrap mode registers host \
+                     buffers with it all the same, as NCCL does",
                     plugin.name(),
                     p.name
-                )));
+                ));
             }
             devices.push(DeviceProps {
                 name: format!("{}:{}", plugin.name(), p.name),
@@ -411,6 +415,8 @@ struct RecvSlot {
     runs: Vec<PacketRun>,
     /// Number of the message this slot receives (receives match in posting order).
     seq: u64,
+    /// Bytes the message brought, once its side message is read.
+    size: usize,
 }
 
 impl Halves for RecvSlot {
@@ -516,27 +522,42 @@ impl RecvConn for WrapRecvConn {
         if !(slot.side.is_done() && slot.data.is_done()) {
             return Ok(None);
         }
-        let (Half::Done(side_len), Half::Done(size), Some(buf)) = (slot.side, slot.data, slot.buf)
+        let (Half::Done(side_len), Half::Done(reported), Some(buf)) =
+            (slot.side, slot.data, slot.buf)
         else {
             return Err(Error::internal(
                 "wrap receive slot finished without a buffer",
             ));
         };
-        if size > buf.len() {
-            return Err(Error::internal(format!(
-                "inner net plugin {}: a receive of {} bytes reported {size} bytes",
+        let too_long = |size: usize| {
+            Error::remote(format!(
+                "inner net plugin {}: a receive of {} bytes got {size} bytes",
                 self.conn.plugin.name(),
                 buf.len()
-            )));
+            ))
+        };
+        if let Some(size) = reported.filter(|&s| s > buf.len()) {
+            return Err(too_long(size));
         }
         if slot.ready_at.is_none() {
             // SAFETY: under the state lock; the side receive of this slot is done, so the
             // inner plugin no longer writes its buffer.
             let (_, bytes) = unsafe { self.conn.side.slot(id as usize) };
+            let bytes = &bytes[..bytes.len().min(side::CAPACITY)];
+            // An inner plugin that reports no sizes: the side message says its own length,
+            // and the data message's (checked against the posted receive).
+            let side_len = side_len.unwrap_or_else(|| side::declared_len(bytes));
             let info = side::decode(
-                &bytes[..side_len.min(side::CAPACITY)],
+                &bytes[..side_len.min(bytes.len())],
                 std::mem::take(&mut slot.runs),
             )?;
+            let size = match reported {
+                Some(size) => size,
+                None => usize::try_from(info.size)
+                    .ok()
+                    .filter(|&s| s <= buf.len())
+                    .ok_or_else(|| too_long(info.size as usize))?,
+            };
             if info.seq != slot.seq || info.tag != slot.tag || info.size != size as u64 {
                 return Err(Error::remote(format!(
                     "wrap mode: side message says message {} (tag {}, {} bytes) but the data \
@@ -544,6 +565,7 @@ impl RecvConn for WrapRecvConn {
                     info.seq, info.tag, info.size, slot.seq, slot.tag
                 )));
             }
+            slot.size = size;
             let plan = info.plan;
             // SAFETY: the inner plugin finished writing `buf` (its data request is done), and
             // NCCL does not touch it until this receive completes; only this view exists.
@@ -565,7 +587,7 @@ impl RecvConn for WrapRecvConn {
         slot.buf = None;
         slot.side = Half::Unposted;
         slot.data = Half::Unposted;
-        Ok(Some(Completion::single(size)))
+        Ok(Some(Completion::single(slot.size)))
     }
 
     fn register(&self, buf: HostBuf) -> Result<MrHandle> {

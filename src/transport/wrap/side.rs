@@ -121,6 +121,18 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(w)
 }
 
+/// How many of `bytes` (a side receive's buffer) the side message in it says it takes: its
+/// header and the payload its header declares, within `bytes`; for an inner plugin that does
+/// not report a receive's size. [`decode`] checks the rest.
+pub fn declared_len(bytes: &[u8]) -> usize {
+    if bytes.len() < HEADER {
+        return bytes.len();
+    }
+    HEADER
+        .saturating_add(u32_at(bytes, 52) as usize)
+        .min(bytes.len())
+}
+
 /// Parses and checks a side message of `bytes` (exactly what arrived), reusing `lost`'s
 /// allocation for the runs.
 pub fn decode(bytes: &[u8], mut lost: Vec<PacketRun>) -> Result<SideInfo> {
