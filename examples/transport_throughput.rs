@@ -82,8 +82,8 @@ fn plugin(sockets: usize, size: usize, messages: usize, in_flight: usize) -> Res
     let mut data = vec![1u8; size];
     let mut into: Vec<Vec<u8>> = (0..in_flight).map(|_| vec![0u8; size]).collect();
     let mut handle = [0u8; HANDLE_WIRE_SIZE];
-    let mut listener = t.listen(0, &mut handle)?;
-    let mut connector = t.connect(0, &handle)?;
+    let mut listener = t.listen(0, None, &mut handle)?;
+    let mut connector = t.connect(0, None, &handle)?;
     let (mut send, mut recv) = (None, None);
     while send.is_none() || recv.is_none() {
         if send.is_none() {

@@ -28,21 +28,6 @@ fn init(t: &ncclNet_v12_t, comm_id: u64) -> *mut c_void {
     ctx
 }
 
-/// A connected (sendComm, recvComm, listenComm) on device 0 of `ctx`.
-fn connected(t: &ncclNet_v12_t, ctx: *mut c_void) -> (*mut c_void, *mut c_void, *mut c_void) {
-    let mut handle = [0u8; 128];
-    let mut lc = null_mut();
-    // SAFETY: a 128-byte handle buffer and valid out-pointers, as NCCL passes them.
-    let rc = unsafe { t.listen.expect("listen")(ctx, 0, handle.as_mut_ptr().cast(), &mut lc) };
-    assert_eq!(rc, OK, "listen");
-    let (sc, rc) = common::raw_connect_pair(t, lc, |sc| {
-        let mut dev = null_mut();
-        // SAFETY: the same handle memory every call, as NCCL does; valid out-pointers.
-        unsafe { t.connect.expect("connect")(ctx, 0, handle.as_mut_ptr().cast(), sc, &mut dev) }
-    });
-    (sc, rc, lc)
-}
-
 /// Sends 64 KiB from `sc` to `rc` and checks they arrive intact.
 fn transfer(t: &ncclNet_v12_t, sc: *mut c_void, rc: *mut c_void) {
     let mut data: Vec<u8> = (0..65536u32).map(|i| (i * 7 + 3) as u8).collect();
@@ -54,7 +39,7 @@ fn transfer(t: &ncclNet_v12_t, sc: *mut c_void, rc: *mut c_void) {
 fn a_comm_of_the_wrong_kind_is_an_error_and_the_comms_still_work() {
     let t = table();
     let ctx = init(t, 0x5a1);
-    let (sc, rc, lc) = connected(t, ctx);
+    let (sc, rc, lc) = common::raw_connected(t, ctx);
     let mut byte = [0u8; 8];
     let mut req = null_mut();
     let mut out = null_mut();
@@ -202,7 +187,7 @@ fn without_a_context_the_plugin_works_as_nccls_socket_plugin_does() {
     // Hold the runtime with a real context, as NCCL does (init before anything else)...
     let ctx = init(t, 0x5a3);
     // ...and then pass none: NCCL's Socket plugin ignores the context altogether.
-    let (sc, rc, lc) = connected(t, null_mut());
+    let (sc, rc, lc) = common::raw_connected(t, null_mut());
     transfer(t, sc, rc);
     // SAFETY: a plain C struct of integers, for which all zeroes is a valid value.
     let mut attr: nccl_net_lossy::ffi::ncclNetAttr_v11_t = unsafe { std::mem::zeroed() };

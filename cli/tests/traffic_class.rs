@@ -70,14 +70,8 @@ fn traffic_class_rules_match_the_class_init_v11_and_connect_v10_are_given() {
         // SAFETY: a 128-byte handle buffer and a valid out-pointer.
         let rc = unsafe { v10.listen.expect("listen")(0, handle.as_mut_ptr().cast(), &mut lc) };
         assert_eq!(rc, OK, "listen");
-        let mut config = ncclNetCommConfig_v10_t {
-            trafficClass: class.unwrap_or(0),
-        };
-        let config_ptr = if class.is_some() {
-            &mut config as *mut _
-        } else {
-            null_mut()
-        };
+        let mut config = class.map(|c| ncclNetCommConfig_v10_t { trafficClass: c });
+        let config_ptr = config.as_mut().map_or(null_mut(), |c| c as *mut _);
         let (sc, rc) = common::raw_connect_pair(v12, lc, |sc| {
             let mut dev = null_mut();
             // SAFETY: the same handle memory every call, as NCCL does; valid out-pointers.
@@ -107,28 +101,8 @@ fn traffic_class_rules_match_the_class_init_v11_and_connect_v10_are_given() {
 
     // v12: the class comes with init, for every connection of the context.
     for (class, expect) in [(5, "zeros"), (3, "intact")] {
-        let mut config = ncclNetCommConfig_v10_t {
-            trafficClass: class,
-        };
-        let mut ctx = null_mut();
-        // SAFETY: a valid out-pointer and config; NULL logger and profiler are allowed.
-        let rc = unsafe {
-            v12.init.expect("init")(&mut ctx, 0x7c + class as u64, &mut config, None, None)
-        };
-        assert_eq!(rc, OK, "init");
-        let mut handle = [0u8; 128];
-        let mut lc = null_mut();
-        // SAFETY: a 128-byte handle buffer and a valid out-pointer.
-        let rc =
-            unsafe { v12.listen.expect("listen")(ctx, 0, handle.as_mut_ptr().cast(), &mut lc) };
-        assert_eq!(rc, OK, "listen");
-        let (sc, rc) = common::raw_connect_pair(v12, lc, |sc| {
-            let mut dev = null_mut();
-            // SAFETY: the same handle memory every call, as NCCL does; valid out-pointers.
-            unsafe {
-                v12.connect.expect("connect")(ctx, 0, handle.as_mut_ptr().cast(), sc, &mut dev)
-            }
-        });
+        let ctx = common::raw_context(v12, 0x7c + class as u64, Some(class));
+        let (sc, rc, lc) = common::raw_connected(v12, ctx);
         let got = transfer(v12, sc, rc);
         assert_eq!(delivered(&got), expect, "v12, init's traffic class {class}");
         // SAFETY: comms and context this test made, closed once.

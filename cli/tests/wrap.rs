@@ -186,8 +186,8 @@ fn in_process_round_trip(version: u32, dir: &Path) {
     assert!(props.name.starts_with("lossy:"), "{}", props.name);
     assert_eq!(props.max_recvs, 1);
     let mut handle = [0u8; HANDLE_WIRE_SIZE];
-    let mut listener = t.listen(0, &mut handle).expect("listen");
-    let mut connector = t.connect(0, &handle).expect("connect");
+    let mut listener = t.listen(0, None, &mut handle).expect("listen");
+    let mut connector = t.connect(0, None, &handle).expect("connect");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let (mut send, mut recv) = (None, None);
     while send.is_none() || recv.is_none() {
@@ -387,8 +387,8 @@ fn an_inner_plugin_out_of_requests_gets_the_data_on_the_retry() {
     };
     let t = WrapTransport::open(&inner.display().to_string(), None, options).expect("open");
     let mut handle = [0u8; HANDLE_WIRE_SIZE];
-    let mut listener = t.listen(0, &mut handle).expect("listen");
-    let mut connector = t.connect(0, &handle).expect("connect");
+    let mut listener = t.listen(0, None, &mut handle).expect("listen");
+    let mut connector = t.connect(0, None, &handle).expect("connect");
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let (mut send, mut recv) = (None, None);
     while send.is_none() || recv.is_none() {

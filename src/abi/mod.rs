@@ -687,6 +687,5 @@ unsafe fn set_net_attr(ctx: *mut c_void, attr: *mut ffi::ncclNetAttr_v11_t) -> R
     let attr = non_null(attr, "netAttr")?;
     // SAFETY: NCCL passes a valid attribute struct for the duration of the call.
     let attr = unsafe { &*attr };
-    ctx.set_attributes(attr.op, attr.algo, attr.proto);
-    Ok(())
+    Runtime::current()?.set_net_attr(&ctx, attr)
 }

@@ -43,7 +43,7 @@ pub use environment::{check_forced_protocol, wrap_target, INNER_ENV};
 pub use net_profiler::{MessageProfiler, MessageReport, ProfilerEvent, ProfilerParent};
 pub use output::{stats_file, write_stats};
 
-use crate::ffi::ncclDebugLogger_t;
+use crate::ffi::{ncclDebugLogger_t, ncclNetAttr_v11_t};
 use crate::loss::engine::{LossEngine, StreamKey};
 use crate::loss::plan::Effect;
 use crate::loss::rules::Direction;
@@ -272,8 +272,16 @@ impl Runtime {
         handle: &mut WireHandle,
     ) -> Result<ListenComm> {
         self.properties(dev)?;
-        let listener = self.transport.listen(dev, handle)?;
+        let listener = self.transport.listen(dev, ctx.traffic_class, handle)?;
         Ok(ListenComm::new(Arc::clone(self), Arc::clone(ctx), listener))
+    }
+
+    /// NCCL's `setNetAttr` for `ctx`: its next operations are `attr.op` (which loss rules
+    /// match), and the transport gets the whole of it (a wrapped plugin, in the context of
+    /// `ctx`'s traffic class).
+    pub fn set_net_attr(&self, ctx: &Context, attr: &ncclNetAttr_v11_t) -> Result<()> {
+        ctx.set_attributes(attr.op, attr.algo, attr.proto);
+        self.transport.set_net_attr(ctx.traffic_class, attr)
     }
 
     /// Starts connecting `ctx` to the listener described by `handle`, which belongs to the
@@ -287,7 +295,9 @@ impl Runtime {
         traffic_class: Option<i32>,
     ) -> Result<Connecting> {
         self.properties(dev)?;
-        let connector = self.transport.connect(dev, handle)?;
+        // v10 gives it per connection; v11+ in the context.
+        let traffic_class = traffic_class.or(ctx.traffic_class);
+        let connector = self.transport.connect(dev, traffic_class, handle)?;
         // Numbered when NCCL asks, which happens in the same order in every run, so each
         // connection keeps its own reproducible loss stream.
         let index = ctx.next_connection_index();
@@ -305,8 +315,7 @@ impl Runtime {
             loss,
             peer,
             index,
-            // v10 gives it per connection; v11+ in the context.
-            traffic_class.or(ctx.traffic_class),
+            traffic_class,
         ))
     }
 }

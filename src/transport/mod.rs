@@ -9,6 +9,7 @@ pub mod buffer;
 pub mod socket;
 pub mod wrap;
 
+use crate::ffi::ncclNetAttr_v11_t;
 use crate::loss::plan::LossPlan;
 use crate::Result;
 
@@ -101,11 +102,30 @@ pub trait Transport: Send + Sync {
     /// Properties of device `dev`.
     fn properties(&self, dev: usize) -> Result<DeviceProps>;
 
-    /// Starts listening on `dev`, filling `handle` with what a peer needs to connect. Never blocks.
-    fn listen(&self, dev: usize, handle: &mut WireHandle) -> Result<Box<dyn Listener>>;
+    /// Starts listening on `dev` for a communicator of traffic class `traffic_class` (NCCL's
+    /// `ncclNetCommConfig_t`; `None`: none), filling `handle` with what a peer needs to
+    /// connect. Never blocks.
+    fn listen(
+        &self,
+        dev: usize,
+        traffic_class: Option<i32>,
+        handle: &mut WireHandle,
+    ) -> Result<Box<dyn Listener>>;
 
-    /// Starts connecting to the listener described by `handle`. Never blocks.
-    fn connect(&self, dev: usize, handle: &WireHandle) -> Result<Box<dyn Connector>>;
+    /// Starts connecting, for a communicator of traffic class `traffic_class`, to the
+    /// listener described by `handle`. Never blocks.
+    fn connect(
+        &self,
+        dev: usize,
+        traffic_class: Option<i32>,
+        handle: &WireHandle,
+    ) -> Result<Box<dyn Connector>>;
+
+    /// NCCL's `setNetAttr` for the communicators of traffic class `traffic_class` (what the
+    /// next operations are, and the communicators' flow hints). Our sockets need none.
+    fn set_net_attr(&self, _traffic_class: Option<i32>, _attr: &ncclNetAttr_v11_t) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// A connection being established from the sending side.

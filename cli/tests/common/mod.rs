@@ -11,7 +11,7 @@ use lossy_cli::harness::collectives::{Collective, DataType};
 use lossy_cli::harness::launch::{self, Launch};
 use lossy_cli::harness::plugin_client::library_near;
 use lossy_cli::harness::worker::{Job, LinkKind, PacketCensus, RunSpec, WorkerReport};
-use nccl_net_lossy::ffi::{ncclNet_v12_t, ncclResult_t, NCCL_PTR_HOST};
+use nccl_net_lossy::ffi::{ncclNetCommConfig_v10_t, ncclNet_v12_t, ncclResult_t, NCCL_PTR_HOST};
 
 /// The `lossy` binary Cargo built for these tests.
 pub fn lossy_exe() -> PathBuf {
@@ -524,6 +524,37 @@ pub fn raw_transfer(
         );
     }
     into
+}
+
+/// A v12 context from `t`'s `init` for communicator `comm_id` of traffic class `class`
+/// (`None`: no config, as NCCL passes when the communicator has none).
+pub fn raw_context(t: &ncclNet_v12_t, comm_id: u64, class: Option<i32>) -> *mut c_void {
+    let mut config = class.map(|c| ncclNetCommConfig_v10_t { trafficClass: c });
+    let config_ptr = config.as_mut().map_or(null_mut(), |c| c as *mut _);
+    let mut ctx: *mut c_void = null_mut();
+    // SAFETY: a valid out-pointer and config (or NULL); NULL logger and profiler are allowed.
+    let rc = unsafe { t.init.expect("init")(&mut ctx, comm_id, config_ptr, None, None) };
+    assert_eq!(rc, ncclResult_t::ncclSuccess, "init");
+    ctx
+}
+
+/// A connected (sendComm, recvComm, listenComm) on device 0 of `ctx`, through `t`'s listen,
+/// connect and accept, as NCCL calls them.
+pub fn raw_connected(
+    t: &ncclNet_v12_t,
+    ctx: *mut c_void,
+) -> (*mut c_void, *mut c_void, *mut c_void) {
+    let mut handle = [0u8; 128];
+    let mut lc = null_mut();
+    // SAFETY: a 128-byte handle buffer and valid out-pointers, as NCCL passes them.
+    let rc = unsafe { t.listen.expect("listen")(ctx, 0, handle.as_mut_ptr().cast(), &mut lc) };
+    assert_eq!(rc, ncclResult_t::ncclSuccess, "listen");
+    let (sc, rc) = raw_connect_pair(t, lc, |sc| {
+        let mut dev = null_mut();
+        // SAFETY: the same handle memory every call, as NCCL does; valid out-pointers.
+        unsafe { t.connect.expect("connect")(ctx, 0, handle.as_mut_ptr().cast(), sc, &mut dev) }
+    });
+    (sc, rc, lc)
 }
 
 /// Connects with `connect` (one call of some table's `connect`, returning its code) and

@@ -9,7 +9,7 @@ use crate::ffi::{
     c_string, ncclDebugLogger_t, ncclNetAttr_v11_t, ncclNetCommConfig_v10_t,
     ncclNetDeviceHandle_v8_t, ncclNetProperties_v11_t, ncclNetProperties_v12_t,
     ncclNetProperties_v8_t, ncclNetProperties_v9_t, ncclNet_v10_t, ncclNet_v11_t, ncclNet_v12_t,
-    ncclNet_v8_t, ncclNet_v9_t, ncclProfilerCallback_t, ncclResult_t, NCCL_NET_TRAFFIC_CLASS_UNDEF,
+    ncclNet_v8_t, ncclNet_v9_t, ncclProfilerCallback_t, ncclResult_t,
 };
 use crate::{Error, Result};
 
@@ -195,7 +195,8 @@ pub(super) struct Shared {
 /// The entries whose signature changed across versions, in the current (v12) shape. Each
 /// method has the contract of the v12 entry it stands for (pointers as NCCL passes them).
 pub(super) trait Adapter {
-    /// `init`; v11+ writes its context to `ctx`, older versions leave it NULL; v10+ get
+    /// `init`; v11+ writes its context to `ctx`, older versions leave it NULL; v11+ get the
+    /// communicator's `traffic_class` (older versions take it at `connect`); v10+ get
     /// `profiler` (v8 and v9 have no such argument: it is dropped).
     ///
     /// # Safety
@@ -205,6 +206,7 @@ pub(super) trait Adapter {
         &self,
         ctx: &mut *mut c_void,
         comm_id: u64,
+        traffic_class: c_int,
         logger: ncclDebugLogger_t,
         profiler: ncclProfilerCallback_t,
     ) -> Code;
@@ -226,7 +228,8 @@ pub(super) trait Adapter {
         handle: *mut c_void,
     ) -> (Code, *mut c_void);
 
-    /// `connect(ctx, dev, handle, sendComm, sendDevComm)`.
+    /// `connect(ctx, dev, handle, sendComm, sendDevComm)`; v10 gets the communicator's
+    /// `traffic_class` here (v11+ took it at `init`, v8 and v9 have none).
     ///
     /// # Safety
     /// As `listen`, and `handle` is the same memory on every call for one connection.
@@ -235,6 +238,7 @@ pub(super) trait Adapter {
         ctx: *mut c_void,
         dev: c_int,
         handle: *mut c_void,
+        traffic_class: c_int,
     ) -> (Code, *mut c_void);
 
     /// `isend(comm, data, size, tag, mhandle, phandle, request)` (v8 and v9 have no
@@ -317,13 +321,6 @@ macro_rules! comm_out {
     }};
 }
 
-/// A v10 connect gets a per-connection config: none requested.
-fn no_traffic_class() -> ncclNetCommConfig_v10_t {
-    ncclNetCommConfig_v10_t {
-        trafficClass: NCCL_NET_TRAFFIC_CLASS_UNDEF,
-    }
-}
-
 /// v8 `int` sizes of a receive (callers checked each against [`V8_MAX_BYTES`]).
 ///
 /// # Safety
@@ -338,12 +335,46 @@ unsafe fn int_sizes(n: c_int, sizes: *mut usize) -> [c_int; MAX_GROUPED_RECVS] {
     out
 }
 
+/// `listen` of v8 to v10: no context.
+macro_rules! listen_without_context {
+    () => {
+        /// # Safety: the [`Adapter`] method's contract.
+        unsafe fn listen(
+            &self,
+            _ctx: *mut c_void,
+            dev: c_int,
+            h: *mut c_void,
+        ) -> (Code, *mut c_void) {
+            // SAFETY: the trait's contract; versions before v11 have no context.
+            unsafe { comm_out!(self.listen, dev, h) }
+        }
+    };
+}
+
+/// `connect` of v8 and v9: no context, no traffic class.
+macro_rules! connect_v8_v9 {
+    () => {
+        /// # Safety: the [`Adapter`] method's contract.
+        unsafe fn connect(
+            &self,
+            _ctx: *mut c_void,
+            dev: c_int,
+            h: *mut c_void,
+            _class: c_int,
+        ) -> (Code, *mut c_void) {
+            // SAFETY: the trait's contract; v8 and v9 have no context and no traffic class.
+            unsafe { comm_out!(self.connect, dev, h; dev_comm) }
+        }
+    };
+}
+
 impl Adapter for ncclNet_v8_t {
     /// # Safety: the [`Adapter`] method's contract.
     unsafe fn init(
         &self,
         _ctx: &mut *mut c_void,
         _id: u64,
+        _class: c_int,
         logger: ncclDebugLogger_t,
         _profiler: ncclProfilerCallback_t,
     ) -> Code {
@@ -355,16 +386,8 @@ impl Adapter for ncclNet_v8_t {
         // SAFETY: v8's getProperties takes a v8 struct.
         unsafe { properties_of(self.getProperties, dev) }
     }
-    /// # Safety: the [`Adapter`] method's contract.
-    unsafe fn listen(&self, _ctx: *mut c_void, dev: c_int, h: *mut c_void) -> (Code, *mut c_void) {
-        // SAFETY: the trait's contract; v8 has no context.
-        unsafe { comm_out!(self.listen, dev, h) }
-    }
-    /// # Safety: the [`Adapter`] method's contract.
-    unsafe fn connect(&self, _ctx: *mut c_void, dev: c_int, h: *mut c_void) -> (Code, *mut c_void) {
-        // SAFETY: the trait's contract; v8 has no context.
-        unsafe { comm_out!(self.connect, dev, h; dev_comm) }
-    }
+    listen_without_context!();
+    connect_v8_v9!();
     /// # Safety: the [`Adapter`] method's contract.
     unsafe fn isend(
         &self,
@@ -406,6 +429,7 @@ impl Adapter for ncclNet_v9_t {
         &self,
         _ctx: &mut *mut c_void,
         _id: u64,
+        _class: c_int,
         logger: ncclDebugLogger_t,
         _profiler: ncclProfilerCallback_t,
     ) -> Code {
@@ -417,16 +441,8 @@ impl Adapter for ncclNet_v9_t {
         // SAFETY: v9's getProperties takes a v9 struct.
         unsafe { properties_of(self.getProperties, dev) }
     }
-    /// # Safety: the [`Adapter`] method's contract.
-    unsafe fn listen(&self, _ctx: *mut c_void, dev: c_int, h: *mut c_void) -> (Code, *mut c_void) {
-        // SAFETY: the trait's contract; v9 has no context.
-        unsafe { comm_out!(self.listen, dev, h) }
-    }
-    /// # Safety: the [`Adapter`] method's contract.
-    unsafe fn connect(&self, _ctx: *mut c_void, dev: c_int, h: *mut c_void) -> (Code, *mut c_void) {
-        // SAFETY: the trait's contract; v9 has no context.
-        unsafe { comm_out!(self.connect, dev, h; dev_comm) }
-    }
+    listen_without_context!();
+    connect_v8_v9!();
     /// # Safety: the [`Adapter`] method's contract.
     unsafe fn isend(
         &self,
@@ -516,6 +532,7 @@ impl Adapter for ncclNet_v10_t {
         &self,
         _ctx: &mut *mut c_void,
         _id: u64,
+        _class: c_int,
         logger: ncclDebugLogger_t,
         profiler: ncclProfilerCallback_t,
     ) -> Code {
@@ -527,14 +544,18 @@ impl Adapter for ncclNet_v10_t {
         // SAFETY: v10's getProperties takes the v9 struct.
         unsafe { properties_of(self.getProperties, dev) }
     }
+    listen_without_context!();
     /// # Safety: the [`Adapter`] method's contract.
-    unsafe fn listen(&self, _ctx: *mut c_void, dev: c_int, h: *mut c_void) -> (Code, *mut c_void) {
-        // SAFETY: the trait's contract; v10 has no context.
-        unsafe { comm_out!(self.listen, dev, h) }
-    }
-    /// # Safety: the [`Adapter`] method's contract.
-    unsafe fn connect(&self, _ctx: *mut c_void, dev: c_int, h: *mut c_void) -> (Code, *mut c_void) {
-        let mut config = no_traffic_class();
+    unsafe fn connect(
+        &self,
+        _ctx: *mut c_void,
+        dev: c_int,
+        h: *mut c_void,
+        class: c_int,
+    ) -> (Code, *mut c_void) {
+        let mut config = ncclNetCommConfig_v10_t {
+            trafficClass: class,
+        };
         // SAFETY: the trait's contract, with a config struct that outlives the call.
         unsafe { comm_out!(self.connect, dev, &mut config, h; dev_comm) }
     }
@@ -549,10 +570,13 @@ macro_rules! context_api {
             &self,
             ctx: &mut *mut c_void,
             id: u64,
+            class: c_int,
             logger: ncclDebugLogger_t,
             profiler: ncclProfilerCallback_t,
         ) -> Code {
-            let mut config = no_traffic_class();
+            let mut config = ncclNetCommConfig_v10_t {
+                trafficClass: class,
+            };
             // SAFETY: the trait's contract; a config struct and a context out-pointer that
             // outlive the call.
             unsafe { call!(self.init, ctx, id, &mut config, logger, profiler) }
@@ -563,8 +587,14 @@ macro_rules! context_api {
             unsafe { comm_out!(self.listen, ctx, dev, h) }
         }
         /// # Safety: the [`Adapter`] method's contract.
-        unsafe fn connect(&self, ctx: *mut c_void, dev: c_int, h: *mut c_void) -> (Code, *mut c_void) {
-            // SAFETY: the trait's contract.
+        unsafe fn connect(
+            &self,
+            ctx: *mut c_void,
+            dev: c_int,
+            h: *mut c_void,
+            _class: c_int,
+        ) -> (Code, *mut c_void) {
+            // SAFETY: the trait's contract; the traffic class went to `init`.
             unsafe { comm_out!(self.connect, ctx, dev, h; dev_comm) }
         }
         transfer_v10!();

@@ -26,7 +26,8 @@ pub use adapt::NetProperties;
 
 use super::{
     c_string, dl_error, error_kind, ncclDebugLogger_t, ncclNetAttr_v11_t, ncclNetDeviceHandle_v8_t,
-    ncclProfilerCallback_t, ncclResult_t, HANDLE_BYTES, NCCL_PTR_HOST,
+    ncclProfilerCallback_t, ncclResult_t, HANDLE_BYTES, NCCL_NET_TRAFFIC_CLASS_UNDEF,
+    NCCL_PTR_HOST,
 };
 use crate::{Error, Result};
 use adapt::{Adapter, Shared, VERSIONS};
@@ -168,6 +169,16 @@ pub struct NetContext {
     raw: *mut c_void,
     lib: Arc<NetLibrary>,
     version: u32,
+    /// The communicator's traffic class (`NCCL_NET_TRAFFIC_CLASS_UNDEF`: none): v11+ took it
+    /// at `init`, v10 gets it at every `connect` in this context.
+    traffic_class: c_int,
+}
+
+impl NetContext {
+    /// The traffic class the context was made for; `None` when it has none.
+    pub fn traffic_class(&self) -> Option<i32> {
+        (self.traffic_class != NCCL_NET_TRAFFIC_CLASS_UNDEF).then_some(self.traffic_class)
+    }
 }
 
 // SAFETY: the context is only passed back to its plugin, which NCCL calls from several
@@ -360,16 +371,44 @@ impl NetPlugin {
         logger: ncclDebugLogger_t,
         profiler: ncclProfilerCallback_t,
     ) -> Result<NetContext> {
+        self.init_for_class(comm_id, None, logger, profiler)
+    }
+
+    /// Calls `init` for a communicator of traffic class `traffic_class` (`None`: none), as
+    /// NCCL 2.28+ does: v11+ get it in their `init` config; v10 gets it at every `connect`
+    /// made in the returned context (NCCL 2.26-2.27 pass it there); v8 and v9 have none.
+    pub fn init_for_class(
+        &self,
+        comm_id: u64,
+        traffic_class: Option<i32>,
+        logger: ncclDebugLogger_t,
+        profiler: ncclProfilerCallback_t,
+    ) -> Result<NetContext> {
+        let class = traffic_class.unwrap_or(NCCL_NET_TRAFFIC_CLASS_UNDEF);
         let mut raw: *mut c_void = std::ptr::null_mut();
         // SAFETY: a context out-pointer that outlives the call; `logger` and `profiler` are
         // NCCL's contract for a logger and a profiler callback (function pointers the caller
         // vouches for, or NULL).
-        let code = unsafe { self.api.init(&mut raw, comm_id, logger, profiler) };
+        let code = unsafe { self.api.init(&mut raw, comm_id, class, logger, profiler) };
         self.check(code, "init")?;
         Ok(NetContext {
             raw,
             lib: Arc::clone(&self.lib),
             version: self.version,
+            traffic_class: class,
+        })
+    }
+
+    /// For a plugin older than v11 (one process-wide `init`, no context): a context that
+    /// connects with traffic class `traffic_class` (v10 takes it at `connect`; v8 and v9
+    /// ignore it), made without calling `init` again. `None` for v11+, whose contexts only
+    /// `init` makes.
+    pub fn class_context(&self, traffic_class: Option<i32>) -> Option<NetContext> {
+        (self.version < 11).then(|| NetContext {
+            raw: std::ptr::null_mut(),
+            lib: Arc::clone(&self.lib),
+            version: self.version,
+            traffic_class: traffic_class.unwrap_or(NCCL_NET_TRAFFIC_CLASS_UNDEF),
         })
     }
 
@@ -438,10 +477,11 @@ impl NetPlugin {
         dev: usize,
         handle: &mut [u8; HANDLE_BYTES],
     ) -> Result<Option<NetComm>> {
+        let class = ctx.traffic_class;
         let ctx = self.check_ctx(ctx)?;
         let d = c_int::try_from(dev).map_err(|_| Error::invalid_argument("device index"))?;
         // SAFETY: a live context, and the handle per this function's contract.
-        let (code, comm) = unsafe { self.api.connect(ctx, d, handle.as_mut_ptr().cast()) };
+        let (code, comm) = unsafe { self.api.connect(ctx, d, handle.as_mut_ptr().cast(), class) };
         self.check(code, "connect")?;
         Ok((!comm.is_null()).then_some(NetComm(comm)))
     }
@@ -618,13 +658,22 @@ impl NetPlugin {
     /// Tells the plugin which collective, algorithm and protocol come next (v11+
     /// `setNetAttr`); `Ok(false)` when the plugin has no such call.
     pub fn set_net_attr(&self, ctx: &NetContext, op: u32, algo: u32, proto: u32) -> Result<bool> {
-        let raw = self.check_ctx(ctx)?;
-        let mut attr = ncclNetAttr_v11_t {
+        let attr = ncclNetAttr_v11_t {
             op,
             algo,
             proto,
             ..Default::default()
         };
+        self.set_net_attributes(ctx, &attr)
+    }
+
+    /// Calls `setNetAttr(ctx, attr)` with the whole of `attr` (the communicators' send and
+    /// receive attributes too, as NCCL fills them); `Ok(false)` when the plugin has no such
+    /// call.
+    pub fn set_net_attributes(&self, ctx: &NetContext, attr: &ncclNetAttr_v11_t) -> Result<bool> {
+        let raw = self.check_ctx(ctx)?;
+        // The plugin takes a mutable pointer: it gets a copy.
+        let mut attr = *attr;
         // SAFETY: a live context of this plugin and an attribute struct owned by this frame.
         match unsafe { self.api.set_net_attr(raw, &mut attr) } {
             None => Ok(false),

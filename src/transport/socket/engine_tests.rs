@@ -231,7 +231,7 @@ fn fds_child() {
     }
     let t = loopback(4);
     let mut handle = [0u8; HANDLE_WIRE_SIZE];
-    let _listener = t.listen(0, &mut handle).expect("listen");
+    let _listener = t.listen(0, None, &mut handle).expect("listen");
     // Two descriptors left: fewer than the 4 sockets of a connection.
     let used = count_entries("/proc/self/fd") as u64;
     let limit = libc::rlimit {
@@ -241,7 +241,7 @@ fn fds_child() {
     // SAFETY: setrlimit reads the struct we pass and nothing else.
     let rc = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) };
     assert_eq!(rc, 0, "setrlimit");
-    let err = match t.connect(0, &handle) {
+    let err = match t.connect(0, None, &handle) {
         Ok(_) => panic!("a connection of 4 sockets was started with 2 descriptors left"),
         Err(e) => e,
     };
@@ -593,7 +593,7 @@ fn one_socket_pair(delayed_acks: bool) -> (Box<dyn SendConn>, SocketRecvConn) {
     });
     let mut handle = [0u8; HANDLE_WIRE_SIZE];
     let mut listener = t.listen_socket(0, &mut handle).expect("listen");
-    let mut connector = t.connect(0, &handle).expect("connect");
+    let mut connector = t.connect(0, None, &handle).expect("connect");
     let (mut send, mut recv) = (None, None);
     wait("connection", || {
         if send.is_none() {

@@ -390,11 +390,23 @@ impl Transport for SocketTransport {
         Ok(self.device(dev)?.props.clone())
     }
 
-    fn listen(&self, dev: usize, handle: &mut WireHandle) -> Result<Box<dyn Listener>> {
+    /// Our sockets carry no traffic class (NCCL's Socket transport ignores it too); loss
+    /// rules still see it (docs/abi.md).
+    fn listen(
+        &self,
+        dev: usize,
+        _traffic_class: Option<i32>,
+        handle: &mut WireHandle,
+    ) -> Result<Box<dyn Listener>> {
         Ok(Box::new(self.listen_socket(dev, handle)?))
     }
 
-    fn connect(&self, dev: usize, handle: &WireHandle) -> Result<Box<dyn Connector>> {
+    fn connect(
+        &self,
+        dev: usize,
+        _traffic_class: Option<i32>,
+        handle: &WireHandle,
+    ) -> Result<Box<dyn Connector>> {
         Ok(Box::new(self.connect_socket(dev, handle)?))
     }
 }

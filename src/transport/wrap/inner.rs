@@ -5,20 +5,25 @@
 
 use std::ffi::c_int;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::ffi::net::{NetComm, NetContext, NetLibrary, NetPlugin, NEWEST_VERSION, OLDEST_VERSION};
-use crate::ffi::{ncclDebugLogger_t, HANDLE_BYTES};
+use crate::ffi::{ncclDebugLogger_t, ncclNetAttr_v11_t, HANDLE_BYTES};
 use crate::{log, Error, Result};
 
-/// A loaded, initialised inner net plugin with its one process-wide context. Its library is
-/// never `dlclose`d: NCCL may unload us while the inner plugin's own threads wind down, and
-/// a second load reuses the same image.
+/// A loaded, initialised inner net plugin and its contexts, one per traffic class in use.
+/// Its library is never `dlclose`d: NCCL may unload us while the inner plugin's own threads
+/// wind down, and a second load reuses the same image.
 pub struct InnerPlugin {
     /// The plugin, its table adapted into the current shape.
     pub net: NetPlugin,
-    /// The context its `init` returned (taken by `finalize` when this is dropped).
-    ctx: Option<NetContext>,
+    /// The contexts made so far, the first one (no traffic class) at load: a v11+ plugin
+    /// gets a communicator's traffic class in its `init`, so each class has its own context
+    /// (all with communicator id 0); older plugins are initialised once and take the class
+    /// at `connect` (v10) or not at all. Finalized when this is dropped.
+    contexts: Mutex<Vec<Arc<NetContext>>>,
+    /// NCCL's logger, for the `init` of a context made later.
+    logger: ncclDebugLogger_t,
     /// The file that was loaded.
     pub path: PathBuf,
 }
@@ -75,7 +80,8 @@ impl InnerPlugin {
         let ctx = net.init(0, logger)?;
         Ok(InnerPlugin {
             net,
-            ctx: Some(ctx),
+            contexts: Mutex::new(vec![Arc::new(ctx)]),
+            logger,
             path: PathBuf::from(file),
         })
     }
@@ -90,18 +96,55 @@ impl InnerPlugin {
         self.net.version()
     }
 
-    fn ctx(&self) -> Result<&NetContext> {
-        self.ctx
-            .as_ref()
-            .ok_or_else(|| Error::internal("inner net plugin already finalized"))
+    fn contexts(&self) -> MutexGuard<'_, Vec<Arc<NetContext>>> {
+        // A poisoned lock only means a thread panicked while holding it; the list is whole.
+        self.contexts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Starts listening on `dev`; the plugin writes its connection handle into `handle`.
-    pub fn listen(&self, dev: usize, handle: &mut [u8; HANDLE_BYTES]) -> Result<NetComm> {
-        self.net.listen(self.ctx()?, dev, handle)
+    /// The context of communicators of traffic class `traffic_class`, made on first use.
+    fn context(&self, traffic_class: Option<i32>) -> Result<Arc<NetContext>> {
+        let mut contexts = self.contexts();
+        if let Some(ctx) = contexts.iter().find(|c| c.traffic_class() == traffic_class) {
+            return Ok(Arc::clone(ctx));
+        }
+        let ctx = match self.net.class_context(traffic_class) {
+            Some(ctx) => ctx,
+            None => self
+                .net
+                .init_for_class(0, traffic_class, self.logger, None)?,
+        };
+        let ctx = Arc::new(ctx);
+        contexts.push(Arc::clone(&ctx));
+        Ok(ctx)
     }
 
-    /// Advances a connect: `Ok(None)` until the send comm is ready.
+    /// `setNetAttr` in the context of traffic class `traffic_class` (v11+; older plugins have
+    /// no such call, and NCCL ignores its outcome, so a refusal is only logged).
+    pub fn set_net_attr(&self, traffic_class: Option<i32>, attr: &ncclNetAttr_v11_t) {
+        if self.net.version() < 11 {
+            return;
+        }
+        let set = self
+            .context(traffic_class)
+            .and_then(|ctx| self.net.set_net_attributes(&ctx, attr));
+        if let Err(err) = set {
+            log::warn(&format!("wrap mode: {err}"));
+        }
+    }
+
+    /// Starts listening on `dev` for a communicator of traffic class `traffic_class`; the
+    /// plugin writes its connection handle into `handle`.
+    pub fn listen(
+        &self,
+        dev: usize,
+        traffic_class: Option<i32>,
+        handle: &mut [u8; HANDLE_BYTES],
+    ) -> Result<NetComm> {
+        self.net.listen(&*self.context(traffic_class)?, dev, handle)
+    }
+
+    /// Advances a connect for a communicator of traffic class `traffic_class`: `Ok(None)`
+    /// until the send comm is ready.
     ///
     /// # Safety
     /// As [`NetPlugin::connect`]: every call for one connection passes the same `handle`
@@ -109,17 +152,25 @@ impl InnerPlugin {
     pub unsafe fn connect(
         &self,
         dev: usize,
+        traffic_class: Option<i32>,
         handle: &mut [u8; HANDLE_BYTES],
     ) -> Result<Option<NetComm>> {
+        let ctx = self.context(traffic_class)?;
         // SAFETY: per this function's contract.
-        unsafe { self.net.connect(self.ctx()?, dev, handle) }
+        unsafe { self.net.connect(&ctx, dev, handle) }
     }
 }
 
 impl Drop for InnerPlugin {
     fn drop(&mut self) {
-        // Every comm holds an Arc to this plugin, so all are closed by now.
-        if let Some(ctx) = self.ctx.take() {
+        // Every comm holds an Arc to this plugin, so all are closed by now, and only the list
+        // holds the contexts (a listen or connect holds one for its call alone).
+        let contexts = std::mem::take(&mut *self.contexts());
+        for ctx in contexts {
+            let Ok(ctx) = Arc::try_unwrap(ctx) else {
+                log::warn("wrap mode: an inner net plugin context still in use at the end");
+                continue;
+            };
             if let Err(err) = self.net.finalize(ctx) {
                 log::warn(&err.to_string());
             }

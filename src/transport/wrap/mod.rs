@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::ffi::net::{NetComm, NetMr};
-use crate::ffi::{ncclDebugLogger_t, NCCL_PTR_HOST};
+use crate::ffi::{ncclDebugLogger_t, ncclNetAttr_v11_t, NCCL_PTR_HOST};
 use crate::loss::effect::{flip_lost, lost_ranges, zero_lost};
 use crate::loss::plan::{Effect, LossPlan, PacketRun};
 use crate::transport::{
@@ -165,9 +165,16 @@ impl Transport for WrapTransport {
             .ok_or_else(|| Error::invalid_argument(format!("no device {dev}")))
     }
 
-    fn listen(&self, dev: usize, handle: &mut WireHandle) -> Result<Box<dyn Listener>> {
+    /// The inner plugin gets the traffic class as NCCL would give it (v11+: in the `init`
+    /// of the context the comm is made in; v10: at `connect`).
+    fn listen(
+        &self,
+        dev: usize,
+        traffic_class: Option<i32>,
+        handle: &mut WireHandle,
+    ) -> Result<Box<dyn Listener>> {
         let mut full = [0u8; HANDLE_SIZE];
-        let comm = self.plugin.listen(dev, &mut full)?;
+        let comm = self.plugin.listen(dev, traffic_class, &mut full)?;
         if full[HANDLE_WIRE_SIZE..].iter().any(|&b| b != 0) {
             // SAFETY: the listen comm just returned, closed once and not used again.
             let _ = unsafe { self.plugin.net.close_listen(comm) };
@@ -186,12 +193,24 @@ impl Transport for WrapTransport {
         }))
     }
 
-    fn connect(&self, dev: usize, handle: &WireHandle) -> Result<Box<dyn Connector>> {
+    /// Forwarded to the inner plugin's context of that traffic class, as NCCL would call it.
+    fn set_net_attr(&self, traffic_class: Option<i32>, attr: &ncclNetAttr_v11_t) -> Result<()> {
+        self.plugin.set_net_attr(traffic_class, attr);
+        Ok(())
+    }
+
+    fn connect(
+        &self,
+        dev: usize,
+        traffic_class: Option<i32>,
+        handle: &WireHandle,
+    ) -> Result<Box<dyn Connector>> {
         let mut full = Box::new([0u8; HANDLE_SIZE]);
         full[..HANDLE_WIRE_SIZE].copy_from_slice(handle);
         Ok(Box::new(WrapConnector {
             plugin: Arc::clone(&self.plugin),
             dev,
+            traffic_class,
             handle: full,
             slots: self.options.slots,
         }))
@@ -202,6 +221,7 @@ impl Transport for WrapTransport {
 struct WrapConnector {
     plugin: Arc<InnerPlugin>,
     dev: usize,
+    traffic_class: Option<i32>,
     handle: Box<[u8; HANDLE_SIZE]>,
     slots: usize,
 }
@@ -210,7 +230,11 @@ impl Connector for WrapConnector {
     fn poll(&mut self) -> Result<Option<Box<dyn SendConn>>> {
         // SAFETY: the handle lives in this connector's box, the same memory on every call of
         // this connection, and only the inner plugin writes it.
-        let Some(comm) = (unsafe { self.plugin.connect(self.dev, &mut self.handle)? }) else {
+        let connected = unsafe {
+            self.plugin
+                .connect(self.dev, self.traffic_class, &mut self.handle)?
+        };
+        let Some(comm) = connected else {
             return Ok(None);
         };
         let conn = InnerConn::new(&self.plugin, comm, self.slots, Direction::Send)?;

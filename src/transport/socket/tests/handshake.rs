@@ -44,7 +44,7 @@ fn handshake_rejects_bad_peers_and_keeps_serving() {
     // A real peer after all that.
     let mut handle = [0u8; HANDLE_WIRE_SIZE];
     h.encode(&mut handle);
-    let mut connector = t.connect(0, &handle).expect("connect");
+    let mut connector = t.connect(0, None, &handle).expect("connect");
     let send = wait("connector", || connector.poll()).expect("connect");
     let recv = wait("accept", || listener.poll_accept()).expect("accept");
     let start = Instant::now();
@@ -109,7 +109,7 @@ fn a_flood_of_silent_peers_cannot_crowd_out_a_real_one() {
     }
     let mut handle = [0u8; HANDLE_WIRE_SIZE];
     h.encode(&mut handle);
-    let mut connector = t.connect(0, &handle).expect("connect");
+    let mut connector = t.connect(0, None, &handle).expect("connect");
     let send = wait("connect", || connector.poll()).expect("connect");
     let recv = wait("accept", || listener.poll_accept()).expect("accept");
     assert!(

@@ -7,8 +7,8 @@ use super::*;
 fn connect_completes_before_accept_and_refused_connect_fails() {
     let t = loopback(2);
     let mut handle = [0u8; HANDLE_WIRE_SIZE];
-    let mut listener = t.listen(0, &mut handle).expect("listen");
-    let mut connector = t.connect(0, &handle).expect("connect");
+    let mut listener = t.listen(0, None, &mut handle).expect("listen");
+    let mut connector = t.connect(0, None, &handle).expect("connect");
     let send = wait("connect", || connector.poll()).expect("connect");
     assert!(
         connector.poll().is_err(),
@@ -37,7 +37,7 @@ fn connect_completes_before_accept_and_refused_connect_fails() {
 
     // Nobody listens any more: connecting fails after a few retries, without blocking.
     drop(listener);
-    let mut connector = t.connect(0, &handle).expect("connect");
+    let mut connector = t.connect(0, None, &handle).expect("connect");
     let start = Instant::now();
     loop {
         let poll_start = Instant::now();
@@ -54,8 +54,8 @@ fn connect_completes_before_accept_and_refused_connect_fails() {
         assert!(start.elapsed() < Duration::from_secs(10));
     }
     let garbage = [0x11u8; HANDLE_WIRE_SIZE];
-    assert!(t.connect(0, &garbage).is_err());
-    assert!(t.connect(5, &handle).is_err());
+    assert!(t.connect(0, None, &garbage).is_err());
+    assert!(t.connect(5, None, &handle).is_err());
 }
 
 #[test]
@@ -402,8 +402,8 @@ fn a_silent_peer_fails_outstanding_requests_after_the_timeout() {
 
     // Sender: the receiving side accepted but never reads; the send blocks in the kernel.
     let mut handle = [0u8; HANDLE_WIRE_SIZE];
-    let mut listener = t.listen(0, &mut handle).expect("listen");
-    let mut connector = t.connect(0, &handle).expect("connect");
+    let mut listener = t.listen(0, None, &mut handle).expect("listen");
+    let mut connector = t.connect(0, None, &handle).expect("connect");
     let send = wait("connect", || connector.poll()).expect("connected");
     let _recv = wait("accept", || listener.poll_accept()).expect("accepted");
     let mut big = vec![7u8; 256 << 20];
@@ -424,7 +424,7 @@ fn a_silent_peer_fails_outstanding_requests_after_the_timeout() {
 
     // Accepting: no peer ever connects.
     let mut handle = [0u8; HANDLE_WIRE_SIZE];
-    let mut listener = t.listen(0, &mut handle).expect("listen");
+    let mut listener = t.listen(0, None, &mut handle).expect("listen");
     let start = Instant::now();
     let err = loop {
         match listener.poll_accept() {

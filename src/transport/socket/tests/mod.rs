@@ -85,8 +85,8 @@ pub(super) fn wait<T>(
 
 pub(super) fn connect_pair(t: &SocketTransport) -> (Box<dyn SendConn>, Box<dyn RecvConn>) {
     let mut handle = [0u8; HANDLE_WIRE_SIZE];
-    let mut listener = t.listen(0, &mut handle).expect("listen");
-    let mut connector = t.connect(0, &handle).expect("connect");
+    let mut listener = t.listen(0, None, &mut handle).expect("listen");
+    let mut connector = t.connect(0, None, &handle).expect("connect");
     let (mut send, mut recv) = (None, None);
     let start = Instant::now();
     while send.is_none() || recv.is_none() {
