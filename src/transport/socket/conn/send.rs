@@ -151,13 +151,12 @@ impl SendConn for SocketSendConn {
         let Some(slot) = shared.free_slot() else {
             return Ok(None);
         };
-        if g.failed.is_some() || g.peer_left {
-            // Nothing will be sent: the request fails at `test` when the connection failed,
-            // and is done at once when the receiver closed its end in an orderly way.
+        if g.failed.is_some() {
+            // Nothing will be sent: the request fails at `test` (as with NCCL's own plugins,
+            // a post never reports the peer's failure).
             g.side.slots[slot].buf = buf;
             g.side.slots[slot].chunks_left = 0;
-            let state = if g.peer_left { DONE } else { PENDING };
-            shared.slot_state[slot].store(state, Ordering::Release);
+            shared.slot_state[slot].store(PENDING, Ordering::Release);
             return Ok(Some(slot as RequestId));
         }
         let n = shared.sockets.len();
@@ -221,8 +220,7 @@ impl Side for SendSide {
                     st.next += 1;
                     let mut g = shared.lock();
                     if g.over() {
-                        // The receiver left: every queued message is already done, and its
-                        // slot may be reused.
+                        // Failed or closing: the queued messages' requests answer that.
                         return;
                     }
                     let side = &mut g.side;
@@ -444,17 +442,20 @@ fn said_goodbye(sock: &Socket) -> bool {
     matches!(peek_arrived(sock, &mut b), Ok(1)) && b[0] == wire::GOODBYE
 }
 
-/// The receiver closed its comm in an orderly way: every message still queued, and every one
-/// posted from now on, is done (its bytes are discarded; nobody will receive them), as when a
-/// peer closes while NCCL's own plugins still send. Not a failure.
+/// The receiver closed its comm (an orderly close: it said goodbye) while this side still
+/// had bytes to send: as with NCCL's Socket transport, whose send then meets a closed
+/// connection ("Connection closed by remote peer", `socketProgress` in src/misc/socket.cc),
+/// every message not yet sent, and every later one, fails at `test` with a remote error.
+/// Closing both ends after the last message completed never gets here: an idle sender
+/// sends nothing.
 fn receiver_left(shared: &Shared<SendSide>) {
-    let mut g = shared.lock();
-    if g.over() {
-        return;
-    }
-    let side = &mut g.side;
-    for (_, slot) in side.posted.drain(..) {
-        shared.slot_state[slot].store(DONE, Ordering::Release);
-    }
-    shared.peer_left(g);
+    let queued = shared.lock().side.posted.len();
+    shared.fail(
+        Error::remote(format!(
+            "{} closed its receiving end (an orderly close) with {queued} message(s) still \
+             to send: the connection is closed",
+            shared.peer
+        )),
+        true,
+    );
 }

@@ -140,15 +140,12 @@ pub(super) struct Locked<S> {
     pub(super) side: S,
     pub(super) failed: Option<Error>,
     pub(super) stopping: bool,
-    /// The peer closed its end in an orderly way (sending side: it said goodbye): nothing
-    /// more will move, and that is no failure.
-    pub(super) peer_left: bool,
 }
 
 impl<S> Locked<S> {
-    /// Nothing more moves: closing, failed, or the peer left.
+    /// Nothing more moves: closing or failed.
     pub(super) fn over(&self) -> bool {
-        self.stopping || self.failed.is_some() || self.peer_left
+        self.stopping || self.failed.is_some()
     }
 }
 
@@ -227,7 +224,6 @@ impl<S: Side> Shared<S> {
                 side,
                 failed: None,
                 stopping: false,
-                peer_left: false,
             }),
             slot_state: std::array::from_fn(|_| AtomicU8::new(FREE)),
             failed: AtomicBool::new(false),
@@ -393,16 +389,6 @@ impl<S: Side> Shared<S> {
             return Err(Error::internal("connection is closing"));
         }
         Ok(())
-    }
-
-    /// The peer left in an orderly way: nothing more moves, and the sockets shut down.
-    pub(super) fn peer_left(&self, mut g: Guard<'_, S>) {
-        if g.over() {
-            return;
-        }
-        g.peer_left = true;
-        drop(g);
-        self.shutdown_sockets();
     }
 
     fn timeout_error(&self, limit: Duration) -> Error {
