@@ -29,6 +29,14 @@ pub fn set_sink(sink: Sink) {
     }
 }
 
+/// Drops the sink (log lines go to stderr again): when the library is unloaded, since a
+/// static's heap memory outlives an unloaded image.
+pub fn clear_sink() {
+    if let Ok(mut slot) = SINK.write() {
+        *slot = None;
+    }
+}
+
 fn emit(level: Level, message: &str, also_stderr: bool) {
     let delivered = match SINK.read() {
         Ok(slot) => match slot.as_ref() {

@@ -115,6 +115,12 @@ impl Live {
         self.addrs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Forgets every address (the library is being unloaded: its statics' heap memory would
+    /// outlive the image).
+    pub(crate) fn forget_all(&self) {
+        *self.lock() = Vec::new();
+    }
+
     /// Records `ptr` as handed out.
     pub(crate) fn add<T>(&self, ptr: *mut T) {
         self.lock().push(ptr as usize);

@@ -113,6 +113,28 @@ fn init_legacy(logger: ncclDebugLogger_t, profiler: Option<ncclProfilerCallback_
 /// Net contexts handed out by [`init_context`] and not yet finalized.
 static LIVE_CONTEXTS: Live = Live::new(Kind::Context);
 
+/// The device names and PCI paths handed to NCCL ([`interned`]).
+static STRINGS: Mutex<Vec<CString>> = Mutex::new(Vec::new());
+
+/// Frees what the ABI layer's statics hold when the library is unloaded (`dlclose`, which
+/// NCCL does when its last communicator lets the plugin go): static memory goes with the
+/// image, the heap memory it points to would not, a few KiB per load. NCCL holds none of it
+/// by then (no context, no comm, no property string is used after the unload).
+extern "C" fn forget_at_unload() {
+    let _ = std::panic::catch_unwind(|| {
+        LIVE_CONTEXTS.forget_all();
+        tuner::forget_at_unload();
+        if let Ok(mut strings) = STRINGS.lock() {
+            *strings = Vec::new();
+        }
+        log::clear_sink();
+    });
+}
+
+#[used]
+#[link_section = ".fini_array"]
+static FORGET_AT_UNLOAD: extern "C" fn() = forget_at_unload;
+
 /// A v11/v12 context as NCCL holds it: the kind word, then the context.
 #[repr(C)]
 struct AbiContext {
@@ -191,7 +213,6 @@ fn devices(ndev: *mut c_int) -> Result<()> {
 /// process-wide, one per distinct string (a handful: this host's interfaces), so building
 /// the runtime again adds nothing.
 fn interned(text: &str) -> Result<*mut c_char> {
-    static STRINGS: Mutex<Vec<CString>> = Mutex::new(Vec::new());
     let text = CString::new(text.replace('\0', "")).unwrap_or_default();
     let mut strings = STRINGS
         .lock()

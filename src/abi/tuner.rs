@@ -38,6 +38,11 @@ impl TunerContext {
 /// Tuner contexts handed out and not yet destroyed.
 static LIVE_TUNERS: Live = Live::new(Kind::Tuner);
 
+/// The library is being unloaded: forgets the tuner contexts (see `abi::forget_at_unload`).
+pub(super) fn forget_at_unload() {
+    LIVE_TUNERS.forget_all();
+}
+
 /// The tuner's `init`: holds the runtime (building it if need be) until the tuner's
 /// `finalize`/`destroy`, like a net context does; records the communicator's size
 /// (`comm_id`, v5+) for rules that match on it.

@@ -414,7 +414,15 @@ impl Context {
 /// Releases the runtime when the library is unloaded (`dlclose`, or the process exits):
 /// the end of net v8 to v10, which have no `finalize`.
 extern "C" fn release_at_unload() {
-    let _ = std::panic::catch_unwind(Runtime::release_all);
+    let _ = std::panic::catch_unwind(|| {
+        Runtime::release_all();
+        // The last statistics file is written: what it was made of can go (the heap memory
+        // of a static would outlive the image).
+        if let Ok(mut slot) = SLOT.lock() {
+            slot.last_profile = None;
+        }
+        crate::stats::registry().forget_all();
+    });
 }
 
 #[used]

@@ -308,6 +308,14 @@ impl Registry {
         }
     }
 
+    /// Forgets every connection: the library is being unloaded, its last statistics file
+    /// written (the heap memory of a static would outlive the image).
+    pub fn forget_all(&self) {
+        if let Ok(mut list) = self.connections.lock() {
+            *list = Vec::new();
+        }
+    }
+
     /// Reads every connection's statistics.
     pub fn snapshot(&self) -> Vec<ConnectionSnapshot> {
         match self.connections.lock() {
