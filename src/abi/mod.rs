@@ -153,8 +153,8 @@ fn init_context(
     let ctx_out = non_null(ctx_out, "ctx")?;
     install_logger(logger);
     // Held until this context's finalize.
-    Runtime::acquire(Hold::Counted, logger)?;
-    let ctx = Context::new(comm_id, traffic_class);
+    let runtime = Runtime::acquire(Hold::Counted, logger)?;
+    let ctx = Context::new(comm_id, traffic_class, runtime.takes_net_attr());
     ctx.set_profiler(net_profiler::from_callback(profiler));
     let ptr = Box::into_raw(Box::new(AbiContext {
         kind: Kind::Context,
@@ -708,5 +708,11 @@ unsafe fn set_net_attr(ctx: *mut c_void, attr: *mut ffi::ncclNetAttr_v11_t) -> R
     let attr = non_null(attr, "netAttr")?;
     // SAFETY: NCCL passes a valid attribute struct for the duration of the call.
     let attr = unsafe { &*attr };
-    Runtime::current()?.set_net_attr(&ctx, attr)
+    ctx.set_attributes(attr.op, attr.algo, attr.proto);
+    // NCCL's proxy calls this before every transfer: the runtime (a process-wide lock) is
+    // looked up only when its transport takes the call.
+    if ctx.forwards_net_attr {
+        Runtime::current()?.forward_net_attr(&ctx, attr);
+    }
+    Ok(())
 }

@@ -38,6 +38,8 @@ pub struct Context {
     pub comm_id: u64,
     /// Traffic class from the communicator's config, when NCCL gave one.
     pub traffic_class: Option<i32>,
+    /// `setNetAttr` goes on to the transport (it takes it: [`crate::transport::Transport::takes_net_attr`]).
+    pub forwards_net_attr: bool,
     op: AtomicU32,
     algo: AtomicU32,
     proto: AtomicU32,
@@ -60,11 +62,13 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
-    /// A context for communicator `comm_id`.
-    pub fn new(comm_id: u64, traffic_class: Option<i32>) -> Arc<Context> {
+    /// A context for communicator `comm_id`; `forwards_net_attr`: its runtime's transport
+    /// takes `setNetAttr`.
+    pub fn new(comm_id: u64, traffic_class: Option<i32>, forwards_net_attr: bool) -> Arc<Context> {
         Arc::new(Context {
             comm_id,
             traffic_class,
+            forwards_net_attr,
             op: AtomicU32::new(0),
             algo: AtomicU32::new(0),
             proto: AtomicU32::new(0),

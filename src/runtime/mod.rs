@@ -158,7 +158,7 @@ impl Runtime {
             None => {
                 let runtime = Arc::new(build_logged(logger)?);
                 slot.last_profile = Some(Arc::clone(&runtime.profile_json));
-                slot.implicit = Some(Context::new(0, None));
+                slot.implicit = Some(Context::new(0, None, runtime.takes_net_attr()));
                 slot.runtime = Some(Arc::clone(&runtime));
                 runtime
             }
@@ -276,12 +276,16 @@ impl Runtime {
         Ok(ListenComm::new(Arc::clone(self), Arc::clone(ctx), listener))
     }
 
-    /// NCCL's `setNetAttr` for `ctx`: its next operations are `attr.op` (which loss rules
-    /// match), and the transport gets the whole of it (a wrapped plugin, in the context of
-    /// `ctx`'s traffic class).
-    pub fn set_net_attr(&self, ctx: &Context, attr: &ncclNetAttr_v11_t) -> Result<()> {
-        ctx.set_attributes(attr.op, attr.algo, attr.proto);
-        self.transport.set_net_attr(ctx.traffic_class, attr)
+    /// Whether the transport takes NCCL's `setNetAttr` (a wrapped plugin may; our sockets
+    /// do not), decided once per context so the call costs nothing otherwise.
+    pub fn takes_net_attr(&self) -> bool {
+        self.transport.takes_net_attr()
+    }
+
+    /// Hands NCCL's `setNetAttr` for `ctx` to the transport (a wrapped plugin gets it in the
+    /// context of `ctx`'s traffic class).
+    pub fn forward_net_attr(&self, ctx: &Context, attr: &ncclNetAttr_v11_t) {
+        self.transport.set_net_attr(ctx.traffic_class, attr);
     }
 
     /// Starts connecting `ctx` to the listener described by `handle`, which belongs to the
@@ -407,7 +411,7 @@ impl Context {
         SLOT.lock()
             .ok()
             .and_then(|slot| slot.implicit.clone())
-            .unwrap_or_else(|| Context::new(0, None))
+            .unwrap_or_else(|| Context::new(0, None, false))
     }
 }
 

@@ -121,11 +121,15 @@ pub trait Transport: Send + Sync {
         handle: &WireHandle,
     ) -> Result<Box<dyn Connector>>;
 
-    /// NCCL's `setNetAttr` for the communicators of traffic class `traffic_class` (what the
-    /// next operations are, and the communicators' flow hints). Our sockets need none.
-    fn set_net_attr(&self, _traffic_class: Option<i32>, _attr: &ncclNetAttr_v11_t) -> Result<()> {
-        Ok(())
+    /// Whether [`Transport::set_net_attr`] does anything: only then does `setNetAttr`, which
+    /// NCCL's proxy calls before every transfer, reach the transport (our sockets need none).
+    fn takes_net_attr(&self) -> bool {
+        false
     }
+
+    /// NCCL's `setNetAttr` for the communicators of traffic class `traffic_class` (what the
+    /// next operations are, and the communicators' flow hints); NCCL ignores its outcome.
+    fn set_net_attr(&self, _traffic_class: Option<i32>, _attr: &ncclNetAttr_v11_t) {}
 }
 
 /// A connection being established from the sending side.

@@ -193,10 +193,13 @@ impl Transport for WrapTransport {
         }))
     }
 
+    fn takes_net_attr(&self) -> bool {
+        true
+    }
+
     /// Forwarded to the inner plugin's context of that traffic class, as NCCL would call it.
-    fn set_net_attr(&self, traffic_class: Option<i32>, attr: &ncclNetAttr_v11_t) -> Result<()> {
+    fn set_net_attr(&self, traffic_class: Option<i32>, attr: &ncclNetAttr_v11_t) {
         self.plugin.set_net_attr(traffic_class, attr);
-        Ok(())
     }
 
     fn connect(
