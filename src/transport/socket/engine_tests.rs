@@ -684,3 +684,110 @@ fn delayed_acks_variable_is_parsed_and_bad_values_name_it() {
         );
     }
 }
+
+const SEND_START_CHILD_ENV: &str = "LOSSY_SOCKET_SEND_START_CHILD";
+
+#[test]
+fn without_a_pool_thread_a_send_on_an_idle_connection_leaves_at_its_test_and_one_behind_it_at_once()
+{
+    run_child(
+        "transport::socket::engine_tests::send_start_child",
+        SEND_START_CHILD_ENV,
+        &[("NCCL_LOSSY_IO_THREADS", "0")],
+        "send start check passed (inline)",
+    );
+}
+
+#[test]
+fn with_a_pool_thread_a_send_nobody_tests_leaves_at_once() {
+    run_child(
+        "transport::socket::engine_tests::send_start_child",
+        SEND_START_CHILD_ENV,
+        &[("NCCL_LOSSY_IO_THREADS", "1")],
+        "send start check passed (pool)",
+    );
+}
+
+#[test]
+#[ignore = "run in a process of its own by the two send start tests above"]
+fn send_start_child() {
+    if std::env::var_os(SEND_START_CHILD_ENV).is_none() {
+        return;
+    }
+    use super::wire::HEADER_SIZE;
+    use crate::transport::RecvConn;
+    let pooled = std::env::var("NCCL_LOSSY_IO_THREADS").as_deref() == Ok("1");
+    let (send, recv) = one_socket_pair(true);
+    // Three 8-byte messages; each travels as its header with the bytes behind it.
+    let wire = HEADER_SIZE + 8;
+    let mut data: Vec<Vec<u8>> = (1..=3).map(|i| pattern(8, i)).collect();
+    let mut into = vec![vec![0u8; 8]; 3];
+    let arrives = |want: usize| {
+        let deadline = Instant::now() + PATIENCE;
+        while recv.bytes_waiting() < want {
+            assert!(
+                Instant::now() < deadline,
+                "{want} bytes never arrived ({} did)",
+                recv.bytes_waiting()
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            recv.bytes_waiting(),
+            want,
+            "more than the messages posted arrived"
+        );
+    };
+    let quiet = |want: usize| {
+        // Long enough for loopback to deliver what was sent (it does so within the send).
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(recv.bytes_waiting(), want, "bytes left before their test");
+    };
+    let mut post = |i: usize| {
+        // SAFETY: `data` outlives both connections, dropped at the end of this function.
+        let buf = unsafe { HostBuf::from_slice(&mut data[i]) };
+        send.isend(buf, 7, &LossPlan::lossless())
+            .expect("isend")
+            .expect("slot")
+    };
+    let first = post(0);
+    if pooled {
+        // Nobody tests the send: the pool thread sends it.
+        arrives(wire);
+    } else {
+        // As NCCL's Socket transport: the bytes leave at the `test` that follows `isend`.
+        quiet(0);
+        assert!(
+            send.test(first).expect("test").is_some(),
+            "8 bytes did not go at once"
+        );
+        arrives(wire);
+    }
+    // The connection is idle again: a send waits for its test, unless a pool thread serves it.
+    let second = post(1);
+    if pooled {
+        arrives(2 * wire);
+    } else {
+        quiet(wire);
+    }
+    // A send posted behind one still under way goes at once, and takes that one along.
+    let third = post(2);
+    arrives(3 * wire);
+    for (i, s) in [(0, first), (1, second), (2, third)] {
+        // SAFETY: `into` outlives the receive, waited for right here.
+        let r = wait("irecv slot", || {
+            recv.irecv(&[unsafe { HostBuf::from_slice(&mut into[i]) }], &[7])
+        })
+        .expect("irecv");
+        wait("receive", || recv.test(r)).expect("receive");
+        if i > 0 || pooled {
+            wait("send", || send.test(s)).expect("send");
+        }
+    }
+    assert_eq!(into, data[..]);
+    drop((send, recv));
+    println!(
+        "send start check passed ({})",
+        if pooled { "pool" } else { "inline" }
+    );
+}

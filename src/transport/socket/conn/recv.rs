@@ -220,6 +220,18 @@ impl SocketRecvConn {
             .sum()
     }
 
+    /// Bytes that have arrived on the receiving sockets and wait unread (each socket looked
+    /// at up to 64 KiB), read without consuming them.
+    #[cfg(test)]
+    pub(crate) fn bytes_waiting(&self) -> usize {
+        let mut buf = vec![0u8; 64 << 10];
+        self.shared
+            .sockets
+            .iter()
+            .map(|sock| super::shared::peek_arrived(sock, &mut buf).unwrap_or(0))
+            .sum()
+    }
+
     /// Sockets whose clean close by the peer has been read (bit `s`: socket `s`).
     #[cfg(test)]
     pub(crate) fn closed_by_peer(&self) -> u16 {

@@ -163,7 +163,16 @@ fn send_larger_than_receive_fails_without_overrun() {
                 &LossPlan::lossless(),
             )
             .expect("isend");
-        let err = wait("recv error", || recv.test(r)).expect_err("must fail");
+        // The send is tested too, as NCCL's proxy tests what it posted: on an idle
+        // connection its bytes leave at its test (docs/transport.md, "When a send starts").
+        let mut sent = false;
+        let err = wait("recv error", || {
+            if let (Some(s), false) = (s, sent) {
+                sent = !matches!(send.test(s), Ok(None));
+            }
+            recv.test(r)
+        })
+        .expect_err("must fail");
         assert_eq!(err.kind, ErrorKind::InvalidUsage, "{err}");
         assert!(region[..GUARD].iter().all(|&b| b == 0x5a));
         assert!(region[GUARD + posted..].iter().all(|&b| b == 0x5a));
@@ -275,12 +284,19 @@ fn unknown_tag_fails_the_receive() {
         .expect("irecv")
         .expect("slot");
     // SAFETY: `m` is declared before the connection, so it outlives the send.
-    send.isend(
-        unsafe { HostBuf::from_slice(&mut m) },
-        5,
-        &LossPlan::lossless(),
-    )
-    .expect("isend");
+    let s = send
+        .isend(
+            unsafe { HostBuf::from_slice(&mut m) },
+            5,
+            &LossPlan::lossless(),
+        )
+        .expect("isend")
+        .expect("slot");
+    // Its test sends it (an idle connection's bytes leave at the send's test).
+    assert!(
+        send.test(s).expect("test").is_some(),
+        "64 bytes did not go at once"
+    );
     let err = wait("recv", || recv.test(r)).expect_err("tag 5 was never posted");
     assert_eq!(err.kind, ErrorKind::InvalidUsage);
 }
