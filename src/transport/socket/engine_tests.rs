@@ -774,9 +774,10 @@ fn send_start_child() {
     let third = post(2);
     arrives(3 * wire);
     for (i, s) in [(0, first), (1, second), (2, third)] {
-        // SAFETY: `into` outlives the receive, waited for right here.
         let r = wait("irecv slot", || {
-            recv.irecv(&[unsafe { HostBuf::from_slice(&mut into[i]) }], &[7])
+            // SAFETY: `into` outlives the receive, waited for right here.
+            let buf = unsafe { HostBuf::from_slice(&mut into[i]) };
+            recv.irecv(&[buf], &[7])
         })
         .expect("irecv");
         wait("receive", || recv.test(r)).expect("receive");
