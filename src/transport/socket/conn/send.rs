@@ -185,8 +185,8 @@ impl SendConn for SocketSendConn {
         // When the bytes go out (docs/transport.md, "When a send starts"): a message posted
         // behind others still under way joins them now, keeping the sockets' buffers full; one
         // on an idle connection leaves at the `test` NCCL's proxy calls right after `isend`,
-        // as NCCL's Socket transport sends only from `test` (measured faster from 8 B to
-        // 1 MiB). A pool thread serves connections nobody tests, so with one it goes now.
+        // as NCCL's Socket transport sends only from `test` (measured: docs/calibration.md).
+        // A pool thread serves connections nobody tests, so with one it goes now.
         if !idle || shared.has_pool() {
             shared.progress_all();
         }
