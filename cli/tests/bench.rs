@@ -216,6 +216,68 @@ fn group(line: &str, n: usize) -> Vec<f64> {
     )
 }
 
+/// Group `n` of a table row is a peer's: five columns and its time over the plugin's (group
+/// 1), in percent; the row is bit-exact.
+fn assert_peer_columns(line: &str, n: usize) {
+    let plugin = group(line, 1);
+    let peer = group(line, n);
+    assert_eq!(peer.len(), 6, "{line}");
+    assert!(peer[1] > 0.0 && peer[1] <= peer[2], "{line}");
+    let want = 100.0 * peer[0] / plugin[0];
+    // Both means are printed to 0.1 us and the ratio to 1%: at 10 us and more the
+    // rounding moves the ratio by well under 2 points.
+    assert!((peer[5] - want).abs() < 2.0, "{line}: want {want:.1}%");
+    assert!(line.trim_end().ends_with("ok"), "{line}");
+}
+
+#[test]
+fn vs_library_given_twice_times_both_libraries_in_the_same_run() {
+    // Two copies of our library at two paths: two independent `dlopen`s besides the plugin's
+    // (the build before a change and NCCL's transport, in real use).
+    let dir = fresh_dir("peers");
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let copies: Vec<String> = ["a", "b"]
+        .iter()
+        .map(|c| {
+            let copy = dir.join(format!("libnccl-net-peer{c}.so"));
+            std::fs::copy(common::library(), &copy).expect("copy the plugin library");
+            copy.display().to_string()
+        })
+        .collect();
+    let out = bench(
+        &[
+            "--sizes",
+            "8,64K",
+            "--iters",
+            "20",
+            "--lossless",
+            "--vs-library",
+            &copies[0],
+            "--vs-library",
+            &copies[1],
+        ],
+        &[("NCCL_LOSSY_PROFILE", "configs/uniform-1pct.toml")],
+    );
+    // Each name comes from its own link's `init`: both copies were driven, in order.
+    for (i, copy) in copies.iter().enumerate() {
+        let name = format!("peer{}", i + 1);
+        assert!(
+            out.contains(&format!("# {name} lossy from {copy}")),
+            "{out}"
+        );
+        assert!(out.contains(&format!("{name} us")), "{out}");
+    }
+    let lines: Vec<&str> = out
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    for line in lines {
+        assert_peer_columns(line, 4);
+        assert_peer_columns(line, 5);
+    }
+}
+
 #[test]
 fn vs_library_times_a_second_library_in_the_same_processes_with_its_ratio() {
     // A copy of our library at another path: a second, independent `dlopen` (a library opened
@@ -251,16 +313,7 @@ fn vs_library_times_a_second_library_in_the_same_processes_with_its_ratio() {
         .collect();
     assert_eq!(lines.len(), 2, "{out}");
     for line in lines {
-        let plugin = group(line, 1);
-        // The peer's five columns and its time over the plugin's, in percent.
-        let peer = group(line, 4);
-        assert_eq!(peer.len(), 6, "{line}");
-        assert!(peer[1] > 0.0 && peer[1] <= peer[2], "{line}");
-        let want = 100.0 * peer[0] / plugin[0];
-        // Both means are printed to 0.1 us and the ratio to 1%: at 10 us and more the
-        // rounding moves the ratio by well under 2 points.
-        assert!((peer[5] - want).abs() < 2.0, "{line}: want {want:.1}%");
-        assert!(line.trim_end().ends_with("ok"), "{line}");
+        assert_peer_columns(line, 4);
     }
     let missing = dir.join("libnccl-net-missing.so").display().to_string();
     let err = Command::new(lossy_exe())

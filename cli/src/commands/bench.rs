@@ -64,9 +64,11 @@ pub struct Args {
     /// say) on its own connections, interleaved iteration by iteration with the plugin and
     /// raw TCP in the same worker processes, and print its columns and its time over the
     /// plugin's: a comparison the machine's noise cannot tilt, since both see the same moments.
-    /// Another build of this plugin follows `--lossless` too.
+    /// Give it again for more libraries (the build before a change and NCCL's transport, say:
+    /// columns `peer1`, `peer2`, ... in that order). Another build of this plugin follows
+    /// `--lossless` too.
     #[arg(long, value_name = "PATH")]
-    pub vs_library: Option<PathBuf>,
+    pub vs_library: Vec<PathBuf>,
     /// Running as one rank of a multi-process job (torchrun, mpirun, srun, or by hand).
     #[command(flatten)]
     pub cluster: ClusterArgs,
@@ -338,18 +340,16 @@ fn bench(args: &Args) -> Result<()> {
     if args.vs_lossless {
         links.push(LinkKind::PluginLossless);
     }
-    let peer_library = args
+    let peer_libraries = args
         .vs_library
-        .as_deref()
+        .iter()
         .map(|path| plugin_library(Some(path)))
-        .transpose()?;
-    if peer_library.is_some() {
-        links.push(LinkKind::Peer);
-    }
+        .collect::<Result<Vec<_>>>()?;
+    links.extend((0..peer_libraries.len()).map(LinkKind::Peer));
     let per_size = links.len();
     let library = plugin_library(args.library.as_deref())?;
     let mut job = Job::collectives(library.clone(), links, runs.clone());
-    job.peer_library = peer_library.clone();
+    job.peer_libraries = peer_libraries.clone();
     job.chunk = chunk.max(dtype.size());
     job.version = args.net_version;
     job.lossless = args.lossless;
@@ -377,10 +377,18 @@ fn bench(args: &Args) -> Result<()> {
         reports.first().map_or("?", |r| r.plugin.as_str()),
         library.display()
     );
-    if let Some(peer) = &peer_library {
+    // One peer is `peer`; several are `peer1`, `peer2`, ... in the order given.
+    let peer_names: Vec<String> = match peer_libraries.len() {
+        1 => vec!["peer".to_string()],
+        n => (1..=n).map(|i| format!("peer{i}")).collect(),
+    };
+    for (i, (peer, name)) in peer_libraries.iter().zip(&peer_names).enumerate() {
         println!(
-            "# peer {} from {}",
-            reports.first().map_or("?", |r| r.peer.as_str()),
+            "# {name} {} from {}",
+            reports
+                .first()
+                .and_then(|r| r.peers.get(i))
+                .map_or("?", String::as_str),
             peer.display()
         );
     }
@@ -403,13 +411,15 @@ fn bench(args: &Args) -> Result<()> {
     let (plugin_head, plugin_units) = link_head("plugin");
     let (raw_head, raw_units) = link_head("raw");
     // Links shown beside the plugin with their mean time over the plugin's (above 100%: the
-    // plugin is faster): the lossless plugin (third result of a size), the peer (last one).
+    // plugin is faster): the lossless plugin (third result of a size), the peers (last ones,
+    // in the order given).
     let mut compared: Vec<(usize, &str)> = Vec::new();
     if args.vs_lossless {
         compared.push((2, "lossless"));
     }
-    if peer_library.is_some() {
-        compared.push((per_size - 1, "peer"));
+    let first_peer = per_size - peer_libraries.len();
+    for (i, name) in peer_names.iter().enumerate() {
+        compared.push((first_peer + i, name));
     }
     let (mut extra_head, mut extra_units) = (String::new(), String::new());
     for &(_, name) in &compared {

@@ -32,11 +32,12 @@ pub enum LinkKind {
     /// The plugin library again, on its own connections, with loss injection switched off
     /// for its iterations: the lossless baseline measured in the same run, interleaved.
     PluginLossless,
-    /// Another net plugin library ([`Job::peer_library`], e.g. NCCL's own Socket transport
-    /// built as a plugin, or another build of this one) on its own connections: a rival
-    /// timed in the same processes and moments as the plugin, so the machine's noise cannot
-    /// favour either. With this project's control API it runs under the job's `lossless`.
-    Peer,
+    /// Another net plugin library (entry `i` of [`Job::peer_libraries`], e.g. NCCL's own
+    /// Socket transport built as a plugin, or another build of this one) on its own
+    /// connections: a rival timed in the same processes and moments as the plugin, so the
+    /// machine's noise cannot favour either. With this project's control API it runs under
+    /// the job's `lossless`.
+    Peer(usize),
 }
 
 /// One collective at one size, repeated.
@@ -158,9 +159,9 @@ impl PacketCensus {
 pub struct Job {
     /// The plugin library to `dlopen`.
     pub library: PathBuf,
-    /// The library of a [`LinkKind::Peer`] link.
+    /// The libraries of the [`LinkKind::Peer`] links, in their order.
     #[serde(default)]
-    pub peer_library: Option<PathBuf>,
+    pub peer_libraries: Vec<PathBuf>,
     /// `ncclNetPlugin_vN` version to use.
     pub version: u32,
     /// Largest message, bytes.
@@ -188,7 +189,7 @@ impl Job {
     pub fn collectives(library: PathBuf, links: Vec<LinkKind>, runs: Vec<RunSpec>) -> Job {
         Job {
             library,
-            peer_library: None,
+            peer_libraries: Vec::new(),
             version: super::plugin_client::MAX_VERSION,
             chunk: DEFAULT_CHUNK,
             in_flight: MAX_IN_FLIGHT,
@@ -258,9 +259,9 @@ pub struct WorkerReport {
     pub rank: usize,
     /// Plugin name as the library reports it.
     pub plugin: String,
-    /// Name the peer library reports (empty without a [`LinkKind::Peer`] link).
+    /// Names the peer libraries report, in [`Job::peer_libraries`]' order.
     #[serde(default)]
-    pub peer: String,
+    pub peers: Vec<String>,
     /// ABI version used.
     pub version: u32,
     /// Collective runs, in job order (plugin first, then raw, per run).
@@ -284,7 +285,7 @@ pub fn run_job(job: &Job, boot: &mut Bootstrap) -> Result<WorkerReport> {
     let mut report = WorkerReport {
         rank: boot.rank(),
         plugin: String::new(),
-        peer: String::new(),
+        peers: Vec::new(),
         version: job.version,
         results: Vec::new(),
         groups_checked: 0,
@@ -359,17 +360,23 @@ fn run_collectives(
     let mut opened: Vec<(LinkKind, Channels, usize)> = Vec::new();
     for &kind in links {
         let (set, streams): (Channels, usize) = match kind {
-            LinkKind::Plugin | LinkKind::PluginLossless | LinkKind::Peer => {
-                // Each plugin link is a context of its own (its comm id); the peer's is in
+            LinkKind::Plugin | LinkKind::PluginLossless | LinkKind::Peer(_) => {
+                // Each plugin link is a context of its own (its comm id); a peer's is in
                 // another library.
                 let (library, comm_id) = match kind {
                     LinkKind::Plugin => (Rc::clone(lib), 0x10551),
                     LinkKind::PluginLossless => (Rc::clone(lib), 0x10552),
-                    _ => {
-                        let path = job.peer_library.as_deref().ok_or_else(|| {
-                            nccl_net_lossy::Error::invalid_argument(
-                                "a peer link needs a peer library",
-                            )
+                    LinkKind::RawTcp => {
+                        return Err(nccl_net_lossy::Error::internal(
+                            "raw TCP is not a plugin link",
+                        ))
+                    }
+                    LinkKind::Peer(i) => {
+                        let path = job.peer_libraries.get(i).ok_or_else(|| {
+                            nccl_net_lossy::Error::invalid_argument(format!(
+                                "peer link {i} has no library ({} given)",
+                                job.peer_libraries.len()
+                            ))
                         })?;
                         let peer = PluginLibrary::open(path)?;
                         // Another build of this plugin (an A/B of two builds) runs under the
@@ -378,7 +385,7 @@ fn run_collectives(
                         if peer.switches_loss() {
                             peer.set_loss_enabled(!job.lossless)?;
                         }
-                        (peer, 0x10553)
+                        (peer, 0x10553 + i as u64)
                     }
                 };
                 let set = PluginLink::connect_channels(
@@ -391,8 +398,11 @@ fn run_collectives(
                 )?;
                 if let Some(first) = set.first() {
                     let name = first.client().name();
-                    if kind == LinkKind::Peer {
-                        report.peer = name;
+                    if let LinkKind::Peer(i) = kind {
+                        if report.peers.len() <= i {
+                            report.peers.resize(i + 1, String::new());
+                        }
+                        report.peers[i] = name;
                     } else {
                         report.plugin = name;
                         report.version = first.client().version();
