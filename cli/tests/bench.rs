@@ -230,6 +230,27 @@ fn assert_peer_columns(line: &str, n: usize) {
     assert!(line.trim_end().ends_with("ok"), "{line}");
 }
 
+/// `lossy bench` over 8 B and 64 KiB with each of `peers` as a `--vs-library`, loss switched
+/// off under a profile that zeroes lost packets (so a peer left lossy would deliver damaged
+/// data and the table would say WRONG): the output and its two table rows.
+fn bench_with_peers(peers: &[String]) -> (String, Vec<String>) {
+    let mut args = vec!["--sizes", "8,64K", "--iters", "20", "--lossless"];
+    for peer in peers {
+        args.extend(["--vs-library", peer.as_str()]);
+    }
+    let out = bench(
+        &args,
+        &[("NCCL_LOSSY_PROFILE", "configs/uniform-1pct.toml")],
+    );
+    let lines: Vec<String> = out
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(str::to_string)
+        .collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    (out, lines)
+}
+
 #[test]
 fn vs_library_given_twice_times_both_libraries_in_the_same_run() {
     // Two copies of our library at two paths: two independent `dlopen`s besides the plugin's
@@ -244,20 +265,7 @@ fn vs_library_given_twice_times_both_libraries_in_the_same_run() {
             copy.display().to_string()
         })
         .collect();
-    let out = bench(
-        &[
-            "--sizes",
-            "8,64K",
-            "--iters",
-            "20",
-            "--lossless",
-            "--vs-library",
-            &copies[0],
-            "--vs-library",
-            &copies[1],
-        ],
-        &[("NCCL_LOSSY_PROFILE", "configs/uniform-1pct.toml")],
-    );
+    let (out, lines) = bench_with_peers(&copies);
     // Each name comes from its own link's `init`: both copies were driven, in order.
     for (i, copy) in copies.iter().enumerate() {
         let name = format!("peer{}", i + 1);
@@ -267,12 +275,7 @@ fn vs_library_given_twice_times_both_libraries_in_the_same_run() {
         );
         assert!(out.contains(&format!("{name} us")), "{out}");
     }
-    let lines: Vec<&str> = out
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .collect();
-    assert_eq!(lines.len(), 2, "{out}");
-    for line in lines {
+    for line in &lines {
         assert_peer_columns(line, 4);
         assert_peer_columns(line, 5);
     }
@@ -287,32 +290,15 @@ fn vs_library_times_a_second_library_in_the_same_processes_with_its_ratio() {
     let copy = dir.join("libnccl-net-peercopy.so");
     std::fs::copy(common::library(), &copy).expect("copy the plugin library");
     let copy_s = copy.display().to_string();
-    // Under a profile that zeroes lost packets, `--lossless` must switch the other build off
-    // too: a peer left lossy would deliver damaged data, and the table would say WRONG.
-    let out = bench(
-        &[
-            "--sizes",
-            "8,64K",
-            "--iters",
-            "20",
-            "--lossless",
-            "--vs-library",
-            &copy_s,
-        ],
-        &[("NCCL_LOSSY_PROFILE", "configs/uniform-1pct.toml")],
-    );
+    // `--lossless` must switch the other build off too.
+    let (out, lines) = bench_with_peers(&[copy_s.clone()]);
     // The name comes from the peer link's own `init`, so the copy really was driven.
     assert!(
         out.contains(&format!("# peer lossy from {copy_s}")),
         "{out}"
     );
     assert!(out.contains("peer us"), "{out}");
-    let lines: Vec<&str> = out
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .collect();
-    assert_eq!(lines.len(), 2, "{out}");
-    for line in lines {
+    for line in &lines {
         assert_peer_columns(line, 4);
     }
     let missing = dir.join("libnccl-net-missing.so").display().to_string();
