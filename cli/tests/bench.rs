@@ -291,7 +291,7 @@ fn vs_library_times_a_second_library_in_the_same_processes_with_its_ratio() {
     std::fs::copy(common::library(), &copy).expect("copy the plugin library");
     let copy_s = copy.display().to_string();
     // `--lossless` must switch the other build off too.
-    let (out, lines) = bench_with_peers(&[copy_s.clone()]);
+    let (out, lines) = bench_with_peers(std::slice::from_ref(&copy_s));
     // The name comes from the peer link's own `init`, so the copy really was driven.
     assert!(
         out.contains(&format!("# peer lossy from {copy_s}")),
