@@ -40,6 +40,8 @@ use socket2::Socket;
 pub use pool::MAX_IO_THREADS;
 pub use recv::SocketRecvConn;
 pub use send::SocketSendConn;
+#[cfg(test)]
+pub(super) use shared::reads;
 
 /// Smallest chunk a message is cut into, so small messages use few sockets.
 pub const MIN_CHUNK: usize = 64 << 10;

@@ -742,6 +742,8 @@ fn recv_chunk(
         // machine (under its lock) writes `span`, which holds `r`; the view lives only for
         // this call.
         let bytes = unsafe { job.buf.slice_mut(r.start + job.off, r.end) };
+        let asked = bytes.len();
+        let from_socket = stage.is_empty();
         let what = || format!("receiving message {seq} on socket {s}");
         match read_some(shared, s, stage, bytes, what)? {
             None => return Ok(false),
@@ -751,6 +753,12 @@ fn recv_chunk(
                 if r.start + job.off == r.end {
                     job.seg += 1;
                     job.off = 0;
+                } else if from_socket && k < asked {
+                    // The socket gave what had arrived: another read now would mostly find
+                    // nothing, or keep this caller reading while its own sends wait. Return,
+                    // as NCCL's Socket transport does after its one `recv` per `test`
+                    // (docs/transport.md, "When a receive stops reading").
+                    return Ok(false);
                 }
             }
         }

@@ -112,6 +112,8 @@ pub(super) fn recv_some(
     let tail = if end < buf.len() { &mut [][..] } else { tail };
     let mut reader = sock;
     loop {
+        #[cfg(test)]
+        reads::count(1, 0);
         let got = if tail.is_empty() {
             reader.read(&mut buf[..end])
         } else {
@@ -120,7 +122,11 @@ pub(super) fn recv_some(
         match got {
             Ok(n) => return Ok(Some(n)),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                #[cfg(test)]
+                reads::count(0, 1);
+                return Ok(None);
+            }
             Err(e) => return Err(e),
         }
     }
@@ -471,5 +477,28 @@ impl<S: Side> Ready for Shared<S> {
         }
         self.progress_socket(s);
         None
+    }
+}
+
+/// The socket reads this thread made, and how many of them found nothing, for tests of
+/// when a receive stops reading.
+#[cfg(test)]
+pub(crate) mod reads {
+    use std::cell::Cell;
+
+    thread_local! {
+        static COUNTS: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+    }
+
+    pub(super) fn count(reads: u64, empty: u64) {
+        COUNTS.with(|c| {
+            let (r, e) = c.get();
+            c.set((r + reads, e + empty));
+        });
+    }
+
+    /// (reads, reads that found nothing) made by this thread so far.
+    pub(crate) fn so_far() -> (u64, u64) {
+        COUNTS.with(Cell::get)
     }
 }

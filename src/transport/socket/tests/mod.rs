@@ -17,6 +17,7 @@ use crate::ErrorKind;
 mod effects;
 mod handshake;
 mod lifecycle;
+mod reads;
 mod roundtrip;
 
 pub(super) const PATIENCE: Duration = Duration::from_secs(30);

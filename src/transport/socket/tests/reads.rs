@@ -1,0 +1,93 @@
+//! When a `test` stops reading: once a socket gave less than the receive still needs, it has
+//! given what had arrived, and the call returns, so the caller's other requests (its own
+//! sends, in NCCL's proxy loop) move while the peer's next bytes are on their way.
+
+use std::io::{ErrorKind as IoErrorKind, Write};
+
+use super::super::conn::reads;
+use super::*;
+
+const SHORT_READ_CHILD_ENV: &str = "LOSSY_SOCKET_SHORT_READ_CHILD";
+
+#[test]
+fn a_receive_test_stops_at_the_first_short_read() {
+    // Without a pool thread: only this thread reads the socket, so its reads are all there is.
+    run_child(
+        "transport::socket::tests::reads::short_read_child",
+        SHORT_READ_CHILD_ENV,
+        &[("NCCL_LOSSY_IO_THREADS", "0")],
+        "short read check passed",
+    );
+}
+
+/// Writes to `sock` (non-blocking) what it takes of `bytes` now: how many it took.
+fn write_what_fits(sock: &mut TcpStream, bytes: &[u8]) -> usize {
+    let mut done = 0;
+    while done < bytes.len() {
+        match sock.write(&bytes[done..]) {
+            Ok(n) => done += n,
+            Err(e) if e.kind() == IoErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == IoErrorKind::Interrupted => {}
+            Err(e) => panic!("writing the message: {e}"),
+        }
+    }
+    done
+}
+
+#[test]
+#[ignore = "run in a process of its own by a_receive_test_stops_at_the_first_short_read"]
+fn short_read_child() {
+    if std::env::var_os(SHORT_READ_CHILD_ENV).is_none() {
+        return;
+    }
+    const SIZE: usize = 4 << 20;
+    let t = loopback(1);
+    let mut into = vec![0u8; SIZE];
+    let (recv, mut socks) = raw_peer(&t, 1);
+    let sock = &mut socks[0];
+    let r = recv
+        // SAFETY: `into` is declared before the connection, so it outlives the receive.
+        .irecv(&[unsafe { HostBuf::from_slice(&mut into) }], &[0])
+        .expect("irecv")
+        .expect("slot");
+    let data = pattern(SIZE, 3);
+    let mut stream = chunk_header(0, 0, SIZE as u64).to_vec();
+    stream.extend_from_slice(&data);
+    // The peer fills the receiver's socket and its own: more waits behind what arrived, and
+    // each read makes room for it (loopback delivers it while the reader is still in the
+    // kernel), so a receive that read until a read found nothing would go on reading.
+    sock.set_nonblocking(true).expect("non-blocking");
+    let mut written = write_what_fits(sock, &stream);
+    assert!(
+        written < stream.len(),
+        "the whole message fit in the sockets"
+    );
+    let deadline = Instant::now() + PATIENCE;
+    while recv.bytes_waiting() == 0 {
+        assert!(Instant::now() < deadline, "nothing arrived");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let before = reads::so_far();
+    let first = recv.test(r).expect("test");
+    let (count, empty) = (reads::so_far().0 - before.0, reads::so_far().1 - before.1);
+    assert!(
+        first.is_none(),
+        "the message completed before it was all written"
+    );
+    // The header (with the first bytes behind it, read ahead), then the payload up to what had
+    // arrived: that read came back short, so nothing more had arrived.
+    assert_eq!(
+        (count, empty),
+        (2, 0),
+        "reads in one test (and how many found nothing)"
+    );
+    // The rest arrives as the receiver takes it.
+    let done = wait("the rest of the message", || {
+        written += write_what_fits(sock, &stream[written..]);
+        recv.test(r)
+    })
+    .expect("receive");
+    assert_eq!(done.sizes[0], SIZE);
+    assert!(into == data, "the message arrived damaged");
+    println!("short read check passed");
+}
