@@ -131,6 +131,7 @@ fn every_row_has_p50_at_most_p99_for_plugin_and_raw() {
 fn fresh_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("lossy-bench-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    common::removed_at_exit(&dir);
     dir
 }
 

@@ -152,7 +152,33 @@ pub fn fresh_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("lossy-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
+    removed_at_exit(&dir);
     dir
+}
+
+/// The folders this test process made for itself, removed when it exits.
+static MADE: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+extern "C" fn remove_made() {
+    let dirs = MADE.lock().map(|d| d.clone()).unwrap_or_default();
+    for dir in dirs {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// Removes `dir` when this test process exits, whether its tests passed or failed (the test
+/// harness returns from `main` or calls `exit`, and both run the exit handlers), so runs of
+/// the suite do not pile up plugin copies and fixtures in the temporary folder.
+pub fn removed_at_exit(dir: &Path) {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        // SAFETY: `remove_made` is an `extern "C"` function with no arguments that never
+        // unwinds (it ignores every error), as `atexit` requires.
+        unsafe { libc::atexit(remove_made) };
+    });
+    if let Ok(mut made) = MADE.lock() {
+        made.push(dir.to_path_buf());
+    }
 }
 
 /// One run of each collective at each size, in both element types.
