@@ -343,6 +343,9 @@ fn a_rank_killed_mid_run_fails_the_others_naming_it() {
     let pid = children[1].id().to_string();
     let killed = Command::new("kill").args(["-KILL", &pid]).status();
     assert!(killed.is_ok_and(|s| s.success()), "kill rank 1");
+    // A killed rank cannot remove the statistics folder it made for itself
+    // (`lossy-rank-<pid>` in the temporary folder, see `cluster::run_member`): this test does.
+    common::removed_at_exit(&std::env::temp_dir().join(format!("lossy-rank-{pid}")));
     let (outputs, took) = wait_all(children, Duration::from_secs(60));
     assert!(took < Duration::from_secs(15), "took {took:?}");
     let err = text(&outputs[0].stderr);
