@@ -347,6 +347,35 @@ fn loss_on(job: &Job, kind: LinkKind) -> bool {
 /// One link kind's ring channels, one per comm.
 type Channels = Vec<Box<dyn RingLink>>;
 
+/// The library a plugin link drives and its comm id (each plugin link is a context of its
+/// own; a peer's is in another library); `None` for the raw TCP link.
+fn link_library(
+    kind: LinkKind,
+    lib: &Rc<PluginLibrary>,
+    job: &Job,
+) -> Result<Option<(Rc<PluginLibrary>, u64)>> {
+    Ok(Some(match kind {
+        LinkKind::RawTcp => return Ok(None),
+        LinkKind::Plugin => (Rc::clone(lib), 0x10551),
+        LinkKind::PluginLossless => (Rc::clone(lib), 0x10552),
+        LinkKind::Peer(i) => {
+            let path = job.peer_libraries.get(i).ok_or_else(|| {
+                nccl_net_lossy::Error::invalid_argument(format!(
+                    "peer link {i} has no library ({} given)",
+                    job.peer_libraries.len()
+                ))
+            })?;
+            let peer = PluginLibrary::open(path)?;
+            // Another build of this plugin (an A/B of two builds) runs under the same
+            // `--lossless` as ours; a library without our control API is left as it is.
+            if peer.switches_loss() {
+                peer.set_loss_enabled(!job.lossless)?;
+            }
+            (peer, 0x10553 + i as u64)
+        }
+    }))
+}
+
 fn run_collectives(
     job: &Job,
     lib: &Rc<PluginLibrary>,
@@ -359,35 +388,8 @@ fn run_collectives(
     let channels = job.comms.max(1);
     let mut opened: Vec<(LinkKind, Channels, usize)> = Vec::new();
     for &kind in links {
-        let (set, streams): (Channels, usize) = match kind {
-            LinkKind::Plugin | LinkKind::PluginLossless | LinkKind::Peer(_) => {
-                // Each plugin link is a context of its own (its comm id); a peer's is in
-                // another library.
-                let (library, comm_id) = match kind {
-                    LinkKind::Plugin => (Rc::clone(lib), 0x10551),
-                    LinkKind::PluginLossless => (Rc::clone(lib), 0x10552),
-                    LinkKind::RawTcp => {
-                        return Err(nccl_net_lossy::Error::internal(
-                            "raw TCP is not a plugin link",
-                        ))
-                    }
-                    LinkKind::Peer(i) => {
-                        let path = job.peer_libraries.get(i).ok_or_else(|| {
-                            nccl_net_lossy::Error::invalid_argument(format!(
-                                "peer link {i} has no library ({} given)",
-                                job.peer_libraries.len()
-                            ))
-                        })?;
-                        let peer = PluginLibrary::open(path)?;
-                        // Another build of this plugin (an A/B of two builds) runs under the
-                        // same `--lossless` as ours; a library without our control API is
-                        // left as it is.
-                        if peer.switches_loss() {
-                            peer.set_loss_enabled(!job.lossless)?;
-                        }
-                        (peer, 0x10553 + i as u64)
-                    }
-                };
+        let (set, streams): (Channels, usize) = match link_library(kind, lib, job)? {
+            Some((library, comm_id)) => {
                 let set = PluginLink::connect_channels(
                     &library,
                     job.version,
@@ -414,7 +416,7 @@ fn run_collectives(
                     .collect();
                 (set, 0)
             }
-            LinkKind::RawTcp => {
+            None => {
                 let set = (0..channels)
                     .map(|_| RawTcpLink::connect_ring(boot, job.raw_streams, job.timeout()))
                     .collect::<Result<Vec<_>>>()?;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::tests::{
     connect_pair, count_entries, loopback, loopback_with, pattern, run_child, send_recv, wait,
-    PATIENCE,
+    wait_for_bytes, PATIENCE,
 };
 use super::SocketRecvConn;
 use crate::loss::plan::{Effect, LossPlan, PacketRun};
@@ -723,15 +723,7 @@ fn send_start_child() {
     let mut data: Vec<Vec<u8>> = (1..=3).map(|i| pattern(8, i)).collect();
     let mut into = vec![vec![0u8; 8]; 3];
     let arrives = |want: usize| {
-        let deadline = Instant::now() + PATIENCE;
-        while recv.bytes_waiting() < want {
-            assert!(
-                Instant::now() < deadline,
-                "{want} bytes never arrived ({} did)",
-                recv.bytes_waiting()
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_for_bytes(&recv, want);
         assert_eq!(
             recv.bytes_waiting(),
             want,

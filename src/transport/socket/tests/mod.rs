@@ -112,6 +112,20 @@ pub(super) fn wait_for_closed(recv: &SocketRecvConn, mask: u16) {
     .expect("closed");
 }
 
+/// Waits until at least `want` bytes have arrived unread on `recv`'s sockets, failing the
+/// test after `PATIENCE`.
+pub(super) fn wait_for_bytes(recv: &SocketRecvConn, want: usize) {
+    let deadline = Instant::now() + PATIENCE;
+    while recv.bytes_waiting() < want {
+        assert!(
+            Instant::now() < deadline,
+            "{want} bytes never arrived ({} did)",
+            recv.bytes_waiting()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// Deterministic bytes, different for each seed.
 pub(super) fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;

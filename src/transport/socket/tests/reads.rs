@@ -62,11 +62,7 @@ fn short_read_child() {
         written < stream.len(),
         "the whole message fit in the sockets"
     );
-    let deadline = Instant::now() + PATIENCE;
-    while recv.bytes_waiting() == 0 {
-        assert!(Instant::now() < deadline, "nothing arrived");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_for_bytes(&recv, 1);
     let before = reads::so_far();
     let first = recv.test(r).expect("test");
     let (count, empty) = (reads::so_far().0 - before.0, reads::so_far().1 - before.1);
