@@ -208,6 +208,22 @@ fn raw_baseline_opens_as_many_streams_as_the_plugin_per_comm() {
     assert!(rows(&out).iter().all(|r| r.check == "ok"), "{out}");
 }
 
+/// TCP's congestion control decides how the kernel paces every connection the table times
+/// (BBR paces each one at its own estimate, docs/calibration.md), so the header names the one
+/// this host runs, as the kernel reports it.
+#[test]
+fn the_header_names_the_hosts_tcp_congestion_control() {
+    let out = bench(&["--sizes", "8", "--iters", "2", "--lossless"], &[]);
+    let line = match std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control") {
+        Ok(cc) => format!("# TCP congestion control on this host: {}", cc.trim()),
+        Err(_) => "# TCP congestion control on this host: unknown".to_string(),
+    };
+    assert!(
+        out.lines().any(|l| l.starts_with(&line)),
+        "no line starting {line:?} in:\n{out}"
+    );
+}
+
 /// The numbers of the `n`-th `|`-separated group of a table row.
 fn group(line: &str, n: usize) -> Vec<f64> {
     numbers(

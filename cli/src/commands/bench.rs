@@ -405,6 +405,10 @@ fn bench(args: &Args) -> Result<()> {
         opened(1).map_or(0, |r| r.streams)
     );
     println!(
+        "# TCP congestion control on this host: {}",
+        congestion_control()
+    );
+    println!(
         "# times: mean of the slowest rank; p50/p99 over iterations of the slowest rank per \
          iteration (nearest rank: p99 of under 100 iterations is the maximum)"
     );
@@ -493,6 +497,21 @@ fn bench(args: &Args) -> Result<()> {
         Err(nccl_net_lossy::Error::remote(
             "some results were not bit-exact",
         ))
+    }
+}
+
+/// The TCP congestion control new connections of this host get, as the kernel reports it,
+/// with what it means for the table: BBR paces each connection at its own estimate of the
+/// path, and on loopback those estimates settle differently from one connection to the next
+/// (docs/calibration.md, "Congestion control").
+fn congestion_control() -> String {
+    match std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control") {
+        Ok(cc) if cc.trim() == "bbr" => "bbr (paces each connection at its own rate: one \
+            connection can run up to a third slower than another in the same run, so compare \
+            interleaved links over several runs, not one row)"
+            .to_string(),
+        Ok(cc) => cc.trim().to_string(),
+        Err(_) => "unknown".to_string(),
     }
 }
 
