@@ -10,7 +10,7 @@ use std::path::Path;
 /// file's role in errors ("profile", "trace").
 pub fn read_regular_file(path: &Path, cap: u64, what: &str) -> Result<String, String> {
     use std::io::Read;
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    use std::os::unix::fs::OpenOptionsExt;
     let allowed = format!(
         "a {what} must be a regular file of at most {}",
         human_bytes(cap)
@@ -25,19 +25,7 @@ pub fn read_regular_file(path: &Path, cap: u64, what: &str) -> Result<String, St
         .map_err(|err| format!("{}: cannot read {what}: {err}", path.display()))?;
     let kind = meta.file_type();
     if !kind.is_file() {
-        let is = if kind.is_dir() {
-            "a directory"
-        } else if kind.is_fifo() {
-            "a FIFO"
-        } else if kind.is_char_device() {
-            "a character device"
-        } else if kind.is_block_device() {
-            "a block device"
-        } else if kind.is_socket() {
-            "a socket"
-        } else {
-            "special"
-        };
+        let is = file_kind(&kind);
         return Err(format!(
             "{}: not a regular file ({is}); {allowed}",
             path.display()
@@ -63,6 +51,26 @@ pub fn read_regular_file(path: &Path, cap: u64, what: &str) -> Result<String, St
     }
     String::from_utf8(bytes)
         .map_err(|_| format!("{}: cannot read {what}: not UTF-8 text", path.display()))
+}
+
+/// What a file that is not a regular one is, for errors: "a directory", "a FIFO", ...
+pub fn file_kind(kind: &std::fs::FileType) -> &'static str {
+    use std::fs::FileType;
+    use std::os::unix::fs::FileTypeExt;
+    type Test = fn(&FileType) -> bool;
+    let kinds: [(Test, &str); 7] = [
+        (FileType::is_file, "a regular file"),
+        (FileType::is_dir, "a directory"),
+        (FileTypeExt::is_fifo, "a FIFO"),
+        (FileTypeExt::is_char_device, "a character device"),
+        (FileTypeExt::is_block_device, "a block device"),
+        (FileTypeExt::is_socket, "a socket"),
+        (FileType::is_symlink, "a symbolic link"),
+    ];
+    kinds
+        .iter()
+        .find(|(is, _)| is(kind))
+        .map_or("special", |&(_, name)| name)
 }
 
 /// "64 MiB" for whole MiB, bytes otherwise.

@@ -366,3 +366,114 @@ fn sizes_chunks_and_iterations_beyond_the_limits_are_refused_before_any_rank_sta
         "{e}"
     );
 }
+
+/// One line of a `--samples` file: size, link, iteration, slowest rank's time, each rank's.
+struct Sample {
+    size: usize,
+    link: String,
+    iter: usize,
+    slowest: f64,
+    ranks: Vec<f64>,
+}
+
+fn samples(path: &Path) -> (String, Vec<Sample>) {
+    let text = std::fs::read_to_string(path).expect("read the samples file");
+    let mut lines = text.lines();
+    let header = lines.next().expect("a header line").to_string();
+    let rows = lines
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            assert!(f.len() >= 5, "line `{l}`");
+            let num = |s: &str| -> f64 { s.parse().unwrap_or_else(|_| panic!("`{s}` in `{l}`")) };
+            Sample {
+                size: f[0].parse().expect("size"),
+                link: f[1].to_string(),
+                iter: f[2].parse().expect("iteration"),
+                slowest: num(f[3]),
+                ranks: f[4..].iter().map(|s| num(s)).collect(),
+            }
+        })
+        .collect();
+    (header, rows)
+}
+
+#[test]
+fn samples_file_holds_every_iteration_of_every_link_in_order_and_its_p50_is_the_tables() {
+    let dir = fresh_dir("samples");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("samples.csv");
+    let arg = file.to_str().expect("utf-8 path");
+    let out = bench(
+        &[
+            "--sizes",
+            "4K,64K",
+            "--iters",
+            "9",
+            "--lossless",
+            "--samples",
+            arg,
+        ],
+        &[],
+    );
+    let table = rows(&out);
+    assert_eq!(table.len(), 2, "{out}");
+    let (header, got) = samples(&file);
+    assert_eq!(
+        header,
+        "size_bytes,link,iteration,slowest_us,rank0_us,rank1_us"
+    );
+    // Two sizes, two links (plugin and raw TCP), nine iterations each, in time order.
+    assert_eq!(got.len(), 2 * 2 * 9);
+    for row in &table {
+        for (link, cols) in [("plugin", row.plugin), ("raw", row.raw)] {
+            let mine: Vec<&Sample> = got
+                .iter()
+                .filter(|s| s.size == row.size && s.link == link)
+                .collect();
+            let iters: Vec<usize> = mine.iter().map(|s| s.iter).collect();
+            assert_eq!(iters, (0..9).collect::<Vec<_>>(), "{link} at {}", row.size);
+            for s in &mine {
+                assert_eq!(s.ranks.len(), 2);
+                assert!(s.ranks.iter().all(|&t| t > 0.0), "{link}: {:?}", s.ranks);
+                let max = s.ranks.iter().copied().fold(0.0, f64::max);
+                // Both printed with 3 decimals: equal to the last digit.
+                assert!((s.slowest - max).abs() < 0.0015, "{} vs {max}", s.slowest);
+            }
+            // The table's p50 is the nearest-rank median of the slowest rank per iteration,
+            // printed with one decimal: the file's must round to it.
+            let mut sorted: Vec<f64> = mine.iter().map(|s| s.slowest).collect();
+            sorted.sort_by(f64::total_cmp);
+            let p50 = sorted[sorted.len().div_ceil(2) - 1];
+            assert!(
+                (p50 - cols[1]).abs() <= 0.051,
+                "{link} at {}: file p50 {p50}, table {}",
+                row.size,
+                cols[1]
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_samples_path_that_cannot_be_a_regular_file_is_refused_before_any_rank_starts() {
+    let dir = fresh_dir("samples-bad");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let fifo = dir.join("fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let missing = dir.join("no-such-dir").join("samples.csv");
+    for (path, why) in [
+        (&fifo, "a FIFO"),
+        (&dir, "a directory"),
+        (&missing, "No such file or directory"),
+    ] {
+        let arg = path.to_str().expect("utf-8 path");
+        let e = bench_refused(&["--sizes", "4K", "--iters", "1", "--samples", arg]);
+        assert!(
+            e.contains("--samples") && e.contains(arg) && e.contains(why),
+            "{arg}: {e}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

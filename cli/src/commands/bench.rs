@@ -69,6 +69,13 @@ pub struct Args {
     /// `--lossless` too.
     #[arg(long, value_name = "PATH")]
     pub vs_library: Vec<PathBuf>,
+    /// Also write every timed iteration to PATH as CSV, in the order they ran: size, link
+    /// (`plugin`, `raw`, `lossless`, `peer`...), iteration, the slowest rank's time and each
+    /// rank's, in microseconds. The table's percentiles summarize these; the file shows when
+    /// a link changed speed within a run, to plot beside a training log. PATH must be a
+    /// regular file (created or replaced) in an existing directory
+    #[arg(long, value_name = "PATH")]
+    pub samples: Option<PathBuf>,
     /// Running as one rank of a multi-process job (torchrun, mpirun, srun, or by hand).
     #[command(flatten)]
     pub cluster: ClusterArgs,
@@ -326,6 +333,9 @@ fn bench(args: &Args) -> Result<()> {
     if let Some(iters) = args.iters.filter(|&n| n > MAX_ITERS_ARG) {
         return Err(bad(format!("--iters {iters}: at most {MAX_ITERS_ARG}")));
     }
+    if let Some(path) = &args.samples {
+        check_samples_path(path)?;
+    }
     let runs: Vec<RunSpec> = sizes
         .iter()
         .map(|&bytes| RunSpec {
@@ -439,6 +449,14 @@ fn bench(args: &Args) -> Result<()> {
         "# {:>10} {:>10} {:>5} | {plugin_units} | {raw_units} | {:>6}{extra_units} | {:>5}",
         "(B)", "(elems)", "", "vs raw", ""
     );
+    if let Some(path) = &args.samples {
+        let mut names = vec!["plugin", "raw"];
+        if args.vs_lossless {
+            names.push("lossless");
+        }
+        names.extend(peer_names.iter().map(String::as_str));
+        write_samples(path, &reports, &runs, &names)?;
+    }
     let mut all_ok = true;
     for (i, run) in runs.iter().enumerate() {
         let bytes = run.bytes;
@@ -498,6 +516,90 @@ fn bench(args: &Args) -> Result<()> {
             "some results were not bit-exact",
         ))
     }
+}
+
+/// What `--samples` may name: an existing regular file, or a new one in an existing
+/// directory. Checked before any rank starts, so a run is not lost to a path that cannot
+/// take its samples; nothing is created here.
+fn check_samples_path(path: &Path) -> Result<()> {
+    let refuse = |why: String| {
+        nccl_net_lossy::Error::invalid_argument(format!(
+            "--samples {}: {why}; the samples go to a regular file, created or replaced, in \
+             an existing directory",
+            path.display()
+        ))
+    };
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() => Ok(()),
+        Ok(meta) => Err(refuse(format!(
+            "not a regular file ({})",
+            nccl_net_lossy::files::file_kind(&meta.file_type())
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let dir = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => Path::new("."),
+            };
+            match std::fs::metadata(dir) {
+                Ok(meta) if meta.is_dir() => Ok(()),
+                Ok(_) => Err(refuse(format!("{} is not a directory", dir.display()))),
+                Err(e) => Err(refuse(format!("cannot create it: {}: {e}", dir.display()))),
+            }
+        }
+        Err(e) => Err(refuse(e.to_string())),
+    }
+}
+
+/// Writes every timed iteration of every link (`names`, in result order within a size) as
+/// CSV to `path`, opened without blocking and checked again on the open descriptor (a FIFO
+/// put there since the first check is refused, not waited on).
+fn write_samples(
+    path: &Path,
+    reports: &[WorkerReport],
+    runs: &[RunSpec],
+    names: &[&str],
+) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let fail = |e: std::io::Error| {
+        nccl_net_lossy::Error::system(format!("--samples {}: {e}", path.display()))
+    };
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(fail)?;
+    let kind = file.metadata().map_err(fail)?.file_type();
+    if !kind.is_file() {
+        return Err(nccl_net_lossy::Error::invalid_argument(format!(
+            "--samples {}: not a regular file ({})",
+            path.display(),
+            nccl_net_lossy::files::file_kind(&kind)
+        )));
+    }
+    file.set_len(0).map_err(fail)?;
+    let mut out = std::io::BufWriter::new(file);
+    let ranks: String = (0..reports.len()).map(|r| format!(",rank{r}_us")).collect();
+    writeln!(out, "size_bytes,link,iteration,slowest_us{ranks}").map_err(fail)?;
+    for (i, run) in runs.iter().enumerate() {
+        for (k, name) in names.iter().enumerate() {
+            let per_rank: Vec<&[f64]> = reports
+                .iter()
+                .filter_map(|r| r.results.get(i * names.len() + k))
+                .map(|r| r.samples.as_slice())
+                .collect();
+            let iters = per_rank.iter().map(|s| s.len()).min().unwrap_or(0);
+            for it in 0..iters {
+                let times: Vec<f64> = per_rank.iter().map(|s| s[it] * 1e6).collect();
+                let slowest = times.iter().copied().fold(0.0, f64::max);
+                let cells: String = times.iter().map(|t| format!(",{t:.3}")).collect();
+                writeln!(out, "{},{name},{it},{slowest:.3}{cells}", run.bytes).map_err(fail)?;
+            }
+        }
+    }
+    out.flush().map_err(fail)
 }
 
 /// The TCP congestion control new connections of this host get, as the kernel reports it,
