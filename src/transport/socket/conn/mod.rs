@@ -42,6 +42,8 @@ pub use recv::SocketRecvConn;
 pub use send::SocketSendConn;
 #[cfg(test)]
 pub(super) use shared::reads;
+#[cfg(test)]
+pub(super) use shared::tcp_info;
 
 /// Smallest chunk a message is cut into, so small messages use few sockets.
 pub const MIN_CHUNK: usize = 64 << 10;

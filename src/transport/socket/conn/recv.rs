@@ -195,28 +195,10 @@ impl SocketRecvConn {
     /// at close): the kernel's own count, `tcpi_segs_out`.
     #[cfg(test)]
     pub(crate) fn segments_sent(&self) -> u64 {
-        use std::os::fd::AsRawFd;
         self.shared
             .sockets
             .iter()
-            .map(|sock| {
-                // SAFETY: `tcp_info` is plain data (all-zero is a valid value).
-                let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-                let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-                // SAFETY: a live socket descriptor, and `info`/`len` describe a buffer of
-                // `len` bytes that outlives the call.
-                let rc = unsafe {
-                    libc::getsockopt(
-                        sock.as_raw_fd(),
-                        libc::IPPROTO_TCP,
-                        libc::TCP_INFO,
-                        (&mut info as *mut libc::tcp_info).cast(),
-                        &mut len,
-                    )
-                };
-                assert_eq!(rc, 0, "TCP_INFO");
-                u64::from(info.tcpi_segs_out)
-            })
+            .map(|sock| u64::from(super::shared::tcp_info(sock).tcpi_segs_out))
             .sum()
     }
 

@@ -480,6 +480,27 @@ impl<S: Side> Ready for Shared<S> {
     }
 }
 
+/// The kernel's TCP state of `sock` (`TCP_INFO`), for tests that count segments.
+#[cfg(test)]
+pub(crate) fn tcp_info(sock: &impl std::os::fd::AsRawFd) -> libc::tcp_info {
+    // SAFETY: `tcp_info` is plain data (all-zero is a valid value).
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: a live socket descriptor, and `info`/`len` describe a buffer of `len` bytes
+    // that outlives the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut info as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    assert_eq!(rc, 0, "TCP_INFO");
+    info
+}
+
 /// The socket reads this thread made, and how many of them found nothing, for tests of
 /// when a receive stops reading.
 #[cfg(test)]

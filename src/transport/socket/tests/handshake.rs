@@ -265,3 +265,34 @@ fn peer_leaving_mid_transfer_ends_the_other_side_quickly() {
         .expect("slot");
     assert!(recv.test(late).is_err());
 }
+
+#[test]
+fn the_hello_goes_out_in_three_sends_as_nccls_handshake_does() {
+    // A plain listener stands in for the peer, so the test sees the segments themselves.
+    let server = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let h = Handle {
+        addr: server.local_addr().expect("address"),
+        nonce: [7; 16],
+    };
+    let mut handle = [0u8; HANDLE_WIRE_SIZE];
+    h.encode(&mut handle);
+    let t = loopback(1);
+    let mut connector = t.connect(0, None, &handle).expect("connect");
+    let _send = wait("connector", || connector.poll()).expect("connect");
+    let (mut peer, _) = server.accept().expect("accept");
+    let mut hello = [0u8; HELLO_SIZE];
+    peer.read_exact(&mut hello).expect("hello");
+    assert_eq!(
+        hello,
+        hello_bytes(
+            &h,
+            Hello::decode(&hello, &h.nonce).expect("hello").conn_id,
+            0,
+            1
+        )
+    );
+    // The magic, then the version and socket index, then the rest: three segments, as
+    // NCCL's connect sends its magic, socket type and socket index (docs/calibration.md,
+    // "The connection's first segments").
+    assert_eq!(super::super::conn::tcp_info(&peer).tcpi_data_segs_in, 3);
+}
