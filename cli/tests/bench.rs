@@ -349,6 +349,12 @@ fn bench_refused(args: &[&str]) -> String {
         !stderr.contains("panicked") && !stderr.contains("rank"),
         "lossy bench {args:?} started ranks or panicked: {stderr}"
     );
+    // No table either: the ranks never ran.
+    assert!(
+        out.stdout.is_empty(),
+        "lossy bench {args:?} printed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     stderr
 }
 
@@ -409,7 +415,7 @@ fn samples_file_holds_every_iteration_of_every_link_in_order_and_its_p50_is_the_
             "4K,64K",
             "--iters",
             "9",
-            "--lossless",
+            "--vs-lossless",
             "--samples",
             arg,
         ],
@@ -422,8 +428,18 @@ fn samples_file_holds_every_iteration_of_every_link_in_order_and_its_p50_is_the_
         header,
         "size_bytes,link,iteration,slowest_us,rank0_us,rank1_us"
     );
-    // Two sizes, two links (plugin and raw TCP), nine iterations each, in time order.
-    assert_eq!(got.len(), 2 * 2 * 9);
+    // Two sizes, three links (the plugin, raw TCP, the plugin with loss off), nine
+    // iterations each: grouped by size, then link in the table's order.
+    assert_eq!(got.len(), 2 * 3 * 9);
+    let groups: Vec<(usize, &str)> = got
+        .chunks(9)
+        .map(|c| (c[0].size, c[0].link.as_str()))
+        .collect();
+    let want: Vec<(usize, &str)> = [4096, 65536]
+        .into_iter()
+        .flat_map(|size| ["plugin", "raw", "lossless"].map(|l| (size, l)))
+        .collect();
+    assert_eq!(groups, want);
     for row in &table {
         for (link, cols) in [("plugin", row.plugin), ("raw", row.raw)] {
             let mine: Vec<&Sample> = got

@@ -69,11 +69,13 @@ pub struct Args {
     /// `--lossless` too.
     #[arg(long, value_name = "PATH")]
     pub vs_library: Vec<PathBuf>,
-    /// Also write every timed iteration to PATH as CSV, in the order they ran: size, link
-    /// (`plugin`, `raw`, `lossless`, `peer`...), iteration, the slowest rank's time and each
-    /// rank's, in microseconds. The table's percentiles summarize these; the file shows when
-    /// a link changed speed within a run, to plot beside a training log. PATH must be a
-    /// regular file (created or replaced) in an existing directory
+    /// Also write every timed iteration to PATH as CSV: size, link (`plugin`, `raw`,
+    /// `lossless`, `peer`...), iteration, the slowest rank's time and each rank's, in
+    /// microseconds, grouped by size and link. The links take turns within each round, so
+    /// iteration i of every link ran in the same round. The table's percentiles summarize
+    /// these; the file shows when a link changed speed within a run, to plot beside a
+    /// training log. PATH must be a regular file (created or replaced) in an existing
+    /// directory; rank 0 writes it
     #[arg(long, value_name = "PATH")]
     pub samples: Option<PathBuf>,
     /// Running as one rank of a multi-process job (torchrun, mpirun, srun, or by hand).
@@ -197,14 +199,20 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-/// Per-iteration times of result `index`, each the slowest rank's (as nccl-tests reports
-/// the maximum over ranks), sorted.
-pub fn slowest_samples(reports: &[WorkerReport], index: usize) -> Vec<f64> {
-    let per_rank: Vec<&[f64]> = reports
+/// Each rank's per-iteration times of result `index`, in the order the iterations ran
+/// (ranks without that result are left out).
+fn rank_samples(reports: &[WorkerReport], index: usize) -> Vec<&[f64]> {
+    reports
         .iter()
         .filter_map(|r| r.results.get(index))
         .map(|r| r.samples.as_slice())
-        .collect();
+        .collect()
+}
+
+/// Per-iteration times of result `index`, each the slowest rank's (as nccl-tests reports
+/// the maximum over ranks), sorted.
+pub fn slowest_samples(reports: &[WorkerReport], index: usize) -> Vec<f64> {
+    let per_rank = rank_samples(reports, index);
     let iters = per_rank.iter().map(|s| s.len()).min().unwrap_or(0);
     let mut out: Vec<f64> = (0..iters)
         .map(|i| per_rank.iter().map(|s| s[i]).fold(0.0, f64::max))
@@ -333,7 +341,16 @@ fn bench(args: &Args) -> Result<()> {
     if let Some(iters) = args.iters.filter(|&n| n > MAX_ITERS_ARG) {
         return Err(bad(format!("--iters {iters}: at most {MAX_ITERS_ARG}")));
     }
-    if let Some(path) = &args.samples {
+    // Only rank 0 writes the file: another rank of a multi-process job does not look.
+    let this_rank = args
+        .cluster
+        .rank
+        .or_else(|| nccl_net_lossy::stats::writer::launcher_rank().map(|r| r as usize));
+    if let Some(path) = args
+        .samples
+        .as_ref()
+        .filter(|_| this_rank.unwrap_or(0) == 0)
+    {
         check_samples_path(path)?;
     }
     let runs: Vec<RunSpec> = sizes
@@ -449,14 +466,6 @@ fn bench(args: &Args) -> Result<()> {
         "# {:>10} {:>10} {:>5} | {plugin_units} | {raw_units} | {:>6}{extra_units} | {:>5}",
         "(B)", "(elems)", "", "vs raw", ""
     );
-    if let Some(path) = &args.samples {
-        let mut names = vec!["plugin", "raw"];
-        if args.vs_lossless {
-            names.push("lossless");
-        }
-        names.extend(peer_names.iter().map(String::as_str));
-        write_samples(path, &reports, &runs, &names)?;
-    }
     let mut all_ok = true;
     for (i, run) in runs.iter().enumerate() {
         let bytes = run.bytes;
@@ -508,6 +517,21 @@ fn bench(args: &Args) -> Result<()> {
     }
     if corrupts_data {
         println!("# dmg: the profile's effect changed data, as it is meant to");
+    }
+    // After the table, so a file that cannot be written costs the samples, not the run.
+    if let Some(path) = &args.samples {
+        let mut names = vec!["plugin", "raw"];
+        if args.vs_lossless {
+            names.push("lossless");
+        }
+        names.extend(peer_names.iter().map(String::as_str));
+        if names.len() != per_size {
+            return Err(nccl_net_lossy::Error::internal(format!(
+                "{} link names for {per_size} results per size",
+                names.len()
+            )));
+        }
+        write_samples(path, &reports, &runs, &names)?;
     }
     if all_ok {
         Ok(())
@@ -585,11 +609,16 @@ fn write_samples(
     writeln!(out, "size_bytes,link,iteration,slowest_us{ranks}").map_err(fail)?;
     for (i, run) in runs.iter().enumerate() {
         for (k, name) in names.iter().enumerate() {
-            let per_rank: Vec<&[f64]> = reports
-                .iter()
-                .filter_map(|r| r.results.get(i * names.len() + k))
-                .map(|r| r.samples.as_slice())
-                .collect();
+            let per_rank = rank_samples(reports, i * names.len() + k);
+            if per_rank.len() != reports.len() {
+                return Err(nccl_net_lossy::Error::internal(format!(
+                    "--samples {}: {} of {} ranks reported {name} at {} bytes",
+                    path.display(),
+                    per_rank.len(),
+                    reports.len(),
+                    run.bytes
+                )));
+            }
             let iters = per_rank.iter().map(|s| s.len()).min().unwrap_or(0);
             for it in 0..iters {
                 let times: Vec<f64> = per_rank.iter().map(|s| s[it] * 1e6).collect();
