@@ -48,8 +48,8 @@ struct Conn {
 /// (`socketFinalizeConnect` in src/misc/socket.cc, `ncclNetSocketConnect` in
 /// src/transport/net_socket.cc). Measured on a loopback with BBR: with the hello in one send,
 /// 84 of 100 of our links settled at BBR's slow pacing level for their run; in three, 16 of
-/// 100 (NCCL's transport: 41). The bytes are the same either way (docs/calibration.md, "The
-/// connection's first segments").
+/// 100 (NCCL's transport: 41). The bytes are the same either way (docs/calibration.md, "What
+/// puts a connection at the fast level").
 const HELLO_CUTS: [usize; 2] = [8, 12];
 
 /// Connects the sockets of one connection to a listener, one poll at a time.

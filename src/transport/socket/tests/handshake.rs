@@ -293,6 +293,6 @@ fn the_hello_goes_out_in_three_sends_as_nccls_handshake_does() {
     );
     // The magic, then the version and socket index, then the rest: three segments, as
     // NCCL's connect sends its magic, socket type and socket index (docs/calibration.md,
-    // "The connection's first segments").
+    // "What puts a connection at the fast level").
     assert_eq!(super::super::conn::tcp_info(&peer).tcpi_data_segs_in, 3);
 }
