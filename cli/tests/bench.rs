@@ -479,12 +479,19 @@ fn a_samples_path_that_cannot_be_a_regular_file_is_refused_before_any_rank_start
     let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
     assert!(made.success());
     let missing = dir.join("no-such-dir").join("samples.csv");
-    for (path, why) in [
-        (&fifo, "a FIFO"),
-        (&dir, "a directory"),
-        (&missing, "No such file or directory"),
+    // A name ending in `/` can only be a directory, even one that does not exist yet.
+    let slash = format!("{}/", dir.join("new").display());
+    let (fifo, dir, missing) = (
+        fifo.display().to_string(),
+        dir.display().to_string(),
+        missing.display().to_string(),
+    );
+    for (arg, why) in [
+        (fifo.as_str(), "a FIFO"),
+        (dir.as_str(), "a directory"),
+        (missing.as_str(), "No such file or directory"),
+        (slash.as_str(), "names a directory"),
     ] {
-        let arg = path.to_str().expect("utf-8 path");
         let e = bench_refused(&["--sizes", "4K", "--iters", "1", "--samples", arg]);
         assert!(
             e.contains("--samples") && e.contains(arg) && e.contains(why),
@@ -492,4 +499,15 @@ fn a_samples_path_that_cannot_be_a_regular_file_is_refused_before_any_rank_start
         );
     }
     let _ = std::fs::remove_dir_all(&dir);
+    // An empty path is refused by the argument parser itself, as a usage error.
+    let out = common::output_within_10s(
+        Command::new(lossy_exe()).args(["bench", "--sizes", "4K", "--samples", ""]),
+        "lossy bench",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--samples") && out.stdout.is_empty(),
+        "{stderr}"
+    );
 }

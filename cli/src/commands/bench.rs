@@ -553,6 +553,9 @@ fn check_samples_path(path: &Path) -> Result<()> {
             path.display()
         ))
     };
+    if path.file_name().is_none() || path.as_os_str().as_encoded_bytes().ends_with(b"/") {
+        return Err(refuse("names a directory (it ends in `/` or `..`)".into()));
+    }
     match std::fs::metadata(path) {
         Ok(meta) if meta.is_file() => Ok(()),
         Ok(meta) => Err(refuse(format!(
