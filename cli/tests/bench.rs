@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use common::lossy_exe;
@@ -128,13 +128,6 @@ fn every_row_has_p50_at_most_p99_for_plugin_and_raw() {
     }
 }
 
-fn fresh_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("lossy-bench-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    common::removed_at_exit(&dir);
-    dir
-}
-
 /// Send connections of the bench's plugin link with messages, per rank file in `dir`.
 fn busy_send_connections(dir: &Path) -> Vec<usize> {
     let mut per_rank = Vec::new();
@@ -160,7 +153,7 @@ fn busy_send_connections(dir: &Path) -> Vec<usize> {
 
 #[test]
 fn comms_4_spreads_the_collective_over_4_send_comms_per_rank_bit_exact() {
-    let stats = fresh_dir("comms");
+    let stats = common::fresh_dir("bench-comms");
     let stats_s = stats.display().to_string();
     let out = bench(
         // Three ranks: float sums then depend on each channel's own ring order, which the
@@ -272,8 +265,7 @@ fn bench_with_peers(peers: &[String]) -> (String, Vec<String>) {
 fn vs_library_given_twice_times_both_libraries_in_the_same_run() {
     // Two copies of our library at two paths: two independent `dlopen`s besides the plugin's
     // (the build before a change and NCCL's transport, in real use).
-    let dir = fresh_dir("peers");
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = common::fresh_dir("bench-peers");
     let copies: Vec<String> = ["a", "b"]
         .iter()
         .map(|c| {
@@ -302,8 +294,7 @@ fn vs_library_given_twice_times_both_libraries_in_the_same_run() {
 fn vs_library_times_a_second_library_in_the_same_processes_with_its_ratio() {
     // A copy of our library at another path: a second, independent `dlopen` (a library opened
     // twice from one path would be one instance).
-    let dir = fresh_dir("peer");
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = common::fresh_dir("bench-peer");
     let copy = dir.join("libnccl-net-peercopy.so");
     std::fs::copy(common::library(), &copy).expect("copy the plugin library");
     let copy_s = copy.display().to_string();
@@ -405,8 +396,7 @@ fn samples(path: &Path) -> (String, Vec<Sample>) {
 
 #[test]
 fn samples_file_holds_every_iteration_of_every_link_in_order_and_its_p50_is_the_tables() {
-    let dir = fresh_dir("samples");
-    std::fs::create_dir_all(&dir).expect("dir");
+    let dir = common::fresh_dir("bench-samples");
     let file = dir.join("samples.csv");
     let arg = file.to_str().expect("utf-8 path");
     let out = bench(
@@ -473,8 +463,7 @@ fn samples_file_holds_every_iteration_of_every_link_in_order_and_its_p50_is_the_
 
 #[test]
 fn a_samples_path_that_cannot_be_a_regular_file_is_refused_before_any_rank_starts() {
-    let dir = fresh_dir("samples-bad");
-    std::fs::create_dir_all(&dir).expect("dir");
+    let dir = common::fresh_dir("bench-samples-bad");
     let fifo = dir.join("fifo");
     let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
     assert!(made.success());

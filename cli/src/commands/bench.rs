@@ -520,17 +520,10 @@ fn bench(args: &Args) -> Result<()> {
     }
     // After the table, so a file that cannot be written costs the samples, not the run.
     if let Some(path) = &args.samples {
+        // The table's links, in result order: the plugin, raw TCP, then the compared ones.
         let mut names = vec!["plugin", "raw"];
-        if args.vs_lossless {
-            names.push("lossless");
-        }
-        names.extend(peer_names.iter().map(String::as_str));
-        if names.len() != per_size {
-            return Err(nccl_net_lossy::Error::internal(format!(
-                "{} link names for {per_size} results per size",
-                names.len()
-            )));
-        }
+        names.extend(compared.iter().map(|&(_, name)| name));
+        debug_assert_eq!(names.len(), per_size);
         write_samples(path, &reports, &runs, &names)?;
     }
     if all_ok {
