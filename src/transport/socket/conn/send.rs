@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use socket2::Socket;
 
 use super::pool::{Pool, WANT_WRITE};
-use super::shared::{peek_arrived, send_gathered, Shared, Side, DONE, IO_PIECE, PENDING};
+use super::shared::{peek_arrived, send_gathered, Guard, Shared, Side, DONE, IO_PIECE, PENDING};
 use super::{chunk_count, chunk_span, roles};
 use crate::loss::effect::{self, MIN_MTU};
 use crate::loss::plan::{Effect, LossPlan, PacketRun};
@@ -213,12 +213,12 @@ impl Side for SendSide {
     }
 
     fn advance(shared: &Shared<SendSide>, s: usize, st: &mut TxSock) {
+        if st.job.is_none() && !next_job(shared, s, st, &shared.lock()) {
+            return;
+        }
         loop {
-            if st.job.is_none() && !next_job(shared, s, st) {
-                return;
-            }
             let Some(job) = st.job.as_mut() else {
-                continue;
+                return;
             };
             match drive(shared, s, job, &st.wire) {
                 Ok(false) => return,
@@ -237,6 +237,10 @@ impl Side for SendSide {
                     if side.slots[slot].chunks_left == 0 {
                         side.posted.retain(|p| p.1 != slot);
                         shared.slot_state[slot].store(DONE, Ordering::Release);
+                    }
+                    // The next job, under the same lock.
+                    if !next_job(shared, s, st, &g) {
+                        return;
                     }
                 }
                 Err(e) => {
@@ -259,9 +263,8 @@ impl Side for SendSide {
 
 /// Picks up socket `s`'s share of the next message, skipping messages it carries no chunk
 /// of; `false` when there is nothing (more) to send now.
-fn next_job(shared: &Shared<SendSide>, s: usize, st: &mut TxSock) -> bool {
+fn next_job(shared: &Shared<SendSide>, s: usize, st: &mut TxSock, g: &Guard<'_, SendSide>) -> bool {
     let n = shared.sockets.len();
-    let g = shared.lock();
     loop {
         if g.over() || g.side.next_seq <= st.next {
             return false;
@@ -373,18 +376,20 @@ fn drive(
     loop {
         let head_left = wire_bytes.len() - job.head;
         if head_left == 0 && job.seg == job.resend_from {
-            let now = Instant::now();
-            match job.deadline {
-                None => {
-                    let d = now + job.delay;
-                    job.deadline = Some(d);
-                    if d > now {
+            // A retransmission waits for its deadline; with no delay (every effect but a
+            // retransmit with losses) it goes on without reading the clock.
+            if !job.delay.is_zero() {
+                let now = Instant::now();
+                match job.deadline {
+                    None => {
+                        let d = now + job.delay;
+                        job.deadline = Some(d);
                         shared.wake_at(s, d);
                         return Ok(false);
                     }
+                    Some(d) if now < d => return Ok(false),
+                    Some(_) => {}
                 }
-                Some(d) if now < d => return Ok(false),
-                Some(_) => {}
             }
             job.resend_from = usize::MAX;
             shared.progress.touch();
