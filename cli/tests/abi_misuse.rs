@@ -35,6 +35,23 @@ fn transfer(t: &ncclNet_v12_t, sc: *mut c_void, rc: *mut c_void) {
     assert!(got == data, "the message arrived changed");
 }
 
+/// Closes the comms a test made, once each, then finalizes its context.
+fn close_all(
+    t: &ncclNet_v12_t,
+    sc: *mut c_void,
+    rc: *mut c_void,
+    lc: *mut c_void,
+    ctx: *mut c_void,
+) {
+    // SAFETY: live comms and a live context the test made, each closed or finalized once.
+    unsafe {
+        assert_eq!(t.closeSend.expect("closeSend")(sc), OK);
+        assert_eq!(t.closeRecv.expect("closeRecv")(rc), OK);
+        assert_eq!(t.closeListen.expect("closeListen")(lc), OK);
+        assert_eq!(t.finalize.expect("finalize")(ctx), OK);
+    }
+}
+
 #[test]
 fn a_comm_of_the_wrong_kind_is_an_error_and_the_comms_still_work() {
     let t = table();
@@ -133,13 +150,7 @@ fn a_comm_of_the_wrong_kind_is_an_error_and_the_comms_still_work() {
     }
     // None of that touched the comms.
     transfer(t, sc, rc);
-    // SAFETY: the comms this test made, closed once each; then the context, finalized once.
-    unsafe {
-        assert_eq!(t.closeSend.expect("closeSend")(sc), OK);
-        assert_eq!(t.closeRecv.expect("closeRecv")(rc), OK);
-        assert_eq!(t.closeListen.expect("closeListen")(lc), OK);
-        assert_eq!(t.finalize.expect("finalize")(ctx), OK);
-    }
+    close_all(t, sc, rc, lc, ctx);
 }
 
 #[test]
@@ -151,6 +162,20 @@ fn closing_null_succeeds_as_with_nccls_plugins() {
         assert_eq!(t.closeRecv.expect("closeRecv")(null_mut()), OK);
         assert_eq!(t.closeListen.expect("closeListen")(null_mut()), OK);
     }
+}
+
+#[test]
+fn finalizing_null_is_nothing_to_finalize_and_leaves_live_contexts_working() {
+    // NCCL 2.28-2.29.3 finalizes the context a failed init left NULL (the `fail:` path of
+    // `ncclNetPluginInit` in src/plugin/net.cc); like a NULL close, that is nothing to do.
+    let t = table();
+    let ctx = init(t, 0x5a4);
+    // SAFETY: NULL, the case under test.
+    assert_eq!(unsafe { t.finalize.expect("finalize")(null_mut()) }, OK);
+    // The live context kept its hold on the runtime: its comms still connect and carry data.
+    let (sc, rc, lc) = common::raw_connected(t, ctx);
+    transfer(t, sc, rc);
+    close_all(t, sc, rc, lc, ctx);
 }
 
 #[test]
@@ -192,12 +217,9 @@ fn without_a_context_the_plugin_works_as_nccls_socket_plugin_does() {
     // SAFETY: a plain C struct of integers, for which all zeroes is a valid value.
     let mut attr: nccl_net_lossy::ffi::ncclNetAttr_v11_t = unsafe { std::mem::zeroed() };
     attr.op = 1 << 4;
-    // SAFETY: the comms this test made, closed once; a NULL context and a valid attribute.
+    // SAFETY: a NULL context and a valid attribute.
     unsafe {
         assert_eq!(t.setNetAttr.expect("setNetAttr")(null_mut(), &mut attr), OK);
-        assert_eq!(t.closeSend.expect("closeSend")(sc), OK);
-        assert_eq!(t.closeRecv.expect("closeRecv")(rc), OK);
-        assert_eq!(t.closeListen.expect("closeListen")(lc), OK);
-        assert_eq!(t.finalize.expect("finalize")(ctx), OK);
     }
+    close_all(t, sc, rc, lc, ctx);
 }

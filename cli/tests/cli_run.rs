@@ -114,33 +114,27 @@ fn run_refuses_a_broken_profile_before_starting_anything() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `lossy run --profile PROFILE -- true` with `NCCL_PROTO` set to `proto`.
+fn run_true_with_proto(profile: &std::path::Path, proto: &str) -> std::process::Output {
+    let profile = profile.to_str().expect("utf-8");
+    lossy(
+        &["run", "--profile", profile, "--", "true"],
+        &[("NCCL_PROTO", proto)],
+    )
+}
+
 #[test]
 fn run_refuses_ll_forced_with_a_data_loss_effect() {
     let profile = repo_file("configs/uniform-1pct.toml");
-    let out = lossy(
-        &[
-            "run",
-            "--profile",
-            profile.to_str().expect("utf-8"),
-            "--",
-            "true",
-        ],
-        &[("NCCL_PROTO", "LL128,Simple")],
-    );
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("NCCL_PROTO=LL128,Simple"), "{stderr}");
+    // The second is NCCL 2.24's per-collective form, forcing LL for all-reduce alone.
+    for proto in ["LL128,Simple", "Simple;allreduce:LL"] {
+        let out = run_true_with_proto(&profile, proto);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{proto}: {stderr}");
+        assert!(stderr.contains(&format!("NCCL_PROTO={proto}")), "{stderr}");
+    }
     // Excluding LL is not forcing it.
-    let out = lossy(
-        &[
-            "run",
-            "--profile",
-            profile.to_str().expect("utf-8"),
-            "--",
-            "true",
-        ],
-        &[("NCCL_PROTO", "^LL,LL128")],
-    );
+    let out = run_true_with_proto(&profile, "^LL,LL128");
     assert!(
         out.status.success(),
         "{}",

@@ -88,6 +88,14 @@ def test_user_nccl_proto_is_respected_or_refused(tmp_path):
     with pytest.raises(LossyConfigError, match="NCCL_PROTO=LL128,Simple allows it"):
         net.env(base={"NCCL_PROTO": "LL128,Simple"})
     assert allowed_protocols("^LL") == {"LL128", "SIMPLE"}
+    # NCCL 2.24+ reads `list;func:list;...`: a collective's own list counts too, and a value
+    # without a first list leaves the collectives it does not name at NCCL's default (all).
+    assert allowed_protocols("Simple;allreduce:LL") == {"LL", "SIMPLE"}
+    assert allowed_protocols("Simple;allreduce:^LL,LL128") == {"SIMPLE"}
+    assert allowed_protocols("allreduce:Simple") == {"LL", "LL128", "SIMPLE"}
+    with pytest.raises(LossyConfigError, match="allows it"):
+        net.env(base={"NCCL_PROTO": "Simple;allreduce:LL"})
+    assert "NCCL_PROTO" not in net.env(base={"NCCL_PROTO": "Simple;AllReduce:^LL,LL128"})
 
 
 def test_overrides_are_formatted_as_the_plugin_reads_them():

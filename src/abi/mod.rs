@@ -187,9 +187,14 @@ unsafe fn context_of(ctx: *mut c_void, what: &str) -> Result<Arc<Context>> {
 /// hold their own references), and gives back its hold on the runtime: the last one
 /// releases it.
 ///
-/// A pointer that is not a live context (NULL, foreign, finalized already) is an error.
+/// NULL is nothing to finalize, as a NULL close is nothing to close: NCCL 2.28-2.29.3
+/// finalizes the context a failed `init` left NULL (`ncclNetPluginInit`'s `fail:` path in
+/// src/plugin/net.cc). Any other pointer that is not a live context (foreign, finalized
+/// already) is an error.
 fn finalize_context(ctx: *mut c_void) -> Result<()> {
-    let ctx = non_null(ctx, "ctx")?;
+    if ctx.is_null() {
+        return Ok(());
+    }
     LIVE_CONTEXTS.take(ctx)?;
     // SAFETY: `ctx` was a live AbiContext made at init (checked), and is now out of the list,
     // so nothing else will free it.

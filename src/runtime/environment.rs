@@ -70,24 +70,27 @@ pub fn check_forced_protocol(profile: &Profile, nccl_proto: Option<&str>) -> Res
     )))
 }
 
-/// The LL-family protocol an `NCCL_PROTO` value explicitly allows, if any. A value starting
-/// with `^` lists protocols to exclude, which forces nothing.
+/// The LL-family protocol an `NCCL_PROTO` value explicitly allows, if any. NCCL 2.24+ reads
+/// the value as `list` or `list;func:list;...` (`parseList` in src/graph/tuning.cc), each list
+/// naming the protocols to allow, or with a leading `^` those to exclude, which forces nothing.
 pub fn forced_ll_protocol(nccl_proto: &str) -> Option<&'static str> {
-    let value = nccl_proto.trim();
-    if value.is_empty() || value.starts_with('^') {
-        return None;
-    }
-    let names: Vec<String> = value
-        .split(',')
-        .map(|name| name.trim().to_ascii_lowercase())
-        .collect();
-    if names.iter().any(|n| n == "ll128") {
-        Some("LL128")
-    } else if names.iter().any(|n| n == "ll") {
-        Some("LL")
-    } else {
-        None
-    }
+    nccl_proto.split(';').find_map(|entry| {
+        let list = entry.split_once(':').map_or(entry, |(_, list)| list).trim();
+        if list.is_empty() || list.starts_with('^') {
+            return None;
+        }
+        let names: Vec<String> = list
+            .split(',')
+            .map(|name| name.trim().to_ascii_lowercase())
+            .collect();
+        if names.iter().any(|n| n == "ll128") {
+            Some("LL128")
+        } else if names.iter().any(|n| n == "ll") {
+            Some("LL")
+        } else {
+            None
+        }
+    })
 }
 
 #[cfg(test)]
@@ -103,6 +106,12 @@ mod tests {
         assert_eq!(forced_ll_protocol("^LL,LL128"), None);
         assert_eq!(forced_ll_protocol("^LL128"), None);
         assert_eq!(forced_ll_protocol(""), None);
+        // NCCL 2.24+ also reads `list;func:list;...`, each list plain or `^` (excluding).
+        assert_eq!(forced_ll_protocol("Simple;allreduce:LL"), Some("LL"));
+        assert_eq!(forced_ll_protocol("^LL128;allreduce:LL128"), Some("LL128"));
+        assert_eq!(forced_ll_protocol("Simple;AllGather:simple,ll"), Some("LL"));
+        assert_eq!(forced_ll_protocol("Simple;allreduce:^LL,LL128"), None);
+        assert_eq!(forced_ll_protocol("^LL;broadcast:Simple"), None);
     }
 
     #[test]

@@ -163,11 +163,21 @@ def protocol_guard_needed(
 
 
 def allowed_protocols(nccl_proto: str) -> Set[str]:
-    """Protocols an ``NCCL_PROTO`` value lets NCCL use (``^`` excludes the listed ones)."""
-    text = nccl_proto.strip()
-    exclude = text.startswith("^")
-    names = {p.strip().upper() for p in text.lstrip("^").split(",") if p.strip()}
-    return set(_PROTOCOLS) - names if exclude else names & set(_PROTOCOLS)
+    """Protocols an ``NCCL_PROTO`` value lets NCCL use for at least one collective.
+
+    Read as NCCL 2.24+ reads it (``parseList`` in src/graph/tuning.cc): ``list`` or
+    ``list;func:list;...``, each list naming the protocols to allow, or after ``^`` those to
+    exclude; a collective that no entry names keeps NCCL's default, every protocol."""
+    entries = [e.strip() for e in nccl_proto.split(";") if e.strip()]
+    allowed: Set[str] = set()
+    if not entries or ":" in entries[0]:
+        allowed |= set(_PROTOCOLS)
+    for entry in entries:
+        text = entry.split(":", 1)[-1].strip()
+        exclude = text.startswith("^")
+        names = {p.strip().upper() for p in text.lstrip("^").split(",") if p.strip()}
+        allowed |= set(_PROTOCOLS) - names if exclude else names & set(_PROTOCOLS)
+    return allowed
 
 
 class LossyNetwork:
