@@ -44,6 +44,9 @@ struct SendSlot {
     flip_seed: u64,
     runs: Vec<PacketRun>,
     chunks_left: usize,
+    /// Posted on an idle connection after a pause: each socket looks for the receiver's
+    /// goodbye before it sends its part (see [`receiver_left_on`]).
+    after_pause: bool,
 }
 
 struct SendSide {
@@ -51,6 +54,9 @@ struct SendSide {
     /// (message seq, slot) of every message whose chunks are not all sent, oldest first.
     posted: VecDeque<(u64, usize)>,
     next_seq: u64,
+    /// The coarse clock's reading at the last `isend` on an idle connection (see
+    /// [`coarse_tick`]).
+    last_post: u64,
 }
 
 /// One socket's share of one message, and how far it got.
@@ -69,6 +75,8 @@ struct TxJob {
     resend_from: usize,
     delay: Duration,
     deadline: Option<Instant>,
+    /// Look for the receiver's goodbye before sending this part.
+    after_pause: bool,
 }
 
 /// The state machine of one sending socket.
@@ -107,10 +115,12 @@ impl SocketSendConn {
                     flip_seed: 0,
                     runs: Vec::new(),
                     chunks_left: 0,
+                    after_pause: false,
                 })
                 .collect(),
             posted: VecDeque::with_capacity(MAX_REQUESTS),
             next_seq: 0,
+            last_post: 0,
         };
         let states = (0..sockets.len())
             .map(|_| TxSock {
@@ -168,6 +178,11 @@ impl SendConn for SocketSendConn {
             // The connection was idle: the no-progress clock starts now.
             shared.progress.touch();
         }
+        // A message posted behind others is no pause; the clock is read only on an idle post.
+        let after_pause = idle && {
+            let tick = coarse_tick();
+            std::mem::replace(&mut side.last_post, tick) != tick
+        };
         let s = &mut side.slots[slot];
         s.buf = buf;
         s.tag = tag;
@@ -178,6 +193,7 @@ impl SendConn for SocketSendConn {
         s.runs.clear();
         s.runs.extend_from_slice(&plan.lost);
         s.chunks_left = chunk_count(size, n);
+        s.after_pause = after_pause;
         side.posted.push_back((seq, slot));
         side.next_seq += 1;
         shared.slot_state[slot].store(PENDING, Ordering::Release);
@@ -220,6 +236,10 @@ impl Side for SendSide {
             let Some(job) = st.job.as_mut() else {
                 return;
             };
+            if std::mem::take(&mut job.after_pause) && receiver_left_on(shared, s) {
+                st.job = None;
+                return;
+            }
             match drive(shared, s, job, &st.wire) {
                 Ok(false) => return,
                 Ok(true) => {
@@ -351,6 +371,7 @@ fn next_job(shared: &Shared<SendSide>, s: usize, st: &mut TxSock, g: &Guard<'_, 
             resend_from,
             delay,
             deadline: None,
+            after_pause: m.after_pause,
         });
         return true;
     }
@@ -454,6 +475,57 @@ fn drive(
 fn said_goodbye(sock: &Socket) -> bool {
     let mut b = [0u8; 1];
     matches!(peek_arrived(sock, &mut b), Ok(1)) && b[0] == wire::GOODBYE
+}
+
+/// The kernel's coarse monotonic clock, in its own ticks of 1-4 ms: cheap enough to read on
+/// every `isend` (no time-stamp counter read), fine enough to tell a pause from a stream of
+/// messages. 0 if it cannot be read.
+fn coarse_tick() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid, writable timespec for the duration of the call.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut now) } != 0 {
+        return 0;
+    }
+    (now.tv_sec as u64).wrapping_mul(1_000_000_000) + now.tv_nsec as u64
+}
+
+/// Before sending a message posted on an idle connection after a pause: whether the receiver
+/// left meanwhile, which fails the connection (true) so the message fails at `test` instead
+/// of completing with its bytes lost. An idle sender reads nothing, so a receiver's goodbye
+/// or end of stream waits unseen on its socket, and on loopback a message of up to a few
+/// segments is taken whole before the peer's reset comes back. Looked for before the send,
+/// never after: a receiver that takes the message and then closes is an orderly close of
+/// both sides. One `MSG_PEEK` per pause: a stream of messages (each posted within the clock
+/// tick of the one before) pays nothing, and a message posted within the tick of the close
+/// may still complete; the next one fails, as with NCCL's Socket transport for messages
+/// within its inline size (docs/hardening.md, "Errors surface at `test`").
+fn receiver_left_on(shared: &Shared<SendSide>, s: usize) -> bool {
+    let mut b = [0u8; 1];
+    match peek_arrived(&shared.sockets[s], &mut b) {
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+            ) =>
+        {
+            false
+        }
+        Ok(1) if b[0] == wire::GOODBYE => {
+            receiver_left(shared);
+            true
+        }
+        Ok(_) | Err(_) => {
+            let err = Error::remote(format!(
+                "{} closed the connection without an orderly close (socket {s})",
+                shared.peer
+            ));
+            shared.fail(err, true);
+            true
+        }
+    }
 }
 
 /// The receiver closed its comm (an orderly close: it said goodbye) while this side still

@@ -180,6 +180,35 @@ fn bad_headers_fail_the_connection() {
 }
 
 #[test]
+fn a_send_posted_after_the_receivers_orderly_close_fails_at_test() {
+    // The receiver closes (its goodbye then its FIN on every socket) while the sender is
+    // idle. A send posted after a pause, of any size, or at once, of 1 MiB, must fail at
+    // `test`, not complete with its bytes lost: docs/hardening.md, "Errors surface at `test`".
+    for (nsocks, size, pause) in [(1, 1 << 20, 0), (2, 1 << 20, 0), (1, 8, 100), (2, 8, 100)] {
+        let t = loopback(nsocks);
+        let (send, recv) = connect_pair(&t);
+        let mut first = pattern(1000, 1);
+        let mut into = vec![0u8; 1000];
+        let (a, b) = send_recv(&*send, &*recv, &mut first, &mut into, &LossPlan::lossless());
+        assert!(a.is_ok() && b.is_ok() && into == first);
+        drop(recv);
+        std::thread::sleep(Duration::from_millis(pause));
+        // One message per socket: each socket's first send after the close must see it.
+        for k in 0..nsocks {
+            let mut later = pattern(size, k as u64);
+            match send_outcome(&*send, &mut later, 7) {
+                Err(e) if e.kind == ErrorKind::Remote && e.message.contains("orderly close") => {}
+                other => panic!(
+                    "{nsocks} socket(s), send {k} of {size} bytes {pause} ms after the \
+                     receiver's orderly close: {other:?}"
+                ),
+            }
+        }
+        drop(send);
+    }
+}
+
+#[test]
 fn peer_leaving_mid_transfer_ends_the_other_side_quickly() {
     let size = 64 << 20;
     // The receiver closes in an orderly way while a large send is in progress: the send fails

@@ -180,16 +180,30 @@ pub(super) fn send_recv(
 
 /// Sends `data` losslessly with `tag` and waits until the send completes.
 pub(super) fn send_and_wait(send: &dyn SendConn, data: &mut [u8], tag: i32) {
+    send_outcome(send, data, tag).expect("send completes");
+}
+
+/// Posts `data` losslessly with `tag` and tests it until it ends: what `test` then said, the
+/// completion or the error.
+pub(super) fn send_outcome(
+    send: &dyn SendConn,
+    data: &mut [u8],
+    tag: i32,
+) -> Result<Option<Completion>> {
     let id = send
-        // SAFETY: the caller lends `data` until this function returns, after the send completed.
+        // SAFETY: the caller lends `data` until this function returns, after the request ended.
         .isend(
             unsafe { HostBuf::from_slice(data) },
             tag,
             &LossPlan::lossless(),
         )
-        .expect("isend")
+        .expect("isend never reports the peer's failure")
         .expect("slot");
-    wait("send", || send.test(id)).expect("send completes");
+    wait("send outcome", || match send.test(id) {
+        Ok(None) => Ok(None),
+        other => Ok(Some(other)),
+    })
+    .expect("the send ends")
 }
 
 pub(super) fn plan(effect: Effect, mtu: u32, lost: &[(u32, u32)]) -> LossPlan {
