@@ -318,9 +318,18 @@ impl Pool {
             next: AtomicUsize::new(0),
         };
         for i in 0..n {
-            let w = Arc::new(
-                Worker::new().map_err(|e| Error::from(e).context("creating an I/O pool thread"))?,
-            );
+            let w = Arc::new(Worker::new().map_err(|e| {
+                if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+                    Error::system(format!(
+                        "creating an I/O pool thread: {e}; each of the NCCL_LOSSY_IO_THREADS={n} \
+                         pool threads takes two file descriptors (descriptor limit {}: raise it \
+                         with `ulimit -n`, or set NCCL_LOSSY_IO_THREADS=0)",
+                        crate::transport::socket::fds::limit_text()
+                    ))
+                } else {
+                    Error::from(e).context("creating an I/O pool thread")
+                }
+            })?);
             let run = Arc::clone(&w);
             let t = std::thread::Builder::new()
                 .name(format!("lossy-io{i}"))

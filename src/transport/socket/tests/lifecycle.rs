@@ -483,3 +483,77 @@ fn a_peer_that_skips_a_chunk_fails_the_receive_instead_of_hanging() {
         drop(socks);
     }
 }
+
+const POOL_FDS_CHILD_ENV: &str = "LOSSY_SOCKET_POOL_FDS_CHILD";
+
+#[test]
+fn an_io_pool_that_does_not_fit_the_descriptor_limit_is_refused_naming_ulimit() {
+    // Lowering the limit needs a process of its own: other tests run beside us.
+    run_child(
+        "transport::socket::tests::lifecycle::pool_fds_child",
+        POOL_FDS_CHILD_ENV,
+        &[("NCCL_LOSSY_IO_THREADS", "1")],
+        "pool fd check passed",
+    );
+}
+
+#[test]
+#[ignore = "run in a process of its own by an_io_pool_that_does_not_fit_the_descriptor_limit_is_refused_naming_ulimit"]
+fn pool_fds_child() {
+    if std::env::var_os(POOL_FDS_CHILD_ENV).is_none() {
+        return;
+    }
+    // Descriptors are numbered densely from here on, so the limit (on numbers) and the budget
+    // check (on counts) agree: close what this process inherited above stderr.
+    for n in fd_numbers().into_iter().filter(|&n| n > 2) {
+        // SAFETY: this child process has opened nothing yet: every descriptor above stderr
+        // was inherited (the test runner's), and nothing here uses it.
+        unsafe { libc::close(n) };
+    }
+    let t = loopback(1);
+    let mut handle = [0u8; HANDLE_WIRE_SIZE];
+    let mut listener = t.listen(0, None, &mut handle).expect("listen");
+    // Room for the connector's socket and one more descriptor: the sending side starts first
+    // (before the accept) and makes the process's I/O pool, whose epoll instance and eventfd
+    // then do not both fit.
+    let first_free = fd_numbers().len() as i32;
+    let limit = libc::rlimit {
+        rlim_cur: first_free as u64 + 2,
+        rlim_max: first_free as u64 + 2,
+    };
+    // SAFETY: setrlimit reads the struct we pass and nothing else.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+    let mut connector = t.connect(0, None, &handle).expect("connect");
+    let start = Instant::now();
+    let err = loop {
+        match (connector.poll(), listener.poll_accept()) {
+            (Err(e), _) | (_, Err(e)) => break e,
+            (Ok(Some(_)), Ok(Some(_))) => panic!("both ends started with no descriptor left"),
+            _ => {}
+        }
+        assert!(
+            start.elapsed() < PATIENCE,
+            "the connection neither failed nor completed"
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    };
+    let text = err.to_string();
+    assert_eq!(err.kind, ErrorKind::System, "{text}");
+    assert!(text.contains("`ulimit -n`"), "{text}");
+    assert!(text.contains("NCCL_LOSSY_IO_THREADS"), "{text}");
+    println!("pool fd check passed: {text}");
+}
+
+/// The numbers of this process's open descriptors (the listing's own one, closed by then, left
+/// out).
+fn fd_numbers() -> Vec<i32> {
+    let listed: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    listed
+        .into_iter()
+        .filter(|n| std::fs::read_link(format!("/proc/self/fd/{n}")).is_ok())
+        .collect()
+}
