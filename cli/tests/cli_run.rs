@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
@@ -10,6 +12,12 @@ use common::{fresh_dir, launch_env, library, lossy_exe, repo_file};
 use lossy_cli::harness::worker::{Job, LinkKind};
 
 fn lossy(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let env: Vec<(&str, &OsStr)> = env.iter().map(|(k, v)| (*k, OsStr::new(v))).collect();
+    lossy_os(args, &env)
+}
+
+/// As [`lossy`], with values that need not be UTF-8.
+fn lossy_os(args: &[&str], env: &[(&str, &OsStr)]) -> Output {
     let mut cmd = Command::new(lossy_exe());
     cmd.args(args)
         .env("NCCL_SOCKET_IFNAME", "lo")
@@ -121,6 +129,26 @@ fn run_true_with_proto(profile: &std::path::Path, proto: &str) -> std::process::
         &["run", "--profile", profile, "--", "true"],
         &[("NCCL_PROTO", proto)],
     )
+}
+
+#[test]
+fn run_refuses_non_utf8_settings_instead_of_dropping_them() {
+    // The plugin's init refuses these in every rank; `lossy run` must say so before any starts,
+    // not take the variable for unset (and, with --set, replace it).
+    let bad = OsStr::from_bytes(b"model.rate=0.5;description=\"\xff\"");
+    for var in ["NCCL_LOSSY_SET", "NCCL_PROTO"] {
+        for extra in [&[][..], &["--set", "seed=3"][..]] {
+            let mut args = vec!["run", "--print-env"];
+            args.extend_from_slice(extra);
+            let out = lossy_os(&args, &[(var, bad)]);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{var} {extra:?}: {stderr}");
+            assert!(
+                stderr.contains(&format!("{var} is not valid UTF-8")),
+                "{stderr}"
+            );
+        }
+    }
 }
 
 #[test]

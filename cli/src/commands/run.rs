@@ -49,8 +49,9 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
     if args.command.is_empty() && !args.print_env {
         return Err("no command given: lossy run [OPTIONS] -- CMD ARGS...".into());
     }
-    let mut overrides: Vec<String> = std::env::var(SET_ENV)
-        .ok()
+    // A variable that is not UTF-8 is an error, as in the plugin's init, not unset.
+    let utf8 = |name: &str| nccl_net_lossy::env::var(name).map_err(|e| e.to_string());
+    let mut overrides: Vec<String> = utf8(SET_ENV)?
         .filter(|set| !set.trim().is_empty())
         .into_iter()
         .collect();
@@ -66,7 +67,7 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
     // far harder to notice.
     let profile =
         Profile::load(profile_path.as_deref(), &overrides).map_err(|err| err.to_string())?;
-    let user_proto = std::env::var("NCCL_PROTO").ok().filter(|p| !p.is_empty());
+    let user_proto = utf8("NCCL_PROTO")?.filter(|p| !p.is_empty());
     check_forced_protocol(&profile, user_proto.as_deref()).map_err(|err| err.to_string())?;
     let library = match &args.library {
         Some(path) => absolute(path)?,
