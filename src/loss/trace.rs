@@ -111,6 +111,11 @@ impl TraceData {
                 lost.dedup();
                 packets = lost.last().map_or(0, |&last| last + 1);
                 if let Some(len) = length {
+                    if len > MAX_TRACE_PACKETS {
+                        return Err(format!(
+                            "{name}: length = {len} is too long (at most {MAX_TRACE_PACKETS} packets)"
+                        ));
+                    }
                     if len < packets {
                         return Err(format!(
                             "{name}: length = {len} but the trace loses packet {}: length must be larger than every index",
@@ -286,6 +291,14 @@ mod tests {
         assert!(err.starts_with("drops.txt:2:"), "{err}");
         let err = TraceData::parse("10\n12\n", TraceFormat::Indices, Some(5), "d").unwrap_err();
         assert!(err.contains("length = 5"), "{err}");
+        // `length` is bounded as the indices are.
+        let err =
+            TraceData::parse("1\n", TraceFormat::Indices, Some(i64::MAX as u64), "d").unwrap_err();
+        assert!(
+            err.contains("length = 9223372036854775807") && err.contains("at most 281474976710656"),
+            "{err}"
+        );
+        assert!(TraceData::parse("1\n", TraceFormat::Indices, Some(1 << 48), "d").is_ok());
         let err = TraceData::parse("01\n0a1\n", TraceFormat::Bitmap, None, "b").unwrap_err();
         assert!(err.starts_with("b:2:") && err.contains("'a'"), "{err}");
     }

@@ -319,6 +319,12 @@ impl ModelSpec {
                     let r = opt_prob("r", raw.r)?.unwrap_or(1.0 - p);
                     let h_loss = opt_prob("h_loss", raw.h_loss)?.unwrap_or(1.0);
                     let k_loss = opt_prob("k_loss", raw.k_loss)?.unwrap_or(0.0);
+                    if p > 0.0 && r == 0.0 {
+                        return Err(err(
+                            "r",
+                            "r must be > 0 when p > 0, or the first burst would never end",
+                        ));
+                    }
                     Ok(ModelSpec::GilbertElliott {
                         p,
                         r,
