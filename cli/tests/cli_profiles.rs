@@ -193,3 +193,85 @@ fn validate_shows_the_transport_and_names_a_bad_one() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+fn lossy_with(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(lossy_exe());
+    cmd.args(args)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .env_remove("NCCL_LOSSY_SET")
+        .env_remove("NCCL_LOSSY_PROFILE");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run lossy")
+}
+
+#[test]
+fn simulate_bounds_its_work_and_applies_the_environments_overrides() {
+    // An explicit --packets beyond the bound is refused before any work is done.
+    let out = lossy_with(
+        &[
+            "simulate",
+            "configs/uniform-1pct.toml",
+            "--packets",
+            "18446744073709551615",
+        ],
+        &[],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--packets") && stderr.contains("at most 1000000000"),
+        "{stderr}"
+    );
+
+    // Many rules: the default packets per model shrink so the total stays within the bound
+    // (10,000,000 for each of 1,025 models would be ten times it).
+    let dir = fresh_dir("simulate-many-rules");
+    let file = dir.join("many.toml");
+    let mut text = String::from("model = { kind = \"uniform\", rate = 0.001 }\n");
+    for _ in 0..1024 {
+        text.push_str("[[rules]]\nmodel = { kind = \"uniform\", rate = 0.001 }\n");
+    }
+    std::fs::write(&file, text).expect("write profile");
+    let out = lossy_with(&["simulate", file.to_str().expect("utf-8"), "--json"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let rules = v["rules"].as_array().expect("rules");
+    assert_eq!(rules.len(), 1025);
+    assert!(
+        rules
+            .iter()
+            .all(|r| r["packets"] == 1_000_000_000u64 / 1025),
+        "{}",
+        rules[0]
+    );
+
+    // NCCL_LOSSY_SET applies as in `lossy validate` and the plugin, through the same checks.
+    let out = lossy_with(
+        &["simulate", "configs/uniform-1pct.toml"],
+        &[("NCCL_LOSSY_SET", "model.rate=7")],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("NCCL_LOSSY_SET") && stderr.contains("model.rate = 7"),
+        "{stderr}"
+    );
+    let out = lossy_with(
+        &[
+            "simulate",
+            "configs/uniform-1pct.toml",
+            "--packets",
+            "1000",
+            "--json",
+        ],
+        &[("NCCL_LOSSY_SET", "model.rate=0.5")],
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["rules"][0]["expected_loss_rate"], 0.5, "{v}");
+}

@@ -16,16 +16,24 @@ use nccl_net_lossy::profile::Profile;
 pub struct Args {
     /// Profile file (TOML).
     pub file: PathBuf,
-    /// Packets to simulate per model.
-    #[arg(long, default_value_t = 10_000_000)]
-    pub packets: u64,
-    /// Override a dotted key, as NCCL_LOSSY_SET does (repeatable).
+    /// Packets to simulate per model (default: 10,000,000, fewer when the profile has so many
+    /// rules that all of them together would pass 1,000,000,000).
+    #[arg(long)]
+    pub packets: Option<u64>,
+    /// Override a dotted key on top of NCCL_LOSSY_SET (repeatable), as `lossy validate` does.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub set: Vec<String>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
 }
+
+/// Packets simulated per model unless `--packets` says otherwise.
+const DEFAULT_PACKETS: u64 = 10_000_000;
+
+/// Most packets one run simulates over all its models, so that no profile or `--packets`
+/// keeps it busy for hours (about a few seconds per 10^8 at high loss rates).
+const MAX_PACKETS: u64 = 1_000_000_000;
 
 /// Upper bounds of the burst-length histogram's bins (the last bin is open).
 const BINS: [u64; 7] = [1, 2, 4, 8, 16, 32, 64];
@@ -121,13 +129,27 @@ pub fn simulate(action: &Action, seed: u64, packets: u64) -> Measured {
 
 /// Runs `lossy simulate`.
 pub fn run(args: Args) -> ExitCode {
-    let set = args.set.join(";");
-    let profile = match Profile::load_layers(Some(&args.file), &[("--set", &set)]) {
+    let fail = |err: String| {
+        eprintln!("lossy simulate: {err}");
+        ExitCode::from(2)
+    };
+    if let Some(n) = args.packets.filter(|&n| n > MAX_PACKETS) {
+        return fail(format!(
+            "--packets {n}: at most {MAX_PACKETS} packets are simulated in all"
+        ));
+    }
+    // What the plugin would load: NCCL_LOSSY_SET first, then each --set.
+    let applied = match super::validate::overrides(&args.set) {
+        Ok(applied) => applied,
+        Err(err) => return fail(err),
+    };
+    let layers: Vec<(&str, &str)> = applied
+        .iter()
+        .map(|(from, set)| (from.as_str(), set.as_str()))
+        .collect();
+    let profile = match Profile::load_layers(Some(&args.file), &layers) {
         Ok(p) => p,
-        Err(err) => {
-            eprintln!("lossy simulate: {err}");
-            return ExitCode::from(2);
-        }
+        Err(err) => return fail(err.to_string()),
     };
     let slots: Vec<(String, Option<String>, &Action)> =
         std::iter::once(("defaults".to_string(), None, &profile.defaults))
@@ -139,14 +161,22 @@ pub fn run(args: Args) -> ExitCode {
                     .map(|(i, r)| (format!("rules.{i}"), r.name.clone(), &r.action)),
             )
             .collect();
+    let models = slots.len() as u64;
+    let packets = match args.packets {
+        Some(n) if n.saturating_mul(models) > MAX_PACKETS => {
+            return fail(format!(
+                "--packets {n} for each of the profile's {models} models: at most {MAX_PACKETS} \
+                 packets are simulated in all, so at most {} each",
+                MAX_PACKETS / models
+            ));
+        }
+        Some(n) => n,
+        None => DEFAULT_PACKETS.min(MAX_PACKETS / models),
+    };
     let mut results = Vec::new();
     for (slot, (label, name, action)) in slots.iter().enumerate() {
         // Its own generator per slot, as each rule has its own stream in the plugin.
-        let m = simulate(
-            action,
-            derive_seed(profile.seed, &[slot as u64]),
-            args.packets,
-        );
+        let m = simulate(action, derive_seed(profile.seed, &[slot as u64]), packets);
         results.push((label, name, action, m));
     }
     if args.json {
@@ -182,11 +212,19 @@ pub fn run(args: Args) -> ExitCode {
                 })
             })
             .collect();
-        let out = json!({"profile": profile.to_json(), "packets": args.packets, "rules": rules});
+        let out = json!({
+            "profile": profile.to_json(),
+            "overrides": applied.iter().map(|(from, set)| json!({"from": from, "set": set.trim()})).collect::<Vec<_>>(),
+            "packets": packets,
+            "rules": rules,
+        });
         println!("{out}");
         return ExitCode::SUCCESS;
     }
     println!("{}", profile.summary());
+    for (from, set) in &applied {
+        println!("  override from {from}: {}", set.trim());
+    }
     for (label, name, action, m) in &results {
         let name = name
             .as_ref()

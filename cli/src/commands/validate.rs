@@ -21,20 +21,22 @@ pub struct Args {
     pub set: Vec<String>,
 }
 
-/// The overrides `lossy validate` applies, in order, each with where it came from.
-fn overrides(args: &Args) -> Result<Vec<(String, String)>, String> {
+/// The overrides a profile gets where the plugin would load it (`lossy validate`, `lossy
+/// simulate`), in order, each with where it came from: the environment's `NCCL_LOSSY_SET`,
+/// then each `--set`.
+pub(crate) fn overrides(set: &[String]) -> Result<Vec<(String, String)>, String> {
     let mut all = Vec::new();
     match nccl_net_lossy::env::var(SET_ENV).map_err(|e| e.to_string())? {
         Some(env) if !env.trim().is_empty() => all.push((SET_ENV.to_string(), env)),
         _ => {}
     }
-    all.extend(args.set.iter().map(|s| ("--set".to_string(), s.clone())));
+    all.extend(set.iter().map(|s| ("--set".to_string(), s.clone())));
     Ok(all)
 }
 
 /// Runs `lossy validate`: exit 0 when every file is valid, 2 (with the errors) otherwise.
 pub fn run(args: Args) -> ExitCode {
-    let applied = match overrides(&args) {
+    let applied = match overrides(&args.set) {
         Ok(applied) => applied,
         Err(err) => {
             eprintln!("lossy validate: {err}");
