@@ -46,14 +46,17 @@ pub struct Counts {
 }
 
 impl Counts {
-    /// Adds `other` into `self`.
+    /// Adds `other` into `self`, each count stopping at `u64::MAX` (counts read from a file
+    /// can hold any value).
     pub fn add(&mut self, other: &Counts) {
-        self.messages += other.messages;
-        self.bytes += other.bytes;
-        self.packets += other.packets;
-        self.lost_packets += other.lost_packets;
-        self.loss_events += other.loss_events;
-        self.retransmit_delay_ns += other.retransmit_delay_ns;
+        self.messages = self.messages.saturating_add(other.messages);
+        self.bytes = self.bytes.saturating_add(other.bytes);
+        self.packets = self.packets.saturating_add(other.packets);
+        self.lost_packets = self.lost_packets.saturating_add(other.lost_packets);
+        self.loss_events = self.loss_events.saturating_add(other.loss_events);
+        self.retransmit_delay_ns = self
+            .retransmit_delay_ns
+            .saturating_add(other.retransmit_delay_ns);
     }
 
     /// Lost packets over packets (0 when nothing was sent).

@@ -75,13 +75,17 @@ struct Accumulator {
 
 impl Accumulator {
     fn finish(self, op: &str) -> OpSummary {
-        let burst_count: u64 = self.bursts.values().sum();
-        let burst_packets: u64 = self.bursts.iter().map(|(len, n)| len * n).sum();
+        let burst_count: f64 = self.bursts.values().map(|&n| n as f64).sum();
+        let burst_packets: f64 = self
+            .bursts
+            .iter()
+            .map(|(&len, &n)| len as f64 * n as f64)
+            .sum();
         OpSummary {
             op: op.to_string(),
             counts: self.counts,
             loss_rate: self.counts.loss_rate(),
-            mean_burst: (burst_count > 0).then(|| burst_packets as f64 / burst_count as f64),
+            mean_burst: (burst_count > 0.0).then(|| burst_packets / burst_count),
             latency_us: percentiles(&self.latency_ns, [0.5, 0.9, 0.99])
                 .map(|p| p.map(|ns| ns as f64 / 1000.0)),
             bursts: self.bursts,
@@ -91,7 +95,7 @@ impl Accumulator {
 
 /// The values at quantiles `qs` of a histogram given as value -> count.
 fn percentiles(bins: &BTreeMap<u64, u64>, qs: [f64; 3]) -> Option<[u64; 3]> {
-    let total: u64 = bins.values().sum();
+    let total = bins.values().fold(0u64, |a, &n| a.saturating_add(n));
     if total == 0 {
         return None;
     }
@@ -100,7 +104,7 @@ fn percentiles(bins: &BTreeMap<u64, u64>, qs: [f64; 3]) -> Option<[u64; 3]> {
         let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
         let mut seen = 0;
         for (&value, &count) in bins {
-            seen += count;
+            seen = add(seen, count);
             if seen >= rank {
                 *slot = value;
                 break;
@@ -127,6 +131,16 @@ pub fn stats_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// `a + b`, stopping at `u64::MAX`: a file edited by hand can hold any count.
+fn add(a: u64, b: u64) -> u64 {
+    a.saturating_add(b)
+}
+
+/// Adds `n` into `slot`, stopping at `u64::MAX`.
+fn bump(slot: &mut u64, n: u64) {
+    *slot = add(*slot, n);
+}
+
 /// Sums every rank's file of one run.
 pub fn summarize_run(name: &str, files: &[StatsFile]) -> RunSummary {
     let mut total = Accumulator::default();
@@ -144,12 +158,12 @@ pub fn summarize_run(name: &str, files: &[StatsFile]) -> RunSummary {
             for h in &conn.histograms {
                 let acc = per_op.entry(h.op.clone()).or_default();
                 for &(len, n) in &h.burst_lengths {
-                    *acc.bursts.entry(len).or_default() += n;
-                    *total.bursts.entry(len).or_default() += n;
+                    bump(acc.bursts.entry(len).or_default(), n);
+                    bump(total.bursts.entry(len).or_default(), n);
                 }
                 for &(ns, n) in &h.latency_ns {
-                    *acc.latency_ns.entry(ns).or_default() += n;
-                    *total.latency_ns.entry(ns).or_default() += n;
+                    bump(acc.latency_ns.entry(ns).or_default(), n);
+                    bump(total.latency_ns.entry(ns).or_default(), n);
                 }
             }
         }
@@ -161,8 +175,8 @@ pub fn summarize_run(name: &str, files: &[StatsFile]) -> RunSummary {
                 step: step.step,
                 ..StepCounts::default()
             });
-            acc.packets += step.packets;
-            acc.lost_packets += step.lost_packets;
+            bump(&mut acc.packets, step.packets);
+            bump(&mut acc.lost_packets, step.lost_packets);
         }
     }
     let profile = files
@@ -306,6 +320,28 @@ mod tests {
             })
         );
         assert_eq!(summarize_run("r", &[rank_file(0, &[])]).expected, None);
+    }
+
+    #[test]
+    fn sums_saturate_instead_of_wrapping() {
+        // Files edited by hand (or corrupted) can hold any u64: the report must not wrap.
+        let huge = |mut f: StatsFile| {
+            for cell in &mut f.connections[0].by_op {
+                cell.counts.packets = u64::MAX - 1;
+            }
+            for h in &mut f.connections[0].histograms {
+                h.burst_lengths = vec![(u64::MAX, 1)];
+                h.latency_ns = vec![(5, u64::MAX)];
+            }
+            f
+        };
+        let run = summarize_run("r", &[huge(rank_file(1, &[1])), huge(rank_file(1, &[1]))]);
+        assert_eq!(run.total.counts.packets, u64::MAX);
+        let allreduce = run.by_op.iter().find(|o| o.op == "AllReduce").expect("row");
+        assert_eq!(allreduce.counts.packets, u64::MAX);
+        // Two bursts of 2^64 - 1 packets: the mean is that length, not a wrapped product.
+        assert_eq!(allreduce.mean_burst, Some(u64::MAX as f64));
+        assert_eq!(allreduce.latency_us.map(|p| p[0]), Some(0.005));
     }
 
     #[test]

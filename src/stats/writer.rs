@@ -118,9 +118,42 @@ impl StatsFile {
     pub fn read(path: &Path) -> Result<StatsFile> {
         let text = read_regular_file(path, MAX_STATS_FILE_BYTES, "statistics file")
             .map_err(Error::invalid_argument)?;
-        serde_json::from_str(&text).map_err(|e| {
+        let file: StatsFile = serde_json::from_str(&text).map_err(|e| {
             Error::invalid_argument(format!("{} is not a statistics file: {e}", path.display()))
-        })
+        })?;
+        file.check()
+            .map_err(|why| Error::invalid_argument(format!("{}: {why}", path.display())))?;
+        Ok(file)
+    }
+
+    /// What a file this version wrote always holds: its version, and no count of lost packets
+    /// above the packets sent.
+    fn check(&self) -> std::result::Result<(), String> {
+        if self.format_version != FORMAT_VERSION {
+            return Err(format!(
+                "format_version = {}: this lossy reads version {FORMAT_VERSION}",
+                self.format_version
+            ));
+        }
+        let cells = std::iter::once(("total".to_string(), &self.total)).chain(
+            self.connections.iter().enumerate().flat_map(|(i, c)| {
+                std::iter::once((format!("connections.{i}.total"), &c.total)).chain(
+                    c.by_op
+                        .iter()
+                        .enumerate()
+                        .map(move |(j, o)| (format!("connections.{i}.by_op.{j}"), &o.counts)),
+                )
+            }),
+        );
+        for (at, c) in cells {
+            if c.lost_packets > c.packets {
+                return Err(format!(
+                    "{at}: lost_packets = {} is more than packets = {}",
+                    c.lost_packets, c.packets
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -195,6 +228,48 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
             .collect();
         assert!(leftovers.is_empty());
+        fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_file_of_another_version_or_with_more_lost_than_sent_is_refused_naming_it() {
+        let dir = std::env::temp_dir().join(format!("lossy-stats-bad-{}", std::process::id()));
+        let stats = ConnectionStats::new(3, 0);
+        stats.record_message(&MessageRecord {
+            op: 5,
+            phase: 0,
+            bytes: 100,
+            packets: 2,
+            lost_packets: 1,
+            loss_events: 1,
+            retransmit_delay_ns: 0,
+        });
+        let file = StatsFile::new(serde_json::json!({"seed": 1}), vec![stats.snapshot()]);
+        let path = file.write_to(&dir).expect("write stats");
+        let good: serde_json::Value =
+            serde_json::from_str(&fs::read_to_string(&path).expect("read")).expect("json");
+        let edit = |f: &dyn Fn(&mut serde_json::Value)| {
+            let mut v = good.clone();
+            f(&mut v);
+            fs::write(&path, v.to_string()).expect("write");
+            StatsFile::read(&path).expect_err("refused").message
+        };
+        let err = edit(&|v| v["format_version"] = 99.into());
+        assert!(err.contains(&path.display().to_string()), "{err}");
+        assert!(
+            err.contains("format_version = 99") && err.contains("reads version 1"),
+            "{err}"
+        );
+        let err = edit(&|v| v["connections"][0]["by_op"][0]["lost_packets"] = 5.into());
+        assert!(
+            err.contains("connections.0.by_op.0: lost_packets = 5 is more than packets = 2"),
+            "{err}"
+        );
+        let err = edit(&|v| v["total"]["lost_packets"] = u64::MAX.into());
+        assert!(
+            err.contains("total: lost_packets = 18446744073709551615"),
+            "{err}"
+        );
         fs::remove_dir_all(&dir).ok();
     }
 }
