@@ -204,20 +204,25 @@ mod tests {
     use super::*;
     use crate::stats::{ConnectionStats, MessageRecord};
 
-    #[test]
-    fn file_round_trips_and_leaves_no_temporary() {
-        let dir = std::env::temp_dir().join(format!("lossy-stats-test-{}", std::process::id()));
+    /// A file of one connection that sent one message of `packets` packets, one of them lost.
+    fn one_message_file(packets: u64) -> StatsFile {
         let stats = ConnectionStats::new(3, 0);
         stats.record_message(&MessageRecord {
             op: 5,
             phase: 0,
             bytes: 100,
-            packets: 1,
+            packets,
             lost_packets: 1,
             loss_events: 1,
             retransmit_delay_ns: 0,
         });
-        let file = StatsFile::new(serde_json::json!({"seed": 1}), vec![stats.snapshot()]);
+        StatsFile::new(serde_json::json!({"seed": 1}), vec![stats.snapshot()])
+    }
+
+    #[test]
+    fn file_round_trips_and_leaves_no_temporary() {
+        let dir = std::env::temp_dir().join(format!("lossy-stats-test-{}", std::process::id()));
+        let file = one_message_file(1);
         let path = file.write_to(&dir).expect("write stats");
         let back = StatsFile::read(&path).expect("read stats");
         assert_eq!(back, file);
@@ -234,17 +239,7 @@ mod tests {
     #[test]
     fn a_file_of_another_version_or_with_more_lost_than_sent_is_refused_naming_it() {
         let dir = std::env::temp_dir().join(format!("lossy-stats-bad-{}", std::process::id()));
-        let stats = ConnectionStats::new(3, 0);
-        stats.record_message(&MessageRecord {
-            op: 5,
-            phase: 0,
-            bytes: 100,
-            packets: 2,
-            lost_packets: 1,
-            loss_events: 1,
-            retransmit_delay_ns: 0,
-        });
-        let file = StatsFile::new(serde_json::json!({"seed": 1}), vec![stats.snapshot()]);
+        let file = one_message_file(2);
         let path = file.write_to(&dir).expect("write stats");
         let good: serde_json::Value =
             serde_json::from_str(&fs::read_to_string(&path).expect("read")).expect("json");
