@@ -101,13 +101,28 @@ impl std::fmt::Display for ModelError {
     }
 }
 
-/// Short decimal form for summaries: up to 6 significant digits, no trailing zeros.
+/// Short decimal form for summaries: up to 6 significant digits, no trailing zeros; below
+/// 1e-6 and from 1e9 up in exponent form (`1e-13`, not `0`; `1e300`, not 300 digits).
 pub fn short(x: f64) -> String {
     if x.is_infinite() {
         return "inf".into();
     }
-    if x == 0.0 || !x.is_finite() {
+    if x == 0.0 {
+        // -0 too.
+        return "0".into();
+    }
+    if !x.is_finite() {
         return format!("{x}");
+    }
+    if !(1e-6..1e9).contains(&x.abs()) {
+        let s = format!("{x:.5e}");
+        return match s.split_once('e') {
+            Some((mantissa, exp)) if mantissa.contains('.') => format!(
+                "{}e{exp}",
+                mantissa.trim_end_matches('0').trim_end_matches('.')
+            ),
+            _ => s,
+        };
     }
     let digits = (5 - x.abs().log10().floor() as i32).clamp(0, 12) as usize;
     let s = format!("{x:.digits$}");

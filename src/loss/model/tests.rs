@@ -472,6 +472,12 @@ fn short_formats() {
     assert_eq!(short(8.0), "8");
     assert_eq!(short(0.0012626262), "0.00126263");
     assert_eq!(short(f64::INFINITY), "inf");
+    // Tiny and huge values keep their digits in exponent form, not 0 or 300 digits.
+    assert_eq!(short(1e-13), "1e-13");
+    assert_eq!(short(1.234567e-9), "1.23457e-9");
+    assert_eq!(short(1e300), "1e300");
+    assert_eq!(short(123456.0), "123456");
+    assert_eq!(short(-0.0), "0");
 }
 
 #[test]
