@@ -179,6 +179,7 @@ fn errors_name_file_line_key_and_what_is_allowed() {
         ("model = { kind = \"markov4\", p13 = 0.6, p14 = 0.6 }\n", "configs/x.toml:1: model.p14 = 0.6: p13 + p14 = 1.2 must be at most 1"),
         ("model = { kind = \"gilbert_elliott\", p = 0.01, r = 0 }\n", "configs/x.toml:1: model.r = 0: r must be > 0 when p > 0, or the first burst would never end"),
         ("model = { kind = \"trace\", file = \"missing-trace.txt\" }\n", "configs/x.toml:1: model.file = \"missing-trace.txt\": configs/missing-trace.txt: cannot read trace"),
+        ("model = { kind = \"trace\", file = \" \" }\n", "configs/x.toml:1: model.file = \" \": must name a trace file"),
         // The parser places an unclosed array where its line ends.
         ("seed = 1\nmtu = [\n", "configs/x.toml:2: not valid TOML: unclosed array"),
         ("seed = 1\nmtu = [1,\n\n", "configs/x.toml:2: not valid TOML: unclosed array"),

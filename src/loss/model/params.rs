@@ -393,6 +393,9 @@ impl ModelSpec {
                     .file
                     .clone()
                     .ok_or_else(|| err("file", "missing; trace needs file"))?;
+                if file.trim().is_empty() {
+                    return Err(err("file", "must name a trace file"));
+                }
                 let format = match raw
                     .format
                     .as_deref()
