@@ -275,3 +275,18 @@ fn simulate_bounds_its_work_and_applies_the_environments_overrides() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["rules"][0]["expected_loss_rate"], 0.5, "{v}");
 }
+
+#[test]
+fn a_blank_profile_variable_is_refused_naming_it() {
+    // NCCL_LOSSY_PROFILE=" " names no file: say so, naming the variable, rather than failing
+    // to read a file called " " (the plugin's init reads the variable the same way).
+    for args in [&["validate"][..], &["run", "--print-env"][..]] {
+        let out = lossy_with(args, &[("NCCL_LOSSY_PROFILE", " ")]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("NCCL_LOSSY_PROFILE = \" \": must name a profile file"),
+            "{args:?}: {stderr}"
+        );
+    }
+}

@@ -6,7 +6,7 @@
 //! from the file or from an override, can say where the bad value came from, its dotted key
 //! and what is allowed. The schema is documented in docs/loss-models.md.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{json, Value as Json};
@@ -143,9 +143,25 @@ impl Profile {
     /// The profile named by `NCCL_LOSSY_PROFILE` (or the embedded default), with
     /// `NCCL_LOSSY_SET` applied on top.
     pub fn from_env() -> Result<Profile> {
-        let path = std::env::var_os(PROFILE_ENV).filter(|p| !p.is_empty());
+        let path = Profile::path_from_env()?;
         let overrides = crate::env::var(SET_ENV)?.unwrap_or_default();
-        Profile::load(path.as_deref().map(Path::new), &overrides)
+        Profile::load(path.as_deref(), &overrides)
+    }
+
+    /// The file `NCCL_LOSSY_PROFILE` names; `None` when it is unset or empty (the embedded
+    /// default). A value of blanks names no file, and is an error saying so.
+    pub fn path_from_env() -> Result<Option<PathBuf>> {
+        let Some(value) = std::env::var_os(PROFILE_ENV).filter(|p| !p.is_empty()) else {
+            return Ok(None);
+        };
+        if value.to_str().is_some_and(|v| v.trim().is_empty()) {
+            return Err(Error::invalid_argument(format!(
+                "{PROFILE_ENV} = {:?}: must name a profile file (unset it for the embedded \
+                 default)",
+                value.to_string_lossy()
+            )));
+        }
+        Ok(Some(PathBuf::from(value)))
     }
 
     /// The profile at `path` (the embedded default for `None`) with `overrides` (from

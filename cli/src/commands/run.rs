@@ -59,9 +59,7 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
     let overrides = overrides.join(";");
     let profile_path = match &args.profile {
         Some(path) => Some(absolute(path)?),
-        None => std::env::var_os(PROFILE_ENV)
-            .filter(|p| !p.is_empty())
-            .map(PathBuf::from),
+        None => Profile::path_from_env().map_err(|e| e.to_string())?,
     };
     // Check the profile here, before any rank starts: a plugin that fails inside NCCL is
     // far harder to notice.

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use nccl_net_lossy::profile::{Profile, PROFILE_ENV, SET_ENV};
+use nccl_net_lossy::profile::{Profile, SET_ENV};
 
 /// Arguments of `lossy validate`.
 #[derive(clap::Args, Debug)]
@@ -51,9 +51,17 @@ pub fn run(args: Args) -> ExitCode {
     let mut failed = false;
     // No file: what a run would load, the profile NCCL_LOSSY_PROFILE names or the embedded
     // default, so `lossy validate --set ...` previews the run.
-    let env_profile = std::env::var_os(PROFILE_ENV)
-        .filter(|p| !p.is_empty())
-        .map(PathBuf::from);
+    let env_profile = if args.files.is_empty() {
+        match Profile::path_from_env() {
+            Ok(path) => path,
+            Err(err) => {
+                eprintln!("lossy validate: {err}");
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        None
+    };
     let files: Vec<Option<&PathBuf>> = if args.files.is_empty() {
         vec![env_profile.as_ref()]
     } else {
