@@ -92,15 +92,18 @@ impl TraceData {
                     if body.is_empty() {
                         continue;
                     }
-                    let index: u64 = body.parse().map_err(|_| {
-                        format!(
+                    // Digits only but no u64: a number too large, not something else.
+                    let index: u64 = match body.parse() {
+                        Ok(index) => index,
+                        Err(_) if body.bytes().all(|b| b.is_ascii_digit()) => u64::MAX,
+                        Err(_) => return Err(format!(
                             "{name}:{}: \"{body}\" is not a packet index (a non-negative integer)",
                             i + 1
-                        )
-                    })?;
+                        )),
+                    };
                     if index >= MAX_TRACE_PACKETS {
                         return Err(format!(
-                            "{name}:{}: packet index {index} is too large (at most {})",
+                            "{name}:{}: packet index {body} is too large (at most {})",
                             i + 1,
                             MAX_TRACE_PACKETS - 1
                         ));
@@ -289,6 +292,12 @@ mod tests {
     fn bad_traces_name_file_and_line() {
         let err = TraceData::parse("1\nx\n", TraceFormat::Indices, None, "drops.txt").unwrap_err();
         assert!(err.starts_with("drops.txt:2:"), "{err}");
+        let err = TraceData::parse("99999999999999999999999\n", TraceFormat::Indices, None, "d")
+            .unwrap_err();
+        assert!(
+            err.contains("packet index 99999999999999999999999 is too large"),
+            "{err}"
+        );
         let err = TraceData::parse("10\n12\n", TraceFormat::Indices, Some(5), "d").unwrap_err();
         assert!(err.contains("length = 5"), "{err}");
         // `length` is bounded as the indices are.
