@@ -96,10 +96,12 @@ impl TraceData {
                     let index: u64 = match body.parse() {
                         Ok(index) => index,
                         Err(_) if body.bytes().all(|b| b.is_ascii_digit()) => u64::MAX,
-                        Err(_) => return Err(format!(
+                        Err(_) => {
+                            return Err(format!(
                             "{name}:{}: \"{body}\" is not a packet index (a non-negative integer)",
                             i + 1
-                        )),
+                        ))
+                        }
                     };
                     if index >= MAX_TRACE_PACKETS {
                         return Err(format!(

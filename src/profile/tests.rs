@@ -200,6 +200,10 @@ fn errors_name_file_line_key_and_what_is_allowed() {
             "seed = 1\nrate = 1e400\n",
             "configs/x.toml:2: rate = 1e400: float out of range: at most about 1.8e308",
         ),
+        (
+            "seed = 1\nrate = 1e-400\n",
+            "configs/x.toml:2: rate = 1e-400: float underflows to 0",
+        ),
     ];
     for (text, want) in cases {
         let got = err(text, "");
@@ -273,6 +277,10 @@ fn overrides_apply_on_top_and_name_the_variable() {
         (
             "model.rate=1e400",
             "NCCL_LOSSY_SET: model.rate = 1e400: float out of range",
+        ),
+        (
+            "model.rate=2.5e-400",
+            "NCCL_LOSSY_SET: model.rate = 2.5e-400: float underflows to 0",
         ),
         (
             "rules.1.peer=[1,1e400]",

@@ -166,11 +166,22 @@ impl Convert<'_> {
             }
             DeValue::Float(f) => {
                 // A finite literal too large for f64 is out of range, not infinity.
-                match f.as_str().parse::<f64>() {
-                    Ok(x) if !x.is_infinite() || f.as_str().contains("inf") => Val::Float(x),
+                let literal = f.as_str();
+                // A literal with a non-zero digit that comes out 0 underflowed.
+                let mantissa = literal.split(['e', 'E']).next().unwrap_or("");
+                let nonzero = mantissa.bytes().any(|b| (b'1'..=b'9').contains(&b));
+                match literal.parse::<f64>() {
+                    Ok(x) if x == 0.0 && nonzero => {
+                        return Err(invalid(
+                            literal,
+                            "float underflows to 0: the smallest is about 4.9e-324 (64-bit \
+                             float); write 0 for none",
+                        ))
+                    }
+                    Ok(x) if !x.is_infinite() || literal.contains("inf") => Val::Float(x),
                     _ => {
                         return Err(invalid(
-                            f.as_str(),
+                            literal,
                             "float out of range: at most about 1.8e308 (64-bit float)",
                         ))
                     }
