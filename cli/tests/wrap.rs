@@ -137,10 +137,17 @@ fn wrapped_loss_matches_the_direct_transport_packet_for_packet() {
 
 /// Runs 2 lossless ranks with `inner`, expecting the workers to fail; returns the error text.
 fn failing_run(inner: &str) -> String {
+    failing_run_env(inner, &[])
+}
+
+/// As [`failing_run`], with more variables for the workers.
+fn failing_run_env(inner: &str, env: &[(&str, &str)]) -> String {
     let runs = every(&[4096], &[DataType::F32]);
     let mut job = Job::collectives(library(), vec![LinkKind::Plugin], runs);
     job.timeout_s = 20.0;
-    match launch_env(2, job, vec![("NCCL_LOSSY_INNER".into(), inner.into())]) {
+    let mut all = vec![("NCCL_LOSSY_INNER".to_string(), inner.to_string())];
+    all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    match launch_env(2, job, all) {
         Ok(_) => panic!("a run wrapping {inner:?} succeeded"),
         Err(e) => e.to_string(),
     }
@@ -162,6 +169,22 @@ fn a_missing_or_broken_inner_library_fails_init_clearly() {
     // Wrapping the very file that is loaded would recurse into itself.
     let err = failing_run(&library().display().to_string());
     assert!(err.contains("is this library itself"), "{err}");
+    // So would a plugin in front of it, or of a copy of it, whose init leads back here: a
+    // clear error, not an init that never returns (it deadlocked on the runtime's lock).
+    let shim = common::build_fixture("wrap-shim", "forward_plugin.c");
+    let copy = dir.join("libnccl-net-lossy-copy.so");
+    std::fs::copy(library(), &copy).expect("copy the library");
+    for target in [library(), copy] {
+        let target = target.display().to_string();
+        let err = failing_run_env(
+            &shim.display().to_string(),
+            &[("FORWARD_PLUGIN_TARGET", target.as_str())],
+        );
+        assert!(
+            err.contains("leads back into this library"),
+            "{target}: {err}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

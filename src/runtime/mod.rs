@@ -32,6 +32,7 @@ mod environment;
 mod net_profiler;
 mod output;
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -152,11 +153,19 @@ impl Runtime {
     /// Takes a hold on the process's runtime, building it from the environment first when
     /// there is none. A build that fails leaves nothing behind: the next call tries again.
     pub fn acquire(hold: Hold, logger: ncclDebugLogger_t) -> Result<Arc<Runtime>> {
+        if BUILDING.with(Cell::get) {
+            // This thread holds the slot's lock while it builds: waiting for it would never end.
+            return Err(Error::invalid_usage(
+                "the inner net plugin's init leads back into this library (a plugin that \
+                 forwards to it, or to a copy of it): wrap mode needs another network's plugin \
+                 (NCCL_LOSSY_INNER, or the profile's `inner`)",
+            ));
+        }
         let mut slot = slot()?;
         let runtime = match &slot.runtime {
             Some(runtime) => Arc::clone(runtime),
             None => {
-                let runtime = Arc::new(build_logged(logger)?);
+                let runtime = Arc::new(building(|| build_logged(logger))?);
                 slot.last_profile = Some(Arc::clone(&runtime.profile_json));
                 slot.implicit = Some(Context::new(0, None, runtime.takes_net_attr()));
                 slot.runtime = Some(Arc::clone(&runtime));
@@ -359,6 +368,25 @@ static SLOT: Mutex<Slot> = Mutex::new(Slot {
     until_unload: false,
     last_profile: None,
 });
+
+thread_local! {
+    /// Set while this thread builds the runtime (under the slot's lock): an `acquire` then can
+    /// only come from a wrapped plugin's `init` leading back into this library.
+    static BUILDING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `build` with [`BUILDING`] set on this thread, cleared again however it ends.
+fn building<T>(build: impl FnOnce() -> T) -> T {
+    struct Clear;
+    impl Drop for Clear {
+        fn drop(&mut self) {
+            BUILDING.with(|b| b.set(false));
+        }
+    }
+    BUILDING.with(|b| b.set(true));
+    let _clear = Clear;
+    build()
+}
 
 fn slot() -> Result<MutexGuard<'static, Slot>> {
     SLOT.lock()
