@@ -185,6 +185,21 @@ fn a_missing_or_broken_inner_library_fails_init_clearly() {
             "{target}: {err}"
         );
     }
+    // An inner plugin with no device (its hardware is missing) is named in the error.
+    let target = common::build_fixture_with("wrap-no-devices-target", "inline_tcp_plugin.c", &[]);
+    let target = target.display().to_string();
+    let shim = shim.display().to_string();
+    let err = failing_run_env(
+        &shim,
+        &[
+            ("FORWARD_PLUGIN_TARGET", target.as_str()),
+            ("FORWARD_PLUGIN_NO_DEVICES", "1"),
+        ],
+    );
+    assert!(
+        err.contains(&format!("wrap mode (inner {shim:?})")) && err.contains("reports no devices"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -89,6 +89,14 @@ impl WrapTransport {
         }
         let plugin = InnerPlugin::open_up_to(spec, logger, newest)?;
         let count = plugin.net.devices()?;
+        if count == 0 {
+            // NCCL would fall back to another network; asked for this one, say whose it is.
+            return Err(Error::system(format!(
+                "inner net plugin {} reports no devices (is its network present on this \
+                 host?)",
+                plugin.name()
+            )));
+        }
         let mut devices = Vec::with_capacity(count);
         for dev in 0..count {
             let p = plugin.net.properties(dev)?;
