@@ -9,11 +9,21 @@ use std::process::{Command, Output};
 use common::{fresh_dir, lossy_exe, repo_file};
 
 fn lossy(args: &[&str]) -> Output {
-    Command::new(lossy_exe())
-        .args(args)
+    lossy_with(args, &[])
+}
+
+/// Runs `lossy` from the repository root with the environment's profile settings cleared,
+/// then `env` set.
+fn lossy_with(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(lossy_exe());
+    cmd.args(args)
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-        .output()
-        .expect("run lossy")
+        .env_remove("NCCL_LOSSY_SET")
+        .env_remove("NCCL_LOSSY_PROFILE");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run lossy")
 }
 
 fn configs() -> Vec<PathBuf> {
@@ -194,18 +204,6 @@ fn validate_shows_the_transport_and_names_a_bad_one() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn lossy_with(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(lossy_exe());
-    cmd.args(args)
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-        .env_remove("NCCL_LOSSY_SET")
-        .env_remove("NCCL_LOSSY_PROFILE");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.output().expect("run lossy")
-}
-
 #[test]
 fn simulate_bounds_its_work_and_applies_the_environments_overrides() {
     // An explicit --packets beyond the bound is refused before any work is done.
@@ -274,6 +272,7 @@ fn simulate_bounds_its_work_and_applies_the_environments_overrides() {
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["rules"][0]["expected_loss_rate"], 0.5, "{v}");
+    assert_eq!(v["profile"]["overrides"], "model.rate=0.5", "{v}");
 }
 
 #[test]

@@ -92,24 +92,28 @@ impl TraceData {
                     if body.is_empty() {
                         continue;
                     }
-                    // Digits only but no u64: a number too large, not something else.
-                    let index: u64 = match body.parse() {
-                        Ok(index) => index,
-                        Err(_) if body.bytes().all(|b| b.is_ascii_digit()) => u64::MAX,
-                        Err(_) => {
-                            return Err(format!(
-                            "{name}:{}: \"{body}\" is not a packet index (a non-negative integer)",
-                            i + 1
-                        ))
-                        }
-                    };
-                    if index >= MAX_TRACE_PACKETS {
-                        return Err(format!(
+                    let too_large = || {
+                        format!(
                             "{name}:{}: packet index {body} is too large (at most {})",
                             i + 1,
                             MAX_TRACE_PACKETS - 1
-                        ));
-                    }
+                        )
+                    };
+                    let index: u64 = match body.parse() {
+                        Ok(index) if index < MAX_TRACE_PACKETS => index,
+                        Ok(_) => return Err(too_large()),
+                        // Digits only, yet no u64: a number too large, not something else.
+                        Err(_) if body.bytes().all(|b| b.is_ascii_digit()) => {
+                            return Err(too_large())
+                        }
+                        Err(_) => {
+                            return Err(format!(
+                                "{name}:{}: \"{body}\" is not a packet index (a non-negative \
+                                 integer)",
+                                i + 1
+                            ))
+                        }
+                    };
                     lost.push(index);
                 }
                 lost.sort_unstable();

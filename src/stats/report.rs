@@ -104,7 +104,7 @@ fn percentiles(bins: &BTreeMap<u64, u64>, qs: [f64; 3]) -> Option<[u64; 3]> {
         let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
         let mut seen = 0;
         for (&value, &count) in bins {
-            seen = add(seen, count);
+            bump(&mut seen, count);
             if seen >= rank {
                 *slot = value;
                 break;
@@ -131,14 +131,9 @@ pub fn stats_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// `a + b`, stopping at `u64::MAX`: a file edited by hand can hold any count.
-fn add(a: u64, b: u64) -> u64 {
-    a.saturating_add(b)
-}
-
-/// Adds `n` into `slot`, stopping at `u64::MAX`.
+/// Adds `n` into `slot`, stopping at `u64::MAX`: a file edited by hand can hold any count.
 fn bump(slot: &mut u64, n: u64) {
-    *slot = add(*slot, n);
+    *slot = slot.saturating_add(n);
 }
 
 /// Sums every rank's file of one run.
