@@ -1,6 +1,9 @@
 """The control API through ctypes, on the real built library, each case in a fresh process."""
 
 import json
+import shutil
+
+import pytest
 
 from conftest import clean_env, run_harness, run_python
 
@@ -15,12 +18,13 @@ ctl.set_enabled(False); ctl.set_enabled(True)
 for phase in ("forward", "backward", "any", 1, 2, 0):
     ctl.set_phase(phase)
 ctl.set_step(0); ctl.set_step(2**63)
+assert ctl.lib.ncclLossySetPhase(7) == -1  # the library refuses it too
 try:
     ctl.set_phase(7)
-except c.ControlError as err:
+except ValueError as err:
     print("phase7:", err)
 else:
-    raise SystemExit("the library accepted phase 7")
+    raise SystemExit("set_phase accepted phase 7")
 doc = nccl_lossy.stats()
 assert doc["format_version"] == 1 and doc["pid"] == os.getpid(), doc
 assert doc["connections"] == [] and doc["total"]["messages"] == 0, doc
@@ -37,7 +41,7 @@ print("written:", nccl_lossy.write_stats())
 def test_control_api_on_the_built_library(tmp_path):
     proc = run_python(CONTROL_CHECKS, env=clean_env())
     assert proc.returncode == 0, proc.stderr
-    assert "phase7: ncclLossySetPhase returned -1" in proc.stdout
+    assert "phase7: phase 7: allowed: any, forward, backward" in proc.stdout
     assert "written: False" in proc.stdout  # no NCCL_LOSSY_STATS in this process
 
 
@@ -102,3 +106,92 @@ def test_a_plugin_path_that_cannot_be_opened_is_refused_not_replaced(tmp_path):
     proc = run_python(LOCATE, env=clean_env(NCCL_NET_PLUGIN="lossy"))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("bound: package "), proc.stdout
+
+
+VALUES = r"""
+from nccl_lossy import control as c
+for fn, bad in ((c.set_step, 2**64), (c.set_step, 1.5), (c.set_step, True), (c.set_step, "3"),
+                (c.set_step, -1), (c.set_phase, 1.7), (c.set_phase, True), (c.set_phase, 5)):
+    try:
+        fn(bad)
+    except ValueError as err:
+        print("refused:", err)
+    else:
+        print("accepted:", fn.__name__, repr(bad))
+c.set_step(2**64 - 1); c.set_phase(2); c.set_phase("Backward")
+print("edges taken")
+"""
+
+
+def test_steps_and_phases_the_plugin_cannot_take_are_refused_naming_them():
+    # ctypes would wrap 2**64 to step 0, truncate 1.5 to step 1 and take True as 1; phase 5
+    # reached the library and came back as a bare return code.
+    proc = run_python(VALUES)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == "edges taken", proc.stdout
+    refused = [line for line in lines if line.startswith("refused:")]
+    assert len(refused) == 8, proc.stdout
+    for line, value in zip(refused, ("18446744073709551616", "1.5", "True", "'3'", "-1")):
+        assert "step" in line and value in line and "2**64" in line, line
+    for line, value in zip(refused[5:], ("1.7", "True", "5")):
+        assert "phase" in line and value in line and "forward" in line, line
+
+
+NCCL_WITHOUT_US = r"""
+import torch.distributed as dist
+# torch cannot create an NCCL group without a GPU: stand in for one that has started
+dist.is_initialized = lambda: True
+dist.get_backend = lambda *a: "nccl"
+from nccl_lossy import control as c
+try:
+    c.set_enabled(True)
+except c.ControlError as err:
+    print("error:", err)
+else:
+    print("bound:", c.control().source)
+"""
+
+
+def test_control_refuses_a_detached_copy_once_nccl_runs_without_this_plugin(lib_path):
+    pytest.importorskip("torch")
+    # NCCL started (torch's nccl backend) with no NCCL_NET_PLUGIN: it will never load this
+    # plugin, so switches set on the packaged copy would reach nothing.
+    proc = run_python(NCCL_WITHOUT_US)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout.strip()
+    assert out.startswith("error:"), out
+    assert "nccl backend" in out and "NCCL_NET_PLUGIN" in out and "unset" in out, out
+    # NCCL_NET_PLUGIN names this library: NCCL loads that file (now or at its first
+    # communicator), and the loader hands both the same copy
+    proc = run_python(NCCL_WITHOUT_US, env=clean_env(NCCL_NET_PLUGIN=lib_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "bound: NCCL_NET_PLUGIN", proc.stdout
+
+
+LOADED_UNDER_ANOTHER_NAME = r"""
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])  # as NCCL loads libnccl-net.so when NCCL_NET_PLUGIN is unset
+from nccl_lossy import control as c
+c.set_step(42)
+print(c.control().source, c.control().path)
+"""
+
+
+def test_control_finds_the_plugin_loaded_under_nccls_default_name(tmp_path, lib_path):
+    copy = tmp_path / "libnccl-net.so"
+    shutil.copy(lib_path, copy)
+    proc = run_python(LOADED_UNDER_ANOTHER_NAME, args=(str(copy),))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == f"mapped {copy}", proc.stdout
+
+
+def test_integer_scalars_of_numpy_are_steps_and_phases():
+    np = pytest.importorskip("numpy")
+    from nccl_lossy.control import phase_code, step_value
+
+    assert step_value(np.int64(12)) == 12 and type(step_value(np.uint64(2**64 - 1))) is int
+    assert phase_code(np.int32(2)) == 2
+    for bad in (np.float64(1.0), np.bool_(True)):
+        with pytest.raises(ValueError):
+            step_value(bad)

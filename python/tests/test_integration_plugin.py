@@ -195,3 +195,37 @@ def test_per_step_statistics_from_the_plugin(tmp_path):
     everything = nccl_lossy.read_all(stats_dir)
     assert set(everything) == {"ops", "steps", "step_ops", "bursts", "latency"}
     assert everything["steps"] == steps
+
+
+# Two integrations in one process, one after the other: the second starts at step 0 while the
+# plugin was last told step 100. Its enable() must tell the plugin its own step.
+SECOND = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import nccl_lossy
+from net_harness import Link
+
+first = nccl_lossy.LossyMegatronIntegration(set={"mtu": 512}, patch_megatron=False).enable()
+link = Link(1 << 16)
+first.step(100)
+link.send()
+first.disable()
+second = nccl_lossy.LossyMegatronIntegration(set={"mtu": 512}, patch_megatron=False).enable()
+link.send()
+second.step()
+link.send()
+by_step = {s["step"]: s["packets"] for s in nccl_lossy.stats()["by_step"]}
+link.close()
+print(json.dumps({"by_step": by_step, "step": second.step_number}))
+"""
+
+
+def test_enable_tells_the_plugin_the_integrations_own_step():
+    proc = run_python(SECOND, env=clean_env(NCCL_SOCKET_IFNAME="lo"), args=(str(TESTS),))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["step"] == 1
+    # 64 KiB in 512-byte packets: 128 a message, each counted under the step it was sent in;
+    # step 0 (the second integration before its first step()) is not broken down by the
+    # plugin, so its message must not show up under step 100 (which made 256 there)
+    assert {int(k): v for k, v in out["by_step"].items()} == {100: 128, 1: 128}

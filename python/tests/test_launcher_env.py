@@ -220,3 +220,57 @@ def test_enable_after_nccl_started_needs_no_change_when_the_launcher_set_everyth
     err = json.loads(proc.stdout.strip().splitlines()[-1]).get("error", "")
     assert "already loaded in this process" in err and "NCCL_NET" in err, err
     assert "apply_env=False" in err, err
+
+
+def test_the_same_overrides_in_another_order_or_spelling_are_no_clash(tmp_path):
+    # `lossy run --set` wrote them in its order; the keywords give them in another
+    out = enable_in_child(clean_env(NCCL_LOSSY_SET="seed=7;model.rate=0.020"),
+                          set={"model.rate": 0.02, "seed": 7})
+    assert out.get("env", {}).get("NCCL_LOSSY_SET") == "seed=7;model.rate=0.020", out
+    # a key given twice counts as its last value, as the plugin applies them in order
+    out = enable_in_child(clean_env(NCCL_LOSSY_SET="seed=3;seed=7"), set={"seed": 7})
+    assert "env" in out, out
+    # a different value, or an integer where the other says a float, still clashes
+    for theirs in ("seed=7;model.rate=0.03", "seed=7.0"):
+        out = enable_in_child(clean_env(NCCL_LOSSY_SET=theirs), set={"seed": 7, "model.rate": 0.02}
+                              if "rate" in theirs else {"seed": 7})
+        assert out.get("error") == "LossyConfigError", (theirs, out)
+
+
+def test_a_profile_named_by_two_spellings_of_one_path_is_one_profile(tmp_path):
+    (tmp_path / "configs").mkdir()
+    prof = tmp_path / "configs" / "half.toml"
+    prof.write_text(HALF)
+    code = (
+        "import sys, nccl_lossy\n"
+        "i = nccl_lossy.LossyMegatronIntegration(sys.argv[1], profile=sys.argv[2], apply_env=False,"
+        " patch_megatron=False)\n"
+        "print(i.network.profile)\n"
+    )
+    other = tmp_path / "configs" / ".." / "configs" / "half.toml"
+    proc = run_python(code, args=(str(prof), str(other)))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == str(prof), proc.stdout
+
+
+def test_write_stats_says_when_the_plugins_file_cannot_land_in_stats_dir(tmp_path):
+    # apply_env=False leaves NCCL_LOSSY_STATS unset: the plugin writes nothing, and the
+    # directory would hold the per-step file alone without a word
+    code = (
+        "import sys, nccl_lossy\n"
+        "i = nccl_lossy.LossyMegatronIntegration(stats_dir=sys.argv[1], apply_env=False,"
+        " patch_megatron=False).enable()\n"
+        "i.step()\n"
+        "print(i.write_stats())\n"
+    )
+    stats = tmp_path / "stats"
+    proc = run_python(code, args=(str(stats),))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "lossy-steps-rank" in proc.stdout  # the per-step file is still written
+    assert "NCCL_LOSSY_STATS" in proc.stderr and str(stats) in proc.stderr, proc.stderr
+    assert "apply_env=False" in proc.stderr, proc.stderr
+    # set elsewhere: the two files would land in different directories
+    elsewhere = tmp_path / "elsewhere"
+    proc = run_python(code, env=clean_env(NCCL_LOSSY_STATS=elsewhere), args=(str(stats),))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"NCCL_LOSSY_STATS={elsewhere}" in proc.stderr and str(stats) in proc.stderr, proc.stderr

@@ -63,12 +63,17 @@ def library_path() -> Path:
     )
 
 
-def _is_plugin_file(path: str) -> bool:
-    return os.path.basename(path) in (PACKAGED_NAME, CARGO_NAME)
+def _is_plugin_file(path: str, any_net_plugin: bool = False) -> bool:
+    name = os.path.basename(path)
+    if any_net_plugin and name.startswith("libnccl-net") and ".so" in name:
+        return True
+    return name in (PACKAGED_NAME, CARGO_NAME)
 
 
-def mapped_library_paths(maps_file: str = "/proc/self/maps") -> List[str]:
-    """Paths of plugin libraries mapped into this process (loaded by NCCL or by us)."""
+def mapped_library_paths(maps_file: str = "/proc/self/maps", any_net_plugin: bool = False) -> List[str]:
+    """Paths of plugin libraries mapped into this process (loaded by NCCL or by us): files
+    under this plugin's names, or with ``any_net_plugin`` any ``libnccl-net*.so`` (NCCL's
+    default ``libnccl-net.so`` among them), which may be this plugin renamed."""
     found: List[str] = []
     try:
         with open(maps_file, "r", encoding="utf-8", errors="replace") as maps:
@@ -78,7 +83,7 @@ def mapped_library_paths(maps_file: str = "/proc/self/maps") -> List[str]:
                     path = parts[5].strip()
                     if path.endswith(" (deleted)"):
                         path = path[: -len(" (deleted)")]
-                    if _is_plugin_file(path) and path not in found:
+                    if _is_plugin_file(path, any_net_plugin) and path not in found:
                         found.append(path)
     except OSError:
         pass

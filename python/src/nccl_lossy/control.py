@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import json
 import logging
+import operator
 import os
 import threading
 from typing import Any, Dict, Optional, Tuple
@@ -51,12 +52,38 @@ def phase_code(phase: Any) -> int:
     """The numeric code of a phase given as a name (``"forward"``), a code, or None (any)."""
     if phase is None:
         return PHASE_ANY
-    if isinstance(phase, str):
-        try:
-            return _PHASES[phase.lower()]
-        except KeyError:
-            raise ValueError(f"unknown phase {phase!r}; allowed: any, forward, backward") from None
-    return int(phase)
+    if isinstance(phase, str) and phase.lower() in _PHASES:
+        return _PHASES[phase.lower()]
+    code = _integer(phase)
+    if code is not None and code in _PHASES.values():
+        return code
+    raise ValueError(
+        f"phase {phase!r}: allowed: any, forward, backward (or their codes 0, 1, 2), or None for any"
+    )
+
+
+#: Steps the plugin takes: its ``ncclLossySetStep`` reads an unsigned 64-bit integer.
+STEP_LIMIT = 2**64
+
+
+def step_value(step: Any) -> int:
+    """``step`` when the plugin can take it as it is, else ValueError naming it (ctypes would
+    wrap 2**64 to 0, truncate 1.5 to 1 and take True as 1)."""
+    value = _integer(step)
+    if value is None or not 0 <= value < STEP_LIMIT:
+        raise ValueError(f"step {step!r}: allowed: an integer from 0 to 2**64 - 1")
+    return value
+
+
+def _integer(value: Any) -> Optional[int]:
+    """``value`` as an int when it is an integer (numpy's and torch's integer scalars too), not a
+    bool, a float or text; else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 class Control:
@@ -97,9 +124,7 @@ class Control:
         self._check("ncclLossySetPhase", self.lib.ncclLossySetPhase(code), f"phase {code}")
 
     def set_step(self, step: int) -> None:
-        if step < 0:
-            raise ValueError(f"step must be >= 0, got {step}")
-        self._check("ncclLossySetStep", self.lib.ncclLossySetStep(int(step)))
+        self._check("ncclLossySetStep", self.lib.ncclLossySetStep(step_value(step)))
 
     def stats_json(self) -> str:
         """This process's statistics document as JSON text."""
@@ -124,7 +149,8 @@ class Control:
         rc = int(self.lib.ncclLossyWriteStats())
         if rc == 1:
             return False
-        self._check("ncclLossyWriteStats", rc)
+        where = os.environ.get("NCCL_LOSSY_STATS", "")
+        self._check("ncclLossyWriteStats", rc, f"NCCL_LOSSY_STATS={where}; the plugin's reason is on stderr")
         return True
 
     @staticmethod
@@ -152,7 +178,9 @@ def _open(path: str, mode: int) -> Tuple[Optional[ctypes.CDLL], str]:
 
 def _locate() -> Control:
     noload = getattr(os, "RTLD_NOLOAD", 4) | getattr(os, "RTLD_NOW", 2)
-    for path in mapped_library_paths():
+    # Any net plugin file NCCL may have opened (libnccl-net.so, its default name, included):
+    # the one with the control API is this plugin, whatever it is called.
+    for path in mapped_library_paths(any_net_plugin=True):
         lib, _ = _open(path, noload)
         if lib is not None:
             return Control(lib, path, "mapped")
@@ -172,6 +200,18 @@ def _locate() -> Control:
             f"NCCL_NET_PLUGIN={plugin} cannot serve the control API ({'; '.join(reasons)}); NCCL "
             "would not use the packaged copy either, so switches set there would not reach it. "
             "Allowed: the path of this plugin's library, or lossy; or unset NCCL_NET_PLUGIN"
+        )
+    from .network import torch_nccl_reason
+
+    started = torch_nccl_reason()
+    if started is not None:
+        # NCCL runs and NCCL_NET_PLUGIN leads it to no copy of this plugin: a packaged copy
+        # loaded now would take switches that NCCL never reads.
+        raise ControlError(
+            f"{started}, but NCCL_NET_PLUGIN={plugin if plugin else '(unset)'} does not lead "
+            "NCCL to this plugin, so switches set here would not reach it. Set NCCL_NET_PLUGIN "
+            "to this plugin's library and NCCL_NET=lossy before torch.distributed starts NCCL "
+            "(`lossy run`, or LossyNetwork().apply() first)"
         )
     try:
         path = str(library_path())
@@ -201,12 +241,13 @@ def set_enabled(enabled: bool) -> None:
 
 def set_phase(phase: Any) -> None:
     """Sets the training phase profile rules match: ``"any"``, ``"forward"``, ``"backward"``."""
+    phase_code(phase)  # a bad value is named before any library is looked for
     control().set_phase(phase)
 
 
 def set_step(step: int) -> None:
     """Sets the training step that rules with a ``steps`` window match."""
-    control().set_step(step)
+    control().set_step(step_value(step))
 
 
 def stats() -> Dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
@@ -147,7 +148,7 @@ class LossyMegatronIntegration:
                 raise LossyConfigError("network= and a positional LossyNetwork: allowed: one of the two")
             network = first
         elif isinstance(first, (str, os.PathLike)):
-            if profile is not None and Path(profile) != Path(first):
+            if profile is not None and _same_file(profile) != _same_file(first):
                 raise LossyConfigError(
                     f"profile={profile!r} and a positional profile {first!r}: allowed: one of the two"
                 )
@@ -326,6 +327,9 @@ class LossyMegatronIntegration:
             self.patch_results = apply_megatron_core_patch()
             self._patched_here = not already and is_patched()
         self._enabled = True
+        # The plugin's step is process-wide and may be another integration's (or an earlier
+        # set_step()); from here on this integration's step is the one traffic counts under.
+        _control.control().set_step(self._step)
         self._push()
         self._mark_ranges(new_step=False)
         if self.record_steps and not self._recording:
@@ -476,11 +480,34 @@ class LossyMegatronIntegration:
         """Asks the plugin to write its statistics file into the statistics directory now and
         writes the per-step file next to it (:meth:`stats_dir`); returns the per-step file's
         path (None without a statistics directory)."""
-        _control.control().write_stats()
+        wrote = _control.control().write_stats()
         stats_dir = self.stats_dir()
         if stats_dir is None:
             return None
+        plugin_dir = os.environ.get("NCCL_LOSSY_STATS", "")
+        # A configuration the caller can fix: said through warnings, which show by default
+        # (this package's log has no handler unless the application adds one).
+        if not wrote:
+            warnings.warn(
+                "nccl_lossy: the plugin wrote no statistics file: NCCL_LOSSY_STATS is not set in "
+                f"this process (apply_env=False leaves the environment as it is), so {stats_dir} "
+                f"gets the per-step file alone; set NCCL_LOSSY_STATS={stats_dir} before NCCL "
+                "starts, or leave apply_env on",
+                stacklevel=2,
+            )
+        elif _same_file(plugin_dir) != _same_file(stats_dir):
+            warnings.warn(
+                f"nccl_lossy: the plugin wrote its statistics file into NCCL_LOSSY_STATS={plugin_dir}, "
+                f"the per-step file goes to stats_dir {stats_dir}: read_all() on one directory "
+                "sees half of the run",
+                stacklevel=2,
+            )
         return self._recorder.write(stats_dir)
+
+
+def _same_file(path: Union[str, "os.PathLike[str]"]) -> Path:
+    """``path`` as one spelling of the file it names (``~``, ``..`` and links resolved)."""
+    return Path(path).expanduser().resolve()
 
 
 def _merge_config(config: Mapping[str, Any], given: Dict[str, Any]) -> Dict[str, Any]:

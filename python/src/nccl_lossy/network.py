@@ -73,6 +73,26 @@ def parse_overrides(text: str) -> List[Tuple[str, str]]:
     return pairs
 
 
+def _literal(value: str) -> Tuple[str, Any]:
+    """An override's value as the profile reads it: integer, float or text (``0.020`` and
+    ``0.02`` are one float; ``7`` and ``7.0`` are an integer and a float)."""
+    for kind, convert in (("int", int), ("float", float)):
+        try:
+            return kind, convert(value)
+        except ValueError:
+            pass
+    return "text", value
+
+
+def same_overrides(a: str, b: str) -> bool:
+    """Whether two ``NCCL_LOSSY_SET`` texts set the same keys to the same values; the plugin
+    applies them in order, so a key given twice counts as its last value."""
+    def settled(text: str) -> Dict[str, Tuple[str, Any]]:
+        return {key: _literal(value) for key, value in parse_overrides(text)}
+
+    return settled(a) == settled(b)
+
+
 # Runs in a child interpreter so that the launcher's process never maps the plugin (NCCL
 # must be the one to load it; see nccl_started_reason) and a crash there cannot take it down.
 _CHECK_SCRIPT = """
@@ -311,7 +331,7 @@ class LossyNetwork:
             theirs = format_overrides(overrides)
             if not self.overrides:
                 net.overrides, changed = theirs, True
-            elif parse_overrides(theirs) != parse_overrides(self.overrides):
+            elif not same_overrides(theirs, self.overrides):
                 raise _clash("NCCL_LOSSY_SET", overrides, self.overrides, "set= (or the loss keywords)")
 
         stats = _from_env(base, "NCCL_LOSSY_STATS")
@@ -444,8 +464,8 @@ def _clash(name: str, theirs: str, mine: str, keyword: str) -> LossyConfigError:
     )
 
 
-def nccl_started_reason() -> Optional[str]:
-    """Why NCCL counts as started in this process, or None when it has not started."""
+def torch_nccl_reason() -> Optional[str]:
+    """What says torch.distributed started NCCL in this process, or None."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None:
         try:
@@ -455,6 +475,14 @@ def nccl_started_reason() -> Optional[str]:
                     return f"torch.distributed is initialised with the {backend} backend"
         except Exception as err:  # a half-initialised torch: say what we saw, don't guess
             log.debug("could not query torch.distributed: %s", err)
+    return None
+
+
+def nccl_started_reason() -> Optional[str]:
+    """Why NCCL counts as started in this process, or None when it has not started."""
+    reason = torch_nccl_reason()
+    if reason is not None:
+        return reason
     from . import control as _control_module
 
     ours = _control_module._control

@@ -25,6 +25,7 @@ Rows are flat dicts: ``pandas.DataFrame(rows)`` takes them as they are, and
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 from pathlib import Path
@@ -50,6 +51,8 @@ COLUMNS = (
 ) + COUNTERS + ("loss_rate",)
 
 FILE_GLOB = "lossy-stats-rank*.json"
+#: Format of the per-step files (``format_version``) this package writes and reads.
+STEP_FORMAT_VERSION = 1
 #: The files :class:`~nccl_lossy.LossyMegatronIntegration` writes (per step x collective x phase).
 STEP_FILE_GLOB = "lossy-steps-rank*.json"
 
@@ -75,17 +78,21 @@ class StatsFormatError(ValueError):
 def _check(doc: Any, where: str) -> Dict[str, Any]:
     if not isinstance(doc, dict) or "format_version" not in doc or "connections" not in doc:
         raise StatsFormatError(f"{where} is not a nccl-net-lossy statistics file")
+    _check_version(doc, where, FORMAT_VERSION)
+    return doc
+
+
+def _check_version(doc: Dict[str, Any], where: str, known: int) -> None:
     version = doc["format_version"]
-    if not isinstance(version, int) or version < 1:
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise StatsFormatError(f"{where}: bad format_version {version!r}")
-    if version > FORMAT_VERSION:
+    if version > known:
         log.warning(
-            "%s has statistics format %d, newer than this package's %d: reading the fields it knows",
+            "%s has format %d, newer than this package's %d: reading the fields it knows",
             where,
             version,
-            FORMAT_VERSION,
+            known,
         )
-    return doc
 
 
 def rows_from_stats(doc: Dict[str, Any], file: str = "") -> List[Dict[str, Any]]:
@@ -146,6 +153,7 @@ def step_op_rows_from_doc(doc: Dict[str, Any], file: str = "") -> List[Dict[str,
     """The ``step_ops`` table of one per-step document (``lossy-steps-rank*.json``)."""
     if not isinstance(doc, dict) or "steps" not in doc or "format_version" not in doc:
         raise StatsFormatError(f"{file or 'document'} is not a nccl-lossy per-step file")
+    _check_version(doc, file or "per-step document", STEP_FORMAT_VERSION)
     rows = []
     for cell in doc["steps"]:
         row = {**_file_fields(doc, file), "step": int(cell["step"]), "op": cell["op"], "phase": cell["phase"]}
@@ -156,10 +164,23 @@ def step_op_rows_from_doc(doc: Dict[str, Any], file: str = "") -> List[Dict[str,
     return rows
 
 
+def load_json(file: Path) -> Any:
+    """The JSON document in ``file``; StatsFormatError naming it when it is not UTF-8 JSON."""
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise StatsFormatError(f"{file} is not valid UTF-8 JSON: {err}") from err
+
+
 def stats_files(path: Union[str, Path], glob: str = FILE_GLOB) -> List[Path]:
-    """The statistics files of a run directory (or the one file ``path`` names), sorted."""
+    """The files matching ``glob`` in a run directory, sorted; for a path naming one file, that
+    file, unless its name is that of the other kind of file (a per-step file holds none of the
+    plugin's tables, and the plugin's file none of the per-step table)."""
     path = Path(path)
     if path.is_file():
+        other = STEP_FILE_GLOB if glob == FILE_GLOB else FILE_GLOB
+        if not fnmatch.fnmatch(path.name, glob) and fnmatch.fnmatch(path.name, other):
+            return []
         return [path]
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: no such statistics file or directory")
@@ -170,11 +191,7 @@ def load_stats_files(path: Union[str, Path]) -> List[Dict[str, Any]]:
     """The parsed documents of a run's statistics files (each with a ``file`` key added)."""
     docs = []
     for file in stats_files(path):
-        try:
-            doc = json.loads(file.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise StatsFormatError(f"{file} is not valid JSON: {err}") from err
-        doc = dict(_check(doc, str(file)))
+        doc = dict(_check(load_json(file), str(file)))
         doc["file"] = str(file)
         docs.append(doc)
     return docs
@@ -191,11 +208,7 @@ def read_stats(path: Union[str, Path], dataframe: Union[bool, str] = False, tabl
     rows: List[Dict[str, Any]] = []
     if table == "step_ops":
         for file in stats_files(path, STEP_FILE_GLOB):
-            try:
-                doc = json.loads(file.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as err:
-                raise StatsFormatError(f"{file} is not valid JSON: {err}") from err
-            rows.extend(step_op_rows_from_doc(doc, str(file)))
+            rows.extend(step_op_rows_from_doc(load_json(file), str(file)))
     else:
         for doc in load_stats_files(path):
             if table == "ops":

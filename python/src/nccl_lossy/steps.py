@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-#: Layout version of the per-step file.
-FORMAT_VERSION = 1
+from .statsfile import STEP_FORMAT_VERSION
+
 _COUNTERS = ("messages", "bytes", "packets", "lost_packets", "loss_events")
 _RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
 
@@ -68,7 +68,7 @@ class StepRecorder:
     def document(self) -> Dict[str, Any]:
         """The per-step file's content."""
         return {
-            "format_version": FORMAT_VERSION,
+            "format_version": STEP_FORMAT_VERSION,
             "rank": launcher_rank(),
             "host": socket.gethostname(),
             "pid": os.getpid(),
