@@ -11,24 +11,8 @@ fn lossy(args: &[&str]) -> String {
     lossy_env(args, &[])
 }
 
-/// Runs `lossy args` from the repository's top with `env` added (and no statistics unless
-/// `env` asks); asserts it succeeded and returns its stdout.
 fn lossy_env(args: &[&str], env: &[(&str, &str)]) -> String {
-    let out = Command::new(lossy_exe())
-        .args(args)
-        .env("NCCL_SOCKET_IFNAME", "lo")
-        .env_remove("NCCL_LOSSY_STATS")
-        .envs(env.iter().copied())
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-        .output()
-        .expect("run lossy");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "lossy {args:?} failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
+    common::lossy_stdout(args, env)
 }
 
 #[test]
@@ -103,4 +87,44 @@ fn install_puts_the_library_under_the_nccl_name_with_all_five_tables() {
     }
     drop(loaded);
     std::fs::remove_dir_all(&prefix).expect("clean up");
+}
+
+#[test]
+fn install_prints_commands_a_shell_takes_as_they_are() {
+    // The printed export lines are pasted into a shell: a prefix with a quote or a `$` must
+    // survive, and a relative prefix must not make them work only from this directory.
+    let base = std::env::temp_dir().join(format!("lossy-install-quote-{}", std::process::id()));
+    let prefix = base.join("a \"b\" $HOME 'c'");
+    let out = lossy(&["install", "--prefix", prefix.to_str().expect("utf-8 path")]);
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("export NCCL_NET_PLUGIN="))
+        .unwrap_or_else(|| panic!("{out}"));
+    let shown = Command::new("sh")
+        .arg("-c")
+        .arg(format!("{line}; printf %s \"$NCCL_NET_PLUGIN\""))
+        .output()
+        .expect("sh");
+    assert_eq!(
+        String::from_utf8_lossy(&shown.stdout),
+        prefix
+            .join("lib")
+            .join(NCCL_LIBRARY_NAME)
+            .to_str()
+            .expect("utf-8"),
+        "{line}"
+    );
+    // relative: the printed paths are absolute
+    let rel = Command::new(lossy_exe())
+        .args(["install", "--prefix", "rel prefix"])
+        .current_dir(&base)
+        .output()
+        .expect("lossy install");
+    let out = String::from_utf8_lossy(&rel.stdout);
+    assert!(rel.status.success(), "{out}");
+    assert!(
+        out.contains(base.join("rel prefix").join("lib").to_str().expect("utf-8")),
+        "{out}"
+    );
+    std::fs::remove_dir_all(&base).expect("clean up");
 }

@@ -232,3 +232,22 @@ fn the_plugin_fails_init_when_ll_is_forced_with_a_data_loss_effect() {
     ]);
     assert!(err.contains("NCCL_PROTO=LL"), "{err}");
 }
+
+#[test]
+fn a_command_that_cannot_be_run_exits_as_a_shell_would() {
+    // A shell answers 127 for a program it cannot find and 126 for one it found but cannot
+    // execute; scripts tell "not installed" from "not executable" by it.
+    let dir = common::fresh_dir("run-not-executable");
+    let script = dir.join("train.sh");
+    std::fs::write(&script, "#!/bin/sh\nexit 0\n").expect("write the script");
+    let out = lossy(&["run", "--", script.to_str().expect("utf-8")], &[]);
+    assert_eq!(out.status.code(), Some(126), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("train.sh"),
+        "{out:?}"
+    );
+    let missing = dir.join("no-such-program");
+    let out = lossy(&["run", "--", missing.to_str().expect("utf-8")], &[]);
+    assert_eq!(out.status.code(), Some(127), "{out:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}

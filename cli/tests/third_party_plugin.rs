@@ -178,3 +178,41 @@ fn the_inline_calibration_plugin_runs_exact_collectives_in_both_wires() {
         }
     }
 }
+
+#[test]
+fn a_plugins_warning_in_a_run_that_succeeds_reaches_the_user() {
+    // A plugin's warnings (ours: "statistics not written: ...") go to each rank's stderr; a
+    // run whose ranks all succeed printed none of them, so a lost statistics file went
+    // unnoticed.
+    let plugin = common::build_fixture("inline-warn", "inline_tcp_plugin.c");
+    let said = "statistics not written: a test of the warning path";
+    let out = std::process::Command::new(common::lossy_exe())
+        .args(["demo", "--sizes", "4K", "--library"])
+        .arg(&plugin)
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .env("INLINE_TCP_WARN", said)
+        .env_remove("NCCL_DEBUG")
+        .output()
+        .expect("run lossy demo");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    for rank in 0..4 {
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.starts_with(&format!("rank {rank}: ")) && l.contains(said)),
+            "rank {rank}'s warning is not shown:\n{stderr}"
+        );
+    }
+    // Without the warning, nothing of the ranks' stderr is shown.
+    let out = std::process::Command::new(common::lossy_exe())
+        .args(["demo", "--sizes", "4K", "--library"])
+        .arg(&plugin)
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .env_remove("NCCL_DEBUG")
+        .output()
+        .expect("run lossy demo");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("rank 0: "), "{stderr}");
+}

@@ -120,6 +120,9 @@ struct SenderState {
     /// it: NCCL posts the same message again, and it must get the same plan rather than
     /// advance the loss chain twice.
     pending_len: Option<usize>,
+    /// Whether injection was on when `plan` was made (statistics count the packets of
+    /// messages sent with it off apart).
+    injecting: bool,
     bursts: BurstTracker,
     /// When each request slot was posted, for the latency histogram and the timeline.
     posted_at: [Option<Posted>; MAX_REQUESTS],
@@ -160,6 +163,7 @@ impl SenderState {
             loss,
             plan: LossPlan::lossless(),
             pending_len: None,
+            injecting: true,
             bursts: BurstTracker::default(),
             posted_at: [None; MAX_REQUESTS],
         }
@@ -218,7 +222,8 @@ impl SendComm {
                 phase,
                 step,
             };
-            if switches::enabled() {
+            state.injecting = switches::enabled();
+            if state.injecting {
                 state.loss.plan(&matching, buf.len(), &mut state.plan);
             } else {
                 // Nothing lost, but the message is still cut into the profile's packets.
@@ -247,6 +252,9 @@ impl SendComm {
             loss_events: plan.loss_events(),
             retransmit_delay_ns,
         });
+        if !state.injecting {
+            self.stats.record_injection_off(op, phase as usize, packets);
+        }
         stats::record_step(step, packets, lost_packets);
         let runs = plan.lost.iter().map(|r| (r.start, r.len));
         state.bursts.observe(op, packets, runs, |op, len| {

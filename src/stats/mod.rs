@@ -26,6 +26,7 @@ struct Cell {
     lost_packets: AtomicU64,
     loss_events: AtomicU64,
     retransmit_delay_ns: AtomicU64,
+    packets_injection_off: AtomicU64,
 }
 
 /// Counts of one (collective, phase) cell, or of a whole connection.
@@ -43,6 +44,11 @@ pub struct Counts {
     pub loss_events: u64,
     /// Delay added by retransmissions, in nanoseconds.
     pub retransmit_delay_ns: u64,
+    /// Of `packets`, those sent while injection was switched off (`ncclLossySetEnabled(0)`:
+    /// `lossy bench --lossless`, a training phase the Python helper keeps lossless): never
+    /// exposed to the loss model. 0 in files written before it was counted.
+    #[serde(default)]
+    pub packets_injection_off: u64,
 }
 
 impl Counts {
@@ -57,6 +63,9 @@ impl Counts {
         self.retransmit_delay_ns = self
             .retransmit_delay_ns
             .saturating_add(other.retransmit_delay_ns);
+        self.packets_injection_off = self
+            .packets_injection_off
+            .saturating_add(other.packets_injection_off);
     }
 
     /// Lost packets over packets (0 when nothing was sent).
@@ -66,6 +75,13 @@ impl Counts {
         } else {
             self.lost_packets as f64 / self.packets as f64
         }
+    }
+
+    /// Lost packets over the packets sent while injection was on: the rate to hold against
+    /// the model. None when no packet was sent with injection on.
+    pub fn loss_rate_injecting(&self) -> Option<f64> {
+        let injecting = self.packets.saturating_sub(self.packets_injection_off);
+        (injecting > 0).then(|| self.lost_packets as f64 / injecting as f64)
     }
 }
 
@@ -78,6 +94,7 @@ impl Cell {
             lost_packets: self.lost_packets.load(Ordering::Relaxed),
             loss_events: self.loss_events.load(Ordering::Relaxed),
             retransmit_delay_ns: self.retransmit_delay_ns.load(Ordering::Relaxed),
+            packets_injection_off: self.packets_injection_off.load(Ordering::Relaxed),
         }
     }
 }
@@ -159,6 +176,14 @@ impl ConnectionStats {
             .fetch_add(record.loss_events, Ordering::Relaxed);
         cell.retransmit_delay_ns
             .fetch_add(record.retransmit_delay_ns, Ordering::Relaxed);
+    }
+
+    /// Counts the packets of a message just recorded as sent with injection switched off.
+    pub fn record_injection_off(&self, op: usize, phase: usize, packets: u64) {
+        let slot = op.min(OP_SLOTS - 1) * PHASE_SLOTS + phase.min(PHASE_SLOTS - 1);
+        self.cells[slot]
+            .packets_injection_off
+            .fetch_add(packets, Ordering::Relaxed);
     }
 
     fn with_histograms(&self, op: usize, record: impl FnOnce(&mut OpHistograms)) {

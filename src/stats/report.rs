@@ -19,6 +19,9 @@ pub struct OpSummary {
     pub counts: Counts,
     /// Lost packets over packets.
     pub loss_rate: f64,
+    /// Lost packets over the packets sent with injection on (`counts.packets_injection_off`
+    /// left out): the rate to hold against the model. None when none was sent with it on.
+    pub loss_rate_injecting: Option<f64>,
     /// Mean length of a burst of consecutive lost packets (None when nothing was lost).
     pub mean_burst: Option<f64>,
     /// Burst length histogram, length -> count.
@@ -32,8 +35,13 @@ pub struct OpSummary {
 pub struct RunSummary {
     /// The run's name (its directory name).
     pub run: String,
-    /// Statistics files found (one per rank).
+    /// Distinct ranks among the files (files without a rank count one each).
     pub ranks: usize,
+    /// Statistics files found (one per process of a run).
+    pub files: usize,
+    /// What makes the sums doubtful: files of different profiles, a rank written by several
+    /// processes (several runs in one directory).
+    pub warnings: Vec<String>,
     /// The profile the first file says produced the run.
     pub profile: serde_json::Value,
     /// The whole run (`op = "all"`).
@@ -85,6 +93,7 @@ impl Accumulator {
             op: op.to_string(),
             counts: self.counts,
             loss_rate: self.counts.loss_rate(),
+            loss_rate_injecting: self.counts.loss_rate_injecting(),
             mean_burst: (burst_count > 0.0).then(|| burst_packets / burst_count),
             latency_us: percentiles(&self.latency_ns, [0.5, 0.9, 0.99])
                 .map(|p| p.map(|ns| ns as f64 / 1000.0)),
@@ -177,9 +186,12 @@ pub fn summarize_run(name: &str, files: &[StatsFile]) -> RunSummary {
     let profile = files
         .first()
         .map_or(serde_json::Value::Null, |f| f.profile.clone());
+    let (ranks, warnings) = mixed_runs(files);
     RunSummary {
         run: name.to_string(),
-        ranks: files.len(),
+        ranks,
+        files: files.len(),
+        warnings,
         expected: expectation(&profile),
         profile,
         by_step: by_step.into_values().collect(),
@@ -189,6 +201,62 @@ pub fn summarize_run(name: &str, files: &[StatsFile]) -> RunSummary {
             .map(|(op, acc)| acc.finish(&op))
             .collect(),
     }
+}
+
+/// The distinct ranks of `files`, and warnings when they look like more than one run: a
+/// profile that differs between files (seed and overrides included), or a rank that several
+/// processes wrote (two runs into one `NCCL_LOSSY_STATS` directory, say).
+fn mixed_runs(files: &[StatsFile]) -> (usize, Vec<String>) {
+    let mut warnings = Vec::new();
+    let mut profiles: Vec<&serde_json::Value> = Vec::new();
+    for file in files {
+        if !profiles.contains(&&file.profile) {
+            profiles.push(&file.profile);
+        }
+    }
+    if profiles.len() > 1 {
+        let described: Vec<String> = profiles
+            .iter()
+            .map(|p| {
+                let origin = p.get("origin").and_then(|v| v.as_str()).unwrap_or("?");
+                let overrides = p.get("overrides").and_then(|v| v.as_str()).unwrap_or("");
+                let seed = p.get("seed").map_or("?".to_string(), |v| v.to_string());
+                format!("{origin} (overrides `{overrides}`, seed {seed})")
+            })
+            .collect();
+        warnings.push(format!(
+            "these files come from {} different profiles and are summed as one run: {}; give \
+             each run its own NCCL_LOSSY_STATS directory",
+            profiles.len(),
+            described.join("; ")
+        ));
+    }
+    let mut by_rank: BTreeMap<u64, Vec<(String, u32)>> = BTreeMap::new();
+    let mut unranked = 0;
+    for file in files {
+        match file.rank {
+            Some(rank) => by_rank
+                .entry(rank)
+                .or_default()
+                .push((file.host.clone(), file.pid)),
+            None => unranked += 1,
+        }
+    }
+    let repeated: Vec<(&u64, &Vec<(String, u32)>)> =
+        by_rank.iter().filter(|(_, w)| w.len() > 1).collect();
+    if let Some((first, writers)) = repeated.first() {
+        let pids: Vec<String> = writers.iter().map(|(h, p)| format!("{h}:{p}")).collect();
+        let all: Vec<String> = repeated.iter().map(|(r, _)| r.to_string()).collect();
+        warnings.push(format!(
+            "{} rank(s) are each in several files (rank {first} in {} files, from processes \
+             {}; ranks {}): several runs wrote into this directory, and their counts are summed",
+            repeated.len(),
+            writers.len(),
+            pids.join(", "),
+            all.join(", ")
+        ));
+    }
+    (by_rank.len() + unranked, warnings)
 }
 
 /// Reads and sums one run directory; a directory without statistics files is an error.

@@ -6,6 +6,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use super::shell_quote;
 use crate::harness::plugin_client::{default_library_path, PluginLibrary, NCCL_LIBRARY_NAME};
 use nccl_net_lossy::{Error, Result};
 
@@ -58,7 +59,9 @@ fn copy_atomically(from: &Path, to: &Path) -> Result<()> {
 
 fn install(args: &Args) -> Result<()> {
     let prefix = match &args.prefix {
-        Some(p) => p.clone(),
+        // Absolute, so that the commands printed below work from any directory.
+        Some(p) => std::path::absolute(p)
+            .map_err(|e| Error::invalid_argument(format!("--prefix {}: {e}", p.display())))?,
         None => std::env::var_os("HOME")
             .map(|h| PathBuf::from(h).join(".local"))
             .ok_or_else(|| Error::invalid_argument("no --prefix and no HOME"))?,
@@ -91,14 +94,15 @@ fn install(args: &Args) -> Result<()> {
     );
     println!("installed {}", bin_dest.display());
     println!("\nUse it with NCCL, either by name (library on the loader path):");
+    // Quoted for a shell: the lines are meant to be pasted, whatever the prefix holds.
     println!(
-        "  export LD_LIBRARY_PATH=\"{}:$LD_LIBRARY_PATH\" NCCL_NET_PLUGIN=lossy NCCL_NET=lossy",
-        lib_dir.display()
+        "  export LD_LIBRARY_PATH={}\"${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}\" NCCL_NET_PLUGIN=lossy NCCL_NET=lossy",
+        shell_quote(&lib_dir.to_string_lossy())
     );
     println!("or by full path:");
     println!(
-        "  export NCCL_NET_PLUGIN=\"{}\" NCCL_NET=lossy",
-        lib_dest.display()
+        "  export NCCL_NET_PLUGIN={} NCCL_NET=lossy",
+        shell_quote(&lib_dest.to_string_lossy())
     );
     Ok(())
 }

@@ -13,6 +13,19 @@ pub mod worker;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+/// `value` as one word of a POSIX shell command line: as it is when it holds nothing a shell
+/// reads specially, else in single quotes (a `'` inside written `'\''`).
+pub(crate) fn shell_quote(value: &str) -> String {
+    if value
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/._-=:,+@".contains(c))
+    {
+        value.to_string()
+    } else {
+        format!("'{}'", value.replace('\'', "'\\''"))
+    }
+}
+
 /// Command-line interface of `lossy`.
 #[derive(Parser, Debug)]
 #[command(

@@ -226,6 +226,22 @@ fn table(runs: &[RunSummary]) -> String {
                 fmt_opt(latency.map(|l| l[2]), 1),
             );
         }
+        let total = &run.total.counts;
+        if total.packets_injection_off > 0 {
+            let share = total.packets_injection_off as f64 / total.packets.max(1) as f64;
+            out += &format!(
+                "{:<20} injection off for {:.2} % of the packets (ncclLossySetEnabled(0)): \
+                 loss over the packets sent with it on: {}\n",
+                run.run,
+                share * 100.0,
+                run.total
+                    .loss_rate_injecting
+                    .map_or("- (none was)".to_string(), |r| format!(
+                        "{:.4} %",
+                        r * 100.0
+                    )),
+            );
+        }
         if let Some(expected) = run.expected {
             out += &format!(
                 "{:<20} model closed form: loss {:.4} %, mean burst {:.2}\n",
@@ -233,6 +249,9 @@ fn table(runs: &[RunSummary]) -> String {
                 expected.loss_rate * 100.0,
                 expected.mean_burst
             );
+        }
+        for warning in &run.warnings {
+            out += &format!("{:<20} warning: {warning}\n", run.run);
         }
     }
     out

@@ -6,6 +6,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+use super::shell_quote;
 use nccl_net_lossy::profile::{Profile, PROFILE_ENV, SET_ENV};
 use nccl_net_lossy::stats::writer::STATS_DIR_ENV;
 use nccl_net_lossy::{check_forced_protocol, PLUGIN_NAME};
@@ -124,7 +125,12 @@ fn launch(args: &Args, env: &[(String, OsString)]) -> ExitCode {
         "lossy run: cannot run {}: {err}",
         Path::new(program).display()
     );
-    ExitCode::from(127)
+    // As a shell answers: 127 for a program not found, 126 for one found but not executable.
+    ExitCode::from(if err.kind() == std::io::ErrorKind::NotFound {
+        127
+    } else {
+        126
+    })
 }
 
 fn absolute(path: &Path) -> Result<PathBuf, String> {
@@ -135,17 +141,6 @@ fn absolute(path: &Path) -> Result<PathBuf, String> {
 /// after `lossy install`, or the library Cargo built next to it.
 fn find_library() -> Result<PathBuf, String> {
     crate::harness::plugin_client::default_library_path().map_err(|err| err.to_string())
-}
-
-fn shell_quote(value: &str) -> String {
-    if value
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || "/._-=:,+@".contains(c))
-    {
-        value.to_string()
-    } else {
-        format!("'{}'", value.replace('\'', "'\\''"))
-    }
 }
 
 #[cfg(test)]

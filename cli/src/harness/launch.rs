@@ -161,7 +161,10 @@ pub fn run(launch: &Launch) -> Result<Vec<WorkerReport>> {
             .find(|l| l.starts_with('{'))
             .and_then(|l| serde_json::from_str::<WorkerReport>(l).ok());
         match (status, report) {
-            (Some(s), Some(report)) if s.success() => reports.push(report),
+            (Some(s), Some(report)) if s.success() => {
+                show_warnings(i, &err);
+                reports.push(report);
+            }
             (s, _) => failures.push(format!(
                 "rank {i} ({}):\n{}",
                 s.map_or_else(|| "killed".to_string(), |s| s.to_string()),
@@ -182,6 +185,23 @@ pub fn run(launch: &Launch) -> Result<Vec<WorkerReport>> {
         )));
     }
     Ok(reports)
+}
+
+/// Warnings a rank that succeeded wrote on stderr (the plugin's, through the harness's
+/// logger: a statistics file not written, say), shown on ours with the rank's number; the rest
+/// of its stderr is dropped. A flood is cut after a few lines.
+fn show_warnings(rank: usize, stderr: &str) {
+    const SHOWN: usize = 10;
+    let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("WARN")).collect();
+    for line in warnings.iter().take(SHOWN) {
+        eprintln!("rank {rank}: {line}");
+    }
+    if warnings.len() > SHOWN {
+        eprintln!(
+            "rank {rank}: ... and {} more warnings",
+            warnings.len() - SHOWN
+        );
+    }
 }
 
 /// Kills every rank still running and reaps it.

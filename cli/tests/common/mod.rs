@@ -18,6 +18,29 @@ pub fn lossy_exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_lossy"))
 }
 
+/// Runs `lossy args` from the repository's top with `env` added (and none of our variables
+/// a developer's shell may carry: no statistics, profile or overrides unless `env` gives
+/// them); asserts it succeeded and returns its stdout.
+pub fn lossy_stdout(args: &[&str], env: &[(&str, &str)]) -> String {
+    let out = std::process::Command::new(lossy_exe())
+        .args(args)
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .env_remove("NCCL_LOSSY_STATS")
+        .env_remove("NCCL_LOSSY_SET")
+        .env_remove("NCCL_LOSSY_PROFILE")
+        .envs(env.iter().copied())
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+        .output()
+        .expect("run lossy");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "lossy {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// Runs the finished `cmd` (its stdout and stderr piped here) and gives up after 10 s: a
 /// hang is a failure, not a stuck test.
 pub fn output_within_10s(cmd: &mut std::process::Command, what: &str) -> std::process::Output {

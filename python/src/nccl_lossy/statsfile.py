@@ -36,7 +36,15 @@ log = logging.getLogger("nccl_lossy")
 #: Newest statistics file layout this module knows.
 FORMAT_VERSION = 1
 #: Counters every row carries.
-COUNTERS = ("messages", "bytes", "packets", "lost_packets", "loss_events", "retransmit_delay_ns")
+COUNTERS = (
+    "messages",
+    "bytes",
+    "packets",
+    "lost_packets",
+    "loss_events",
+    "retransmit_delay_ns",
+    "packets_injection_off",
+)
 #: Columns of a row, in order.
 COLUMNS = (
     "file",

@@ -57,6 +57,11 @@ fn short_read_child() {
     // each read makes room for it (loopback delivers it while the reader is still in the
     // kernel), so a receive that read until a read found nothing would go on reading.
     sock.set_nonblocking(true).expect("non-blocking");
+    // A fixed send buffer: autotuned, it may grow to the host's `tcp_wmem` maximum (4 MiB on
+    // many) while the loop below writes, and the whole message would then fit.
+    socket2::SockRef::from(&*sock)
+        .set_send_buffer_size(256 << 10)
+        .expect("SO_SNDBUF");
     let mut written = write_what_fits(sock, &stream);
     assert!(
         written < stream.len(),

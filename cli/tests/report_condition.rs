@@ -1,0 +1,119 @@
+//! `lossy report` answers "is the condition I set the condition that ran?": traffic sent with
+//! injection switched off is counted apart, and a directory that holds several runs says so
+//! instead of summing them as one.
+
+mod common;
+
+use std::path::Path;
+
+use common::fresh_dir;
+
+use common::lossy_stdout as lossy;
+
+fn report_json(dir: &Path) -> serde_json::Value {
+    let text = lossy(&["report", "--json", dir.to_str().expect("utf-8")], &[]);
+    let runs: serde_json::Value = serde_json::from_str(&text).expect("report --json");
+    runs[0].clone()
+}
+
+fn count(v: &serde_json::Value, key: &str) -> u64 {
+    v[key].as_u64().unwrap_or_else(|| panic!("{key} in {v}"))
+}
+
+#[test]
+fn traffic_sent_with_injection_off_is_counted_apart_and_the_report_says_so() {
+    // `--lossless` switches injection off (ncclLossySetEnabled(0)) for every iteration: under
+    // the default profile (1% loss) nothing is lost, and the file must say why.
+    let off = fresh_dir("report-injection-off");
+    let stats = off.to_str().expect("utf-8");
+    lossy(
+        &["bench", "--sizes", "64K", "--iters", "5", "--lossless"],
+        &[("NCCL_LOSSY_STATS", stats)],
+    );
+    let run = report_json(&off);
+    let total = &run["total"];
+    assert!(count(total, "packets") > 0, "{total}");
+    assert_eq!(count(total, "lost_packets"), 0, "{total}");
+    assert_eq!(
+        count(total, "packets_injection_off"),
+        count(total, "packets"),
+        "{total}"
+    );
+    assert!(total["loss_rate_injecting"].is_null(), "{total}");
+    let table = lossy(&["report", stats], &[]);
+    assert!(
+        table.contains("injection off for 100.00 % of the packets"),
+        "{table}"
+    );
+
+    // `--vs-lossless`: the plugin's link injects, the lossless link does not; the loss rate
+    // over the injecting packets leaves the others out.
+    let mixed = fresh_dir("report-injection-mixed");
+    let stats = mixed.to_str().expect("utf-8");
+    lossy(
+        &["bench", "--sizes", "64K", "--iters", "20", "--vs-lossless"],
+        &[("NCCL_LOSSY_STATS", stats)],
+    );
+    let run = report_json(&mixed);
+    let total = &run["total"];
+    let (packets, off, lost) = (
+        count(total, "packets"),
+        count(total, "packets_injection_off"),
+        count(total, "lost_packets"),
+    );
+    // The two links carry the same traffic: half the packets each.
+    assert_eq!(off * 2, packets, "{total}");
+    let on_rate = total["loss_rate_injecting"].as_f64().expect("a rate");
+    assert!((on_rate - lost as f64 / (packets - off) as f64).abs() < 1e-12);
+    let table = lossy(&["report", stats], &[]);
+    assert!(
+        table.contains("injection off for 50.00 % of the packets"),
+        "{table}"
+    );
+}
+
+#[test]
+fn a_directory_holding_two_runs_is_not_summed_as_one_without_a_warning() {
+    let dir = fresh_dir("report-two-runs");
+    let stats = dir.to_str().expect("utf-8");
+    lossy(&["demo", "--sizes", "64K"], &[("NCCL_LOSSY_STATS", stats)]);
+    lossy(
+        &["demo", "--sizes", "64K"],
+        &[
+            ("NCCL_LOSSY_STATS", stats),
+            ("NCCL_LOSSY_SET", "model.rate=0.2"),
+        ],
+    );
+    let run = report_json(&dir);
+    // 8 files of 4 ranks: the ranks are counted once each
+    assert_eq!(count(&run, "ranks"), 4, "{run}");
+    assert_eq!(count(&run, "files"), 8, "{run}");
+    let warnings: Vec<String> = run["warnings"]
+        .as_array()
+        .expect("warnings")
+        .iter()
+        .map(|w| w.as_str().expect("text").to_string())
+        .collect();
+    assert!(
+        warnings.iter().any(|w| w.contains("different profiles")),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("rank 0") && w.contains("2 files")),
+        "{warnings:?}"
+    );
+    let table = lossy(&["report", stats], &[]);
+    assert!(table.contains("warning: "), "{table}");
+
+    // One run alone: no warning.
+    let one = fresh_dir("report-one-run");
+    lossy(
+        &["demo", "--sizes", "64K"],
+        &[("NCCL_LOSSY_STATS", one.to_str().expect("utf-8"))],
+    );
+    let run = report_json(&one);
+    assert_eq!(run["warnings"].as_array().map(Vec::len), Some(0), "{run}");
+    assert_eq!(count(&run, "ranks"), 4, "{run}");
+}
