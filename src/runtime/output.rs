@@ -7,14 +7,14 @@
 //! would crash the process.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use super::Runtime;
 use crate::profile::{Profile, MAX_TRACE_EVENTS};
 use crate::stats::periodic::PeriodicWriter;
 use crate::stats::timeline::{self, DEFAULT_CAPACITY, TRACE_DIR_ENV, TRACE_EVENTS_ENV};
-use crate::stats::writer::{StatsFile, STATS_DIR_ENV};
+use crate::stats::writer::{check_output_dir, StatsFile, STATS_DIR_ENV};
 use crate::switches;
 use crate::{log, stats, Result};
 
@@ -102,10 +102,23 @@ fn stats_dir() -> Option<std::ffi::OsString> {
     std::env::var_os(STATS_DIR_ENV).filter(|dir| !dir.is_empty())
 }
 
+/// Whole writes of the statistics file, snapshot included, one at a time (the trace has its
+/// own). Each write's own temporary already keeps concurrent writes (the writer thread,
+/// `ncclLossyWriteStats`, a closing comm) from breaking the file; the lock also keeps an older
+/// snapshot from replacing a newer one, which a write that took its numbers first but renamed
+/// last would do. A writer waits for at most the one write in progress.
+static STATS_WRITES: Mutex<()> = Mutex::new(());
+/// The same for the trace file: snapshot and write one at a time.
+static TRACE_WRITES: Mutex<()> = Mutex::new(());
+
 /// Writes the statistics file into `NCCL_LOSSY_STATS`; `Ok(None)` when it is not set.
 pub fn write_stats() -> Result<Option<PathBuf>> {
     match stats_dir() {
-        Some(dir) => stats_file().write_to(Path::new(&dir)).map(Some),
+        Some(dir) => {
+            // A panic while held (not expected) leaves nothing half done to guard: go on.
+            let _one_at_a_time = STATS_WRITES.lock().unwrap_or_else(PoisonError::into_inner);
+            stats_file().write_to(Path::new(&dir)).map(Some)
+        }
         None => Ok(None),
     }
 }
@@ -115,7 +128,7 @@ pub fn write_stats() -> Result<Option<PathBuf>> {
 /// and the path named, rather than warned about at every write.
 pub(super) fn check_stats_dir() -> Result<()> {
     match stats_dir() {
-        Some(dir) => StatsFile::check_dir(Path::new(&dir)).map_err(|err| {
+        Some(dir) => check_output_dir(Path::new(&dir), "stats").map_err(|err| {
             err.context(format!(
                 "{STATS_DIR_ENV}={}: statistics cannot be written there (set it to a \
                  writable directory, or unset it)",
@@ -174,7 +187,7 @@ pub(super) fn start_trace(
         None => profile.trace_events.unwrap_or(DEFAULT_CAPACITY),
     };
     let path = PathBuf::from(&dir);
-    StatsFile::check_dir(&path).map_err(|err| {
+    check_output_dir(&path, "trace").map_err(|err| {
         err.context(format!(
             "{source}={}: the trace cannot be written there (set it to a writable \
              directory, or unset it)",
@@ -191,6 +204,7 @@ pub(super) fn write_trace() -> Result<Option<PathBuf>> {
     let (Some(dir), Some(ring)) = (trace_dir(), timeline::ring()) else {
         return Ok(None);
     };
+    let _one_at_a_time = TRACE_WRITES.lock().unwrap_or_else(PoisonError::into_inner);
     let trace = timeline::trace_json(&ring.snapshot(), &super::comms::effect_name);
     timeline::write_trace(dir, &trace).map(Some)
 }
@@ -198,6 +212,25 @@ pub(super) fn write_trace() -> Result<Option<PathBuf>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_trace_directory_that_cannot_be_created_is_named_as_the_trace_directory() {
+        let profile = Profile::parse("", "p.toml", "").expect("profile");
+        let blocker =
+            std::env::temp_dir().join(format!("lossy-trace-in-way-{}", std::process::id()));
+        std::fs::write(&blocker, "a file in the way\n").expect("write");
+        let below = blocker.join("trace").display().to_string();
+        let err = start_trace(&profile, Some(below.clone()), None).expect_err("unwritable");
+        std::fs::remove_file(&blocker).ok();
+        assert!(
+            err.message.contains(&format!("NCCL_LOSSY_TRACE={below}"))
+                && err
+                    .message
+                    .contains(&format!("cannot create trace directory {below}")),
+            "{err}"
+        );
+        assert!(!err.message.contains("stats"), "{err}");
+    }
 
     #[test]
     fn a_bad_trace_setting_fails_init_naming_the_variable_or_key() {

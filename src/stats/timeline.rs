@@ -367,7 +367,8 @@ pub fn trace_json(snapshot: &TimelineSnapshot, effect_name: &dyn Fn(u8) -> &'sta
     })
 }
 
-/// Writes `trace` into `dir` atomically (temporary file, then rename); returns its path.
+/// Writes `trace` into `dir` atomically (a temporary file of its own, then rename); returns its
+/// path.
 pub fn write_trace(dir: &Path, trace: &Value) -> Result<PathBuf> {
     fs::create_dir_all(dir).map_err(|e| {
         Error::system(format!(

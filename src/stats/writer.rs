@@ -1,9 +1,11 @@
 //! Per-rank statistics files: one JSON document per process, replaced atomically (written to
-//! a temporary name, then renamed) so a reader never sees half a file, even after a crash.
+//! a temporary name of its own, then renamed) so a reader never sees half a file, even after a
+//! crash or with two writes of the file at once.
 
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -92,27 +94,6 @@ impl StatsFile {
         write_atomically(dir, &self.file_name(), &json)
     }
 
-    /// Creates `dir` when missing and checks that a file can be created in it (a probe file,
-    /// removed again), so a directory that cannot take statistics is found at `init`, not at
-    /// every write.
-    pub fn check_dir(dir: &Path) -> Result<()> {
-        fs::create_dir_all(dir).map_err(|e| {
-            Error::system(format!(
-                "cannot create stats directory {}: {e}",
-                dir.display()
-            ))
-        })?;
-        let probe = dir.join(format!(".lossy-stats-probe-{}.tmp", std::process::id()));
-        fs::File::create(&probe)
-            .and_then(|_| fs::remove_file(&probe))
-            .map_err(|e| {
-                Error::system(format!(
-                    "cannot write a file in stats directory {}: {e}",
-                    dir.display()
-                ))
-            })
-    }
-
     /// Reads a statistics file: a regular file of at most [`MAX_STATS_FILE_BYTES`] (a FIFO
     /// or `/dev/zero` in a run directory is refused, not read forever).
     pub fn read(path: &Path) -> Result<StatsFile> {
@@ -164,19 +145,83 @@ pub fn launcher_rank() -> Option<u64> {
         .find_map(|var| crate::env::var(var).ok()??.trim().parse().ok())
 }
 
+/// Creates `dir` when missing and checks that a file can be created in it (a probe file,
+/// removed again), so a directory that cannot take statistics or the trace is found at `init`,
+/// not at every write. `what` names the directory's role in errors ("stats", "trace").
+pub fn check_output_dir(dir: &Path, what: &str) -> Result<()> {
+    fs::create_dir_all(dir).map_err(|e| {
+        Error::system(format!(
+            "cannot create {what} directory {}: {e}",
+            dir.display()
+        ))
+    })?;
+    let probe = dir.join(format!(".lossy-{what}-probe-{}.tmp", std::process::id()));
+    fs::File::create(&probe)
+        .and_then(|_| fs::remove_file(&probe))
+        .map_err(|e| {
+            Error::system(format!(
+                "cannot write a file in {what} directory {}: {e}",
+                dir.display()
+            ))
+        })
+}
+
+/// Temporaries this process created: with the pid, it gives each write a temporary name no
+/// other write (of this process or another) shares.
+static TEMPORARIES: AtomicU64 = AtomicU64::new(0);
+
+/// Names taken (a leftover of a crashed process whose pid came back) skipped before giving up.
+const TEMPORARY_ATTEMPTS: u32 = 16;
+
 /// Writes `bytes` to `dir/name` so a reader sees the old file or the whole new one, never
 /// part of it: a hidden temporary file next to it, synced, then renamed over it.
+///
+/// Each write has a temporary of its own (pid and a process-wide counter in its name, created
+/// only if new), so two writes of one file at once (the periodic writer and
+/// `ncclLossyWriteStats`) never write into each other's temporary: each rename replaces the
+/// file with a whole document, and the last rename wins. Which snapshot that is, is the
+/// caller's to order (the runtime writes one file at a time). A write that fails removes its
+/// temporary (best effort: a full disk leaves no partial file behind).
 pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
     let path = dir.join(name);
-    let tmp = dir.join(format!(".{name}.tmp"));
-    let write = || -> std::io::Result<()> {
-        let mut file = fs::File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        fs::rename(&tmp, &path)
-    };
-    write().map_err(|e| Error::system(format!("cannot write {}: {e}", path.display())))?;
+    let failed = |e: std::io::Error| Error::system(format!("cannot write {}: {e}", path.display()));
+    let (tmp, mut file) = create_temporary(dir, name).map_err(failed)?;
+    let written = file
+        .write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .and_then(|()| {
+            drop(file);
+            fs::rename(&tmp, &path)
+        });
+    if let Err(e) = written {
+        // Best effort: the error that matters is the write's.
+        let _ = fs::remove_file(&tmp);
+        return Err(failed(e));
+    }
     Ok(path)
+}
+
+/// Creates a new hidden temporary for `dir/name`, a name no other write uses.
+fn create_temporary(dir: &Path, name: &str) -> std::io::Result<(PathBuf, fs::File)> {
+    let pid = std::process::id();
+    let mut attempt = 0;
+    loop {
+        let n = TEMPORARIES.fetch_add(1, Ordering::Relaxed);
+        let tmp = dir.join(format!(".{name}.{pid}-{n}.tmp"));
+        match fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+        {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                attempt += 1;
+                if attempt >= TEMPORARY_ATTEMPTS {
+                    return Err(e);
+                }
+            }
+            opened => return opened.map(|file| (tmp, file)),
+        }
+    }
 }
 
 pub(crate) fn host_name() -> String {
@@ -233,6 +278,94 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
             .collect();
         assert!(leftovers.is_empty());
+        fs::remove_dir_all(&dir).ok();
+    }
+
+    /// The names in `dir` that end in `.tmp`.
+    fn temporaries(dir: &Path) -> Vec<String> {
+        fs::read_dir(dir)
+            .expect("list dir")
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".tmp"))
+            .collect()
+    }
+
+    #[test]
+    fn concurrent_writers_of_one_file_never_fail_and_a_reader_always_sees_a_whole_file() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        const WRITERS: usize = 3;
+        const WRITES: usize = 1000;
+        let dir = std::env::temp_dir().join(format!("lossy-stats-race-{}", std::process::id()));
+        fs::remove_dir_all(&dir).ok();
+        let file = one_message_file(4);
+        let path = file.write_to(&dir).expect("first write");
+        let done = AtomicBool::new(false);
+        let reads = AtomicUsize::new(0);
+        let (write_errors, bad_reads) = std::thread::scope(|s| {
+            let reader = s.spawn(|| {
+                let mut bad = Vec::new();
+                while !done.load(Ordering::Acquire) {
+                    reads.fetch_add(1, Ordering::Relaxed);
+                    match StatsFile::read(&path) {
+                        Ok(back) if back == file => {}
+                        Ok(_) => bad.push("a file of other content".to_string()),
+                        Err(err) => bad.push(err.message),
+                    }
+                }
+                bad
+            });
+            let writers: Vec<_> = (0..WRITERS)
+                .map(|_| {
+                    s.spawn(|| {
+                        (0..WRITES)
+                            .filter_map(|_| file.write_to(&dir).err().map(|e| e.message))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            let write_errors: Vec<String> = writers
+                .into_iter()
+                .flat_map(|w| w.join().expect("writer thread"))
+                .collect();
+            done.store(true, Ordering::Release);
+            (write_errors, reader.join().expect("reader thread"))
+        });
+        assert!(
+            write_errors.is_empty(),
+            "{} of {} writes failed, first: {:?}",
+            write_errors.len(),
+            WRITERS * WRITES,
+            write_errors.first()
+        );
+        assert!(
+            bad_reads.is_empty(),
+            "{} of {} reads saw no whole file, first: {:?}",
+            bad_reads.len(),
+            reads.load(Ordering::Relaxed),
+            bad_reads.first()
+        );
+        assert_eq!(StatsFile::read(&path).expect("read stats"), file);
+        assert_eq!(temporaries(&dir), Vec::<String>::new());
+        fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_failed_write_removes_its_temporary_and_names_the_file() {
+        let dir = std::env::temp_dir().join(format!("lossy-stats-fail-{}", std::process::id()));
+        fs::remove_dir_all(&dir).ok();
+        let file = one_message_file(1);
+        // A non-empty directory where the file should go: the rename over it fails after the
+        // temporary is written.
+        let target = dir.join(file.file_name());
+        fs::create_dir_all(target.join("in-the-way")).expect("create dir");
+        let err = file.write_to(&dir).expect_err("rename over a directory");
+        assert!(
+            err.message
+                .contains(&format!("cannot write {}", target.display())),
+            "{err}"
+        );
+        assert_eq!(temporaries(&dir), Vec::<String>::new());
         fs::remove_dir_all(&dir).ok();
     }
 
