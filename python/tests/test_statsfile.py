@@ -52,3 +52,44 @@ def test_a_newer_per_step_file_is_read_with_a_warning(tmp_path, caplog):
     steps.write_text(json.dumps({**STEPS_DOC, "format_version": 0}))
     with pytest.raises(StatsFormatError, match="format_version 0"):
         nccl_lossy.read_stats(tmp_path, table="step_ops")
+
+
+def test_concurrent_writes_of_the_per_step_file_never_fail_or_show_a_half_file(tmp_path):
+    # A training thread's write_stats() and disable() may write the per-step file while another
+    # writes it: one shared temporary name made one writer's rename fail (its temporary was
+    # renamed away) and let a reader see a file cut short.
+    import threading
+
+    from nccl_lossy.steps import StepRecorder
+
+    recorder = StepRecorder(lambda: {"connections": []})
+    recorder.rows = [{"step": s, "op": "AllReduce", "phase": "any", "messages": 1, "bytes": 8,
+                      "packets": 1, "lost_packets": 0, "loss_events": 0} for s in range(2000)]
+    errors, bad_reads, done = [], [], threading.Event()
+
+    def write():
+        try:
+            for _ in range(150):
+                recorder.write(tmp_path)
+        except OSError as err:
+            errors.append(err)
+
+    def read():
+        while not done.is_set():
+            for f in tmp_path.glob("lossy-steps-rank*.json"):
+                try:
+                    json.loads(f.read_text())
+                except (ValueError, FileNotFoundError) as err:
+                    bad_reads.append(err)
+
+    writers = [threading.Thread(target=write) for _ in range(3)]
+    reader = threading.Thread(target=read)
+    reader.start()
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join()
+    done.set()
+    reader.join()
+    assert errors == [] and bad_reads == [], (errors[:3], bad_reads[:3])
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []

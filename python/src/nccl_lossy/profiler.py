@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from ._files import write_atomically
 from .steps import launcher_rank
 
 log = logging.getLogger("nccl_lossy")
@@ -282,9 +283,7 @@ def merge_trace_files(torch_path: Union[str, Path], plugin_path: Union[str, Path
     """:func:`merge_traces` of two files, written to ``out_path`` (atomically)."""
     merged = merge_traces(load_trace(torch_path), load_trace(plugin_path))
     out = Path(out_path)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(merged), encoding="utf-8")
-    os.replace(tmp, out)
+    write_atomically(out, json.dumps(merged))
     return out
 
 

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ._files import write_atomically
 from .statsfile import STEP_FORMAT_VERSION
 
 _COUNTERS = ("messages", "bytes", "packets", "lost_packets", "loss_events")
@@ -83,9 +84,7 @@ class StepRecorder:
         host = "".join(c if c.isalnum() or c in "-_." else "_" for c in doc["host"])
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"lossy-steps-rank{rank}-{host}-{doc['pid']}.json"
-        tmp = directory / f".{path.name}.tmp"
-        tmp.write_text(json.dumps(doc, indent=1), encoding="utf-8")
-        os.replace(tmp, path)
+        write_atomically(path, json.dumps(doc, indent=1))
         return path
 
 
