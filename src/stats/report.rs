@@ -141,7 +141,8 @@ pub fn stats_files(dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Adds `n` into `slot`, stopping at `u64::MAX`: a file edited by hand can hold any count.
-fn bump(slot: &mut u64, n: u64) {
+/// `lossy report --per-step` sums the per-step files with it too.
+pub fn bump(slot: &mut u64, n: u64) {
     *slot = slot.saturating_add(n);
 }
 

@@ -126,6 +126,9 @@ fn per_step(args: &Args) -> ExitCode {
             }
         }
     }
+    for note in report_steps::notes(&runs, metric) {
+        eprintln!("lossy report: note: {note}");
+    }
     emit(
         args,
         &runs,
@@ -296,7 +299,8 @@ const FONT_CANDIDATES: [&str; 4] = [
     "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
 ];
 
-fn register_font() -> Result<(), String> {
+/// Registers the first TrueType font found as `sans-serif`, which plotters measures text with.
+pub fn register_font() -> Result<(), String> {
     let bytes = FONT_CANDIDATES
         .iter()
         .find_map(|path| std::fs::read(path).ok())

@@ -14,7 +14,7 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use nccl_net_lossy::files::read_regular_file;
-use nccl_net_lossy::stats::report::load_run;
+use nccl_net_lossy::stats::report::{bump, load_run};
 use nccl_net_lossy::stats::writer::MAX_STATS_FILE_BYTES;
 
 /// The per-step files of the Python integration.
@@ -45,8 +45,36 @@ pub struct RunSteps {
     pub source: &'static str,
     /// Rows by step, then collective.
     pub rows: Vec<StepRow>,
-    /// The training metric by step (from `--train-log`).
+    /// The training metric by step (from `--train-log`); in JSON a value that is not finite
+    /// is the string `"inf"`, `"-inf"` or `"nan"`, as the training monitor writes it.
+    #[serde(serialize_with = "metric_as_json")]
     pub metric: BTreeMap<u64, f64>,
+}
+
+/// `metric` with the values that are not finite as strings (JSON numbers cannot be).
+fn metric_as_json<S: serde::Serializer>(
+    metric: &BTreeMap<u64, f64>,
+    out: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut map = out.serialize_map(Some(metric.len()))?;
+    for (step, &value) in metric {
+        if value.is_finite() {
+            map.serialize_entry(step, &value)?;
+        } else {
+            map.serialize_entry(step, &format!("{value}").to_lowercase())?;
+        }
+    }
+    map.end()
+}
+
+/// A metric's value in the table: six decimals, an exponent from 1e9 on, `inf`/`NaN` as is.
+fn metric_cell(value: f64) -> String {
+    if value.is_finite() && value.abs() >= 1e9 {
+        format!("{value:.6e}")
+    } else {
+        format!("{value:.6}")
+    }
 }
 
 impl RunSteps {
@@ -54,7 +82,7 @@ impl RunSteps {
     pub fn lost_by_step(&self) -> BTreeMap<u64, u64> {
         let mut out = BTreeMap::new();
         for row in &self.rows {
-            *out.entry(row.step).or_default() += row.lost_packets;
+            bump(out.entry(row.step).or_default(), row.lost_packets);
         }
         out
     }
@@ -93,16 +121,27 @@ pub fn load_run_steps(dir: &Path) -> Result<RunSteps, String> {
             .get("steps")
             .and_then(serde_json::Value::as_array)
             .ok_or_else(|| format!("{} is not a per-step file (no steps)", path.display()))?;
-        for row in rows {
+        for (i, row) in rows.iter().enumerate() {
             let op = row
                 .get("op")
                 .and_then(serde_json::Value::as_str)
                 .ok_or_else(|| format!("{}: a row without op", path.display()))?;
-            let cell = cells
-                .entry((as_u64(row, "step", path)?, op.to_string()))
-                .or_default();
-            cell.0 += as_u64(row, "packets", path)?;
-            cell.1 += as_u64(row, "lost_packets", path)?;
+            let step = as_u64(row, "step", path)?;
+            let (packets, lost) = (
+                as_u64(row, "packets", path)?,
+                as_u64(row, "lost_packets", path)?,
+            );
+            // As the statistics reader refuses its files: no cell loses more than it sent.
+            if lost > packets {
+                return Err(format!(
+                    "{}: steps.{i} (step {step}, {op}): lost_packets = {lost} is more than \
+                     packets = {packets}; lost_packets must be at most packets",
+                    path.display()
+                ));
+            }
+            let cell = cells.entry((step, op.to_string())).or_default();
+            bump(&mut cell.0, packets);
+            bump(&mut cell.1, lost);
         }
     }
     let (source, rows) = if step_files.is_empty() {
@@ -133,8 +172,10 @@ pub fn load_run_steps(dir: &Path) -> Result<RunSteps, String> {
 }
 
 /// `metric` by step from a training log: JSON lines (objects with `step` and `metric`) or CSV
-/// with a header naming both columns. Lines without the metric are skipped; a later line for
-/// the same step wins.
+/// with a header naming both columns. Lines without the metric (or with `null`) are skipped; a
+/// later line for the same step wins. Values that are not finite are kept: CSV's `inf` and
+/// `nan`; in JSON, the strings `"inf"`, `"-inf"`, `"nan"` (as the training monitor writes
+/// them) and the bare `Infinity`, `-Infinity`, `NaN` of Python's `json.dumps`.
 pub fn read_train_log(path: &Path, metric: &str) -> Result<BTreeMap<u64, f64>, String> {
     let text = read_regular_file(path, MAX_TRAIN_LOG_BYTES, "training log")?;
     let is_csv = path
@@ -173,13 +214,13 @@ pub fn read_train_log(path: &Path, metric: &str) -> Result<BTreeMap<u64, f64>, S
             if line.trim().is_empty() {
                 continue;
             }
-            let row: serde_json::Value = serde_json::from_str(line)
+            let row: serde_json::Value = serde_json::from_str(&python_tokens_as_strings(line))
                 .map_err(|e| bad(i + 1, &format!("not a JSON object: {e}")))?;
             let step = row
                 .get("step")
                 .and_then(serde_json::Value::as_u64)
                 .ok_or_else(|| bad(i + 1, "no integer step"))?;
-            if let Some(value) = row.get(metric).and_then(serde_json::Value::as_f64) {
+            if let Some(value) = row.get(metric).and_then(metric_value) {
                 out.insert(step, value);
             }
         }
@@ -191,6 +232,51 @@ pub fn read_train_log(path: &Path, metric: &str) -> Result<BTreeMap<u64, f64>, S
         ));
     }
     Ok(out)
+}
+
+/// A JSON metric's value: a number, or a string naming a value that is not finite (`"inf"`,
+/// `"-Infinity"`, `"nan"`, ...). Anything else (`null`, other text) is no value.
+fn metric_value(value: &serde_json::Value) -> Option<f64> {
+    match value {
+        serde_json::Value::String(text) => {
+            text.trim().parse::<f64>().ok().filter(|v| !v.is_finite())
+        }
+        _ => value.as_f64(),
+    }
+}
+
+/// `line` with the bare `NaN`, `Infinity` and `-Infinity` that Python's `json.dumps` writes
+/// (not JSON) as the strings `"nan"`, `"inf"` and `"-inf"`. Outside strings these words are
+/// never valid JSON, so valid JSON is left as it is.
+fn python_tokens_as_strings(line: &str) -> std::borrow::Cow<'_, str> {
+    if !line.contains("NaN") && !line.contains("Infinity") {
+        return line.into();
+    }
+    let mut out = String::with_capacity(line.len() + 16);
+    let (mut in_string, mut escaped) = (false, false);
+    let mut rest = line;
+    while let Some(c) = rest.chars().next() {
+        if in_string {
+            in_string = escaped || c != '"';
+            escaped = !escaped && c == '\\';
+        } else if c == '"' {
+            in_string = true;
+        } else if let Some((token, text)) = [
+            ("NaN", "\"nan\""),
+            ("-Infinity", "\"-inf\""),
+            ("Infinity", "\"inf\""),
+        ]
+        .into_iter()
+        .find(|(token, _)| rest.starts_with(token))
+        {
+            out.push_str(text);
+            rest = &rest[token.len()..];
+            continue;
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    out.into()
 }
 
 /// The training log in a run's directory: its first `.jsonl` or `.csv` file (by name) with
@@ -206,15 +292,21 @@ pub fn find_train_log(dir: &Path, metric: &str) -> Result<std::path::PathBuf, St
         })
         .collect();
     candidates.sort();
-    candidates
-        .into_iter()
-        .find(|p| read_train_log(p, metric).is_ok())
-        .ok_or_else(|| {
-            format!(
-                "{} holds no training log (.jsonl or .csv with step and {metric:?}): give --train-log",
-                dir.display()
-            )
-        })
+    let mut why = Vec::new();
+    for path in candidates {
+        match read_train_log(&path, metric) {
+            Ok(_) => return Ok(path),
+            Err(err) => why.push(err),
+        }
+    }
+    let mut err = format!(
+        "{} holds no training log (.jsonl or .csv with step and {metric:?}): give --train-log",
+        dir.display()
+    );
+    if !why.is_empty() {
+        err += &format!(" ({})", why.join("; "));
+    }
+    Err(err)
 }
 
 /// The per-step table: one line per (run, step, collective), the metric when given.
@@ -243,7 +335,7 @@ pub fn table(runs: &[RunSteps], metric: &str) -> String {
                 let value = run.metric.get(&row.step);
                 out += &format!(
                     " {:>12}",
-                    value.map_or("-".to_string(), |v| format!("{v:.6}"))
+                    value.map_or("-".to_string(), |&v| metric_cell(v))
                 );
             }
             out.push('\n');
@@ -317,14 +409,15 @@ pub fn draw<DB: DrawingBackend>(
         .unwrap_or(0)
         .max(1) as f64
         * 1.15;
-    let values = runs.iter().flat_map(|r| r.metric.values().copied());
-    let (lo, hi) = values.fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
-    let (lo, hi) = if lo > hi {
-        (0.0, 1.0)
-    } else {
-        (lo, if hi > lo { hi } else { lo + 1.0 })
-    };
-    let pad = (hi - lo) * 0.1;
+    // Values that are not finite have no place on an axis (see `notes`).
+    let values = runs
+        .iter()
+        .flat_map(|r| r.metric.values().copied())
+        .filter(|v| v.is_finite());
+    let range = values.fold(None, |acc: Option<(f64, f64)>, v| {
+        Some(acc.map_or((v, v), |(lo, hi)| (lo.min(v), hi.max(v))))
+    });
+    let (axis_lo, axis_hi) = metric_axis(range);
     let mut chart = ChartBuilder::on(&root)
         .caption(
             format!("Packet loss and {metric} per training step"),
@@ -336,7 +429,7 @@ pub fn draw<DB: DrawingBackend>(
         .right_y_label_area_size(70)
         .build_cartesian_2d(first..last + 1, 0f64..lost_top)
         .map_err(err)?
-        .set_secondary_coord(first..last + 1, (lo - pad)..(hi + pad));
+        .set_secondary_coord(first..last + 1, axis_lo..axis_hi);
     chart
         .configure_mesh()
         .x_desc("step")
@@ -360,10 +453,15 @@ pub fn draw<DB: DrawingBackend>(
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
             });
+        let points: Vec<(u64, f64)> = run
+            .metric
+            .iter()
+            .filter(|(_, v)| v.is_finite())
+            .map(|(&s, &v)| (s, v.clamp(axis_lo, axis_hi)))
+            .collect();
         if run.metric.is_empty() {
             continue;
         }
-        let points: Vec<(u64, f64)> = run.metric.iter().map(|(&s, &v)| (s, v)).collect();
         chart
             .draw_secondary_series(DashedLineSeries::new(points, 6, 4, color.stroke_width(2)))
             .map_err(err)?
@@ -380,4 +478,69 @@ pub fn draw<DB: DrawingBackend>(
         .draw()
         .map_err(err)?;
     root.present().map_err(err)
+}
+
+/// What the reader should know beside the table: a run with no per-step data (and how to get
+/// it), and the steps whose metric is not finite (shown as they are, left out of the plot).
+pub fn notes(runs: &[RunSteps], metric: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for run in runs {
+        if run.rows.is_empty() {
+            out.push(format!(
+                "run {}: no per-step data: no {STEP_FILE_PREFIX}*.json files and no by_step \
+                 series in its statistics files. LossyMegatronIntegration(..., stats_dir=...) \
+                 writes the per-step files; the plugin keeps by_step once the training script \
+                 sets steps (nccl_lossy.set_step, or the integration)",
+                run.run
+            ));
+        }
+        let odd: Vec<String> = run
+            .metric
+            .iter()
+            .filter(|(_, v)| !v.is_finite())
+            .map(|(step, v)| format!("step {step} ({v})"))
+            .collect();
+        if !odd.is_empty() {
+            let shown = odd.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
+            let more = odd.len().saturating_sub(5);
+            let more = if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            };
+            out.push(format!(
+                "run {}: {metric} is not finite at {shown}{more}: the table shows it as it is; \
+                 it is left out of the plot",
+                run.run
+            ));
+        }
+    }
+    out
+}
+
+/// Largest magnitude on the metric's axis: values beyond it are drawn at its edge. Kept far
+/// below `f64::MAX` so the axis' span and plotters' tick spacing (ten times a power of ten
+/// near the span) stay finite; an infinite or NaN range never ends its tick search.
+const AXIS_LIMIT: f64 = 1e300;
+
+/// The metric's axis for values from `lo` to `hi` (both finite, `lo <= hi`; `None`: no values):
+/// a tenth of the span added on each side, finite and never empty.
+fn metric_axis(range: Option<(f64, f64)>) -> (f64, f64) {
+    let Some((lo, hi)) = range else {
+        return (0.0, 1.0);
+    };
+    let (lo, hi) = (
+        lo.clamp(-AXIS_LIMIT, AXIS_LIMIT),
+        hi.clamp(-AXIS_LIMIT, AXIS_LIMIT),
+    );
+    // hi / 10 - lo / 10, not (hi - lo) / 10: the difference of two huge values overflows.
+    let pad = if hi > lo {
+        hi / 10.0 - lo / 10.0
+    } else {
+        (lo.abs() / 10.0).max(1.0)
+    };
+    (
+        (lo - pad).max(-2.0 * AXIS_LIMIT),
+        (hi + pad).min(2.0 * AXIS_LIMIT),
+    )
 }

@@ -12,7 +12,9 @@ tokens/s (when told the batch size), the plugin's packets and lost packets durin
 collective and phase (from its live counters, :func:`nccl_lossy.stats`), the FLOP count
 (``count_flops=True``, ``torch.utils.flop_counter``) and the training loss when the step
 returns it (a number, a one-element tensor, or a dict with ``"loss"``). The JSONL is a
-training log ``lossy report RUN --per-step --metric loss --train-log FILE`` reads.
+training log ``lossy report RUN --per-step --metric loss --train-log FILE`` reads; it is strict
+JSON: a number that is not finite (a diverged loss) is written as the string ``"inf"``,
+``"-inf"`` or ``"nan"`` (:attr:`PerformanceMonitor.records` keeps the float).
 TensorBoard (``tensorboard_dir``) and wandb (``use_wandb``) get the same scalars when they are
 installed; when they are not, the monitor logs one warning and goes on without them.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Union
@@ -163,7 +166,7 @@ class PerformanceMonitor:
         if self.output is not None:
             self.output.parent.mkdir(parents=True, exist_ok=True)
             with self.output.open("a", encoding="utf-8") as out:
-                out.write(json.dumps(record) + "\n")
+                out.write(json.dumps(_json_safe(record), allow_nan=False) + "\n")
         scalars = {k: record[k] for k in ("wall_s", "samples_per_s", "tokens_per_s", "packets",
                                           "lost_packets", "flops", "loss") if record[k] is not None}
         for row in record["by_op"] or []:
@@ -186,6 +189,18 @@ def performance_monitor(output: Optional[Union[str, Path]] = None, **options: An
     """Decorator factory: ``@performance_monitor("perf.jsonl", batch_size=8, ...)`` (options of
     :class:`PerformanceMonitor`). The wrapped function has the monitor as ``.monitor``."""
     return PerformanceMonitor(output, **options)
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` with every float that is not finite as ``"inf"``, ``"-inf"`` or ``"nan"``:
+    ``json.dumps`` would write the bare ``Infinity``/``NaN``, which is not JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 def _loss_value(result: Any) -> Optional[float]:

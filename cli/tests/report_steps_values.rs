@@ -1,0 +1,269 @@
+//! `lossy report --per-step` on values a diverging or hand-edited run leaves: a training loss
+//! of `inf`, `NaN` or near `f64::MAX` (in CSV, and in JSON lines with Python's bare `NaN` and
+//! `Infinity` tokens), per-step counts that would overflow, a cell losing more packets than it
+//! sent, and a run with no per-step data at all.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::{fresh_dir, lossy_exe};
+use lossy_cli::commands::report::register_font;
+use lossy_cli::commands::report_steps::{
+    draw, find_train_log, load_run_steps, notes, read_train_log, table, RunSteps, StepRow,
+};
+use nccl_net_lossy::stats::writer::StatsFile;
+use plotters::prelude::{IntoDrawingArea, SVGBackend};
+
+/// A run directory holding one statistics file with no per-step series.
+fn run_dir(name: &str) -> std::path::PathBuf {
+    let dir = fresh_dir(name);
+    let stats = StatsFile::new(serde_json::json!({"seed": 1}), vec![]);
+    std::fs::write(
+        dir.join("lossy-stats-rank0-x-1.json"),
+        serde_json::to_string(&stats).expect("JSON"),
+    )
+    .expect("write");
+    dir
+}
+
+/// Writes a per-step file of the Python integration with `steps` as its rows.
+fn write_steps(dir: &Path, name: &str, steps: serde_json::Value) {
+    let doc = serde_json::json!({"format_version": 1, "rank": 0, "host": "h", "pid": 0,
+        "steps": steps});
+    std::fs::write(dir.join(name), doc.to_string()).expect("write");
+}
+
+fn row(step: u64, op: &str, packets: u64, lost: u64) -> serde_json::Value {
+    serde_json::json!({"step": step, "op": op, "phase": "any", "messages": 1, "bytes": 8,
+        "packets": packets, "lost_packets": lost, "loss_events": 1})
+}
+
+fn run_with_metric(metric: &[(u64, f64)]) -> RunSteps {
+    RunSteps {
+        run: "r".to_string(),
+        source: "steps files",
+        rows: vec![
+            StepRow {
+                step: 1,
+                op: "AllReduce".to_string(),
+                packets: 100,
+                lost_packets: 1,
+            },
+            StepRow {
+                step: 2,
+                op: "AllReduce".to_string(),
+                packets: 100,
+                lost_packets: 2,
+            },
+        ],
+        metric: metric.iter().copied().collect(),
+    }
+}
+
+/// Draws `run` into an SVG string on another thread; a drawing still going after 20 s is a
+/// hang, and fails the test instead of stalling it.
+fn draw_within_20s(run: RunSteps) -> Result<String, String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut svg = String::new();
+        let drawn = draw(
+            &[run],
+            "loss",
+            SVGBackend::with_string(&mut svg, (1200, 600)).into_drawing_area(),
+        );
+        tx.send(drawn.map(|()| svg)).ok();
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("the plot did not finish within 20 s")
+}
+
+#[test]
+fn draw_ends_on_infinite_nan_and_huge_metric_values() {
+    register_font().expect("a font");
+    for metric in [
+        vec![(1, 2.5), (2, f64::INFINITY)],
+        vec![(2, 1e308), (3, -1e308)],
+        vec![(1, f64::NAN), (2, f64::NEG_INFINITY)],
+        vec![(1, f64::MAX), (2, f64::MAX)],
+        vec![(1, f64::MIN), (2, f64::MAX)],
+        vec![(1, 1e300), (2, 1e300)],
+    ] {
+        let svg =
+            draw_within_20s(run_with_metric(&metric)).unwrap_or_else(|e| panic!("{metric:?}: {e}"));
+        assert!(svg.contains("r: loss"), "{metric:?}: no metric in the plot");
+        assert!(svg.contains("r: lost packets"), "{metric:?}");
+    }
+}
+
+#[test]
+fn table_shows_non_finite_values_as_they_are_and_a_note_says_the_plot_leaves_them_out() {
+    let run = run_with_metric(&[(1, 2.5), (2, f64::INFINITY)]);
+    let text = table(std::slice::from_ref(&run), "loss");
+    let last = text.lines().last().expect("a row");
+    assert_eq!(last.split_whitespace().last(), Some("inf"), "{text}");
+    let said = notes(&[run], "loss");
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(
+        said[0].contains("run r")
+            && said[0].contains("step 2 (inf)")
+            && said[0].contains("left out of the plot"),
+        "{said:?}"
+    );
+    // finite values need no note; a huge one is printed short
+    let huge = run_with_metric(&[(1, 2.5), (2, -1e308)]);
+    assert!(notes(std::slice::from_ref(&huge), "loss").is_empty());
+    let text = table(&[huge], "loss");
+    let last = text.lines().last().expect("a row");
+    assert_eq!(
+        last.split_whitespace().last(),
+        Some("-1.000000e308"),
+        "{text}"
+    );
+}
+
+#[test]
+fn json_output_spells_non_finite_values_as_the_monitor_does() {
+    let run = run_with_metric(&[
+        (1, 2.5),
+        (2, f64::INFINITY),
+        (3, f64::NAN),
+        (4, f64::NEG_INFINITY),
+    ]);
+    let doc = serde_json::to_value(&run).expect("JSON");
+    assert_eq!(
+        doc["metric"],
+        serde_json::json!({"1": 2.5, "2": "inf", "3": "nan", "4": "-inf"})
+    );
+}
+
+#[test]
+fn csv_training_log_keeps_inf_and_nan() {
+    let dir = fresh_dir("steps-csv-inf");
+    let log = dir.join("train.csv");
+    std::fs::write(
+        &log,
+        "step,loss\n1,2.5\n2,inf\n3,nan\n4,-inf\n5,1e308\n6,\n",
+    )
+    .expect("write");
+    let got = read_train_log(&log, "loss").expect("a training log");
+    assert_eq!(got.len(), 5, "{got:?}");
+    assert_eq!(got[&1], 2.5);
+    assert_eq!(got[&2], f64::INFINITY);
+    assert!(got[&3].is_nan());
+    assert_eq!(got[&4], f64::NEG_INFINITY);
+    assert_eq!(got[&5], 1e308);
+}
+
+#[test]
+fn jsonl_training_log_takes_python_nan_and_infinity_tokens_and_null_as_no_value() {
+    let dir = fresh_dir("steps-jsonl-nan");
+    let log = dir.join("perf.jsonl");
+    std::fs::write(
+        &log,
+        concat!(
+            "{\"step\": 1, \"loss\": NaN, \"note\": \"say \\\"NaN\\\" or Infinity\"}\n",
+            "{\"step\": 2, \"loss\": Infinity, \"by_op\": [{\"x\": -Infinity}]}\n",
+            "{\"step\": 3, \"loss\": -Infinity}\n",
+            "{\"step\": 4, \"loss\": \"inf\"}\n",
+            "{\"step\": 5, \"loss\": null}\n",
+            "{\"step\": 6, \"loss\": 1.5}\n",
+            "{\"step\": 7, \"loss\": \"nan\"}\n",
+        ),
+    )
+    .expect("write");
+    let got = read_train_log(&log, "loss").expect("a training log");
+    let keys: Vec<u64> = got.keys().copied().collect();
+    assert_eq!(keys, [1, 2, 3, 4, 6, 7], "{got:?}");
+    assert!(got[&1].is_nan());
+    assert_eq!(got[&2], f64::INFINITY);
+    assert_eq!(got[&3], f64::NEG_INFINITY);
+    assert_eq!(got[&4], f64::INFINITY);
+    assert_eq!(got[&6], 1.5);
+    assert!(got[&7].is_nan());
+    // a run directory holding it finds it
+    assert_eq!(find_train_log(&dir, "loss").expect("found"), log);
+}
+
+#[test]
+fn a_run_directory_without_a_usable_training_log_says_why_each_file_was_not_one() {
+    let dir = fresh_dir("steps-jsonl-broken");
+    std::fs::write(dir.join("perf.jsonl"), "{\"step\": 1, \"loss\": nope}\n").expect("write");
+    let err = find_train_log(&dir, "loss").expect_err("no training log");
+    assert!(
+        err.contains("holds no training log") && err.contains("perf.jsonl:1: not a JSON object"),
+        "{err}"
+    );
+}
+
+#[test]
+fn per_step_sums_stop_at_the_largest_count() {
+    let dir = run_dir("steps-saturate");
+    let max = u64::MAX;
+    write_steps(
+        &dir,
+        "lossy-steps-rank0-h-1.json",
+        serde_json::json!([
+            row(1, "AllReduce", max, max - 1),
+            row(1, "AllGather", max, max)
+        ]),
+    );
+    write_steps(
+        &dir,
+        "lossy-steps-rank1-h-1.json",
+        serde_json::json!([row(1, "AllReduce", max, max - 1)]),
+    );
+    let run = load_run_steps(&dir).expect("the run");
+    let cells: Vec<(&str, u64, u64)> = run
+        .rows
+        .iter()
+        .map(|r| (r.op.as_str(), r.packets, r.lost_packets))
+        .collect();
+    assert_eq!(
+        cells,
+        [("AllGather", max, max), ("AllReduce", max, max)],
+        "{run:?}"
+    );
+    assert_eq!(run.lost_by_step(), BTreeMap::from([(1, max)]));
+}
+
+#[test]
+fn a_per_step_file_losing_more_packets_than_it_sent_is_refused_naming_the_file_and_cell() {
+    let dir = run_dir("steps-lost-above-sent");
+    write_steps(
+        &dir,
+        "lossy-steps-rank0-h-1.json",
+        serde_json::json!([row(1, "AllReduce", 100, 1), row(2, "AllReduce", 100, 500)]),
+    );
+    let err = load_run_steps(&dir).expect_err("refused");
+    assert!(
+        err.contains("lossy-steps-rank0-h-1.json")
+            && err.contains("steps.1 (step 2, AllReduce)")
+            && err.contains("lost_packets = 500 is more than packets = 100"),
+        "{err}"
+    );
+}
+
+#[test]
+fn per_step_report_without_per_step_data_says_so_and_how_to_get_it() {
+    let dir = run_dir("steps-none");
+    let out = common::output_within_10s(
+        Command::new(lossy_exe()).args(["report", dir.to_str().expect("utf-8"), "--per-step"]),
+        "lossy report --per-step",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("no per-step data")
+            && stderr.contains("lossy-steps-rank*.json")
+            && stderr.contains("LossyMegatronIntegration")
+            && stderr.contains("by_step"),
+        "{stderr}"
+    );
+    // the header alone, no rows
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
+}
