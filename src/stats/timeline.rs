@@ -323,7 +323,7 @@ pub fn trace_json(snapshot: &TimelineSnapshot, effect_name: &dyn Fn(u8) -> &'sta
             };
             out.push(
                 json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": next,
-                "args": {"name": format!("comm {:x} conn {} {} {arrow} peer {peer}",
+                "args": {"name": format!("comm {:#x} conn {} {} {arrow} peer {peer}",
                     event.comm_id, event.connection, event.side.name())}}),
             );
             next
@@ -434,6 +434,12 @@ mod tests {
         assert_eq!(x["args"]["direction"], "send");
         let c = events.iter().find(|e| e["ph"] == "C").expect("a counter");
         assert_eq!(c["args"]["lost_packets"], 2);
+        // The track names the communicator in hex, marked as hex (`comm 7f3a` read as decimal).
+        let track = events
+            .iter()
+            .find(|e| e["name"] == "thread_name")
+            .expect("a track name");
+        assert_eq!(track["args"]["name"], "comm 0x7f3a conn 1 send -> peer 1");
         let meta = &trace["lossy_trace"];
         assert_eq!(meta["ring_capacity"], 8);
         assert_eq!(meta["recorded"], 1);
