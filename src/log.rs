@@ -49,7 +49,14 @@ fn emit(level: Level, message: &str, also_stderr: bool) {
         Err(_) => false,
     };
     if also_stderr || (!delivered && level == Level::Warn) {
-        eprintln!("NET/lossy {}: {message}", level_name(level));
+        // Not `eprintln!`: it panics when stderr cannot be written (a full disk, a closed
+        // pipe), and a line nobody can read is no reason to stop NCCL.
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "NET/lossy {}: {message}",
+            level_name(level)
+        );
     }
 }
 
@@ -176,6 +183,52 @@ impl RateLimit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const FULL_STDERR_CHILD: &str = "LOSSY_LOG_FULL_STDERR_CHILD";
+
+    #[test]
+    fn a_log_line_to_a_stderr_that_cannot_be_written_is_dropped_not_a_panic() {
+        // A job whose stderr is a full disk or a closed pipe: `eprintln!` panics there, and a
+        // panic while reporting a panic (the ABI guard logs what it caught) aborts NCCL's
+        // process. The child writes every kind of line into /dev/full and must live.
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("/dev/full");
+        let exe = std::env::current_exe().expect("test binary");
+        let out = std::process::Command::new(exe)
+            .args([
+                "--exact",
+                "log::tests::full_stderr_child",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(FULL_STDERR_CHILD, "1")
+            .stderr(full)
+            .output()
+            .expect("run the child");
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "the child died: {:?}\n{said}",
+            out.status
+        );
+        assert!(said.contains("every line dropped quietly"), "{said}");
+    }
+
+    #[test]
+    #[ignore = "run with its stderr on /dev/full by the test above"]
+    fn full_stderr_child() {
+        if std::env::var_os(FULL_STDERR_CHILD).is_none() {
+            return;
+        }
+        clear_sink();
+        warn("a warning nobody can read");
+        loud("an init failure nobody can read");
+        info("dropped anyway");
+        println!("every line dropped quietly");
+    }
 
     #[test]
     fn a_flood_of_one_kind_logs_the_first_few_then_a_count() {

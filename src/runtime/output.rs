@@ -99,7 +99,13 @@ fn stats_dir() -> Option<std::ffi::OsString> {
         // The outer copy writes this rank's statistics; a second file would clobber them.
         return None;
     }
-    std::env::var_os(STATS_DIR_ENV).filter(|dir| !dir.is_empty())
+    set_dir(std::env::var_os(STATS_DIR_ENV))
+}
+
+/// A directory variable's value, None when unset or blank (as `NCCL_LOSSY_TRACE` and the
+/// launchers read a blank one: not a directory named by spaces).
+fn set_dir(value: Option<std::ffi::OsString>) -> Option<std::ffi::OsString> {
+    value.filter(|dir| !dir.to_string_lossy().trim().is_empty())
 }
 
 /// Whole writes of the statistics file, snapshot included, one at a time (the trace has its
@@ -167,16 +173,13 @@ pub(super) fn start_trace(
     env_dir: Option<String>,
     env_events: Option<String>,
 ) -> Result<()> {
-    let (dir, source) = match env_dir.filter(|d| !d.trim().is_empty()) {
-        Some(dir) => (dir, TRACE_DIR_ENV.to_string()),
-        None => match &profile.trace {
-            Some(dir) => (dir.clone(), format!("trace (profile {})", profile.origin)),
-            None => return Ok(()),
-        },
-    };
-    let capacity = match env_events.filter(|v| !v.trim().is_empty()) {
+    // The ring's size is checked whether or not tracing is on, so a mistake shows on every
+    // run, not only on the one that turns tracing on.
+    let (capacity, sized_by) = match env_events.filter(|v| !v.trim().is_empty()) {
         Some(text) => match text.trim().parse::<i64>() {
-            Ok(n) if (1..=MAX_TRACE_EVENTS).contains(&n) => n as usize,
+            Ok(n) if (1..=MAX_TRACE_EVENTS).contains(&n) => {
+                (n as usize, TRACE_EVENTS_ENV.to_string())
+            }
             _ => {
                 return Err(crate::Error::invalid_argument(format!(
                     "{TRACE_EVENTS_ENV}={text}: must be an integer in [1, {MAX_TRACE_EVENTS}] \
@@ -184,7 +187,17 @@ pub(super) fn start_trace(
                 )))
             }
         },
-        None => profile.trace_events.unwrap_or(DEFAULT_CAPACITY),
+        None => match profile.trace_events {
+            Some(n) => (n, format!("trace_events (profile {})", profile.origin)),
+            None => (DEFAULT_CAPACITY, "the default trace ring size".to_string()),
+        },
+    };
+    let (dir, source) = match env_dir.filter(|d| !d.trim().is_empty()) {
+        Some(dir) => (dir, TRACE_DIR_ENV.to_string()),
+        None => match &profile.trace {
+            Some(dir) => (dir.clone(), format!("trace (profile {})", profile.origin)),
+            None => return Ok(()),
+        },
     };
     let path = PathBuf::from(&dir);
     check_output_dir(&path, "trace").map_err(|err| {
@@ -194,7 +207,14 @@ pub(super) fn start_trace(
             path.display()
         ))
     })?;
-    timeline::enable(capacity);
+    if timeline::enable(capacity).is_none() {
+        return Err(crate::Error::system(format!(
+            "{sized_by}={capacity}: a trace ring of {capacity} messages needs {} MiB, which \
+             this process cannot allocate (a memory limit, `ulimit -v`?); ask for fewer \
+             messages, or unset {source} to trace nothing",
+            timeline::Timeline::bytes_for(capacity).div_ceil(1 << 20)
+        )));
+    }
     let _ = TRACE_DIR.set(path);
     Ok(())
 }
@@ -212,6 +232,89 @@ pub(super) fn write_trace() -> Result<Option<PathBuf>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_blank_statistics_directory_is_no_directory() {
+        for blank in ["", " ", " \t "] {
+            assert_eq!(set_dir(Some(blank.into())), None, "{blank:?}");
+        }
+        assert_eq!(set_dir(Some(" d ".into())), Some(" d ".into()));
+        assert_eq!(set_dir(None), None);
+    }
+
+    #[test]
+    fn a_bad_trace_ring_size_is_refused_even_without_a_trace_directory() {
+        // Otherwise the mistake shows only on the run that turns tracing on.
+        let profile = Profile::parse("", "p.toml", "").expect("profile");
+        for bad in ["garbage", "-5", "0", "16777217"] {
+            let err = start_trace(&profile, None, Some(bad.to_string())).expect_err(bad);
+            assert!(
+                err.message
+                    .contains(&format!("{TRACE_EVENTS_ENV}={bad}: must be an integer")),
+                "{err}"
+            );
+        }
+        assert!(start_trace(&profile, None, Some(" 64 ".to_string())).is_ok());
+    }
+
+    const SMALL_MEMORY_CHILD: &str = "LOSSY_TRACE_SMALL_MEMORY_CHILD";
+
+    #[test]
+    fn a_trace_ring_that_does_not_fit_in_memory_fails_init_naming_the_variable() {
+        // 16,777,216 events (the largest allowed) take about 1.7 GB, allocated at init; under a
+        // memory limit that is an error to report, not an abort of NCCL's process.
+        let exe = std::env::current_exe().expect("test binary");
+        let out = std::process::Command::new(exe)
+            .args([
+                "--exact",
+                "runtime::output::tests::small_memory_child",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(SMALL_MEMORY_CHILD, "1")
+            .output()
+            .expect("run the child");
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "the child died: {:?}\n{said}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(said.contains("refused:"), "{said}");
+        assert!(
+            said.contains(&format!("{TRACE_EVENTS_ENV}={MAX_TRACE_EVENTS}"))
+                && said.contains("MiB"),
+            "{said}"
+        );
+    }
+
+    #[test]
+    #[ignore = "run under a memory limit of its own by the test above"]
+    fn small_memory_child() {
+        if std::env::var_os(SMALL_MEMORY_CHILD).is_none() {
+            return;
+        }
+        let limit = libc::rlimit {
+            rlim_cur: 512 << 20,
+            rlim_max: 512 << 20,
+        };
+        // SAFETY: a valid rlimit for this child process alone (it runs this one test).
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) }, 0);
+        let profile = Profile::parse("", "p.toml", "").expect("profile");
+        let dir = std::env::temp_dir().join(format!("lossy-trace-small-{}", std::process::id()));
+        let result = start_trace(
+            &profile,
+            Some(dir.display().to_string()),
+            Some(MAX_TRACE_EVENTS.to_string()),
+        );
+        std::fs::remove_dir_all(&dir).ok();
+        match result {
+            Err(err) => println!("refused: {err}"),
+            Ok(()) => println!("accepted"),
+        }
+    }
 
     #[test]
     fn a_trace_directory_that_cannot_be_created_is_named_as_the_trace_directory() {

@@ -120,18 +120,26 @@ pub struct TimelineSnapshot {
 }
 
 impl Timeline {
-    /// A ring of `capacity` messages (at least 1), allocated here once.
-    pub fn new(capacity: usize) -> Timeline {
+    /// Bytes a ring of `capacity` messages takes.
+    pub fn bytes_for(capacity: usize) -> usize {
+        capacity.max(1).saturating_mul(std::mem::size_of::<Slot>())
+    }
+
+    /// A ring of `capacity` messages (at least 1), allocated here once; None when the memory
+    /// cannot be had (a large ring under a memory limit), rather than an abort.
+    pub fn new(capacity: usize) -> Option<Timeline> {
         let capacity = capacity.max(1);
-        let slots = (0..capacity).map(|_| Slot::default()).collect();
-        Timeline {
-            slots,
+        let mut slots = Vec::new();
+        slots.try_reserve_exact(capacity).ok()?;
+        slots.extend((0..capacity).map(|_| Slot::default()));
+        Some(Timeline {
+            slots: slots.into_boxed_slice(),
             head: AtomicU64::new(0),
             lost_so_far: AtomicU64::new(0),
             collided: AtomicU64::new(0),
             base_instant: Instant::now(),
             base_monotonic_ns: monotonic_ns(),
-        }
+        })
     }
 
     /// `CLOCK_MONOTONIC` nanoseconds of `at` (an [`Instant`] reads the same clock).
@@ -251,8 +259,12 @@ impl Timeline {
 static RING: OnceLock<Timeline> = OnceLock::new();
 
 /// Turns the process's ring on with `capacity` messages (the first call decides the size).
-pub fn enable(capacity: usize) -> &'static Timeline {
-    RING.get_or_init(|| Timeline::new(capacity))
+pub fn enable(capacity: usize) -> Option<&'static Timeline> {
+    if let Some(ring) = RING.get() {
+        return Some(ring);
+    }
+    let ring = Timeline::new(capacity)?;
+    Some(RING.get_or_init(|| ring))
 }
 
 /// The process's ring, when tracing is on.
@@ -407,7 +419,7 @@ mod tests {
 
     #[test]
     fn a_full_ring_keeps_the_newest_and_counts_the_dropped() {
-        let ring = Timeline::new(16);
+        let ring = Timeline::new(16).expect("a small ring");
         for i in 0..100 {
             ring.record(&event(i, i % 2));
         }
@@ -422,7 +434,7 @@ mod tests {
 
     #[test]
     fn the_trace_has_the_documented_shape() {
-        let ring = Timeline::new(8);
+        let ring = Timeline::new(8).expect("a small ring");
         ring.record(&event(3, 2));
         let trace = trace_json(&ring.snapshot(), &|code| ["a", "b", "c"][code as usize]);
         let events = trace["traceEvents"].as_array().expect("events");
@@ -455,7 +467,7 @@ mod tests {
 
     #[test]
     fn instants_convert_to_the_monotonic_clock() {
-        let ring = Timeline::new(1);
+        let ring = Timeline::new(1).expect("a small ring");
         let before = monotonic_ns();
         let at = ring.monotonic_of(Instant::now());
         let after = monotonic_ns();
@@ -470,7 +482,7 @@ mod tests {
     #[test]
     #[ignore = "a measurement, not a check"]
     fn record_cost() {
-        let ring = Timeline::new(DEFAULT_CAPACITY);
+        let ring = Timeline::new(DEFAULT_CAPACITY).expect("the default ring");
         let n = 10_000_000u64;
         let started = Instant::now();
         for i in 0..n {

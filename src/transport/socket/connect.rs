@@ -211,7 +211,7 @@ impl Connector for SocketConnector {
         self.conns = conns;
         if outcome.is_ok() && !ready && now > self.deadline {
             outcome = Err(Error::remote(format!(
-                "connecting to {}: not connected after {:.1} s (NCCL_LOSSY_TIMEOUT)",
+                "connecting to {}: not connected after {:.3} s (NCCL_LOSSY_TIMEOUT)",
                 self.addr,
                 self.timeout
                     .unwrap_or(DEFAULT_CONNECT_TIMEOUT)

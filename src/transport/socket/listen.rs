@@ -237,7 +237,7 @@ impl SocketListener {
         let Some((socks, peer)) = self.take_complete() else {
             return match self.timeout {
                 Some(limit) if now.duration_since(since) > limit => Err(Error::remote(format!(
-                    "no peer completed a connection within {:.1} s (NCCL_LOSSY_TIMEOUT); \
+                    "no peer completed a connection within {:.3} s (NCCL_LOSSY_TIMEOUT); \
                      {} rejected so far",
                     limit.as_secs_f64(),
                     self.rejected

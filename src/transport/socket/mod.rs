@@ -122,16 +122,23 @@ pub const MAX_SOCKBUF: usize = 1 << 30;
 /// Longest `NCCL_LOSSY_TIMEOUT` accepted, in seconds (a week; longer is a typo).
 pub const MAX_TIMEOUT_SECS: f64 = 7.0 * 24.0 * 3600.0;
 
-/// Reads an `NCCL_LOSSY_TIMEOUT` value: seconds, a decimal number from 0 (off) to
-/// [`MAX_TIMEOUT_SECS`]. The error names the variable and what it accepts.
+/// Shortest `NCCL_LOSSY_TIMEOUT` accepted, in seconds (below, a positive value would round
+/// towards a zero timeout).
+pub const MIN_TIMEOUT_SECS: f64 = 0.001;
+
+/// Reads an `NCCL_LOSSY_TIMEOUT` value: seconds, 0 (off) or a decimal number from
+/// [`MIN_TIMEOUT_SECS`] to [`MAX_TIMEOUT_SECS`]. The error names the variable and what it
+/// accepts.
 pub fn parse_timeout(value: &str) -> Result<Option<Duration>> {
     let secs = value.trim().parse::<f64>().ok().filter(|s| s.is_finite());
     match secs {
         Some(0.0) => Ok(None),
-        Some(s) if s > 0.0 && s <= MAX_TIMEOUT_SECS => Ok(Some(Duration::from_secs_f64(s))),
+        Some(s) if (MIN_TIMEOUT_SECS..=MAX_TIMEOUT_SECS).contains(&s) => {
+            Ok(Some(Duration::from_secs_f64(s)))
+        }
         _ => Err(Error::invalid_argument(format!(
-            "NCCL_LOSSY_TIMEOUT={value} is not valid: expected a number of seconds from 0 to \
-             {MAX_TIMEOUT_SECS} (0 or unset: off; e.g. 600 or 2.5)"
+            "NCCL_LOSSY_TIMEOUT={value} is not valid: expected 0 or a number of seconds from \
+             {MIN_TIMEOUT_SECS} to {MAX_TIMEOUT_SECS} (0 or unset: off; e.g. 600 or 2.5)"
         ))),
     }
 }

@@ -399,7 +399,7 @@ impl<S: Side> Shared<S> {
 
     fn timeout_error(&self, limit: Duration) -> Error {
         Error::remote(format!(
-            "no progress with {} for {:.1} s while a request was outstanding \
+            "no progress with {} for {:.3} s while a request was outstanding \
              (NCCL_LOSSY_TIMEOUT={}): the peer is stalled, unreachable or gone",
             self.peer,
             self.progress.idle_for().as_secs_f64(),

@@ -198,7 +198,11 @@ fn timeout_variable_is_parsed_and_bad_values_name_it() {
     let c = SocketConfig::from_lookup(env(&[("NCCL_LOSSY_TIMEOUT", "0")])).expect("off");
     assert_eq!(c.timeout, None);
     assert_eq!(SocketConfig::default().timeout, None, "off by default");
-    for bad in ["-1", "ten", "1e9", "inf", "NaN", "5s"] {
+    let c = SocketConfig::from_lookup(env(&[("NCCL_LOSSY_TIMEOUT", "0.001")])).expect("1 ms");
+    assert_eq!(c.timeout, Some(Duration::from_millis(1)));
+    // Below a millisecond: a positive value that became a zero timeout (`1e-300`), or one
+    // that fails every connection at once, and the error said `NCCL_LOSSY_TIMEOUT=0`.
+    for bad in ["-1", "ten", "1e9", "inf", "NaN", "5s", "1e-300", "0.0009"] {
         let err = SocketConfig::from_lookup(env(&[("NCCL_LOSSY_TIMEOUT", bad)]))
             .expect_err("bad timeout");
         assert_eq!(err.kind, ErrorKind::InvalidArgument);
