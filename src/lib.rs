@@ -34,4 +34,4 @@ pub(crate) mod runtime;
 pub(crate) mod switches;
 
 pub use error::{Error, ErrorKind, Result};
-pub use runtime::{check_forced_protocol, PLUGIN_NAME};
+pub use runtime::{check_forced_protocol, unguarded_ll_warning, PLUGIN_NAME};

@@ -251,3 +251,31 @@ fn a_command_that_cannot_be_run_exits_as_a_shell_would() {
     assert_eq!(out.status.code(), Some(127), "{out:?}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn run_warns_when_another_tuner_leaves_ll_allowed_under_a_data_loss_effect() {
+    // This library's tuner rules LL/LL128 out under a data-loss effect; NCCL loads it from
+    // the net plugin only when NCCL_TUNER_PLUGIN names nothing it can open. With another
+    // tuner, an NCCL_PROTO that excludes only LL leaves LL128 to hang the GPU.
+    let profile = common::repo_file("configs/uniform-1pct.toml");
+    let out = lossy(
+        &[
+            "run",
+            "--profile",
+            profile.to_str().expect("utf-8"),
+            "--",
+            "true",
+        ],
+        &[
+            ("NCCL_PROTO", "^LL"),
+            ("NCCL_TUNER_PLUGIN", "/opt/tuners/libnccl-tuner-other.so"),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("NCCL_TUNER_PLUGIN=/opt/tuners/libnccl-tuner-other.so")
+            && stderr.contains("NCCL_PROTO=Simple"),
+        "{stderr}"
+    );
+}

@@ -1,6 +1,7 @@
 //! What the environment and the profile decide before a runtime is built: which plugin to
 //! wrap, whether a forced NCCL protocol is safe, and the profile as statistics files show it.
 
+use super::PLUGIN_NAME;
 use crate::profile::{Profile, TransportKind};
 use crate::{Error, Result};
 
@@ -70,6 +71,61 @@ pub fn check_forced_protocol(profile: &Profile, nccl_proto: Option<&str>) -> Res
     )))
 }
 
+/// A warning when NCCL will use another tuner than this library's and may still pick LL or
+/// LL128 under a profile that corrupts data. NCCL opens `NCCL_TUNER_PLUGIN` first and falls
+/// back to the net plugin's library (ours, whose tuner rules LL/LL128 out) only when that
+/// fails (`src/plugin/tuner.cc`), so with another tuner only `NCCL_PROTO` keeps them off.
+pub fn unguarded_ll_warning(
+    profile: &Profile,
+    nccl_proto: Option<&str>,
+    tuner_plugin: Option<&str>,
+) -> Option<String> {
+    let tuner = tuner_plugin.map(str::trim).filter(|t| !t.is_empty())?;
+    let ours = tuner == PLUGIN_NAME
+        || std::path::Path::new(tuner)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n == "libnccl-net-lossy.so" || n == "libnccl_net_lossy.so");
+    if ours || !profile.corrupts_data() || !ll_may_run(nccl_proto.unwrap_or("")) {
+        return None;
+    }
+    Some(format!(
+        "NCCL_TUNER_PLUGIN={tuner}: NCCL loads that tuner instead of this library's, which \
+         keeps LL and LL128 off under a data-loss effect (profile {}), and NCCL_PROTO={} \
+         leaves them allowed: a lost packet of an LL or LL128 message hangs the receiving GPU. \
+         Set NCCL_PROTO=Simple",
+        profile.origin,
+        nccl_proto
+            .filter(|p| !p.trim().is_empty())
+            .unwrap_or("(unset)")
+    ))
+}
+
+/// Whether NCCL may still pick LL or LL128 under an `NCCL_PROTO` value (read as
+/// [`forced_ll_protocol`] reads it): unset, or an entry that allows or does not exclude them.
+fn ll_may_run(nccl_proto: &str) -> bool {
+    if nccl_proto.trim().is_empty() {
+        return true;
+    }
+    nccl_proto.split(';').any(|entry| {
+        let list = entry.split_once(':').map_or(entry, |(_, list)| list).trim();
+        let (excluding, names) = match list.strip_prefix('^') {
+            Some(rest) => (true, rest),
+            None => (false, list),
+        };
+        let names: Vec<String> = names
+            .split(',')
+            .map(|name| name.trim().to_ascii_lowercase())
+            .collect();
+        let has = |p: &str| names.iter().any(|n| n == p);
+        if excluding {
+            !(has("ll") && has("ll128"))
+        } else {
+            has("ll") || has("ll128")
+        }
+    })
+}
+
 /// The LL-family protocol an `NCCL_PROTO` value explicitly allows, if any. NCCL 2.24+ reads
 /// the value as `list` or `list;func:list;...` (`parseList` in src/graph/tuning.cc), each list
 /// naming the protocols to allow, or with a leading `^` those to exclude, which forces nothing.
@@ -112,6 +168,52 @@ mod tests {
         assert_eq!(forced_ll_protocol("Simple;AllGather:simple,ll"), Some("LL"));
         assert_eq!(forced_ll_protocol("Simple;allreduce:^LL,LL128"), None);
         assert_eq!(forced_ll_protocol("^LL;broadcast:Simple"), None);
+    }
+
+    #[test]
+    fn another_tuner_with_ll_left_allowed_under_a_data_loss_profile_is_warned_about() {
+        let p = |text: &str| Profile::parse(text, "p.toml", "").unwrap();
+        let zero = p("effect = \"zero\"\nmodel = { kind = \"uniform\", rate = 0.01 }\n");
+        let retransmit = p("model = { kind = \"uniform\", rate = 0.01 }\n");
+        let other = Some("/opt/tuners/libnccl-tuner-other.so");
+        // Our tuner is the one that keeps LL/LL128 off; another one loaded instead leaves
+        // NCCL free to pick them unless NCCL_PROTO excludes both.
+        for proto in [
+            None,
+            Some(""),
+            Some("^LL"),
+            Some("^LL128"),
+            Some("Simple;allreduce:^LL"),
+        ] {
+            let warning = unguarded_ll_warning(&zero, proto, other)
+                .unwrap_or_else(|| panic!("no warning for NCCL_PROTO={proto:?}"));
+            assert!(
+                warning.contains("NCCL_TUNER_PLUGIN=/opt/tuners/libnccl-tuner-other.so")
+                    && warning.contains("NCCL_PROTO=Simple"),
+                "{warning}"
+            );
+        }
+        for proto in [
+            Some("Simple"),
+            Some("^LL,LL128"),
+            Some("^ll128,ll;allreduce:Simple"),
+        ] {
+            assert_eq!(unguarded_ll_warning(&zero, proto, other), None, "{proto:?}");
+        }
+        // Our own tuner, no other tuner, or a profile that does not corrupt data: nothing.
+        for ours in [
+            None,
+            Some(""),
+            Some("lossy"),
+            Some("/x/libnccl-net-lossy.so"),
+        ] {
+            assert_eq!(
+                unguarded_ll_warning(&zero, Some("^LL"), ours),
+                None,
+                "{ours:?}"
+            );
+        }
+        assert_eq!(unguarded_ll_warning(&retransmit, None, other), None);
     }
 
     #[test]

@@ -40,7 +40,7 @@ use std::time::Duration;
 
 pub use comms::{Connecting, ListenComm, RecvComm, SendComm};
 pub use context::{Context, PendingKey};
-pub use environment::{check_forced_protocol, wrap_target, INNER_ENV};
+pub use environment::{check_forced_protocol, unguarded_ll_warning, wrap_target, INNER_ENV};
 pub use net_profiler::{MessageProfiler, MessageReport, ProfilerEvent, ProfilerParent};
 pub use output::{stats_file, write_stats};
 
@@ -129,7 +129,15 @@ impl Runtime {
             env::var(crate::stats::timeline::TRACE_DIR_ENV)?,
             env::var(crate::stats::timeline::TRACE_EVENTS_ENV)?,
         )?;
-        check_forced_protocol(&profile, env::var("NCCL_PROTO")?.as_deref())?;
+        let nccl_proto = env::var("NCCL_PROTO")?;
+        check_forced_protocol(&profile, nccl_proto.as_deref())?;
+        if let Some(warning) = unguarded_ll_warning(
+            &profile,
+            nccl_proto.as_deref(),
+            env::var("NCCL_TUNER_PLUGIN")?.as_deref(),
+        ) {
+            log::loud(&warning);
+        }
         let inner_env = env::var(INNER_ENV)?.filter(|v| !v.trim().is_empty());
         let transport: Box<dyn Transport> = match wrap_target(&profile, inner_env)? {
             None => Box::new(SocketTransport::from_env()?),

@@ -9,7 +9,7 @@ use std::process::{Command, ExitCode};
 use super::shell_quote;
 use nccl_net_lossy::profile::{Profile, PROFILE_ENV, SET_ENV};
 use nccl_net_lossy::stats::writer::STATS_DIR_ENV;
-use nccl_net_lossy::{check_forced_protocol, PLUGIN_NAME};
+use nccl_net_lossy::{check_forced_protocol, unguarded_ll_warning, PLUGIN_NAME};
 
 /// Arguments of `lossy run`.
 #[derive(clap::Args, Debug)]
@@ -68,6 +68,15 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
         Profile::load(profile_path.as_deref(), &overrides).map_err(|err| err.to_string())?;
     let user_proto = utf8("NCCL_PROTO")?.filter(|p| !p.is_empty());
     check_forced_protocol(&profile, user_proto.as_deref()).map_err(|err| err.to_string())?;
+    // Unset, NCCL_PROTO becomes Simple below; a user's value stays, so say what it leaves.
+    if user_proto.is_some() {
+        let tuner = utf8("NCCL_TUNER_PLUGIN")?;
+        if let Some(warning) =
+            unguarded_ll_warning(&profile, user_proto.as_deref(), tuner.as_deref())
+        {
+            eprintln!("lossy run: warning: {warning}");
+        }
+    }
     let library = match &args.library {
         Some(path) => absolute(path)?,
         None => find_library()?,
