@@ -229,3 +229,35 @@ def test_enable_tells_the_plugin_the_integrations_own_step():
     # step 0 (the second integration before its first step()) is not broken down by the
     # plugin, so its message must not show up under step 100 (which made 256 there)
     assert {int(k): v for k, v in out["by_step"].items()} == {100: 128, 1: 128}
+
+
+# A step whose backward phase is kept lossless: the plugin's per-step series says which of the
+# step's packets were sent with injection off, so its loss rate is not diluted by them.
+OFF_IN_A_STEP = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import nccl_lossy
+from net_harness import Link
+
+integ = nccl_lossy.LossyMegatronIntegration(set={"mtu": 512, "model.rate": 0.5, "effect": "zero"},
+                                            patch_megatron=False)
+integ.enable()
+link = Link(1 << 16)
+integ.enable_on_backward = False
+integ.step(1)
+integ.mark_forward(); link.send()
+integ.mark_backward(); link.send()
+by_step = nccl_lossy.stats()["by_step"]
+link.close()
+print(json.dumps(by_step))
+"""
+
+
+def test_the_per_step_series_counts_packets_sent_with_injection_off():
+    proc = run_python(OFF_IN_A_STEP, env=clean_env(NCCL_SOCKET_IFNAME="lo"), args=(str(TESTS),))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (step,) = json.loads(proc.stdout.strip().splitlines()[-1])
+    # two 64 KiB messages of 128 packets; the backward one was sent with injection off
+    assert step["step"] == 1 and step["packets"] == 256, step
+    assert step.get("packets_injection_off") == 128, step
+    assert 0 < step["lost_packets"] <= 128, step

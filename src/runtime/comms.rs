@@ -255,7 +255,7 @@ impl SendComm {
         if !state.injecting {
             self.stats.record_injection_off(op, phase as usize, packets);
         }
-        stats::record_step(step, packets, lost_packets);
+        stats::record_step(step, packets, lost_packets, !state.injecting);
         let runs = plan.lost.iter().map(|r| (r.start, r.len));
         state.bursts.observe(op, packets, runs, |op, len| {
             self.stats.record_burst(op, len)

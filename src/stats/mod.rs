@@ -374,6 +374,7 @@ pub const STEP_SLOTS: usize = 1 << 16;
 pub struct StepSeries {
     packets: Box<[AtomicU64]>,
     lost: Box<[AtomicU64]>,
+    off: Box<[AtomicU64]>,
 }
 
 /// Packets and lost packets of one training step, summed over this process's connections.
@@ -385,6 +386,18 @@ pub struct StepCounts {
     pub packets: u64,
     /// Packets lost during the step.
     pub lost_packets: u64,
+    /// Of `packets`, those sent with injection switched off (see
+    /// [`Counts::packets_injection_off`]); 0 in files written before it was counted.
+    #[serde(default)]
+    pub packets_injection_off: u64,
+}
+
+impl StepCounts {
+    /// Lost packets over the step's packets sent with injection on (None when none was).
+    pub fn loss_rate_injecting(&self) -> Option<f64> {
+        let injecting = self.packets.saturating_sub(self.packets_injection_off);
+        (injecting > 0).then(|| self.lost_packets as f64 / injecting as f64)
+    }
 }
 
 impl StepSeries {
@@ -392,15 +405,20 @@ impl StepSeries {
         StepSeries {
             packets: (0..STEP_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             lost: (0..STEP_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            off: (0..STEP_SLOTS).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
-    /// Adds a message's packets to `step` (steps past [`STEP_SLOTS`] are not kept per step).
-    pub fn record(&self, step: u64, packets: u64, lost: u64) {
+    /// Adds a message's packets to `step` (steps past [`STEP_SLOTS`] are not kept per step),
+    /// all of them also as sent with injection off when `injection_off`.
+    pub fn record(&self, step: u64, packets: u64, lost: u64, injection_off: bool) {
         if let Ok(i) = usize::try_from(step) {
             if i < STEP_SLOTS {
                 self.packets[i].fetch_add(packets, Ordering::Relaxed);
                 self.lost[i].fetch_add(lost, Ordering::Relaxed);
+                if injection_off {
+                    self.off[i].fetch_add(packets, Ordering::Relaxed);
+                }
             }
         }
     }
@@ -414,6 +432,7 @@ impl StepSeries {
                     step: i as u64,
                     packets,
                     lost_packets: self.lost[i].load(Ordering::Relaxed),
+                    packets_injection_off: self.off[i].load(Ordering::Relaxed),
                 })
             })
             .collect()
@@ -423,11 +442,11 @@ impl StepSeries {
 static STEPS: std::sync::OnceLock<StepSeries> = std::sync::OnceLock::new();
 
 /// Counts a message towards training step `step`; step 0 (never set) is not broken down.
-pub fn record_step(step: u64, packets: u64, lost: u64) {
+pub fn record_step(step: u64, packets: u64, lost: u64, injection_off: bool) {
     if step > 0 {
         STEPS
             .get_or_init(StepSeries::new)
-            .record(step, packets, lost);
+            .record(step, packets, lost, injection_off);
     }
 }
 
@@ -500,25 +519,20 @@ mod tests {
     #[test]
     fn step_series_keeps_steps_apart_and_drops_out_of_range() {
         let series = StepSeries::new();
-        series.record(3, 10, 1);
-        series.record(3, 5, 0);
-        series.record(9, 4, 4);
-        series.record(STEP_SLOTS as u64, 100, 100);
-        assert_eq!(
-            series.snapshot(),
-            vec![
-                StepCounts {
-                    step: 3,
-                    packets: 15,
-                    lost_packets: 1
-                },
-                StepCounts {
-                    step: 9,
-                    packets: 4,
-                    lost_packets: 4
-                },
-            ]
-        );
+        series.record(3, 10, 1, false);
+        series.record(3, 5, 0, true);
+        series.record(9, 4, 4, false);
+        series.record(STEP_SLOTS as u64, 100, 100, false);
+        let step = |step, packets, lost_packets, packets_injection_off| StepCounts {
+            step,
+            packets,
+            lost_packets,
+            packets_injection_off,
+        };
+        assert_eq!(series.snapshot(), vec![step(3, 15, 1, 5), step(9, 4, 4, 0)]);
+        // The rate to hold against the model leaves the 5 packets sent with injection off out.
+        assert_eq!(series.snapshot()[0].loss_rate_injecting(), Some(0.1));
+        assert_eq!(step(4, 7, 0, 7).loss_rate_injecting(), None);
     }
 
     #[test]

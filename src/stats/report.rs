@@ -182,6 +182,7 @@ pub fn summarize_run(name: &str, files: &[StatsFile]) -> RunSummary {
             });
             bump(&mut acc.packets, step.packets);
             bump(&mut acc.lost_packets, step.lost_packets);
+            bump(&mut acc.packets_injection_off, step.packets_injection_off);
         }
     }
     let profile = files
@@ -346,11 +347,13 @@ mod tests {
                 step: 1,
                 packets: 10,
                 lost_packets: 1,
+                packets_injection_off: 0,
             },
             StepCounts {
                 step: 2,
                 packets: 10,
                 lost_packets: 0,
+                packets_injection_off: 0,
             },
         ];
         a.profile = serde_json::json!({"expected": {"loss_rate": 0.01, "mean_burst": 8.0}});
@@ -359,6 +362,7 @@ mod tests {
             step: 2,
             packets: 5,
             lost_packets: 5,
+            packets_injection_off: 0,
         }];
         let run = summarize_run("r", &[a, b]);
         assert_eq!(
@@ -367,12 +371,14 @@ mod tests {
                 StepCounts {
                     step: 1,
                     packets: 10,
-                    lost_packets: 1
+                    lost_packets: 1,
+                    packets_injection_off: 0,
                 },
                 StepCounts {
                     step: 2,
                     packets: 15,
-                    lost_packets: 5
+                    lost_packets: 5,
+                    packets_injection_off: 0,
                 },
             ]
         );

@@ -500,13 +500,9 @@ fn draw_loss_per_step<DB: DrawingBackend>(
         .max()
         .unwrap_or(1)
         .max(1);
-    let rate = |s: &nccl_net_lossy::stats::StepCounts| {
-        if s.packets == 0 {
-            0.0
-        } else {
-            s.lost_packets as f64 / s.packets as f64 * 100.0
-        }
-    };
+    // Over the packets sent with injection on: a phase kept lossless must not dilute it.
+    let rate =
+        |s: &nccl_net_lossy::stats::StepCounts| s.loss_rate_injecting().unwrap_or(0.0) * 100.0;
     let top = runs
         .iter()
         .flat_map(|r| r.by_step.iter().map(rate))

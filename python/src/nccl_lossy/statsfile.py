@@ -70,7 +70,7 @@ STEP_OP_COUNTERS = ("messages", "bytes", "packets", "lost_packets", "loss_events
 #: The columns of each table, in order.
 TABLES = {
     "ops": COLUMNS,
-    "steps": _FILE_COLUMNS + ("step", "packets", "lost_packets", "loss_rate"),
+    "steps": _FILE_COLUMNS + ("step", "packets", "lost_packets", "packets_injection_off", "loss_rate"),
     "step_ops": _FILE_COLUMNS + ("step", "op", "phase") + STEP_OP_COUNTERS + ("loss_rate",),
     "bursts": _FILE_COLUMNS + ("comm_id", "connection", "op", "burst_length", "count"),
     "latency": _FILE_COLUMNS + ("comm_id", "connection", "op", "latency_ns", "count"),
@@ -137,8 +137,10 @@ def step_rows_from_stats(doc: Dict[str, Any], file: str = "") -> List[Dict[str, 
     rows = []
     for cell in doc.get("by_step", []):
         packets, lost = int(cell.get("packets", 0)), int(cell.get("lost_packets", 0))
+        off = int(cell.get("packets_injection_off", 0))
         rows.append({**_file_fields(doc, file), "step": int(cell["step"]), "packets": packets,
-                     "lost_packets": lost, "loss_rate": lost / packets if packets else 0.0})
+                     "lost_packets": lost, "packets_injection_off": off,
+                     "loss_rate": lost / packets if packets else 0.0})
     return rows
 
 
