@@ -43,14 +43,47 @@ fn the_harness_logger_formats_printf_varargs() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A worker whose stderr cannot be written (a full disk, a launcher whose reader is gone)
+/// keeps running when the plugin logs: the logger is called from C and must not panic there.
 #[test]
-#[ignore = "run by the other test of this file in a process of its own"]
+fn the_harness_logger_survives_an_unwritable_stderr() {
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("open /dev/full");
+    let mut p = Peer::spawn_with_stderr(CHILD, "log_unwritable", &[], Stdio::from(full));
+    p.expect_line("OK");
+    let status = p.wait();
+    assert!(
+        status.success(),
+        "the child logging to an unwritable stderr ended with {status}"
+    );
+}
+
+#[test]
+#[ignore = "run by the other tests of this file in a process of their own"]
 fn logger_child() {
     let Ok(role) = std::env::var(ROLE_ENV) else {
         return;
     };
-    assert_eq!(role, "log");
     let log = logger().expect("a logger");
+    if role == "log_unwritable" {
+        let warn = ncclDebugLogLevel::NCCL_LOG_WARN;
+        // SAFETY: a NUL-terminated format with one %d and one c_int for it.
+        unsafe {
+            log(
+                warn,
+                0,
+                c"plugin.c".as_ptr(),
+                1,
+                c"lost line %d".as_ptr(),
+                1 as c_int,
+            )
+        };
+        say("OK survived");
+        return;
+    }
+    assert_eq!(role, "log");
     let warn = ncclDebugLogLevel::NCCL_LOG_WARN;
     let file = c"plugin.c".as_ptr();
     // SAFETY: each call passes a NUL-terminated format and, for every conversion in it, one

@@ -42,17 +42,43 @@ impl Launch {
     }
 }
 
-/// Reads a pipe to its end on a thread, so a chatty child never blocks on a full pipe.
-fn drain(pipe: Option<impl Read + Send + 'static>) -> Option<JoinHandle<String>> {
-    let mut pipe = pipe?;
+/// What a reader thread runs: reads one pipe of a rank to its end.
+pub type PipeReader = Box<dyn FnOnce() -> String + Send + 'static>;
+
+/// Starts the thread that runs a [`PipeReader`]: [`reader_thread`] in a run; tests hand
+/// [`run_with`] one that fails, as thread creation does at the user's process limit.
+pub type SpawnReader<'a> = dyn Fn(PipeReader) -> std::io::Result<JoinHandle<String>> + 'a;
+
+/// Starts `read` on a thread of its own.
+pub fn reader_thread(read: PipeReader) -> std::io::Result<JoinHandle<String>> {
     std::thread::Builder::new()
         .name("lossy-drain".into())
-        .spawn(move || {
-            let mut text = Vec::new();
-            let _ = pipe.read_to_end(&mut text);
-            String::from_utf8_lossy(&text).into_owned()
-        })
-        .ok()
+        .spawn(read)
+}
+
+/// Reads a pipe of rank `rank` to its end on a thread, so a chatty child never blocks on a
+/// full pipe. A rank without its reader must not run: its writes would meet a broken pipe.
+fn drain(
+    pipe: Option<impl Read + Send + 'static>,
+    spawn: &SpawnReader<'_>,
+    rank: usize,
+    which: &str,
+) -> Result<Option<JoinHandle<String>>> {
+    let Some(mut pipe) = pipe else {
+        return Ok(None);
+    };
+    let reader = spawn(Box::new(move || {
+        let mut text = Vec::new();
+        let _ = pipe.read_to_end(&mut text);
+        String::from_utf8_lossy(&text).into_owned()
+    }));
+    reader.map(Some).map_err(|e| {
+        Error::system(format!(
+            "cannot start a thread to read rank {rank}'s {which}: {e}; this user is likely at \
+             its limit of processes and threads (`ulimit -u`, RLIMIT_NPROC): raise it, or run \
+             fewer ranks, fewer --comms or fewer NCCL_LOSSY_IO_THREADS"
+        ))
+    })
 }
 
 struct Rank {
@@ -74,6 +100,11 @@ fn tail(text: &str, lines: usize) -> String {
 
 /// Runs `launch` and returns every rank's report, in rank order.
 pub fn run(launch: &Launch) -> Result<Vec<WorkerReport>> {
+    run_with(launch, &reader_thread)
+}
+
+/// As [`run`], with `spawn` starting the threads that read the ranks' output.
+pub fn run_with(launch: &Launch, spawn: &SpawnReader<'_>) -> Result<Vec<WorkerReport>> {
     let n = launch.nranks;
     if n < 2 {
         return Err(Error::invalid_argument("a run needs at least 2 ranks"));
@@ -101,20 +132,37 @@ pub fn run(launch: &Launch) -> Result<Vec<WorkerReport>> {
         for (k, v) in &launch.env {
             cmd.env(k, v);
         }
-        match cmd.spawn() {
-            Ok(mut child) => ranks.push(Rank {
-                stdout: drain(child.stdout.take()),
-                stderr: drain(child.stderr.take()),
-                child,
-                status: None,
-            }),
+        let mut child = match cmd.spawn() {
+            Ok(child) => child,
             Err(e) => {
-                kill_all(&mut ranks);
+                stop_all(&mut ranks);
+                let hint = if e.raw_os_error() == Some(libc::EAGAIN) {
+                    "; this user is likely at its limit of processes and threads (`ulimit -u`, \
+                     RLIMIT_NPROC): raise it, or run fewer ranks"
+                } else {
+                    ""
+                };
                 return Err(Error::system(format!(
-                    "cannot start {} worker: {e}",
+                    "cannot start {} worker for rank {rank}: {e}{hint}",
                     launch.exe.display()
                 )));
             }
+        };
+        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+        ranks.push(Rank {
+            child,
+            stdout: None,
+            stderr: None,
+            status: None,
+        });
+        let readers = (|| -> Result<()> {
+            ranks[rank].stdout = drain(stdout, spawn, rank, "stdout")?;
+            ranks[rank].stderr = drain(stderr, spawn, rank, "stderr")?;
+            Ok(())
+        })();
+        if let Err(e) = readers {
+            stop_all(&mut ranks);
+            return Err(e);
         }
     }
     let deadline = Instant::now() + launch.timeout;
@@ -201,6 +249,16 @@ fn show_warnings(rank: usize, stderr: &str) {
             "rank {rank}: ... and {} more warnings",
             warnings.len() - SHOWN
         );
+    }
+}
+
+/// Kills every rank started and ends the threads reading them, before the launch gives up.
+fn stop_all(ranks: &mut [Rank]) {
+    kill_all(ranks);
+    for r in ranks.iter_mut() {
+        // The rank is reaped and its pipes closed: each reader ends at once.
+        collect(r.stdout.take());
+        collect(r.stderr.take());
     }
 }
 

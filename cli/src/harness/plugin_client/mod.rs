@@ -12,6 +12,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::ffi::{c_char, c_int, c_ulong, CStr};
+use std::io::Write;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -106,7 +107,13 @@ unsafe extern "C" fn log_line(
     // SAFETY: the C logger passes its NUL-terminated line buffer, alive during this call.
     let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
     let tag = if warn { "WARN" } else { "INFO" };
-    eprintln!("[pid {}] {tag} {text}", std::process::id());
+    // Not `eprintln!`: it panics when stderr cannot be written (a closed pipe, a full disk),
+    // and a panic here, called from C, aborts the process. A lost log line is the lesser harm.
+    let _ = writeln!(
+        std::io::stderr(),
+        "[pid {}] {tag} {text}",
+        std::process::id()
+    );
 }
 
 /// The logger handed to a plugin's `init`: printf-like, as NCCL's.
