@@ -155,7 +155,7 @@ fn a_peer_killed_mid_transfer_fails_test_within_10_s() {
         in_flight: job.in_flight,
         timeout: Duration::from_secs(120),
     };
-    let input = collectives::make_input(&spec, 0, 2);
+    let input = collectives::make_input(&spec, 0, 2).expect("input buffer");
     let mut output = vec![0u8; collectives::output_len(&spec, 0, 2)];
     let mut staging = Staging::new(job.chunk);
     collectives::run(&mut link, &mut staging, &spec, 0, 2, &input, &mut output)

@@ -9,7 +9,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
@@ -298,9 +299,16 @@ pub fn run_member(
             .map_err(|e| Error::system(format!("cannot create {}: {e}", dir.display())))?;
         std::env::set_var(STATS_DIR_ENV, dir);
     }
-    // A rank told to abort ends its process at once: it removes the directory first.
+    // A rank told to abort ends its process (its plugin calls may be blocked on the rank that
+    // is gone), after removing the directory; unless this rank failed on its own meanwhile:
+    // then it returns its own error, which the abort must not hide.
+    let fate = Arc::new(Fate::default());
+    let watched = Arc::clone(&fate);
     let abandoned = temporary.clone();
-    let on_abort = move |err| {
+    let on_abort = move |err: Error| {
+        if watched.wait_for_own_error(err.clone(), OWN_ERROR_GRACE) {
+            return;
+        }
         if abandoned.is_some() {
             // Else the plugin's statistics at exit would bring the directory back.
             std::env::remove_var(STATS_DIR_ENV);
@@ -349,6 +357,12 @@ pub fn run_member(
         watch.done()?;
         Ok(all)
     })();
+    // A rank that failed on its own reports that, with what the rendezvous said if it did
+    // (which rank left: this rank's own error, a reset connection, may not name it).
+    let outcome = outcome.map_err(|err| match fate.own_error(REASON_WAIT) {
+        Some(why) => Error::new(err.kind, format!("{err} (the rendezvous says: {why})")),
+        None => err,
+    });
     let Some(server) = server else {
         return outcome.map(|_| None);
     };
@@ -372,6 +386,72 @@ pub fn run_member(
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| Error::remote(format!("a rank sent a bad report: {e}")))?;
     Ok(Some(reports))
+}
+
+/// How long a rank told to abort waits for its own work to fail on its own (the rank that
+/// left is often one this rank was talking to) before it ends the process.
+const OWN_ERROR_GRACE: Duration = Duration::from_secs(2);
+
+/// How long a rank whose own work failed waits for the rendezvous to say why the job ends
+/// (it often hears of the other rank's end at the same time as its own error).
+const REASON_WAIT: Duration = Duration::from_secs(1);
+
+/// Whether a rank's own work failed, and why the rendezvous told it to abort: the thread
+/// that watches the rendezvous and the rank's own thread meet here, so that whichever
+/// error came first, the rank's own is reported.
+#[derive(Default)]
+struct Fate {
+    state: Mutex<FateState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct FateState {
+    /// The rank's own work failed: it reports the error itself.
+    own_error: bool,
+    /// Why the rendezvous told the rank to abort.
+    abort: Option<Error>,
+}
+
+impl Fate {
+    /// Records the abort `why`; true when the rank's own work failed within `grace` (it
+    /// reports then, with `why`), false when the watcher must end the process.
+    fn wait_for_own_error(&self, why: Error, grace: Duration) -> bool {
+        let Ok(mut state) = self.state.lock() else {
+            return false;
+        };
+        state.abort = Some(why);
+        self.changed.notify_all();
+        let deadline = Instant::now() + grace;
+        while !state.own_error {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            match self.changed.wait_timeout(state, left) {
+                Ok((next, _)) => state = next,
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+
+    /// Says the rank's own work failed (the watcher no longer ends the process) and returns
+    /// why the rendezvous told it to abort, if it does within `wait`.
+    fn own_error(&self, wait: Duration) -> Option<Error> {
+        let mut state = self.state.lock().ok()?;
+        state.own_error = true;
+        self.changed.notify_all();
+        let deadline = Instant::now() + wait;
+        while state.abort.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            state = self.changed.wait_timeout(state, left).ok()?.0;
+        }
+        state.abort.clone()
+    }
 }
 
 /// Every rank's report, and in a multi-process job what each rank's plugin used.

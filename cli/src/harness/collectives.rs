@@ -218,12 +218,27 @@ fn input_elems(spec: &CollectiveSpec, rank: usize, n: usize) -> (usize, usize) {
     }
 }
 
-/// The rank's input for `spec` (deterministic from rank and element index).
-pub fn make_input(spec: &CollectiveSpec, rank: usize, n: usize) -> Vec<u8> {
-    let (first, len) = input_elems(spec, rank, n);
-    let mut input = vec![0u8; len * spec.dtype.size()];
+/// `len` zero bytes, or `None` when the memory cannot be had (an address-space limit, a
+/// machine short of memory): the caller says what it was for, where `vec!` would abort.
+pub fn try_zeroed(len: usize) -> Option<Vec<u8>> {
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(len).ok()?;
+    buf.resize(len, 0);
+    Some(buf)
+}
+
+/// Bytes of the rank's input for `spec`.
+pub fn input_len(spec: &CollectiveSpec, rank: usize, n: usize) -> usize {
+    input_elems(spec, rank, n).1 * spec.dtype.size()
+}
+
+/// The rank's input for `spec` (deterministic from rank and element index); `None` when
+/// its memory cannot be had (see [`try_zeroed`]).
+pub fn make_input(spec: &CollectiveSpec, rank: usize, n: usize) -> Option<Vec<u8>> {
+    let (first, _) = input_elems(spec, rank, n);
+    let mut input = try_zeroed(input_len(spec, rank, n))?;
     spec.dtype.fill(rank, first, &mut input);
-    input
+    Some(input)
 }
 
 /// Bytes of the rank's output for `spec`.

@@ -372,6 +372,39 @@ impl RawStream<RxMsg> {
     }
 }
 
+/// A socket step of the raw TCP baseline that failed. Out of descriptors, the error says
+/// how many sockets the baseline needs and what to change.
+fn raw_tcp_error(step: &str, e: std::io::Error, channels: usize, nstreams: usize) -> Error {
+    if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) {
+        let sockets = channels * (2 * nstreams + 1);
+        return Error::system(format!(
+            "the raw TCP baseline link cannot {step}: {e}; it needs {sockets} sockets per rank \
+             ({channels} channel(s), --comms, each with {nstreams} stream(s) each way and a \
+             listener), besides the plugin's, under an open-file limit of {}: raise the limit \
+             (`ulimit -n`) or run fewer --comms (or fewer --raw-streams)",
+            open_file_limit()
+        ));
+    }
+    let mut err = Error::from(e);
+    err.message = format!("the raw TCP baseline link cannot {step}: {}", err.message);
+    err
+}
+
+/// The soft `RLIMIT_NOFILE`, for messages: a number, or "unlimited".
+fn open_file_limit() -> String {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes only into the struct we pass, which lives across the call.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    match rc {
+        0 if lim.rlim_cur != libc::RLIM_INFINITY => lim.rlim_cur.to_string(),
+        0 => "unlimited".to_string(),
+        _ => "unknown".to_string(),
+    }
+}
+
 /// Plain TCP ring channel with `nstreams` non-blocking sockets each way, progressed inline
 /// by the caller's `test_send`/`test_recv` (no thread), as a minimal net plugin would:
 /// message `m` travels whole, behind an 8-byte length, on stream `m mod nstreams`.
@@ -386,39 +419,50 @@ pub struct RawTcpLink {
 
 impl RawTcpLink {
     /// Builds the ring channel: listen on loopback, all-gather addresses, connect `nstreams`
-    /// sockets to the next rank and accept as many from the previous one.
+    /// sockets to the next rank and accept as many from the previous one. `channels` is how
+    /// many such channels the rank opens in all (`--comms`), for the error that says how many
+    /// sockets they need.
     pub fn connect_ring(
         boot: &mut Bootstrap,
         nstreams: usize,
+        channels: usize,
         timeout: Duration,
     ) -> Result<RawTcpLink> {
         if nstreams == 0 {
             return Err(Error::invalid_argument("raw TCP needs at least one stream"));
         }
+        let fail = |step: &str, e: std::io::Error| raw_tcp_error(step, e, channels, nstreams);
         let (rank, n) = (boot.rank(), boot.nranks());
         // Where the rank reaches the rendezvous: loopback locally, the real interface across
         // machines or network namespaces.
-        let listener = TcpListener::bind((boot.local_ip()?, 0))?;
-        let me = listener.local_addr()?.to_string();
-        let addrs = boot.all_gather(me.as_bytes())?;
+        let listener = TcpListener::bind((boot.local_ip()?, 0)).map_err(|e| fail("listen", e))?;
+        let me = listener.local_addr().map_err(|e| fail("listen", e))?;
+        let addrs = boot.all_gather(me.to_string().as_bytes())?;
         let next: SocketAddr = String::from_utf8_lossy(&addrs[(rank + 1) % n])
             .parse()
             .map_err(|_| Error::remote("a rank sent a bad raw TCP address"))?;
         let mut tx = Vec::with_capacity(nstreams);
         for i in 0..nstreams {
-            let mut s = TcpStream::connect_timeout(&next, timeout)?;
-            s.set_nodelay(true)?;
-            s.write_all(&(i as u32).to_le_bytes())?;
-            tx.push(s);
+            let connect = || -> std::io::Result<TcpStream> {
+                let mut s = TcpStream::connect_timeout(&next, timeout)?;
+                s.set_nodelay(true)?;
+                s.write_all(&(i as u32).to_le_bytes())?;
+                Ok(s)
+            };
+            tx.push(connect().map_err(|e| fail(&format!("connect to {next}"), e))?);
         }
         let mut rx: Vec<Option<TcpStream>> = (0..nstreams).map(|_| None).collect();
         for _ in 0..nstreams {
-            let (mut s, _) = listener.accept()?;
-            s.set_read_timeout(Some(timeout))?;
-            let mut idx = [0u8; 4];
-            s.read_exact(&mut idx)?;
-            s.set_read_timeout(None)?;
-            s.set_nodelay(true)?;
+            let accept = || -> std::io::Result<(TcpStream, [u8; 4])> {
+                let (mut s, _) = listener.accept()?;
+                s.set_read_timeout(Some(timeout))?;
+                let mut idx = [0u8; 4];
+                s.read_exact(&mut idx)?;
+                s.set_read_timeout(None)?;
+                s.set_nodelay(true)?;
+                Ok((s, idx))
+            };
+            let (s, idx) = accept().map_err(|e| fail("accept", e))?;
             let slot = rx
                 .get_mut(u32::from_le_bytes(idx) as usize)
                 .filter(|slot| slot.is_none())

@@ -19,7 +19,7 @@ use super::collectives::{
 use super::net::{PluginLink, RawTcpLink, RingLink, MAX_IN_FLIGHT};
 use super::plugin_client::PluginLibrary;
 use nccl_net_lossy::transport::socket::{SocketConfig, DEFAULT_NSOCKS};
-use nccl_net_lossy::Result;
+use nccl_net_lossy::{Error, Result};
 
 /// Which ring channel a run goes through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -360,7 +360,7 @@ fn link_library(
         LinkKind::PluginLossless => (Rc::clone(lib), 0x10552),
         LinkKind::Peer(i) => {
             let path = job.peer_libraries.get(i).ok_or_else(|| {
-                nccl_net_lossy::Error::invalid_argument(format!(
+                Error::invalid_argument(format!(
                     "peer link {i} has no library ({} given)",
                     job.peer_libraries.len()
                 ))
@@ -418,7 +418,9 @@ fn run_collectives(
             }
             None => {
                 let set = (0..channels)
-                    .map(|_| RawTcpLink::connect_ring(boot, job.raw_streams, job.timeout()))
+                    .map(|_| {
+                        RawTcpLink::connect_ring(boot, job.raw_streams, channels, job.timeout())
+                    })
                     .collect::<Result<Vec<_>>>()?;
                 // The sockets the links really opened, for the table's header.
                 let streams = set.first().map_or(0, RawTcpLink::streams);
@@ -441,8 +443,13 @@ fn run_collectives(
             in_flight: job.in_flight,
             timeout: job.timeout(),
         };
-        let input = collectives::make_input(&spec, rank, n);
-        let mut output = vec![0u8; output_len(&spec, rank, n)];
+        let (in_len, out_len) = (
+            collectives::input_len(&spec, rank, n),
+            output_len(&spec, rank, n),
+        );
+        let too_big = || buffers_error(&spec, in_len, out_len);
+        let input = collectives::make_input(&spec, rank, n).ok_or_else(too_big)?;
+        let mut output = collectives::try_zeroed(out_len).ok_or_else(too_big)?;
         let mut run_once = |set: &mut Channels, output: &mut [u8]| {
             let mut refs: Vec<&mut dyn RingLink> = set
                 .iter_mut()
@@ -507,4 +514,37 @@ fn run_collectives(
         }
     }
     Ok(())
+}
+
+/// The error for a run whose input and output buffers (`input` and `output` bytes) cannot be
+/// allocated: the size, about how much memory a rank needs, and what to change.
+fn buffers_error(spec: &CollectiveSpec, input: usize, output: usize) -> Error {
+    let mib = |bytes: usize| format!("{} MiB", bytes.div_ceil(1 << 20));
+    let size = spec.count * spec.dtype.size();
+    Error::system(format!(
+        "cannot allocate the buffers of the {} {} run: each rank needs about {} for them ({} \
+         input, {} output) and this process's address space (`ulimit -v`: {}) or the \
+         machine's free memory does not have it: raise `ulimit -v` or choose smaller --sizes",
+        mib(size),
+        spec.collective,
+        mib(input + output),
+        mib(input),
+        mib(output),
+        address_space_limit(),
+    ))
+}
+
+/// The soft `RLIMIT_AS`, for messages: KiB as `ulimit -v` shows it, or "unlimited".
+fn address_space_limit() -> String {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes only into the struct we pass, which lives across the call.
+    let rc = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut lim) };
+    match rc {
+        0 if lim.rlim_cur != libc::RLIM_INFINITY => format!("{} KiB", lim.rlim_cur / 1024),
+        0 => "unlimited".to_string(),
+        _ => "unknown".to_string(),
+    }
 }
