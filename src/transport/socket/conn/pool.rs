@@ -335,7 +335,13 @@ impl Pool {
                 .name(format!("lossy-io{i}"))
                 .stack_size(IO_THREAD_STACK)
                 .spawn(move || run.run())
-                .map_err(|e| Error::system(format!("cannot start an I/O pool thread: {e}")))?;
+                .map_err(|e| {
+                    Error::system(format!(
+                        "cannot start an I/O pool thread: {e} (the process limit, `ulimit -u`, \
+                         or memory: raise it, or set NCCL_LOSSY_IO_THREADS=0 to move bytes \
+                         on NCCL's own thread)"
+                    ))
+                })?;
             pool.workers.push(w);
             pool.threads.push(t);
         }
