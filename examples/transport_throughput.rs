@@ -72,6 +72,7 @@ fn plugin(sockets: usize, size: usize, messages: usize, in_flight: usize) -> Res
         ip: "127.0.0.1".parse()?,
         scope_id: 0,
         is_loopback: true,
+        running: true,
     };
     let config = SocketConfig {
         nsocks: sockets,

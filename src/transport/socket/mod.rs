@@ -262,13 +262,19 @@ impl SocketTransport {
     pub fn new(config: SocketConfig) -> Result<SocketTransport> {
         let addrs = iface::host_addrs()
             .map_err(|e| Error::from(e).context("listing network interfaces"))?;
-        let filter = config.ifname.as_deref().map(IfaceFilter::parse);
-        let chosen = iface::select(&addrs, filter.as_ref(), config.family, MAX_DEVICES);
+        SocketTransport::choosing_from(config, &addrs)
+    }
+
+    /// Builds the transport over the interfaces `config` chooses among `addrs` (as `new` does
+    /// among the host's); an error, naming the settings and every address, when none qualifies.
+    pub fn choosing_from(config: SocketConfig, addrs: &[IfaceAddr]) -> Result<SocketTransport> {
+        let filter = config.ifname.as_deref().and_then(IfaceFilter::parse);
+        let chosen = iface::select(addrs, filter.as_ref(), config.family, MAX_DEVICES);
         if chosen.is_empty() {
-            return Err(Error::system(format!(
-                "no usable network interface (NCCL_SOCKET_IFNAME={}, NCCL_SOCKET_FAMILY={:?})",
-                config.ifname.as_deref().unwrap_or("unset"),
-                config.family
+            return Err(Error::system(iface::none_usable(
+                addrs,
+                config.ifname.as_deref(),
+                config.family,
             )));
         }
         Ok(SocketTransport::with_interfaces(config, chosen))

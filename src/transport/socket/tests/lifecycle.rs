@@ -79,6 +79,7 @@ fn properties_describe_the_device() {
             ip: "127.0.0.1".parse().expect("ip"),
             scope_id: 0,
             is_loopback: true,
+            running: true,
         }],
     );
     assert_eq!(fast.properties(0).expect("props").speed_mbps, 123);
@@ -560,4 +561,53 @@ fn fd_numbers() -> Vec<i32> {
         .into_iter()
         .filter(|n| std::fs::read_link(format!("/proc/self/fd/{n}")).is_ok())
         .collect()
+}
+
+fn iface(name: &str, ip: &str, running: bool) -> IfaceAddr {
+    IfaceAddr {
+        name: name.into(),
+        ip: ip.parse().expect("ip"),
+        scope_id: 0,
+        is_loopback: name == "lo",
+        running,
+    }
+}
+
+#[test]
+fn a_one_character_ifname_chooses_as_if_unset() {
+    // NCCL reads NCCL_SOCKET_IFNAME only when it is longer than one character: `^` does not
+    // let loopback in beside eth0, `=` does not ask for an interface named "".
+    let host = [
+        iface("lo", "127.0.0.1", true),
+        iface("eth0", "10.0.0.2", true),
+    ];
+    for spec in ["^", "=", "e"] {
+        let config = SocketConfig {
+            ifname: Some(spec.into()),
+            ..SocketConfig::default()
+        };
+        let t = SocketTransport::choosing_from(config, &host).expect(spec);
+        assert_eq!(t.device_count(), 1, "NCCL_SOCKET_IFNAME={spec}");
+        assert_eq!(t.properties(0).expect("dev 0").name, "eth0", "{spec}");
+    }
+}
+
+#[test]
+fn no_usable_interface_error_names_what_the_host_has() {
+    let host = [iface("eth1", "10.0.0.1", false)];
+    let config = SocketConfig {
+        ifname: Some("eth".into()),
+        ..SocketConfig::default()
+    };
+    let err = SocketTransport::choosing_from(config, &host)
+        .err()
+        .expect("no device");
+    assert_eq!(err.kind, ErrorKind::System);
+    let msg = err.to_string();
+    assert!(msg.contains("NCCL_SOCKET_IFNAME=eth,"), "{msg}");
+    assert!(msg.contains("NCCL_SOCKET_FAMILY=unset"), "{msg}");
+    assert!(
+        msg.contains("eth1 10.0.0.1 (interface not running)"),
+        "{msg}"
+    );
 }

@@ -36,6 +36,7 @@ pub(super) fn loopback_with(config: SocketConfig) -> SocketTransport {
         ip: "127.0.0.1".parse().expect("ip"),
         scope_id: 0,
         is_loopback: true,
+        running: true,
     };
     SocketTransport::with_interfaces(config, vec![lo])
 }

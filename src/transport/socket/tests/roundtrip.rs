@@ -32,6 +32,7 @@ fn ipv6_loopback_round_trip() {
         ip: "::1".parse().expect("ip"),
         scope_id: 0,
         is_loopback: true,
+        running: true,
     };
     let config = SocketConfig {
         nsocks: 2,
