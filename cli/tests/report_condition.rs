@@ -70,6 +70,20 @@ fn traffic_sent_with_injection_off_is_counted_apart_and_the_report_says_so() {
         table.contains("injection off for 50.00 % of the packets"),
         "{table}"
     );
+    // --csv carries the counter and the rate too, in columns of their own at the end
+    let csv = lossy(&["report", "--csv", stats], &[]);
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().expect("header").split(',').collect();
+    let all: Vec<&str> = lines
+        .find(|l| l.split(',').nth(1) == Some("all"))
+        .expect("the all row")
+        .split(',')
+        .collect();
+    let at = |name: &str| header.iter().position(|h| *h == name).expect(name);
+    assert_eq!(all[at("packets_injection_off")], off.to_string(), "{csv}");
+    let csv_rate: f64 = all[at("loss_rate_injecting")].parse().expect("a rate");
+    assert!((csv_rate - on_rate).abs() < 1e-12, "{csv}");
+    assert_eq!(all[at("files")], "2", "{csv}");
 }
 
 #[test]

@@ -195,3 +195,24 @@ def test_integer_scalars_of_numpy_are_steps_and_phases():
     for bad in (np.float64(1.0), np.bool_(True)):
         with pytest.raises(ValueError):
             step_value(bad)
+
+
+INSTALLED_AS_DEFAULT = r"""
+import torch.distributed as dist
+# NCCL started by torch, its communicators (and so the net plugin) still to come, lazily
+dist.is_initialized = lambda: True
+dist.get_backend = lambda *a: "nccl"
+from nccl_lossy import control as c
+c.set_step(3)
+print(c.control().source, c.control().path)
+"""
+
+
+def test_the_plugin_installed_as_nccls_default_name_is_no_detached_copy(tmp_path, lib_path):
+    pytest.importorskip("torch")
+    # NCCL_NET_PLUGIN unset: NCCL will load libnccl-net.so from the loader's path, which is
+    # this plugin; the refusal meant for a plugin NCCL never loads must not fire.
+    shutil.copy(lib_path, tmp_path / "libnccl-net.so")
+    proc = run_python(INSTALLED_AS_DEFAULT, env=clean_env(LD_LIBRARY_PATH=tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "NCCL_NET_PLUGIN libnccl-net.so", proc.stdout

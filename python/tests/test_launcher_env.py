@@ -274,3 +274,24 @@ def test_write_stats_says_when_the_plugins_file_cannot_land_in_stats_dir(tmp_pat
     proc = run_python(code, env=clean_env(NCCL_LOSSY_STATS=elsewhere), args=(str(stats),))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"NCCL_LOSSY_STATS={elsewhere}" in proc.stderr and str(stats) in proc.stderr, proc.stderr
+
+
+def test_a_refused_step_leaves_the_integration_as_it_was():
+    code = (
+        "import nccl_lossy\n"
+        "i = nccl_lossy.LossyMegatronIntegration(apply_env=False, patch_megatron=False).enable()\n"
+        "i.step(5)\n"
+        "for bad in (2**64, 1.5, True, -1):\n"
+        "    try:\n"
+        "        i.step_number = bad\n"
+        "    except nccl_lossy.LossyConfigError as err:\n"
+        "        print('refused', bad)\n"
+        "print(i.step_number)\n"
+        "i.disable(); i.enable()\n"
+        "print('enabled again at', i.step_number)\n"
+    )
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[:4] == ["refused 18446744073709551616", "refused 1.5", "refused True", "refused -1"]
+    assert lines[4:] == ["5", "enabled again at 5"], proc.stdout

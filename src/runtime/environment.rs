@@ -101,14 +101,15 @@ pub fn unguarded_ll_warning(
     ))
 }
 
-/// Whether NCCL may still pick LL or LL128 under an `NCCL_PROTO` value (read as
-/// [`forced_ll_protocol`] reads it): unset, or an entry that allows or does not exclude them.
+/// Whether NCCL may still pick LL or LL128 for some collective under an `NCCL_PROTO` value,
+/// read as NCCL 2.24+ reads it (`parseList` in src/graph/tuning.cc): every collective starts
+/// with every protocol; a first entry without a `func:` prefix sets them all, each `func:`
+/// entry its own collective. So an unset value, a first entry that allows LL or LL128, any
+/// `func:` entry that does, or a value without a first entry (`allreduce:Simple`: the other
+/// collectives keep every protocol) leaves them to NCCL.
 fn ll_may_run(nccl_proto: &str) -> bool {
-    if nccl_proto.trim().is_empty() {
-        return true;
-    }
-    nccl_proto.split(';').any(|entry| {
-        let list = entry.split_once(':').map_or(entry, |(_, list)| list).trim();
+    let allows_ll = |list: &str| {
+        let list = list.trim();
         let (excluding, names) = match list.strip_prefix('^') {
             Some(rest) => (true, rest),
             None => (false, list),
@@ -123,7 +124,22 @@ fn ll_may_run(nccl_proto: &str) -> bool {
         } else {
             has("ll") || has("ll128")
         }
-    })
+    };
+    let mut others_allow = true;
+    let mut some_collective_allows = false;
+    for (i, entry) in nccl_proto
+        .split(';')
+        .filter(|e| !e.trim().is_empty())
+        .enumerate()
+    {
+        match entry.split_once(':') {
+            Some((_, list)) => some_collective_allows |= allows_ll(list),
+            None if i == 0 => others_allow = allows_ll(entry),
+            // NCCL refuses a prefix-less entry after the first; judge it as it would apply.
+            None => others_allow |= allows_ll(entry),
+        }
+    }
+    others_allow || some_collective_allows
 }
 
 /// The LL-family protocol an `NCCL_PROTO` value explicitly allows, if any. NCCL 2.24+ reads
@@ -178,12 +194,16 @@ mod tests {
         let other = Some("/opt/tuners/libnccl-tuner-other.so");
         // Our tuner is the one that keeps LL/LL128 off; another one loaded instead leaves
         // NCCL free to pick them unless NCCL_PROTO excludes both.
+        // NCCL 2.24+ starts every collective with all protocols and a `func:` entry changes
+        // that collective alone: `allreduce:Simple` leaves LL to the others.
         for proto in [
             None,
             Some(""),
             Some("^LL"),
             Some("^LL128"),
             Some("Simple;allreduce:^LL"),
+            Some("allreduce:Simple"),
+            Some("allreduce:^LL,LL128"),
         ] {
             let warning = unguarded_ll_warning(&zero, proto, other)
                 .unwrap_or_else(|| panic!("no warning for NCCL_PROTO={proto:?}"));
@@ -197,6 +217,7 @@ mod tests {
             Some("Simple"),
             Some("^LL,LL128"),
             Some("^ll128,ll;allreduce:Simple"),
+            Some("Simple;allreduce:Simple"),
         ] {
             assert_eq!(unguarded_ll_warning(&zero, proto, other), None, "{proto:?}");
         }

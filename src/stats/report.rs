@@ -251,7 +251,10 @@ fn mixed_runs(files: &[StatsFile]) -> (usize, Vec<String>) {
         let all: Vec<String> = repeated.iter().map(|(r, _)| r.to_string()).collect();
         warnings.push(format!(
             "{} rank(s) are each in several files (rank {first} in {} files, from processes \
-             {}; ranks {}): several runs wrote into this directory, and their counts are summed",
+             {}; ranks {}): either several runs wrote into this directory and their counts are \
+             summed, or the launcher gave several processes one rank number (one \
+             SLURM_PROCID per node with a process per GPU: set RANK for each process); `ranks` \
+             counts rank numbers, `files` the processes",
             repeated.len(),
             writers.len(),
             pids.join(", "),

@@ -127,11 +127,16 @@ impl StatsFile {
             }),
         );
         for (at, c) in cells {
-            if c.lost_packets > c.packets {
-                return Err(format!(
-                    "{at}: lost_packets = {} is more than packets = {}",
-                    c.lost_packets, c.packets
-                ));
+            for (name, part) in [
+                ("lost_packets", c.lost_packets),
+                ("packets_injection_off", c.packets_injection_off),
+            ] {
+                if part > c.packets {
+                    return Err(format!(
+                        "{at}: {name} = {part} is more than packets = {}",
+                        c.packets
+                    ));
+                }
             }
         }
         Ok(())
@@ -391,6 +396,13 @@ mod tests {
         let err = edit(&|v| v["connections"][0]["by_op"][0]["lost_packets"] = 5.into());
         assert!(
             err.contains("connections.0.by_op.0: lost_packets = 5 is more than packets = 2"),
+            "{err}"
+        );
+        let err = edit(&|v| v["connections"][0]["by_op"][0]["packets_injection_off"] = 3.into());
+        assert!(
+            err.contains(
+                "connections.0.by_op.0: packets_injection_off = 3 is more than packets = 2"
+            ),
             "{err}"
         );
         let err = edit(&|v| v["total"]["lost_packets"] = u64::MAX.into());

@@ -263,14 +263,14 @@ fn table(runs: &[RunSummary]) -> String {
 /// Comma-separated values, one line per (run, collective).
 fn csv(runs: &[RunSummary]) -> String {
     let mut out = String::from(
-        "run,collective,ranks,messages,bytes,packets,lost_packets,loss_events,loss_rate,mean_burst,retransmit_delay_ns,latency_p50_us,latency_p90_us,latency_p99_us\n",
+        "run,collective,ranks,messages,bytes,packets,lost_packets,loss_events,loss_rate,mean_burst,retransmit_delay_ns,latency_p50_us,latency_p90_us,latency_p99_us,files,packets_injection_off,loss_rate_injecting\n",
     );
     for run in runs {
         for row in rows(run) {
             let l = row.latency_us;
             let opt = |v: Option<f64>| v.map_or_else(String::new, |v| v.to_string());
             out += &format!(
-                "{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
                 run.run.replace(',', "_"),
                 row.op,
                 run.ranks,
@@ -285,6 +285,9 @@ fn csv(runs: &[RunSummary]) -> String {
                 opt(l.map(|l| l[0])),
                 opt(l.map(|l| l[1])),
                 opt(l.map(|l| l[2])),
+                run.files,
+                row.counts.packets_injection_off,
+                opt(row.loss_rate_injecting),
             );
         }
     }

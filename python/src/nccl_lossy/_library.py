@@ -13,6 +13,8 @@ log = logging.getLogger("nccl_lossy")
 PACKAGED_NAME = "libnccl-net-lossy.so"
 #: The file name Cargo gives the library.
 CARGO_NAME = "libnccl_net_lossy.so"
+#: The file name NCCL opens when ``NCCL_NET_PLUGIN`` is unset.
+NCCL_DEFAULT_NAME = "libnccl-net.so"
 #: Environment variable that overrides where the library is.
 LIBRARY_ENV = "NCCL_LOSSY_LIBRARY"
 

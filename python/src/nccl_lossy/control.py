@@ -27,6 +27,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from ._library import (
     LIBRARY_ENV,
+    NCCL_DEFAULT_NAME,
     LibraryNotFoundError,
     library_path,
     mapped_library_paths,
@@ -204,6 +205,12 @@ def _locate() -> Control:
     from .network import torch_nccl_reason
 
     started = torch_nccl_reason()
+    if started is not None and not plugin:
+        # NCCL_NET_PLUGIN unset: NCCL will open its default name when it makes its first
+        # communicator (torch makes them lazily); when that is this plugin, bind to it now.
+        lib, _ = _open(NCCL_DEFAULT_NAME, global_mode)
+        if lib is not None:
+            return Control(lib, NCCL_DEFAULT_NAME, "NCCL_NET_PLUGIN")
     if started is not None:
         # NCCL runs and NCCL_NET_PLUGIN leads it to no copy of this plugin: a packaged copy
         # loaded now would take switches that NCCL never reads.

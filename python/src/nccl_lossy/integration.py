@@ -251,8 +251,12 @@ class LossyMegatronIntegration:
 
     @step_number.setter
     def step_number(self, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise LossyConfigError(f"step_number={value!r}: allowed: an integer >= 0")
+        try:
+            value = _control.step_value(value)  # checked before anything changes
+        except ValueError:
+            raise LossyConfigError(
+                f"step_number={value!r}: allowed: an integer from 0 to 2**64 - 1"
+            ) from None
         if self._recording:
             self._recorder.end_step(self._step)
         self._step = value
