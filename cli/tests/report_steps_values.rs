@@ -53,12 +53,14 @@ fn run_with_metric(metric: &[(u64, f64)]) -> RunSteps {
                 op: "AllReduce".to_string(),
                 packets: 100,
                 lost_packets: 1,
+                packets_injection_off: 0,
             },
             StepRow {
                 step: 2,
                 op: "AllReduce".to_string(),
                 packets: 100,
                 lost_packets: 2,
+                packets_injection_off: 0,
             },
         ],
         metric: metric.iter().copied().collect(),
@@ -266,4 +268,38 @@ fn per_step_report_without_per_step_data_says_so_and_how_to_get_it() {
     );
     // the header alone, no rows
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 1);
+}
+
+#[test]
+fn per_step_rates_leave_out_the_packets_sent_with_injection_off() {
+    // A backward phase kept lossless: half of step 1's packets were never exposed to loss,
+    // and its rate is over the other half, as the report's per-step plot draws it.
+    let dir = run_dir("steps-injection-off");
+    let mut off = row(1, "AllReduce", 100, 0);
+    off["phase"] = "backward".into();
+    off["packets_injection_off"] = 100.into();
+    write_steps(
+        &dir,
+        "lossy-steps-rank0-h-1.json",
+        serde_json::json!([row(1, "AllReduce", 100, 5), off]),
+    );
+    let run = load_run_steps(&dir).expect("the run");
+    assert_eq!(run.rows.len(), 1, "{run:?}");
+    let r = &run.rows[0];
+    assert_eq!(
+        (r.packets, r.lost_packets, r.packets_injection_off),
+        (200, 5, 100)
+    );
+    let text = table(std::slice::from_ref(&run), "loss");
+    assert!(text.contains("5.0000"), "{text}");
+    // A file claiming more packets off than sent is refused, naming it.
+    let mut bad = row(2, "AllReduce", 10, 0);
+    bad["packets_injection_off"] = 11.into();
+    write_steps(&dir, "lossy-steps-rank1-h-1.json", serde_json::json!([bad]));
+    let err = load_run_steps(&dir).expect_err("refused");
+    assert!(
+        err.contains("lossy-steps-rank1-h-1.json")
+            && err.contains("packets_injection_off = 11 is more than packets = 10"),
+        "{err}"
+    );
 }

@@ -34,6 +34,21 @@ pub struct StepRow {
     pub packets: u64,
     /// Packets lost.
     pub lost_packets: u64,
+    /// Of `packets`, those sent with injection switched off (never exposed to loss).
+    pub packets_injection_off: u64,
+}
+
+impl StepRow {
+    /// Lost packets over the packets sent with injection on, the rate to hold against the
+    /// model (0 when none was).
+    pub fn loss_rate(&self) -> f64 {
+        let injecting = self.packets.saturating_sub(self.packets_injection_off);
+        if injecting == 0 {
+            0.0
+        } else {
+            self.lost_packets as f64 / injecting as f64
+        }
+    }
 }
 
 /// One run's per-step counts and, when given, its training metric per step.
@@ -114,7 +129,7 @@ pub fn load_run_steps(dir: &Path) -> Result<RunSteps, String> {
         })
         .collect();
     step_files.sort();
-    let mut cells: BTreeMap<(u64, String), (u64, u64)> = BTreeMap::new();
+    let mut cells: BTreeMap<(u64, String), (u64, u64, u64)> = BTreeMap::new();
     for path in &step_files {
         let doc = read_json(path)?;
         let rows = doc
@@ -131,17 +146,26 @@ pub fn load_run_steps(dir: &Path) -> Result<RunSteps, String> {
                 as_u64(row, "packets", path)?,
                 as_u64(row, "lost_packets", path)?,
             );
-            // As the statistics reader refuses its files: no cell loses more than it sent.
-            if lost > packets {
-                return Err(format!(
-                    "{}: steps.{i} (step {step}, {op}): lost_packets = {lost} is more than \
-                     packets = {packets}; lost_packets must be at most packets",
-                    path.display()
-                ));
+            // Written by recorders that predate it: none then.
+            let off = row
+                .get("packets_injection_off")
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(0);
+            // As the statistics reader refuses its files: no cell loses, or keeps out of
+            // injection, more than it sent.
+            for (name, part) in [("lost_packets", lost), ("packets_injection_off", off)] {
+                if part > packets {
+                    return Err(format!(
+                        "{}: steps.{i} (step {step}, {op}): {name} = {part} is more than \
+                         packets = {packets}; {name} must be at most packets",
+                        path.display()
+                    ));
+                }
             }
             let cell = cells.entry((step, op.to_string())).or_default();
             bump(&mut cell.0, packets);
             bump(&mut cell.1, lost);
+            bump(&mut cell.2, off);
         }
     }
     let (source, rows) = if step_files.is_empty() {
@@ -150,16 +174,18 @@ pub fn load_run_steps(dir: &Path) -> Result<RunSteps, String> {
             op: "all".to_string(),
             packets: s.packets,
             lost_packets: s.lost_packets,
+            packets_injection_off: s.packets_injection_off,
         });
         ("by_step", rows.collect())
     } else {
         let rows = cells
             .into_iter()
-            .map(|((step, op), (packets, lost))| StepRow {
+            .map(|((step, op), (packets, lost, off))| StepRow {
                 step,
                 op,
                 packets,
                 lost_packets: lost,
+                packets_injection_off: off,
             });
         ("steps files", rows.collect())
     };
@@ -322,11 +348,7 @@ pub fn table(runs: &[RunSteps], metric: &str) -> String {
     out.push('\n');
     for run in runs {
         for row in &run.rows {
-            let rate = if row.packets == 0 {
-                0.0
-            } else {
-                row.lost_packets as f64 / row.packets as f64 * 100.0
-            };
+            let rate = row.loss_rate() * 100.0;
             out += &format!(
                 "{:<20} {:>8} {:<14} {:>12} {:>10} {:>8.4}",
                 run.run, row.step, row.op, row.packets, row.lost_packets, rate
@@ -354,11 +376,7 @@ pub fn csv(runs: &[RunSteps], metric: &str) -> String {
     out.push('\n');
     for run in runs {
         for row in &run.rows {
-            let rate = if row.packets == 0 {
-                0.0
-            } else {
-                row.lost_packets as f64 / row.packets as f64
-            };
+            let rate = row.loss_rate();
             out += &format!(
                 "{},{},{},{},{},{rate}",
                 run.run.replace(',', "_"),

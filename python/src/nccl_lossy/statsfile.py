@@ -66,7 +66,14 @@ STEP_FILE_GLOB = "lossy-steps-rank*.json"
 
 _FILE_COLUMNS = ("file", "rank", "host", "pid")
 #: Counters of a ``step_ops`` row.
-STEP_OP_COUNTERS = ("messages", "bytes", "packets", "lost_packets", "loss_events")
+STEP_OP_COUNTERS = (
+    "messages",
+    "bytes",
+    "packets",
+    "lost_packets",
+    "loss_events",
+    "packets_injection_off",
+)
 #: The columns of each table, in order.
 TABLES = {
     "ops": COLUMNS,

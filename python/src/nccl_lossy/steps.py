@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._files import write_atomically
-from .statsfile import STEP_FORMAT_VERSION
+from .statsfile import STEP_FORMAT_VERSION, STEP_OP_COUNTERS
 
-_COUNTERS = ("messages", "bytes", "packets", "lost_packets", "loss_events")
+_COUNTERS = STEP_OP_COUNTERS
 _RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
 
 Cells = Dict[Tuple[str, str], Dict[str, int]]
