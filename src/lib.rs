@@ -32,6 +32,10 @@ pub(crate) mod ids;
 pub(crate) mod log;
 pub(crate) mod runtime;
 pub(crate) mod switches;
+#[cfg(test)]
+pub(crate) mod test_child;
 
 pub use error::{Error, ErrorKind, Result};
-pub use runtime::{check_forced_protocol, unguarded_ll_warning, PLUGIN_NAME};
+pub use runtime::{
+    check_forced_protocol, unguarded_ll_warning, CARGO_LIBRARY_NAME, NCCL_LIBRARY_NAME, PLUGIN_NAME,
+};

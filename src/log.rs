@@ -195,19 +195,12 @@ mod tests {
             .write(true)
             .open("/dev/full")
             .expect("/dev/full");
-        let exe = std::env::current_exe().expect("test binary");
-        let out = std::process::Command::new(exe)
-            .args([
-                "--exact",
-                "log::tests::full_stderr_child",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(FULL_STDERR_CHILD, "1")
-            .stderr(full)
-            .output()
-            .expect("run the child");
+        let out = crate::test_child::output(
+            "log::tests::full_stderr_child",
+            FULL_STDERR_CHILD,
+            &[],
+            Some(full.into()),
+        );
         let said = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),

@@ -251,10 +251,8 @@ impl SendComm {
             lost_packets,
             loss_events: plan.loss_events(),
             retransmit_delay_ns,
+            packets_injection_off: if state.injecting { 0 } else { packets },
         });
-        if !state.injecting {
-            self.stats.record_injection_off(op, phase as usize, packets);
-        }
         stats::record_step(step, packets, lost_packets, !state.injecting);
         let runs = plan.lost.iter().map(|r| (r.start, r.len));
         state.bursts.observe(op, packets, runs, |op, len| {

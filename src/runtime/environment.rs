@@ -1,7 +1,7 @@
 //! What the environment and the profile decide before a runtime is built: which plugin to
 //! wrap, whether a forced NCCL protocol is safe, and the profile as statistics files show it.
 
-use super::PLUGIN_NAME;
+use super::{CARGO_LIBRARY_NAME, NCCL_LIBRARY_NAME, PLUGIN_NAME};
 use crate::profile::{Profile, TransportKind};
 use crate::{Error, Result};
 
@@ -85,7 +85,7 @@ pub fn unguarded_ll_warning(
         || std::path::Path::new(tuner)
             .file_name()
             .and_then(|n| n.to_str())
-            .is_some_and(|n| n == "libnccl-net-lossy.so" || n == "libnccl_net_lossy.so");
+            .is_some_and(|n| n == NCCL_LIBRARY_NAME || n == CARGO_LIBRARY_NAME);
     if ours || !profile.corrupts_data() || !ll_may_run(nccl_proto.unwrap_or("")) {
         return None;
     }
@@ -109,15 +109,7 @@ pub fn unguarded_ll_warning(
 /// collectives keep every protocol) leaves them to NCCL.
 fn ll_may_run(nccl_proto: &str) -> bool {
     let allows_ll = |list: &str| {
-        let list = list.trim();
-        let (excluding, names) = match list.strip_prefix('^') {
-            Some(rest) => (true, rest),
-            None => (false, list),
-        };
-        let names: Vec<String> = names
-            .split(',')
-            .map(|name| name.trim().to_ascii_lowercase())
-            .collect();
+        let (excluding, names) = protocol_list(list);
         let has = |p: &str| names.iter().any(|n| n == p);
         if excluding {
             !(has("ll") && has("ll128"))
@@ -142,20 +134,31 @@ fn ll_may_run(nccl_proto: &str) -> bool {
     others_allow || some_collective_allows
 }
 
+/// One protocol list of an `NCCL_PROTO` entry (the part after any `func:`): whether it
+/// excludes (a leading `^`), and the protocols it names, lower-case.
+fn protocol_list(list: &str) -> (bool, Vec<String>) {
+    let list = list.trim();
+    let (excluding, names) = match list.strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, list),
+    };
+    let names = names
+        .split(',')
+        .map(|name| name.trim().to_ascii_lowercase())
+        .collect();
+    (excluding, names)
+}
+
 /// The LL-family protocol an `NCCL_PROTO` value explicitly allows, if any. NCCL 2.24+ reads
 /// the value as `list` or `list;func:list;...` (`parseList` in src/graph/tuning.cc), each list
 /// naming the protocols to allow, or with a leading `^` those to exclude, which forces nothing.
 pub fn forced_ll_protocol(nccl_proto: &str) -> Option<&'static str> {
     nccl_proto.split(';').find_map(|entry| {
-        let list = entry.split_once(':').map_or(entry, |(_, list)| list).trim();
-        if list.is_empty() || list.starts_with('^') {
-            return None;
-        }
-        let names: Vec<String> = list
-            .split(',')
-            .map(|name| name.trim().to_ascii_lowercase())
-            .collect();
-        if names.iter().any(|n| n == "ll128") {
+        let list = entry.split_once(':').map_or(entry, |(_, list)| list);
+        let (excluding, names) = protocol_list(list);
+        if excluding {
+            None
+        } else if names.iter().any(|n| n == "ll128") {
             Some("LL128")
         } else if names.iter().any(|n| n == "ll") {
             Some("LL")

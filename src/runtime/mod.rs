@@ -59,6 +59,12 @@ use crate::{env, log, Error, Result};
 /// The name NCCL matches against `NCCL_NET`.
 pub const PLUGIN_NAME: &str = "lossy";
 
+/// The file name NCCL opens for `NCCL_NET_PLUGIN=lossy`.
+pub const NCCL_LIBRARY_NAME: &str = "libnccl-net-lossy.so";
+
+/// Cargo's file name for the library.
+pub const CARGO_LIBRARY_NAME: &str = "libnccl_net_lossy.so";
+
 /// The profile of a copy running as another copy's inner plugin: nothing is ever lost.
 const INNER_PROFILE: &str = "model = { kind = \"none\" }\n";
 

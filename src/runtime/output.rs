@@ -263,26 +263,12 @@ mod tests {
     fn a_trace_ring_that_does_not_fit_in_memory_fails_init_naming_the_variable() {
         // 16,777,216 events (the largest allowed) take about 1.7 GB, allocated at init; under a
         // memory limit that is an error to report, not an abort of NCCL's process.
-        let exe = std::env::current_exe().expect("test binary");
-        let out = std::process::Command::new(exe)
-            .args([
-                "--exact",
-                "runtime::output::tests::small_memory_child",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(SMALL_MEMORY_CHILD, "1")
-            .output()
-            .expect("run the child");
-        let said = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "the child died: {:?}\n{said}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
+        let said = crate::test_child::run(
+            "runtime::output::tests::small_memory_child",
+            SMALL_MEMORY_CHILD,
+            &[],
+            "refused:",
         );
-        assert!(said.contains("refused:"), "{said}");
         assert!(
             said.contains(&format!("{TRACE_EVENTS_ENV}={MAX_TRACE_EVENTS}"))
                 && said.contains("MiB"),

@@ -80,9 +80,15 @@ impl Counts {
     /// Lost packets over the packets sent while injection was on: the rate to hold against
     /// the model. None when no packet was sent with injection on.
     pub fn loss_rate_injecting(&self) -> Option<f64> {
-        let injecting = self.packets.saturating_sub(self.packets_injection_off);
-        (injecting > 0).then(|| self.lost_packets as f64 / injecting as f64)
+        loss_rate_injecting(self.packets, self.lost_packets, self.packets_injection_off)
     }
+}
+
+/// `lost` over the packets of `packets` that were sent with injection on (`off` were not):
+/// the loss rate to hold against the model. None when no packet was sent with it on.
+pub fn loss_rate_injecting(packets: u64, lost: u64, off: u64) -> Option<f64> {
+    let injecting = packets.saturating_sub(off);
+    (injecting > 0).then(|| lost as f64 / injecting as f64)
 }
 
 impl Cell {
@@ -116,6 +122,8 @@ pub struct MessageRecord {
     pub loss_events: u64,
     /// Retransmission delay added, in nanoseconds.
     pub retransmit_delay_ns: u64,
+    /// The message's packets when it was sent with injection switched off, else 0.
+    pub packets_injection_off: u64,
 }
 
 /// Longest burst the histogram tells apart (longer ones are counted at this length).
@@ -176,14 +184,10 @@ impl ConnectionStats {
             .fetch_add(record.loss_events, Ordering::Relaxed);
         cell.retransmit_delay_ns
             .fetch_add(record.retransmit_delay_ns, Ordering::Relaxed);
-    }
-
-    /// Counts the packets of a message just recorded as sent with injection switched off.
-    pub fn record_injection_off(&self, op: usize, phase: usize, packets: u64) {
-        let slot = op.min(OP_SLOTS - 1) * PHASE_SLOTS + phase.min(PHASE_SLOTS - 1);
-        self.cells[slot]
-            .packets_injection_off
-            .fetch_add(packets, Ordering::Relaxed);
+        if record.packets_injection_off > 0 {
+            cell.packets_injection_off
+                .fetch_add(record.packets_injection_off, Ordering::Relaxed);
+        }
     }
 
     fn with_histograms(&self, op: usize, record: impl FnOnce(&mut OpHistograms)) {
@@ -395,8 +399,7 @@ pub struct StepCounts {
 impl StepCounts {
     /// Lost packets over the step's packets sent with injection on (None when none was).
     pub fn loss_rate_injecting(&self) -> Option<f64> {
-        let injecting = self.packets.saturating_sub(self.packets_injection_off);
-        (injecting > 0).then(|| self.lost_packets as f64 / injecting as f64)
+        loss_rate_injecting(self.packets, self.lost_packets, self.packets_injection_off)
     }
 }
 
@@ -546,6 +549,7 @@ mod tests {
             lost_packets: lost,
             loss_events: lost.min(1),
             retransmit_delay_ns: 0,
+            packets_injection_off: 0,
         };
         stats.record_message(&rec(5, 2, 1));
         stats.record_message(&rec(5, 2, 0));

@@ -299,6 +299,7 @@ mod tests {
             lost_packets: lost,
             loss_events: bursts.len() as u64,
             retransmit_delay_ns: 0,
+            packets_injection_off: 0,
         });
         stats.record_message(&MessageRecord {
             op: 4,

@@ -265,6 +265,7 @@ mod tests {
             lost_packets: 1,
             loss_events: 1,
             retransmit_delay_ns: 0,
+            packets_injection_off: 0,
         });
         StatsFile::new(serde_json::json!({"seed": 1}), vec![stats.snapshot()])
     }

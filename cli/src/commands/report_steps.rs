@@ -14,6 +14,7 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use nccl_net_lossy::files::read_regular_file;
+use nccl_net_lossy::stats::loss_rate_injecting;
 use nccl_net_lossy::stats::report::{bump, load_run};
 use nccl_net_lossy::stats::writer::MAX_STATS_FILE_BYTES;
 
@@ -42,12 +43,8 @@ impl StepRow {
     /// Lost packets over the packets sent with injection on, the rate to hold against the
     /// model (0 when none was).
     pub fn loss_rate(&self) -> f64 {
-        let injecting = self.packets.saturating_sub(self.packets_injection_off);
-        if injecting == 0 {
-            0.0
-        } else {
-            self.lost_packets as f64 / injecting as f64
-        }
+        loss_rate_injecting(self.packets, self.lost_packets, self.packets_injection_off)
+            .unwrap_or(0.0)
     }
 }
 

@@ -10,11 +10,7 @@ use std::sync::Arc;
 use nccl_net_lossy::ffi::net::NetLibrary;
 use nccl_net_lossy::{Error, Result};
 
-/// Cargo's file name for the library.
-pub const CARGO_LIBRARY_NAME: &str = "libnccl_net_lossy.so";
-
-/// The file name NCCL opens for `NCCL_NET_PLUGIN=lossy`.
-pub const NCCL_LIBRARY_NAME: &str = "libnccl-net-lossy.so";
+pub use nccl_net_lossy::{CARGO_LIBRARY_NAME, NCCL_LIBRARY_NAME};
 
 /// The control API's switch for loss injection (`nccl_lossy_control.h`).
 const LOSS_SWITCH: &str = "ncclLossySetEnabled";

@@ -382,27 +382,12 @@ fn raw_tcp_error(step: &str, e: std::io::Error, channels: usize, nstreams: usize
              ({channels} channel(s), --comms, each with {nstreams} stream(s) each way and a \
              listener), besides the plugin's, under an open-file limit of {}: raise the limit \
              (`ulimit -n`) or run fewer --comms (or fewer --raw-streams)",
-            open_file_limit()
+            nccl_net_lossy::transport::socket::fd_limit_text()
         ));
     }
     let mut err = Error::from(e);
     err.message = format!("the raw TCP baseline link cannot {step}: {}", err.message);
     err
-}
-
-/// The soft `RLIMIT_NOFILE`, for messages: a number, or "unlimited".
-fn open_file_limit() -> String {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes only into the struct we pass, which lives across the call.
-    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
-    match rc {
-        0 if lim.rlim_cur != libc::RLIM_INFINITY => lim.rlim_cur.to_string(),
-        0 => "unlimited".to_string(),
-        _ => "unknown".to_string(),
-    }
 }
 
 /// Plain TCP ring channel with `nstreams` non-blocking sockets each way, progressed inline

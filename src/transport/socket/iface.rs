@@ -419,14 +419,6 @@ mod tests {
 
     #[test]
     fn ifname_prefix_exact_and_exclude() {
-        let sel = |spec: &str| {
-            names(&select(
-                &host(),
-                IfaceFilter::parse(spec).as_ref(),
-                None,
-                16,
-            ))
-        };
         assert_eq!(sel("eth"), ["eth0=10.0.0.2", "eth10=fe80::a"]);
         assert_eq!(sel("=eth1"), Vec::<String>::new());
         assert_eq!(sel("=eth10"), ["eth10=fe80::a"]);
@@ -445,6 +437,16 @@ mod tests {
             ]
         );
         assert_eq!(sel("eth0:5000"), ["eth0=10.0.0.2"]);
+    }
+
+    /// The interfaces `select` takes from [`host`] under `NCCL_SOCKET_IFNAME=spec`.
+    fn sel(spec: &str) -> Vec<String> {
+        names(&select(
+            &host(),
+            IfaceFilter::parse(spec).as_ref(),
+            None,
+            16,
+        ))
     }
 
     fn down(name: &str, ip: &str, scope_id: u32) -> IfaceAddr {
@@ -514,14 +516,6 @@ mod tests {
             "virbr0=192.168.122.1",
             "eth10=fe80::a",
         ];
-        let sel = |spec: &str| {
-            names(&select(
-                &host(),
-                IfaceFilter::parse(spec).as_ref(),
-                None,
-                16,
-            ))
-        };
         assert_eq!(sel(",,"), all);
         assert_eq!(sel(":5000"), all);
         assert_eq!(sel("^,,"), Vec::<String>::new());

@@ -39,6 +39,7 @@ pub use conn::{
     chunk_count, chunk_span, SocketRecvConn, SocketSendConn, MAX_IO_THREADS, MIN_CHUNK,
 };
 pub use connect::{SocketConnector, DEFAULT_CONNECT_TIMEOUT};
+pub use fds::limit_text as fd_limit_text;
 pub use iface::{Family, IfaceAddr, IfaceFilter, MAX_DEVICES};
 pub use listen::{SocketListener, HELLO_TIMEOUT, MAX_PENDING};
 pub use wire::{Handle, Hello, MAX_SOCKETS};

@@ -45,29 +45,7 @@ pub(super) fn loopback_with(config: SocketConfig) -> SocketTransport {
 /// descriptors or CPU time needs one: other tests run beside us), with `flag` and `env` set,
 /// and checks that it ran its check to the end (it prints `passed`).
 pub(super) fn run_child(name: &str, flag: &str, env: &[(&str, &str)], passed: &str) {
-    let exe = std::env::current_exe().expect("test binary");
-    let out = std::process::Command::new(exe)
-        .args([
-            "--exact",
-            name,
-            "--ignored",
-            "--test-threads=1",
-            "--nocapture",
-        ])
-        .env(flag, "1")
-        .envs(env.iter().copied())
-        .output()
-        .expect("run child");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "child failed:\n{text}");
-    assert!(
-        text.contains(passed),
-        "child did not run the check:\n{text}"
-    );
+    crate::test_child::run(name, flag, env, passed);
 }
 
 /// Polls `f` until it yields, failing the test after `PATIENCE`.
