@@ -8,7 +8,8 @@
 //! difference is the work of the layers, with little of the machine's noise in it.
 //! `cargo bench -p lossy-cli --bench message_cost [-- [LIBRARY.so] [--vs-library PEER.so]]`
 //! (default: this build's library); the peer, NCCL's Socket transport built as a plugin, say,
-//! is timed in the same rounds.
+//! is timed in the same rounds. The last row, `idle test`, is what a `test` of a posted receive
+//! costs while nothing has arrived (a bare non-blocking `read` on the raw path).
 
 use std::io::{IoSlice, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -59,6 +60,40 @@ impl Plugin {
         self.rbuf = Some(rbuf);
         self.sbuf = Some(s.finish_one().expect("send").0);
     }
+
+    /// Nanoseconds per `test` of a posted receive while nothing has arrived (what a proxy's
+    /// poll costs while it waits for its peer), over `polls` calls; the message then comes
+    /// and completes the receive.
+    fn empty_test(&mut self, polls: usize) -> f64 {
+        let buf = self.rbuf.take().expect("receive buffer");
+        let item = RecvItem {
+            buf,
+            size: 8,
+            tag: 1,
+            mr: self.rmr,
+        };
+        let Posted::Started(mut r) = self.recv.irecv([item]).expect("irecv") else {
+            panic!("irecv found no free request");
+        };
+        let ns = time(polls, || {
+            assert!(
+                r.test().expect("test receive").is_none(),
+                "nothing was sent"
+            );
+        });
+        let buf = self.sbuf.take().expect("send buffer");
+        let Posted::Started(mut s) = self.send.isend(buf, 8, 1, self.smr).expect("isend") else {
+            panic!("isend found no free request");
+        };
+        let (mut received, mut sent) = (false, false);
+        while !(received && sent) {
+            received = received || r.test().expect("test receive").is_some();
+            sent = sent || s.test().expect("test send").is_some();
+        }
+        self.rbuf = Some(r.finish_one().expect("receive").0);
+        self.sbuf = Some(s.finish_one().expect("send").0);
+        ns
+    }
 }
 
 struct Raw {
@@ -69,6 +104,12 @@ struct Raw {
 }
 
 impl Raw {
+    /// Nanoseconds per non-blocking read that finds nothing, over `polls` calls.
+    fn empty_read(&mut self, polls: usize) -> f64 {
+        let mut head = [0u8; 8];
+        time(polls, || assert_eq!(moved(self.rx.read(&mut head)), 0))
+    }
+
     fn message(&mut self, size: usize) {
         let header = (size as u64).to_le_bytes();
         let total = header.len() + size;
@@ -114,6 +155,22 @@ fn time(iters: usize, mut f: impl FnMut()) -> f64 {
         f();
     }
     start.elapsed().as_nanos() as f64 / iters as f64
+}
+
+/// Prints one row: the medians of the rounds of each path (the peer's when it ran).
+fn print_row(label: &str, iters: usize, p: Vec<f64>, r: Vec<f64>, q: Vec<f64>) {
+    let (p, r) = (median(p), median(r));
+    print!(
+        "{label:>10} {iters:>7} | {p:>10.0} {r:>10.0} | {:>9.0} {:>6.0}%",
+        p - r,
+        100.0 * r / p
+    );
+    if q.is_empty() {
+        println!();
+    } else {
+        let q = median(q);
+        println!(" | {q:>7.0} {:>6.0}%", 100.0 * q / p);
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -218,19 +275,20 @@ fn main() {
                 q.push(time(iters, || other.message(size)));
             }
         }
-        let (p, r) = (median(p), median(r));
-        print!(
-            "{size:>10} {iters:>7} | {p:>10.0} {r:>10.0} | {:>9.0} {:>6.0}%",
-            p - r,
-            100.0 * r / p
-        );
-        if q.is_empty() {
-            println!();
-        } else {
-            let q = median(q);
-            println!(" | {q:>7.0} {:>6.0}%", 100.0 * q / p);
+        print_row(&size.to_string(), iters, p, r, q);
+    }
+    // A poll that finds nothing: what each pass of a waiting proxy costs, and so how soon it
+    // sees bytes that arrive.
+    let polls = 100_000;
+    let (mut p, mut r, mut q) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        p.push(plugin.empty_test(polls));
+        r.push(raw.empty_read(polls));
+        if let Some((_, other)) = peer.as_mut() {
+            q.push(other.empty_test(polls));
         }
     }
+    print_row("idle test", polls, p, r, q);
     for (c, p) in [Some((client, plugin)), peer].into_iter().flatten() {
         p.send.close().expect("closeSend");
         p.recv.close().expect("closeRecv");
