@@ -572,3 +572,37 @@ fn an_inner_plugin_that_reports_no_sizes_is_wrapped_as_nccl_uses_it() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn inner_posts_answered_not_yet_lose_and_count_as_on_our_sockets() {
+    // A plugin may answer isend/irecv with a NULL request ("not yet"); NCCL posts the same
+    // message again later. The inner plugin here refuses every other post (the forwarding
+    // fixture with FORWARD_PLUGIN_NULL_POSTS=1, in front of the calibration plugin), so side
+    // messages, data messages and their retries all meet a refusal: every message must still
+    // be lost and damaged exactly as on our own sockets with the same seed, and counted once.
+    let dir = fresh_dir("null-posts");
+    let target = common::build_fixture_with("wrap-null-posts-target", "inline_tcp_plugin.c", &[]);
+    let inner = common::build_fixture("wrap-null-posts", "forward_plugin.c");
+    let target = target.display().to_string();
+    let quirks = [
+        ("FORWARD_PLUGIN_TARGET", target.as_str()),
+        ("FORWARD_PLUGIN_NULL_POSTS", "1"),
+    ];
+    for effect in ["zero", "stale", "retransmit"] {
+        let direct_stats = dir.join(format!("direct-{effect}"));
+        let wrapped_stats = dir.join(format!("wrapped-{effect}"));
+        let direct = total_census(&lossy_messages(effect, None, &direct_stats));
+        let wrapped = total_census(&lossy_messages_env(
+            effect,
+            Some(&inner),
+            &wrapped_stats,
+            &quirks,
+        ));
+        assert_eq!(wrapped, direct, "{effect}");
+        let d = load_run(&direct_stats).expect("direct statistics");
+        let w = load_run(&wrapped_stats).expect("wrapped statistics");
+        assert_eq!(w.total.counts, d.total.counts, "{effect}");
+        assert!(w.total.counts.lost_packets > 0, "{effect}: nothing lost");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -13,9 +13,74 @@ use super::{Job, PacketCensus, StressCounts, WorkerReport};
 use crate::harness::bootstrap::Bootstrap;
 use crate::harness::net::ring_comms;
 use crate::harness::plugin_client::{
-    establish, op, PluginClient, PluginLibrary, Posted, RecvItem, HANDLE_BYTES,
+    establish, op, HostBuffer, MrHandle, PluginClient, PluginLibrary, Posted, RecvComm, RecvItem,
+    Request, SendComm, HANDLE_BYTES,
 };
 use nccl_net_lossy::{Error, Result};
+
+/// Posts a receive of `items` as NCCL's proxy does (`src/transport/net.cc`,
+/// `recvProxyProgress`): while the plugin answers "not yet" (a NULL request), the same
+/// buffers are posted again, after `progress` (tests of the requests already in flight),
+/// until `deadline`.
+fn irecv_until_started(
+    recv: &RecvComm,
+    mut items: Vec<RecvItem>,
+    deadline: Instant,
+    mut progress: impl FnMut() -> Result<()>,
+) -> Result<Request> {
+    let shape: Vec<(usize, i32, MrHandle)> = items.iter().map(|i| (i.size, i.tag, i.mr)).collect();
+    loop {
+        match recv.irecv(items)? {
+            Posted::Started(r) => return Ok(r),
+            Posted::Busy(back) => {
+                if Instant::now() > deadline {
+                    return Err(Error::remote("the plugin answered every receive with NULL"));
+                }
+                progress()?;
+                std::thread::yield_now();
+                items = back
+                    .into_iter()
+                    .zip(&shape)
+                    .map(|(buf, &(size, tag, mr))| RecvItem { buf, size, tag, mr })
+                    .collect();
+            }
+        }
+    }
+}
+
+/// Posts a send of `buf[..size]` as [`irecv_until_started`] posts a receive (NCCL's
+/// `sendProxyProgress` posts a refused send again).
+fn isend_until_started(
+    send: &SendComm,
+    mut buf: HostBuffer,
+    (size, tag, mr): (usize, i32, MrHandle),
+    deadline: Instant,
+    mut progress: impl FnMut() -> Result<()>,
+) -> Result<Request> {
+    loop {
+        match send.isend(buf, size, tag, mr)? {
+            Posted::Started(r) => return Ok(r),
+            Posted::Busy(mut back) => {
+                if Instant::now() > deadline {
+                    return Err(Error::remote("the plugin answered every send with NULL"));
+                }
+                progress()?;
+                std::thread::yield_now();
+                buf = back
+                    .pop()
+                    .ok_or_else(|| Error::internal("a refused send gave no buffer back"))?;
+            }
+        }
+    }
+}
+
+/// Tests each of `reqs` once (progress while a post waits).
+fn test_each(reqs: &mut [Request]) -> Result<()> {
+    for r in reqs {
+        r.test()?;
+    }
+    Ok(())
+}
 
 /// Size of the message with `tag` of `step` from `rank`: distinct per tag (so a mix-up
 /// shows), mostly small, every fourth one over 128 KiB so it is cut into chunks on several
@@ -100,10 +165,8 @@ pub(super) fn grouped(
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
-            match recv.irecv(items)? {
-                Posted::Started(r) => rreqs.push(r),
-                Posted::Busy(_) => return Err(Error::internal("no receive slot")),
-            }
+            let r = irecv_until_started(&recv, items, deadline, || test_each(&mut rreqs))?;
+            rreqs.push(r);
         }
         let mut sreqs = Vec::with_capacity(order.len());
         for &(d, tag) in &order {
@@ -112,10 +175,14 @@ pub(super) fn grouped(
                 .map(|i| grouped_byte(rank, tag, step(d), i))
                 .collect();
             let mr = send.reg_mr(&mut buf)?;
-            match send.isend(buf.into_boxed_slice(), size, tag as i32, mr)? {
-                Posted::Started(r) => sreqs.push(r),
-                Posted::Busy(_) => return Err(Error::internal("no send slot")),
-            }
+            let r = isend_until_started(
+                &send,
+                buf.into_boxed_slice(),
+                (size, tag as i32, mr),
+                deadline,
+                || test_each(&mut rreqs).and_then(|()| test_each(&mut sreqs)),
+            )?;
+            sreqs.push(r);
         }
         while !(rreqs.iter().all(|r| r.is_done()) && sreqs.iter().all(|r| r.is_done())) {
             for r in rreqs.iter_mut().chain(sreqs.iter_mut()) {
@@ -221,24 +288,25 @@ pub(super) fn messages(
     for msg in 0..shape.count {
         let mut rbuf = vec![STALE_BYTE; shape.bytes].into_boxed_slice();
         let rmr = recv.reg_mr(&mut rbuf)?;
-        let mut rreq = match recv.irecv(vec![RecvItem {
+        let deadline = Instant::now() + job.timeout();
+        let item = RecvItem {
             buf: rbuf,
             size: shape.bytes,
             tag: 0,
             mr: rmr,
-        }])? {
-            Posted::Started(r) => r,
-            Posted::Busy(_) => return Err(Error::internal("no receive slot")),
         };
+        let mut rreq = irecv_until_started(&recv, vec![item], deadline, || Ok(()))?;
         let mut sbuf: Vec<u8> = (0..shape.bytes)
             .map(|i| message_byte(rank, msg, i))
             .collect();
         let smr = send.reg_mr(&mut sbuf)?;
-        let mut sreq = match send.isend(sbuf.into_boxed_slice(), shape.bytes, 0, smr)? {
-            Posted::Started(r) => r,
-            Posted::Busy(_) => return Err(Error::internal("no send slot")),
-        };
-        let deadline = Instant::now() + job.timeout();
+        let mut sreq = isend_until_started(
+            &send,
+            sbuf.into_boxed_slice(),
+            (shape.bytes, 0, smr),
+            deadline,
+            || rreq.test().map(|_| ()),
+        )?;
         while !(rreq.is_done() && sreq.is_done()) {
             rreq.test()?;
             sreq.test()?;
