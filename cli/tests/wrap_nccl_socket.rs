@@ -225,6 +225,73 @@ fn every_net_abi_version_is_bit_exact_over_nccl_socket() {
     }
 }
 
+#[test]
+fn an_nccl_socket_init_that_finds_no_interface_fails_our_init() {
+    // NCCL's Socket transport fails its init with ncclInternalError when no interface
+    // matches NCCL_SOCKET_IFNAME ("NET/Socket : no interface found"): our init must fail too,
+    // on every version, and not come up with no network.
+    let Some(inner) = nccl_socket() else { return };
+    for version in [8, 12] {
+        let mut job = Job::collectives(
+            library(),
+            vec![LinkKind::Plugin],
+            every(&[4096], &[DataType::F32]),
+        );
+        job.version = version;
+        job.timeout_s = 20.0;
+        let mut env = wrap_env(&inner, "configs/lossless.toml");
+        env.retain(|(k, _)| k != "NCCL_SOCKET_IFNAME");
+        env.push(("NCCL_SOCKET_IFNAME".into(), "=no-such-interface0".into()));
+        let err = match launch_env(2, job, env) {
+            Ok(_) => panic!("v{version}: a run over a Socket plugin with no interface succeeded"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            err.contains("net plugin Socket") && err.contains("init returned ncclInternalError"),
+            "v{version}: {err}"
+        );
+    }
+}
+
+#[test]
+fn every_net_abi_version_shows_the_socket_devices_properties() {
+    // What NCCL's topology reads of a device (PCI path, GUID, speed, port, latency, maxComms,
+    // message limits) is the inner device's; ptrSupport, maxRecvs and the device type are
+    // ours (docs/wrap.md, "What NCCL sees").
+    let Some(inner) = nccl_socket() else { return };
+    let lib = wrapped_lib(&inner);
+    let direct_lib = PluginLibrary::open(&inner).expect("dlopen the Socket plugin");
+    let direct = PluginClient::init(&direct_lib, 12, 300).expect("init the Socket plugin");
+    let n = direct.devices().expect("devices");
+    assert!(n > 0, "the Socket plugin has no device");
+    for version in 8..=12u32 {
+        let ours = PluginClient::init(&lib, version, 310 + u64::from(version)).expect("init");
+        assert_eq!(ours.devices().expect("devices"), n, "v{version}");
+        for dev in 0..n {
+            let d = direct.properties(dev).expect("Socket properties");
+            let w = ours.properties(dev).expect("our properties");
+            assert_eq!(w.name, format!("Socket:{}", d.name), "v{version}");
+            assert_eq!(w.pci_path, d.pci_path, "v{version}");
+            assert_eq!(
+                (w.guid, w.speed_mbps, w.port, w.max_comms),
+                (d.guid, d.speed_mbps, d.port, d.max_comms),
+                "v{version}"
+            );
+            assert_eq!(w.latency_us.to_bits(), d.latency_us.to_bits(), "v{version}");
+            assert_eq!(w.ptr_support, 1, "v{version}: NCCL_PTR_HOST only");
+            assert_eq!((w.max_recvs, w.net_device_type), (1, 0), "v{version}");
+            if version >= 9 {
+                assert_eq!(
+                    (w.max_p2p_bytes, w.max_coll_bytes),
+                    (d.max_p2p_bytes, d.max_coll_bytes),
+                    "v{version}"
+                );
+                assert_eq!(w.vdevs, [dev], "v{version}");
+            }
+        }
+    }
+}
+
 /// Runs `lossy` with `args` and `env` (over loopback); returns (success, stdout, stderr).
 fn lossy(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     let out = Command::new(lossy_exe())

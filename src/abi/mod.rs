@@ -377,10 +377,17 @@ fn accept(listen_comm: *mut c_void, recv_comm: *mut *mut c_void) -> Result<()> {
     Ok(())
 }
 
-/// Frees the handle of `kind` (a `T` our listen, connect or accept made) that NCCL hands back
-/// to `call` (`closeListen`, `closeSend`, `closeRecv`); closing NULL does nothing, as with
+/// Closes and frees the handle of `kind` (a `T` our listen, connect or accept made) that NCCL
+/// hands back to `call` (`closeListen`, `closeSend`, `closeRecv`): `close` closes it first and
+/// its error (a wrapped plugin's own close that failed) is NCCL's, after the handle is freed
+/// all the same, as NCCL never uses a closed comm again. Closing NULL does nothing, as with
 /// NCCL's own plugins.
-fn close_handle<T>(handle: *mut c_void, kind: Kind, call: &str) -> Result<()> {
+fn close_handle<T>(
+    handle: *mut c_void,
+    kind: Kind,
+    call: &str,
+    close: impl FnOnce(&mut T) -> Result<()>,
+) -> Result<()> {
     if handle.is_null() {
         return Ok(());
     }
@@ -389,8 +396,10 @@ fn close_handle<T>(handle: *mut c_void, kind: Kind, call: &str) -> Result<()> {
     unsafe { checked::<T>(handle, kind, call)? };
     // SAFETY: as above: the Box our call made, no longer used by NCCL (no request of a comm
     // is in use when NCCL closes it).
-    drop(unsafe { Box::from_raw(handle as *mut T) });
-    Ok(())
+    let mut comm = unsafe { Box::from_raw(handle as *mut T) };
+    let outcome = close(&mut comm);
+    drop(comm);
+    outcome
 }
 
 // ---- comms and requests -------------------------------------------------------------------
@@ -600,15 +609,24 @@ fn test(request: *mut c_void, done: *mut c_int, sizes: *mut c_int) -> Result<()>
 }
 
 fn close_send(send_comm: *mut c_void) -> Result<()> {
-    close_handle::<AbiSendComm>(send_comm, Kind::Send, "closeSend")
+    close_handle(send_comm, Kind::Send, "closeSend", |c: &mut AbiSendComm| {
+        c.comm.close()
+    })
 }
 
 fn close_recv(recv_comm: *mut c_void) -> Result<()> {
-    close_handle::<AbiRecvComm>(recv_comm, Kind::Recv, "closeRecv")
+    close_handle(recv_comm, Kind::Recv, "closeRecv", |c: &mut AbiRecvComm| {
+        c.comm.close()
+    })
 }
 
 fn close_listen(listen_comm: *mut c_void) -> Result<()> {
-    close_handle::<AbiListenComm>(listen_comm, Kind::Listen, "closeListen")
+    close_handle(
+        listen_comm,
+        Kind::Listen,
+        "closeListen",
+        |c: &mut AbiListenComm| c.comm.close(),
+    )
 }
 
 // ---- memory registration ------------------------------------------------------------------

@@ -49,6 +49,11 @@ impl ListenComm {
             runtime: Arc::clone(&self.runtime),
         }))
     }
+
+    /// Closes the endpoint (NCCL's `closeListen`), reporting the transport's error.
+    pub fn close(&mut self) -> Result<()> {
+        self.listener.close()
+    }
 }
 
 /// A connection being established (parked in its context between `connect` calls).
@@ -317,6 +322,12 @@ impl SendComm {
         self.conn.deregister(mr)
     }
 
+    /// Closes the connection (NCCL's `closeSend`), reporting the transport's error; the drop
+    /// that follows finishes the bookkeeping.
+    pub fn close(&self) -> Result<()> {
+        self.conn.close()
+    }
+
     /// Reports whether request `id` is done.
     pub fn test(&self, id: RequestId) -> Result<Option<Completion>> {
         let done = self.conn.test(id)?;
@@ -388,6 +399,11 @@ impl RecvComm {
     /// Releases a registration made by [`RecvComm::register`].
     pub fn deregister(&self, mr: MrHandle) -> Result<()> {
         self.conn.deregister(mr)
+    }
+
+    /// Closes the connection (NCCL's `closeRecv`), as [`SendComm::close`].
+    pub fn close(&self) -> Result<()> {
+        self.conn.close()
     }
 }
 

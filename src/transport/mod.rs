@@ -143,6 +143,13 @@ pub trait Listener: Send {
     /// Advances pending handshakes; `Ok(None)` means "no complete peer yet, call again".
     /// A peer that fails the handshake is dropped (and logged) without failing the listener.
     fn poll_accept(&mut self) -> Result<Option<Box<dyn RecvConn>>>;
+
+    /// Closes the endpoint now and says whether that went well (NCCL's `closeListen`); the
+    /// drop that follows has nothing left to do. The default closes at drop, which cannot
+    /// fail.
+    fn close(&mut self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// The sending half of a connection. Closing is dropping: all threads are joined and all
@@ -164,6 +171,13 @@ pub trait SendConn: Send + Sync {
 
     /// Reports whether request `id` is done; a finished request's slot is freed.
     fn test(&self, id: RequestId) -> Result<Option<Completion>>;
+
+    /// Closes the connection now and says whether that went well (NCCL's `closeSend`); the
+    /// drop that follows has nothing left to do. The default closes at drop, which cannot
+    /// fail.
+    fn close(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// The receiving half of a connection. Closing is dropping, as for [`SendConn`].
@@ -184,4 +198,10 @@ pub trait RecvConn: Send + Sync {
 
     /// Reports whether request `id` is done and how many bytes each buffer got.
     fn test(&self, id: RequestId) -> Result<Option<Completion>>;
+
+    /// Closes the connection now and says whether that went well (NCCL's `closeRecv`), as
+    /// [`SendConn::close`].
+    fn close(&self) -> Result<()> {
+        Ok(())
+    }
 }

@@ -2,6 +2,7 @@
 //! buffers, and the queue that tests the inner requests strictly in posting order.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::inner::InnerPlugin;
@@ -74,13 +75,16 @@ pub(super) unsafe fn close(
     }
 }
 
-/// What both halves of a wrapped connection hold: the inner comm (live until this is
-/// dropped) and its side buffers. Dropping it releases the side buffers and closes the comm.
+/// What both halves of a wrapped connection hold: the inner comm (live until
+/// [`InnerConn::close`] or the drop) and its side buffers. Closing (or dropping) it releases
+/// the side buffers and closes the comm.
 pub(super) struct InnerConn {
     pub(super) plugin: Arc<InnerPlugin>,
     pub(super) comm: NetComm,
     pub(super) side: SideArea,
     pub(super) direction: Direction,
+    /// Set once the comm is closed: it is never used again, nor closed twice.
+    closed: AtomicBool,
 }
 
 impl InnerConn {
@@ -101,7 +105,25 @@ impl InnerConn {
             comm,
             side,
             direction,
+            closed: AtomicBool::new(false),
         })
+    }
+
+    /// Releases the side buffers and closes the inner comm (NCCL's `closeSend` or
+    /// `closeRecv` of ours), once: the inner plugin's error, if either call failed, is ours,
+    /// as it would be NCCL's with that plugin alone. Both calls are made whatever the first
+    /// one returned.
+    pub(super) fn close(&self) -> Result<()> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        // SAFETY: the side registration of our live comm, released once (the flag above);
+        // then the comm is closed once and never used again: NCCL closes a comm with no
+        // request in flight and uses it no more.
+        let dereg = unsafe { self.plugin.net.dereg_mr(self.comm, self.side.mr) };
+        // SAFETY: as above.
+        let closed = unsafe { close(&self.plugin, self.comm, self.direction) };
+        closed.and(dereg)
     }
 
     pub(super) fn register(&self, buf: HostBuf) -> Result<MrHandle> {
@@ -157,16 +179,9 @@ impl InnerConn {
 
 impl Drop for InnerConn {
     fn drop(&mut self) {
-        // SAFETY: the side registration of our live comm, released once; then the comm is
-        // closed once and never used again (this is its owner).
-        let outcome = unsafe {
-            self.plugin.net.dereg_mr(self.comm, self.side.mr).and(close(
-                &self.plugin,
-                self.comm,
-                self.direction,
-            ))
-        };
-        if let Err(err) = outcome {
+        // Nothing to do when NCCL's close already closed it; a comm dropped without one (a
+        // connection given up half-way) can only log what went wrong.
+        if let Err(err) = self.close() {
             log::warn(&err.to_string());
         }
     }

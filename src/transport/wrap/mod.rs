@@ -198,6 +198,7 @@ impl Transport for WrapTransport {
             plugin: Arc::clone(&self.plugin),
             comm,
             options: self.options,
+            closed: false,
         }))
     }
 
@@ -266,11 +267,16 @@ struct WrapListener {
     plugin: Arc<InnerPlugin>,
     comm: NetComm,
     options: WrapOptions,
+    /// Set once the inner listen comm is closed (never used again, nor closed twice).
+    closed: bool,
 }
 
 impl Listener for WrapListener {
     fn poll_accept(&mut self) -> Result<Option<Box<dyn RecvConn>>> {
-        // SAFETY: our listen comm, open until this listener is dropped.
+        if self.closed {
+            return Err(Error::invalid_usage("accept on a closed listen comm"));
+        }
+        // SAFETY: our listen comm, open until `close` (checked above) or the drop.
         let Some(comm) = (unsafe { self.plugin.net.accept(self.comm)? }) else {
             return Ok(None);
         };
@@ -289,12 +295,21 @@ impl Listener for WrapListener {
             }),
         })))
     }
+
+    /// The inner `closeListen`, once; its error is ours.
+    fn close(&mut self) -> Result<()> {
+        if std::mem::replace(&mut self.closed, true) {
+            return Ok(());
+        }
+        // SAFETY: our listen comm, closed once (the flag above) and never used again;
+        // accepted comms are independent of it.
+        unsafe { self.plugin.net.close_listen(self.comm) }
+    }
 }
 
 impl Drop for WrapListener {
     fn drop(&mut self) {
-        // SAFETY: our listen comm, closed once, here; accepted comms are independent of it.
-        if let Err(err) = unsafe { self.plugin.net.close_listen(self.comm) } {
+        if let Err(err) = self.close() {
             log::warn(&err.to_string());
         }
     }
@@ -434,6 +449,10 @@ impl SendConn for WrapSendConn {
 
     fn deregister(&self, mr: MrHandle) -> Result<()> {
         self.conn.deregister(mr)
+    }
+
+    fn close(&self) -> Result<()> {
+        self.conn.close()
     }
 }
 
@@ -631,6 +650,10 @@ impl RecvConn for WrapRecvConn {
 
     fn deregister(&self, mr: MrHandle) -> Result<()> {
         self.conn.deregister(mr)
+    }
+
+    fn close(&self) -> Result<()> {
+        self.conn.close()
     }
 }
 
