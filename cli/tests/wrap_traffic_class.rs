@@ -68,12 +68,25 @@ fn a_v12_inner_plugin_gets_each_communicators_traffic_class_and_net_attributes()
             OK
         );
     }
-    for ctx in contexts {
+    let (last, others) = contexts.split_last().expect("contexts");
+    for &ctx in others {
         // SAFETY: a context made above, finalized once.
         assert_eq!(unsafe { v12.finalize.expect("finalize")(ctx) }, OK);
     }
+    // While one communicator lives, the inner contexts all live (they are shared by class).
     let text = std::fs::read_to_string(&log).expect("the inner plugin's class log");
-    let mut inits: Vec<&str> = text.lines().collect();
+    assert!(!text.contains("finalize"), "{text}");
+    // SAFETY: the last context made above, finalized once.
+    assert_eq!(unsafe { v12.finalize.expect("finalize")(*last) }, OK);
+    let text = std::fs::read_to_string(&log).expect("the inner plugin's class log");
+    // Our last finalize finalizes every inner context, each once.
+    let mut ends: Vec<&str> = text.lines().filter(|l| l.starts_with("finalize")).collect();
+    ends.sort_unstable();
+    assert_eq!(ends, ["finalize -1", "finalize 3", "finalize 5"], "{text}");
+    let mut inits: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with("finalize"))
+        .collect();
     // The context made when the inner plugin loads has no class (-1); then one per class
     // in use, each made once while the wrapped plugin lives.
     inits.sort_unstable();
