@@ -53,6 +53,16 @@ pub fn read_regular_file(path: &Path, cap: u64, what: &str) -> Result<String, St
         .map_err(|_| format!("{}: cannot read {what}: not UTF-8 text", path.display()))
 }
 
+/// Why `path` is not a regular file, for errors: "does not exist", "is not a regular file
+/// (a FIFO)", or the error that stat gave (a symbolic link loop, no permission, ...).
+pub fn why_not_a_file(path: &Path) -> String {
+    match std::fs::metadata(path) {
+        Ok(meta) => format!("is not a regular file ({})", file_kind(&meta.file_type())),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => "does not exist".into(),
+        Err(err) => format!("cannot be read: {err}"),
+    }
+}
+
 /// What a file that is not a regular one is, for errors: "a directory", "a FIFO", ...
 pub fn file_kind(kind: &std::fs::FileType) -> &'static str {
     use std::fs::FileType;

@@ -93,8 +93,9 @@ pub fn plugin_library(arg: Option<&Path>) -> Result<PathBuf> {
     match arg.map(Path::to_path_buf).or(from_env) {
         Some(path) if path.is_file() => Ok(path),
         Some(path) => Err(nccl_net_lossy::Error::invalid_argument(format!(
-            "net plugin library {} does not exist",
-            path.display()
+            "net plugin library {} {}",
+            path.display(),
+            nccl_net_lossy::files::why_not_a_file(&path)
         ))),
         None => default_library_path(),
     }

@@ -83,8 +83,9 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
     };
     if !library.is_file() {
         return Err(format!(
-            "plugin library {} does not exist",
-            library.display()
+            "plugin library {} {}",
+            library.display(),
+            nccl_net_lossy::files::why_not_a_file(&library)
         ));
     }
 

@@ -1,0 +1,86 @@
+//! Hostile or mistaken files named by the environment and by profiles, through the real
+//! library (`dlopen`, `init` in a process of its own) and the `lossy` binary: each must give
+//! an error naming the file and what is allowed, at once, never a hang or a crash.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::{library, lossy_exe, make_fifo, output_within_10s, say, ROLE_ENV};
+use lossy_cli::harness::plugin_client::{PluginClient, PluginLibrary};
+
+const CHILD: &str = "hostile_files_child";
+
+/// Runs the plugin's `init` alone in a fresh process with `env` set: its stdout and stderr.
+/// A child still running after 10 s fails the test (a hang).
+fn init_only(env: &[(&str, &str)], what: &str) -> (String, String) {
+    let exe = std::env::current_exe().expect("test binary");
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        "--exact",
+        CHILD,
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(ROLE_ENV, "init_only")
+    .env("NCCL_SOCKET_IFNAME", "lo")
+    .env_remove("NCCL_LOSSY_PROFILE")
+    .env_remove("NCCL_LOSSY_SET")
+    .env_remove("NCCL_LOSSY_STATS")
+    .envs(env.iter().copied());
+    let out = output_within_10s(&mut cmd, what);
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn path_str(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
+}
+
+#[test]
+fn an_inner_plugin_that_is_a_fifo_fails_init_at_once_naming_it() {
+    // dlopen opens its file with a blocking open: a FIFO hung `init` (NCCL's thread) forever.
+    let dir = common::fresh_dir("inner-fifo");
+    let fifo = dir.join("libnccl-net-fifo.so");
+    make_fifo(&fifo);
+    let (stdout, stderr) = init_only(
+        &[("NCCL_LOSSY_INNER", path_str(&fifo))],
+        "init with NCCL_LOSSY_INNER naming a FIFO",
+    );
+    assert!(stdout.contains("INIT failed"), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(&format!("{}: not a regular file (a FIFO)", fifo.display())),
+        "{stderr}"
+    );
+    // The same file as the library `lossy demo` drives: refused naming what it is.
+    let out = output_within_10s(
+        Command::new(lossy_exe()).args(["demo", "--ranks", "2", "--library", path_str(&fifo)]),
+        "lossy demo --library naming a FIFO",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("is not a regular file (a FIFO)"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The child side of the tests above: acts on [`ROLE_ENV`].
+#[test]
+#[ignore = "run by the other tests of this file in a process of its own"]
+fn hostile_files_child() {
+    let Ok(role) = std::env::var(ROLE_ENV) else {
+        return;
+    };
+    let lib = PluginLibrary::open(&library()).expect("dlopen");
+    if role == "init_only" {
+        match PluginClient::init(&lib, 12, 900) {
+            Ok(_) => say("INIT ok"),
+            Err(e) => say(&format!("INIT failed: {e}")),
+        }
+    }
+}
