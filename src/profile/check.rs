@@ -1,6 +1,7 @@
 //! Checks a profile tree against the schema (docs/loss-models.md) and resolves it into a
 //! [`Profile`]; every error says where the value came from, its dotted key and what is allowed.
 
+use std::cell::RefCell;
 use std::path::Path;
 use std::time::Duration;
 
@@ -8,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::ids::{CollectiveId, Phase};
 use crate::loss::effect::MIN_MTU;
 use crate::loss::model::params::{param_type, ParamType, ParamValue};
-use crate::loss::model::{kind_names, model_keys, ModelSpec, RawModel};
+use crate::loss::model::{kind_names, model_keys, LoadedTraces, ModelSpec, RawModel};
 use crate::loss::plan::{Effect, DEFAULT_MTU, DEFAULT_RETRANSMIT_TIMEOUT, MAX_RETRANSMIT_TIMEOUT};
 use crate::loss::rules::{Action, Direction, Match, Rule};
 use crate::profile::tree::{At, Node, Val};
@@ -56,6 +57,8 @@ pub(super) struct Checker<'a> {
     pub(super) origin: &'a str,
     /// Where each layer of overrides came from (`NCCL_LOSSY_SET`, `--set`), by layer.
     pub(super) sources: &'a [&'a str],
+    /// The traces read so far, shared by every rule that names the same one.
+    pub(super) traces: RefCell<LoadedTraces>,
 }
 
 impl Checker<'_> {
@@ -267,7 +270,7 @@ impl Checker<'_> {
             None => self.bad_key(node.at, &join(path, key), message),
         };
         let mut spec = ModelSpec::from_raw(&raw).map_err(|e| locate(e.key, e.message))?;
-        spec.load_trace(base)
+        spec.load_trace(base, &mut self.traces.borrow_mut())
             .map_err(|e| locate(e.key, e.message))?;
         Ok(spec)
     }

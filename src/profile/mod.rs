@@ -207,6 +207,7 @@ impl Profile {
         let mut profile = check::Checker {
             origin,
             sources: &sources,
+            traces: Default::default(),
         }
         .profile(&root, base)?;
         profile.overrides = layers

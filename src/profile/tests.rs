@@ -559,3 +559,42 @@ fn the_number_of_rules_is_limited_and_the_summary_stays_short() {
     let p = parse(&format!("[[rules]]\npeer = [{}]\n", peers.join(","))).unwrap();
     assert!(p.summary().len() <= MAX_SUMMARY_BYTES + 100);
 }
+
+#[test]
+fn rules_naming_one_trace_share_one_loaded_copy() {
+    // Each rule naming the trace loaded it again: 16 rules over an 8 MiB bitmap held 1.1 GB,
+    // and 1024 rules (the limit) over a 16 MiB one would have asked for 128 GiB at `init`.
+    let dir = std::env::temp_dir().join(format!("lossy-profile-shared-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("drops.txt"), "0110\n").unwrap();
+    std::fs::write(dir.join("other.txt"), "1\n").unwrap();
+    let trace =
+        |file: &str| format!("{{ kind = \"trace\", file = \"{file}\", format = \"bitmap\" }}");
+    let mut text = format!("model = {}\n", trace("drops.txt"));
+    for peer in 0..4 {
+        text.push_str(&format!(
+            "[[rules]]\npeer = {peer}\nmodel = {}\n",
+            trace("drops.txt")
+        ));
+    }
+    text.push_str(&format!("[[rules]]\nmodel = {}\n", trace("other.txt")));
+    let path = dir.join("p.toml");
+    std::fs::write(&path, text).unwrap();
+    let p = Profile::load(Some(&path), "").unwrap();
+    let data = |model: &ModelSpec| match model {
+        ModelSpec::Trace(t) => std::sync::Arc::clone(t.data.as_ref().expect("loaded")),
+        other => panic!("not a trace: {other:?}"),
+    };
+    let first = data(&p.defaults.model);
+    for rule in &p.rules[..4] {
+        assert!(
+            std::sync::Arc::ptr_eq(&first, &data(&rule.action.model)),
+            "a rule loaded its own copy of the trace"
+        );
+    }
+    // Another file is another trace.
+    let other = data(&p.rules[4].action.model);
+    assert!(!std::sync::Arc::ptr_eq(&first, &other));
+    assert_eq!(other.length, 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -15,7 +15,7 @@
 //! reproduces those per-packet processes in distribution (tests check it against a per-packet
 //! reference), not draw for draw.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::loss::trace::{TraceData, TraceEnd, TraceFormat, TraceStart};
@@ -67,6 +67,10 @@ pub enum ModelSpec {
     /// A recorded drop pattern replayed from a file.
     Trace(TraceSpec),
 }
+
+/// The traces one profile has loaded, by (file, format, length), for
+/// [`ModelSpec::load_trace`] to share among the rules that name the same one.
+pub type LoadedTraces = Vec<((PathBuf, TraceFormat, Option<u64>), Arc<TraceData>)>;
 
 /// Where a trace comes from and how it is replayed.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -146,19 +150,34 @@ impl ModelSpec {
     }
 
     /// Reads a trace model's file (relative paths from `base`); other kinds: nothing to do.
-    pub fn load_trace(&mut self, base: Option<&Path>) -> Result<(), ModelError> {
+    /// A trace `loaded` already holds (same file, format and length: another rule naming it)
+    /// is shared, not read again: each copy holds 16 bytes per lost run, so rules naming one
+    /// trace would multiply the memory by their number.
+    pub fn load_trace(
+        &mut self,
+        base: Option<&Path>,
+        loaded: &mut LoadedTraces,
+    ) -> Result<(), ModelError> {
         if let ModelSpec::Trace(spec) = self {
             let path = Path::new(&spec.file);
             let path = match base {
                 Some(dir) if path.is_relative() => dir.join(path),
                 _ => path.to_path_buf(),
             };
-            let data =
-                TraceData::load(&path, spec.format, spec.length).map_err(|message| ModelError {
+            let key = (path, spec.format, spec.length);
+            if let Some((_, data)) = loaded.iter().find(|(k, _)| *k == key) {
+                spec.data = Some(Arc::clone(data));
+                return Ok(());
+            }
+            let data = TraceData::load(&key.0, spec.format, spec.length).map_err(|message| {
+                ModelError {
                     key: "file",
                     message,
-                })?;
-            spec.data = Some(Arc::new(data));
+                }
+            })?;
+            let data = Arc::new(data);
+            spec.data = Some(Arc::clone(&data));
+            loaded.push((key, data));
         }
         Ok(())
     }
