@@ -99,9 +99,28 @@ impl StatsFile {
     pub fn read(path: &Path) -> Result<StatsFile> {
         let text = read_regular_file(path, MAX_STATS_FILE_BYTES, "statistics file")
             .map_err(Error::invalid_argument)?;
-        let file: StatsFile = serde_json::from_str(&text).map_err(|e| {
+        let not_stats = |e: serde_json::Error| {
             Error::invalid_argument(format!("{} is not a statistics file: {e}", path.display()))
-        })?;
+        };
+        // The version first: a newer version's layout may differ anywhere, and its version is
+        // what to report, not the first field this one misses.
+        #[derive(Deserialize)]
+        struct Version {
+            format_version: Option<serde_json::Value>,
+        }
+        if let Ok(Version {
+            format_version: Some(version),
+        }) = serde_json::from_str::<Version>(&text)
+        {
+            if version.as_u64() != Some(u64::from(FORMAT_VERSION)) {
+                return Err(Error::invalid_argument(format!(
+                    "{}: format_version = {version}: this lossy reads version \
+                     {FORMAT_VERSION} (a file of another lossy release: read it with that one)",
+                    path.display()
+                )));
+            }
+        }
+        let file: StatsFile = serde_json::from_str(&text).map_err(not_stats)?;
         file.check()
             .map_err(|why| Error::invalid_argument(format!("{}: {why}", path.display())))?;
         Ok(file)
@@ -392,6 +411,19 @@ mod tests {
         assert!(err.contains(&path.display().to_string()), "{err}");
         assert!(
             err.contains("format_version = 99") && err.contains("reads version 1"),
+            "{err}"
+        );
+        // A newer version may have changed the layout: the version is what to report, not
+        // the first field this one misses ("not a statistics file: missing field `total`").
+        let err = edit(&|v| {
+            v["format_version"] = 2.into();
+            v.as_object_mut().expect("object").remove("total");
+            v["connections"] = "moved elsewhere".into();
+        });
+        assert!(
+            err.contains("format_version = 2")
+                && err.contains("reads version 1")
+                && !err.contains("missing field"),
             "{err}"
         );
         let err = edit(&|v| v["connections"][0]["by_op"][0]["lost_packets"] = 5.into());
