@@ -83,6 +83,8 @@ impl TraceData {
         length: Option<u64>,
         name: &str,
     ) -> Result<TraceData, String> {
+        // A byte-order mark, which some editors write first, is not part of the trace.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         let mut lost: Vec<u64> = Vec::new();
         let mut packets = 0u64;
         match format {
@@ -107,11 +109,12 @@ impl TraceData {
                             return Err(too_large())
                         }
                         Err(_) => {
+                            // Escaped: a CR or a NUL printed raw hides what is wrong.
                             return Err(format!(
-                                "{name}:{}: \"{body}\" is not a packet index (a non-negative \
+                                "{name}:{}: {body:?} is not a packet index (a non-negative \
                                  integer)",
                                 i + 1
-                            ))
+                            ));
                         }
                     };
                     lost.push(index);
@@ -151,7 +154,7 @@ impl TraceData {
                             c if c.is_whitespace() => {}
                             c => {
                                 return Err(format!(
-                                    "{name}:{}: '{c}' is not allowed in a bitmap trace (only 0, 1, whitespace and # comments)",
+                                    "{name}:{}: {c:?} is not allowed in a bitmap trace (only 0, 1, whitespace and # comments)",
                                     i + 1
                                 ))
                             }
@@ -159,6 +162,13 @@ impl TraceData {
                     }
                 }
             }
+        }
+        if packets == 0 {
+            return Err(format!(
+                "{name}: no packets: the file lists no lost packet index and no length is set \
+                 (indices), or holds no 0 or 1 (bitmap); a trace must describe at least one \
+                 packet (for a trace of no loss, set length with format = \"indices\")"
+            ));
         }
         let mut runs: Vec<(u64, u64)> = Vec::new();
         for index in lost {
@@ -318,6 +328,34 @@ mod tests {
         assert!(err.starts_with("b:2:") && err.contains("'a'"), "{err}");
     }
 
+    #[test]
+    fn invisible_characters_are_shown_escaped_and_an_empty_trace_is_refused() {
+        // A file with old Mac line ends (CR only), a NUL or a byte-order mark: the message
+        // named the value with the characters raw, so it read `"13" is not a packet index`.
+        let err = TraceData::parse("1\r3\r", TraceFormat::Indices, None, "d").unwrap_err();
+        assert!(err.contains(r#""1\r3" is not a packet index"#), "{err}");
+        let err = TraceData::parse("0\u{0}1", TraceFormat::Bitmap, None, "b").unwrap_err();
+        assert!(err.contains(r"'\0' is not allowed"), "{err}");
+        // A byte-order mark (what some editors put first) is not data.
+        let t = TraceData::parse("\u{feff}5\n", TraceFormat::Indices, None, "d").unwrap();
+        assert_eq!(t.runs, vec![(5, 1)]);
+        let t = TraceData::parse("\u{feff}01\n", TraceFormat::Bitmap, None, "b").unwrap();
+        assert_eq!((t.runs.clone(), t.length), (vec![(1, 1)], 2));
+        // A trace of no packets (an empty or comment-only file) replays nothing: the run it
+        // was meant to make lossy would run lossless without a word.
+        for (text, format) in [
+            ("", TraceFormat::Indices),
+            ("# nothing yet\n", TraceFormat::Indices),
+            ("\n  \n", TraceFormat::Bitmap),
+        ] {
+            let err = TraceData::parse(text, format, None, "e").unwrap_err();
+            assert!(err.starts_with("e: no packets"), "{text:?}: {err}");
+        }
+        // No loss listed over a stated length is a trace, of no loss.
+        let t = TraceData::parse("", TraceFormat::Indices, Some(100), "d").unwrap();
+        assert_eq!((t.runs.len(), t.length), (0, 100));
+    }
+
     fn replay(data: &TraceData, end: TraceEnd, start: u64, packets: u64) -> Vec<bool> {
         let mut c = TraceCursor::at(data, start);
         let mut out = Vec::new();
@@ -343,7 +381,8 @@ mod tests {
         // Starting inside a run replays only its remainder.
         assert_eq!(replay(&t, TraceEnd::Wrap, 2, 5), vec![l, f, f, l, l]);
         assert_eq!(replay(&t, TraceEnd::Wrap, 6, 3), vec![l, f, f]);
-        let empty = TraceData::parse("", TraceFormat::Bitmap, None, "t").unwrap();
+        // A trace of no packets is refused when parsed; the cursor still copes with one.
+        let empty = TraceData::default();
         assert_eq!(replay(&empty, TraceEnd::Wrap, 0, 3), vec![f, f, f]);
     }
 }
