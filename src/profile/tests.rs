@@ -430,6 +430,24 @@ fn out_of_range_numbers_say_so_with_the_range() {
 }
 
 #[test]
+fn a_float_where_an_integer_belongs_is_shown_as_a_float() {
+    // `mtu = 64.0` said "mtu = 64: must be an integer in [64, ...]", contradicting itself.
+    for (text, shown) in [
+        (
+            "mtu = 64.0",
+            "mtu = 64.0: must be an integer in [64, 4294967295]",
+        ),
+        ("seed = 7.0", "seed = 7.0: must be an integer"),
+        ("mtu = 1e10", "mtu = 10000000000.0: must be an integer"),
+    ] {
+        let got = err(text, "");
+        assert!(got.contains(shown), "for {text:?}: {got}");
+    }
+    let got = err("", "mtu=128.0");
+    assert!(got.contains("mtu = 128.0: must be an integer"), "{got}");
+}
+
+#[test]
 fn a_quoted_semicolon_does_not_split_an_override() {
     let p = Profile::parse(
         "",

@@ -61,6 +61,10 @@ impl Node {
             Val::Array(_) => "[…]".into(),
             Val::Str(s) => format!("{s:?}"),
             Val::Int(i) => i.to_string(),
+            // Shown as a float: `mtu = 64.0` must not read "mtu = 64: must be an integer".
+            Val::Float(f) if f.is_finite() && f.fract() == 0.0 => {
+                format!("{f}.0")
+            }
             Val::Float(f) => f.to_string(),
             Val::Bool(b) => b.to_string(),
             Val::Other => "(date/time)".into(),
