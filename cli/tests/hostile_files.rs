@@ -69,6 +69,41 @@ fn an_inner_plugin_that_is_a_fifo_fails_init_at_once_naming_it() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+#[test]
+fn an_output_directory_that_is_a_fifo_or_a_file_fails_init_saying_what_it_is() {
+    // The error said only "cannot create stats directory PATH: File exists (os error 17)".
+    let dir = common::fresh_dir("output-not-dir");
+    let fifo = dir.join("fifo");
+    make_fifo(&fifo);
+    let file = dir.join("file");
+    std::fs::write(&file, "in the way\n").expect("write");
+    for (var, path, kind) in [
+        ("NCCL_LOSSY_STATS", &fifo, "a FIFO"),
+        ("NCCL_LOSSY_TRACE", &fifo, "a FIFO"),
+        ("NCCL_LOSSY_STATS", &file, "a regular file"),
+    ] {
+        let (stdout, stderr) = init_only(&[(var, path_str(path))], var);
+        assert!(stdout.contains("INIT failed"), "{var}: {stdout}\n{stderr}");
+        assert!(
+            stderr.contains(&format!("{var}={}", path.display()))
+                && stderr.contains(&format!("{} is not a directory ({kind})", path.display())),
+            "{var}: {stderr}"
+        );
+    }
+    // `lossy run --stats` says the same before it starts the command.
+    let out = output_within_10s(
+        Command::new(lossy_exe()).args(["run", "--stats", path_str(&fifo), "--", "true"]),
+        "lossy run --stats naming a FIFO",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains(&format!("{} is not a directory (a FIFO)", fifo.display())),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// The child side of the tests above: acts on [`ROLE_ENV`].
 #[test]
 #[ignore = "run by the other tests of this file in a process of its own"]

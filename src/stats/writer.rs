@@ -174,8 +174,17 @@ pub fn launcher_rank() -> Option<u64> {
 /// not at every write. `what` names the directory's role in errors ("stats", "trace").
 pub fn check_output_dir(dir: &Path, what: &str) -> Result<()> {
     fs::create_dir_all(dir).map_err(|e| {
+        // "File exists" says nothing about what is in the way: say what it is.
+        let why = match fs::metadata(dir) {
+            Ok(meta) if !meta.is_dir() => format!(
+                "{} is not a directory ({})",
+                dir.display(),
+                crate::files::file_kind(&meta.file_type())
+            ),
+            _ => e.to_string(),
+        };
         Error::system(format!(
-            "cannot create {what} directory {}: {e}",
+            "cannot create {what} directory {}: {why}",
             dir.display()
         ))
     })?;

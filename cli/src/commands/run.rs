@@ -101,8 +101,8 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
         env.push((SET_ENV.into(), overrides.into()));
     }
     if let Some(dir) = &args.stats {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("cannot create stats directory {}: {e}", dir.display()))?;
+        // As the plugin checks it at init: created, and a file can be written in it.
+        nccl_net_lossy::stats::writer::check_output_dir(dir, "stats").map_err(|e| e.message)?;
         env.push((STATS_DIR_ENV.into(), absolute(dir)?.into_os_string()));
     }
     // The tuner in our library already rules LL/LL128 out, but only when NCCL loads it
