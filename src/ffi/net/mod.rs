@@ -75,7 +75,6 @@ impl NetLibrary {
     pub unsafe fn open(path: &Path) -> Result<NetLibrary> {
         let c_path = CString::new(path.as_os_str().as_encoded_bytes())
             .map_err(|_| Error::invalid_argument("library path contains a NUL byte"))?;
-        refuse_special_file(path)?;
         // SAFETY: a valid NUL-terminated path and plain dlopen flags; RTLD_LOCAL keeps the
         // library's symbols out of the global namespace.
         let handle = unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
@@ -139,26 +138,6 @@ impl NetLibrary {
         // SAFETY: per this function's contract `F` is a function pointer type (same size as
         // a data pointer, checked) of the symbol's real signature.
         Some(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&sym) })
-    }
-}
-
-/// Refuses a path (one with a `/`, which the loader opens as given) that names something
-/// other than a regular file: `dlopen` opens the file with a blocking `open`, so a FIFO would
-/// hang the caller (NCCL's `init`) forever, and a device or directory is no library either.
-/// A bare name is searched by the loader and left to it.
-fn refuse_special_file(path: &Path) -> Result<()> {
-    if !path.as_os_str().as_encoded_bytes().contains(&b'/') {
-        return Ok(());
-    }
-    match std::fs::metadata(path) {
-        Ok(meta) if !meta.is_file() => Err(Error::invalid_argument(format!(
-            "{}: not a regular file ({}); a net plugin library must be a regular file (a \
-             shared object)",
-            path.display(),
-            crate::files::file_kind(&meta.file_type())
-        ))),
-        // A missing file and the like: dlopen says why in its own words.
-        _ => Ok(()),
     }
 }
 

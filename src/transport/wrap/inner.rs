@@ -39,6 +39,26 @@ pub fn candidates(spec: &str) -> Vec<String> {
     }
 }
 
+/// Refuses a path (one with a `/`, which the loader opens as given) that names something
+/// other than a regular file: `dlopen` opens the file with a blocking `open`, so a FIFO would
+/// hang the caller (NCCL's `init`) forever, and a device or directory is no library either.
+/// A bare name is searched by the loader and left to it.
+fn refuse_special_file(path: &Path) -> Result<()> {
+    if !path.as_os_str().as_encoded_bytes().contains(&b'/') {
+        return Ok(());
+    }
+    match std::fs::metadata(path) {
+        Ok(meta) if !meta.is_file() => Err(Error::invalid_argument(format!(
+            "{}: not a regular file ({}); a net plugin library must be a regular file (a \
+             shared object)",
+            path.display(),
+            crate::files::file_kind(&meta.file_type())
+        ))),
+        // A missing file and the like: dlopen says why in its own words.
+        _ => Ok(()),
+    }
+}
+
 impl InnerPlugin {
     /// Loads the plugin named by `spec` (a path, or a name like "ib"), tells it that it runs
     /// wrapped when it is a copy of this library (`ncclLossyInnerMode`), and initialises it.
@@ -52,6 +72,7 @@ impl InnerPlugin {
         let mut tried = Vec::new();
         let mut loaded = None;
         for name in candidates(spec) {
+            refuse_special_file(Path::new(&name))?;
             // SAFETY: the user named this file as the NCCL net plugin to wrap, which NCCL
             // would load and trust the same way.
             match unsafe { NetLibrary::open(Path::new(&name)) } {
