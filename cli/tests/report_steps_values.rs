@@ -303,3 +303,33 @@ fn per_step_rates_leave_out_the_packets_sent_with_injection_off() {
         "{err}"
     );
 }
+
+#[test]
+fn a_per_step_file_of_another_or_no_format_version_is_refused_naming_the_file_and_version() {
+    // The per-step reader never looked at format_version: a newer file whose rows mean
+    // something else, or a file with none, was summed as ours.
+    for (version, expect) in [
+        (
+            serde_json::json!(2),
+            "format_version = 2: this lossy reads version 1",
+        ),
+        (
+            serde_json::json!("1"),
+            "format_version = \"1\": this lossy reads version 1",
+        ),
+        (serde_json::Value::Null, "no format_version"),
+    ] {
+        let dir = run_dir("steps-version");
+        let mut doc = serde_json::json!({"rank": 0, "host": "h", "pid": 0,
+            "steps": [row(1, "AllReduce", 100, 1)]});
+        if !version.is_null() {
+            doc["format_version"] = version.clone();
+        }
+        std::fs::write(dir.join("lossy-steps-rank0-h-1.json"), doc.to_string()).expect("write");
+        let err = load_run_steps(&dir).expect_err("refused");
+        assert!(
+            err.contains("lossy-steps-rank0-h-1.json") && err.contains(expect),
+            "for {version}: {err}"
+        );
+    }
+}

@@ -21,6 +21,10 @@ use nccl_net_lossy::stats::writer::MAX_STATS_FILE_BYTES;
 /// The per-step files of the Python integration.
 const STEP_FILE_PREFIX: &str = "lossy-steps-rank";
 
+/// The `format_version` of the per-step files this report reads (the Python helper's
+/// `STEP_FORMAT_VERSION`).
+const STEP_FORMAT_VERSION: u64 = 1;
+
 /// Largest training log read, in bytes: a JSON line or CSV row per logged step.
 const MAX_TRAIN_LOG_BYTES: u64 = 1 << 30;
 
@@ -129,6 +133,22 @@ pub fn load_run_steps(dir: &Path) -> Result<RunSteps, String> {
     let mut cells: BTreeMap<(u64, String), (u64, u64, u64)> = BTreeMap::new();
     for path in &step_files {
         let doc = read_json(path)?;
+        match doc.get("format_version") {
+            Some(v) if v.as_u64() == Some(STEP_FORMAT_VERSION) => {}
+            Some(v) => {
+                return Err(format!(
+                    "{}: format_version = {v}: this lossy reads version {STEP_FORMAT_VERSION} \
+                     of the per-step files",
+                    path.display()
+                ))
+            }
+            None => {
+                return Err(format!(
+                    "{} is not a per-step file (no format_version)",
+                    path.display()
+                ))
+            }
+        }
         let rows = doc
             .get("steps")
             .and_then(serde_json::Value::as_array)
