@@ -13,7 +13,8 @@ use super::wire::{Hello, HELLO_SIZE, NONCE_SIZE};
 use crate::transport::{Listener, RecvConn};
 use crate::{Error, Result};
 
-/// Most accepted sockets waiting for their hello or their siblings; past it the oldest goes.
+/// Most accepted sockets waiting for their hello or their siblings; past it the oldest that
+/// has not presented a hello goes (the oldest of all only when every one has).
 pub const MAX_PENDING: usize = 256;
 
 /// How long an accepted socket may take to send its whole hello.
@@ -82,6 +83,12 @@ impl SocketListener {
         self.rejected
     }
 
+    /// Sockets that presented a good hello and wait for the other sockets of their connection.
+    #[cfg(test)]
+    pub(crate) fn greeted(&self) -> usize {
+        self.pending.iter().filter(|p| p.hello.is_some()).count()
+    }
+
     fn reject(&mut self, index: usize, why: &str) {
         let p = self.pending.remove(index);
         self.rejected += 1;
@@ -105,7 +112,19 @@ impl SocketListener {
                         continue;
                     }
                     if self.pending.len() >= MAX_PENDING {
-                        self.reject(0, "too many connections pending, this is the oldest");
+                        // Room is made among the sockets still owing their hello: one that
+                        // presented the nonce belongs to a peer holding the handle, whose
+                        // connector believes it is connected; dropping it would leave that
+                        // connection unable to complete, at a stranger's word.
+                        match self.pending.iter().position(|p| p.hello.is_none()) {
+                            Some(oldest) => self.reject(
+                                oldest,
+                                "too many connections pending, this is the oldest without a hello",
+                            ),
+                            None => {
+                                self.reject(0, "too many connections pending, this is the oldest")
+                            }
+                        }
                     }
                     self.pending.push(Pending {
                         sock,

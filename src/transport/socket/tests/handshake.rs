@@ -123,6 +123,52 @@ fn a_flood_of_silent_peers_cannot_crowd_out_a_real_one() {
 }
 
 #[test]
+fn a_flood_cannot_evict_a_greeted_socket_waiting_for_its_sibling() {
+    // Socket 0 of a real two-socket connection presented the nonce; before socket 1 comes,
+    // strangers fill the pending table. Making room must drop one of them, not the socket
+    // that proved it holds the handle: else the connection can never complete, while its
+    // connector believes it is connected.
+    let t = loopback(2);
+    let (mut listener, h) = raw_listener(&t);
+    let mut first = TcpStream::connect(h.addr).expect("connect");
+    first.write_all(&hello_bytes(&h, 77, 0, 2)).expect("hello");
+    wait("the first socket's hello", || {
+        let none = listener.poll_accept_socket()?;
+        assert!(none.is_none());
+        Ok((listener.greeted() == 1).then_some(()))
+    })
+    .expect("greeted");
+    let mut silent = Vec::new();
+    for _ in 0..MAX_PENDING + 20 {
+        silent.push(TcpStream::connect(h.addr).expect("connect"));
+        assert!(listener.poll_accept_socket().expect("poll").is_none());
+    }
+    assert!(listener.rejected() >= 20, "the flood made no room");
+    let mut second = TcpStream::connect(h.addr).expect("connect");
+    second.write_all(&hello_bytes(&h, 77, 1, 2)).expect("hello");
+    let recv = wait("the connection", || listener.poll_accept_socket()).expect("accept");
+    // Both sockets are the peer's: a message striped over them arrives whole.
+    let size = 2 * MIN_CHUNK;
+    let mut into = vec![0u8; size];
+    let data = pattern(size, 9);
+    let r = recv
+        // SAFETY: `into` is declared before the connection, so it outlives the receive.
+        .irecv(&[unsafe { HostBuf::from_slice(&mut into) }], &[0])
+        .expect("irecv")
+        .expect("slot");
+    for (s, sock) in [&mut first, &mut second].into_iter().enumerate() {
+        let span = chunk_span(size, 2, s);
+        let mut bytes = chunk_header(0, s as u8, size as u64).to_vec();
+        bytes.extend_from_slice(&data[span]);
+        sock.write_all(&bytes).expect("chunk");
+    }
+    let done = wait("the message", || recv.test(r)).expect("receive");
+    assert_eq!(done.sizes[0], size);
+    assert!(into == data, "the message arrived damaged");
+    drop(silent);
+}
+
+#[test]
 fn bad_headers_fail_the_connection() {
     let t = loopback(1);
     let unsorted = {
