@@ -83,6 +83,12 @@ impl SocketListener {
         self.rejected
     }
 
+    /// Sockets accepted and not yet handed out or dropped.
+    #[cfg(test)]
+    pub(crate) fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
     /// Sockets that presented a good hello and wait for the other sockets of their connection.
     #[cfg(test)]
     pub(crate) fn greeted(&self) -> usize {
@@ -139,9 +145,25 @@ impl SocketListener {
                 Err(e) => match e.raw_os_error() {
                     // The peer gave up before we got to it: nothing to do.
                     Some(libc::ECONNABORTED | libc::EINTR | libc::EPROTO | libc::EPERM) => {}
-                    // Out of descriptors or memory: an error, as in NCCL's Socket transport.
-                    // Retrying would spin while the peer, whose connect completed in the
-                    // kernel, believes it is connected.
+                    // Out of descriptors while sockets that never said hello hold some:
+                    // strangers' descriptors must not fail a real peer's accept. The oldest
+                    // of them goes, and the accept is tried again (each try takes one
+                    // connection off the kernel's queue or frees one descriptor, so this
+                    // ends within the poll's count).
+                    Some(libc::EMFILE | libc::ENFILE)
+                        if self.pending.iter().any(|p| p.hello.is_none()) =>
+                    {
+                        let oldest = self.pending.iter().position(|p| p.hello.is_none());
+                        if let Some(oldest) = oldest {
+                            self.reject(
+                                oldest,
+                                "out of descriptors, this is the oldest without a hello",
+                            );
+                        }
+                    }
+                    // Out of descriptors or memory with nothing to give up: an error, as in
+                    // NCCL's Socket transport. Retrying would spin while the peer, whose
+                    // connect completed in the kernel, believes it is connected.
                     Some(libc::EMFILE | libc::ENFILE) => {
                         return Err(Error::system(format!(
                             "cannot accept a connection: {e}; each connection takes \

@@ -168,6 +168,86 @@ fn a_flood_cannot_evict_a_greeted_socket_waiting_for_its_sibling() {
     drop(silent);
 }
 
+const FLOOD_FDS_CHILD_ENV: &str = "LOSSY_SOCKET_FLOOD_FDS_CHILD";
+
+#[test]
+fn strangers_holding_descriptors_do_not_fail_a_real_peers_accept() {
+    // Lowering the limit needs a process of its own: other tests run beside us.
+    run_child(
+        "transport::socket::tests::handshake::flood_fds_child",
+        FLOOD_FDS_CHILD_ENV,
+        &[("NCCL_LOSSY_IO_THREADS", "0")],
+        "flood fd check passed",
+    );
+}
+
+#[test]
+#[ignore = "run in a process of its own by strangers_holding_descriptors_do_not_fail_a_real_peers_accept"]
+fn flood_fds_child() {
+    if std::env::var_os(FLOOD_FDS_CHILD_ENV).is_none() {
+        return;
+    }
+    // Descriptors are numbered densely from here on, so a limit just above the highest one
+    // leaves none free: close what this process inherited above stderr.
+    for n in super::lifecycle::fd_numbers()
+        .into_iter()
+        .filter(|&n| n > 2)
+    {
+        // SAFETY: this child process has opened nothing yet: every descriptor above stderr
+        // was inherited (the test runner's), and nothing here uses it.
+        unsafe { libc::close(n) };
+    }
+    let t = loopback(1);
+    let (mut listener, h) = raw_listener(&t);
+    // Strangers connect and say nothing; the listener holds a descriptor for each.
+    const STRANGERS: usize = 100;
+    let mut silent = Vec::new();
+    for _ in 0..STRANGERS {
+        silent.push(TcpStream::connect(h.addr).expect("connect"));
+        assert!(listener.poll_accept_socket().expect("poll").is_none());
+    }
+    wait("the strangers taken in", || {
+        assert!(listener.poll_accept_socket()?.is_none());
+        Ok((listener.pending() == STRANGERS).then_some(()))
+    })
+    .expect("pending");
+    // The real peer's socket is made before the limit falls; from then on no descriptor is
+    // free but those the listener gives up.
+    let mut handle = [0u8; HANDLE_WIRE_SIZE];
+    h.encode(&mut handle);
+    let mut connector = t.connect(0, None, &handle).expect("connect");
+    let mut send = connector.poll().expect("connector poll");
+    let in_use = super::lifecycle::fd_numbers().len() as u64;
+    let limit = libc::rlimit {
+        rlim_cur: in_use,
+        rlim_max: in_use,
+    };
+    // SAFETY: setrlimit reads the struct we pass and nothing else.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+    let mut recv = None;
+    let start = Instant::now();
+    while send.is_none() || recv.is_none() {
+        if send.is_none() {
+            send = connector.poll().expect("connector poll");
+        }
+        if recv.is_none() {
+            recv = match listener.poll_accept_socket() {
+                Ok(r) => r,
+                Err(e) => panic!("accept failed while strangers held descriptors: {e}"),
+            };
+        }
+        assert!(start.elapsed() < PATIENCE, "the connection never completed");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let (send, recv) = (send.expect("send"), recv.expect("recv"));
+    let mut data = pattern(10_000, 3);
+    let mut into = vec![0u8; 10_000];
+    let (s, r) = send_recv(&*send, &recv, &mut data, &mut into, &LossPlan::lossless());
+    assert!(s.is_ok() && r.is_ok() && into == data);
+    drop(silent);
+    println!("flood fd check passed");
+}
+
 #[test]
 fn bad_headers_fail_the_connection() {
     let t = loopback(1);

@@ -551,7 +551,7 @@ fn pool_fds_child() {
 
 /// The numbers of this process's open descriptors (the listing's own one, closed by then, left
 /// out).
-fn fd_numbers() -> Vec<i32> {
+pub(super) fn fd_numbers() -> Vec<i32> {
     let listed: Vec<i32> = std::fs::read_dir("/proc/self/fd")
         .expect("/proc/self/fd")
         .flatten()
