@@ -19,6 +19,7 @@ mod handshake;
 mod lifecycle;
 mod reads;
 mod roundtrip;
+mod streams;
 
 pub(super) const PATIENCE: Duration = Duration::from_secs(30);
 
