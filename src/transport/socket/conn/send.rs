@@ -517,9 +517,29 @@ fn receiver_left_on(shared: &Shared<SendSide>, s: usize) -> bool {
             receiver_left(shared);
             true
         }
-        Ok(_) | Err(_) => {
+        Ok(0) => {
             let err = Error::remote(format!(
                 "{} closed the connection without an orderly close (socket {s})",
+                shared.peer
+            ));
+            shared.fail(err, true);
+            true
+        }
+        // Any other byte: the peer is alive and talking, which a receiving end of ours never
+        // does. Saying it closed would send the reader looking for a crash that did not happen.
+        Ok(_) => {
+            let err = Error::remote(format!(
+                "{} sent byte {:#04x} on socket {s}, which a receiving end of this plugin never \
+                 sends: the peer is not this plugin's socket transport (a stale handle whose \
+                 port another program now uses?) or speaks another protocol version",
+                shared.peer, b[0]
+            ));
+            shared.fail(err, true);
+            true
+        }
+        Err(e) => {
+            let err = Error::remote(format!(
+                "{} closed the connection without an orderly close (socket {s}): {e}",
                 shared.peer
             ));
             shared.fail(err, true);

@@ -451,3 +451,32 @@ fn the_hello_goes_out_in_three_sends_as_nccls_handshake_does() {
     // "What puts a connection at the fast level").
     assert_eq!(super::super::conn::tcp_info(&peer).tcpi_data_segs_in, 3);
 }
+
+#[test]
+fn a_peer_that_talks_back_is_named_as_not_ours_not_as_closed() {
+    // The handle's port now belongs to another service (our listener died and the port was
+    // reused): it accepts and greets with a banner. A receiving end of ours only ever writes
+    // its goodbye before closing, so the send must fail saying the peer is not ours, not that
+    // it closed (it did not).
+    let server = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let h = Handle {
+        addr: server.local_addr().expect("address"),
+        nonce: [7; 16],
+    };
+    let mut handle = [0u8; HANDLE_WIRE_SIZE];
+    h.encode(&mut handle);
+    let t = loopback(1);
+    let mut connector = t.connect(0, None, &handle).expect("connect");
+    let send = wait("connector", || connector.poll()).expect("connect");
+    let (mut peer, _) = server.accept().expect("accept");
+    peer.write_all(b"SSH-2.0-OpenSSH_9.6\r\n").expect("banner");
+    std::thread::sleep(Duration::from_millis(50));
+    let mut data = pattern(1000, 1);
+    match send_outcome(&*send, &mut data, 0) {
+        Err(e) if e.kind == ErrorKind::Remote && e.message.contains("never sends") => {
+            assert!(e.message.contains("0x53"), "the byte is named: {e}");
+        }
+        other => panic!("a send to a peer that is not ours: {other:?}"),
+    }
+    drop(peer);
+}
