@@ -20,6 +20,11 @@ pub const MAX_PENDING: usize = 256;
 /// How long an accepted socket may take to send its whole hello.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long an accepted socket may go without its whole hello before it is given up when
+/// the process runs out of descriptors (a connector of ours sends its hello as its connect
+/// completes).
+const SHED_AFTER: Duration = Duration::from_secs(1);
+
 /// How long a greeted socket waits for the other sockets of its connection.
 pub const GROUP_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -95,6 +100,12 @@ impl SocketListener {
         self.pending.iter().filter(|p| p.hello.is_some()).count()
     }
 
+    /// The socket accepted first among those that have not presented a hello: the one to
+    /// give up when room or a descriptor is needed.
+    fn oldest_without_hello(&self) -> Option<usize> {
+        self.pending.iter().position(|p| p.hello.is_none())
+    }
+
     fn reject(&mut self, index: usize, why: &str) {
         let p = self.pending.remove(index);
         self.rejected += 1;
@@ -122,7 +133,7 @@ impl SocketListener {
                         // presented the nonce belongs to a peer holding the handle, whose
                         // connector believes it is connected; dropping it would leave that
                         // connection unable to complete, at a stranger's word.
-                        match self.pending.iter().position(|p| p.hello.is_none()) {
+                        match self.oldest_without_hello() {
                             Some(oldest) => self.reject(
                                 oldest,
                                 "too many connections pending, this is the oldest without a hello",
@@ -145,33 +156,35 @@ impl SocketListener {
                 Err(e) => match e.raw_os_error() {
                     // The peer gave up before we got to it: nothing to do.
                     Some(libc::ECONNABORTED | libc::EINTR | libc::EPROTO | libc::EPERM) => {}
-                    // Out of descriptors while sockets that never said hello hold some:
-                    // strangers' descriptors must not fail a real peer's accept. The oldest
-                    // of them goes, and the accept is tried again (each try takes one
-                    // connection off the kernel's queue or frees one descriptor, so this
-                    // ends within the poll's count).
-                    Some(libc::EMFILE | libc::ENFILE)
-                        if self.pending.iter().any(|p| p.hello.is_none()) =>
-                    {
-                        let oldest = self.pending.iter().position(|p| p.hello.is_none());
-                        if let Some(oldest) = oldest {
-                            self.reject(
-                                oldest,
-                                "out of descriptors, this is the oldest without a hello",
-                            );
-                        }
-                    }
-                    // Out of descriptors or memory with nothing to give up: an error, as in
-                    // NCCL's Socket transport. Retrying would spin while the peer, whose
-                    // connect completed in the kernel, believes it is connected.
+                    // Out of descriptors: strangers' descriptors must not fail a real peer's
+                    // accept. First the hellos that arrived are read (a real peer's socket,
+                    // accepted moments ago, must not pass for a stranger's, and peers that
+                    // closed free theirs); then a socket that said nothing for
+                    // `SHED_AFTER` goes; either way the accept is tried again, within the
+                    // poll's count. With nothing to give up: an error, as in NCCL's Socket
+                    // transport. Retrying would spin while the peer, whose connect
+                    // completed in the kernel, believes it is connected.
                     Some(libc::EMFILE | libc::ENFILE) => {
+                        let before = self.pending.len();
+                        let now = Instant::now();
+                        self.read_hellos(now);
+                        if self.pending.len() < before {
+                            continue;
+                        }
+                        if let Some(oldest) = self.oldest_without_hello() {
+                            if now.duration_since(self.pending[oldest].since) >= SHED_AFTER {
+                                let why = "out of descriptors, this is the oldest without a hello";
+                                self.reject(oldest, why);
+                                continue;
+                            }
+                        }
                         return Err(Error::system(format!(
                             "cannot accept a connection: {e}; each connection takes \
                              NCCL_LOSSY_NSOCKS descriptors on each side, and each listen \
                              one more (descriptor limit {}; raise it, e.g. `ulimit -n`, or \
                              lower NCCL_LOSSY_NSOCKS)",
                             super::fds::limit_text()
-                        )))
+                        )));
                     }
                     Some(libc::ENOBUFS | libc::ENOMEM) => {
                         return Err(Error::from(e).context("out of memory accepting a connection"))

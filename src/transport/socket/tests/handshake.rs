@@ -211,6 +211,9 @@ fn flood_fds_child() {
         Ok((listener.pending() == STRANGERS).then_some(()))
     })
     .expect("pending");
+    // Long enough silent to pass for strangers (a socket just accepted could be a real
+    // peer's whose hello is on its way).
+    std::thread::sleep(Duration::from_millis(1100));
     // The real peer's socket is made before the limit falls; from then on no descriptor is
     // free but those the listener gives up.
     let mut handle = [0u8; HANDLE_WIRE_SIZE];
