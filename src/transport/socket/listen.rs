@@ -3,6 +3,7 @@
 //! all sockets of one connection are in.
 
 use std::io::{self, Read};
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use socket2::Socket;
@@ -106,6 +107,19 @@ impl SocketListener {
         self.pending.iter().position(|p| p.hello.is_none())
     }
 
+    /// Whether a connection waits in the kernel's queue (the listening socket is readable);
+    /// true when that cannot be told.
+    fn connection_queued(&self) -> bool {
+        let mut fd = libc::pollfd {
+            fd: self.sock.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid `pollfd` that outlives the call; a zero timeout never blocks.
+        let rc = unsafe { libc::poll(&mut fd, 1, 0) };
+        rc != 0
+    }
+
     fn reject(&mut self, index: usize, why: &str) {
         let p = self.pending.remove(index);
         self.rejected += 1;
@@ -165,6 +179,12 @@ impl SocketListener {
                     // transport. Retrying would spin while the peer, whose connect
                     // completed in the kernel, believes it is connected.
                     Some(libc::EMFILE | libc::ENFILE) => {
+                        // Linux takes the descriptor before it looks at the queue: after an
+                        // accept took the last one, the next fails even with nothing queued.
+                        // Nobody waits then, and the sockets taken in may complete.
+                        if !self.connection_queued() {
+                            return Ok(());
+                        }
                         let before = self.pending.len();
                         let now = Instant::now();
                         self.read_hellos(now);

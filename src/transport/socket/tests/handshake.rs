@@ -251,6 +251,75 @@ fn flood_fds_child() {
     println!("flood fd check passed");
 }
 
+const EXACT_FDS_CHILD_ENV: &str = "LOSSY_SOCKET_EXACT_FDS_CHILD";
+
+#[test]
+fn a_connection_that_takes_the_last_descriptor_is_accepted() {
+    // Lowering the limit needs a process of its own: other tests run beside us.
+    run_child(
+        "transport::socket::tests::handshake::exact_fds_child",
+        EXACT_FDS_CHILD_ENV,
+        &[("NCCL_LOSSY_IO_THREADS", "0")],
+        "exact fd check passed",
+    );
+}
+
+#[test]
+#[ignore = "run in a process of its own by a_connection_that_takes_the_last_descriptor_is_accepted"]
+fn exact_fds_child() {
+    if std::env::var_os(EXACT_FDS_CHILD_ENV).is_none() {
+        return;
+    }
+    // Descriptors are numbered densely from here on: close what this process inherited above
+    // stderr.
+    for n in super::lifecycle::fd_numbers()
+        .into_iter()
+        .filter(|&n| n > 2)
+    {
+        // SAFETY: this child process has opened nothing yet: every descriptor above stderr
+        // was inherited (the test runner's), and nothing here uses it.
+        unsafe { libc::close(n) };
+    }
+    let t = loopback(1);
+    let (mut listener, h) = raw_listener(&t);
+    let mut handle = [0u8; HANDLE_WIRE_SIZE];
+    h.encode(&mut handle);
+    let mut connector = t.connect(0, None, &handle).expect("connect");
+    let mut send = connector.poll().expect("connector poll");
+    // One descriptor free: all the one-socket connection needs on the accepting side. The
+    // accept that takes it leaves the next one (which finds the queue empty) with EMFILE:
+    // Linux takes the descriptor before it looks at the queue. NCCL's Socket transport
+    // accepts exactly the sockets it needs and never makes that call.
+    let in_use = super::lifecycle::fd_numbers().len() as u64;
+    let limit = libc::rlimit {
+        rlim_cur: in_use + 1,
+        rlim_max: in_use + 1,
+    };
+    // SAFETY: setrlimit reads the struct we pass and nothing else.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+    let mut recv = None;
+    let start = Instant::now();
+    while send.is_none() || recv.is_none() {
+        if send.is_none() {
+            send = connector.poll().expect("connector poll");
+        }
+        if recv.is_none() {
+            recv = match listener.poll_accept_socket() {
+                Ok(r) => r,
+                Err(e) => panic!("accept failed with the descriptor it needed free: {e}"),
+            };
+        }
+        assert!(start.elapsed() < PATIENCE, "the connection never completed");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let (send, recv) = (send.expect("send"), recv.expect("recv"));
+    let mut data = pattern(10_000, 4);
+    let mut into = vec![0u8; 10_000];
+    let (s, r) = send_recv(&*send, &recv, &mut data, &mut into, &LossPlan::lossless());
+    assert!(s.is_ok() && r.is_ok() && into == data);
+    println!("exact fd check passed");
+}
+
 #[test]
 fn bad_headers_fail_the_connection() {
     let t = loopback(1);
