@@ -39,6 +39,8 @@ use socket2::Socket;
 
 pub use pool::MAX_IO_THREADS;
 pub use recv::SocketRecvConn;
+#[cfg(test)]
+pub(super) use recv::AFTER_DONE_READ;
 pub use send::SocketSendConn;
 #[cfg(test)]
 pub(super) use shared::reads;

@@ -4,7 +4,7 @@
 
 use std::io::{ErrorKind as IoErrorKind, Write};
 
-use super::super::conn::reads;
+use super::super::conn::{reads, AFTER_DONE_READ};
 use super::*;
 
 const SHORT_READ_CHILD_ENV: &str = "LOSSY_SOCKET_SHORT_READ_CHILD";
@@ -91,4 +91,80 @@ fn short_read_child() {
     assert_eq!(done.sizes[0], SIZE);
     assert!(into == data, "the message arrived damaged");
     println!("short read check passed");
+}
+
+const AFTER_DONE_CHILD_ENV: &str = "LOSSY_SOCKET_AFTER_DONE_CHILD";
+
+#[test]
+fn a_receive_test_returns_soon_after_its_message_is_done() {
+    run_child(
+        "transport::socket::tests::reads::after_done_child",
+        AFTER_DONE_CHILD_ENV,
+        &[("NCCL_LOSSY_IO_THREADS", "0")],
+        "after-done check passed",
+    );
+}
+
+#[test]
+#[ignore = "run in a process of its own by a_receive_test_returns_soon_after_its_message_is_done"]
+fn after_done_child() {
+    if std::env::var_os(AFTER_DONE_CHILD_ENV).is_none() {
+        return;
+    }
+    const SIZE: usize = 512 << 10;
+    // Socket buffers that hold both messages whole, so the second has all arrived when the
+    // first is tested.
+    let t = loopback_with(SocketConfig {
+        nsocks: 1,
+        sockbuf: Some(4 << 20),
+        ..SocketConfig::default()
+    });
+    let (mut warm, mut first, mut second) = (vec![0u8; SIZE], vec![0u8; SIZE], vec![0u8; SIZE]);
+    let (recv, mut socks) = raw_peer(&t, 1);
+    let sock = &mut socks[0];
+    let post = |into: &mut Vec<u8>| {
+        recv
+            // SAFETY: both buffers are declared before the connection, so they outlive the
+            // receives.
+            .irecv(&[unsafe { HostBuf::from_slice(into) }], &[0])
+            .expect("irecv")
+            .expect("slot")
+    };
+    socket2::SockRef::from(&*sock)
+        .set_send_buffer_size(4 << 20)
+        .expect("SO_SNDBUF");
+    // A first bulk message puts the socket in bulk mode (no read-ahead into its stage).
+    let r0 = post(&mut warm);
+    sock.write_all(&chunk_header(0, 0, SIZE as u64))
+        .and_then(|()| sock.write_all(&pattern(SIZE, 4)))
+        .expect("the first message");
+    wait("the first message", || recv.test(r0)).expect("receive");
+    let (r1, r2) = (post(&mut first), post(&mut second));
+    let (a, b) = (pattern(SIZE, 5), pattern(SIZE, 6));
+    let mut stream = chunk_header(1, 0, SIZE as u64).to_vec();
+    stream.extend_from_slice(&a);
+    stream.extend_from_slice(&chunk_header(2, 0, SIZE as u64));
+    stream.extend_from_slice(&b);
+    sock.write_all(&stream).expect("both messages");
+    wait_for_bytes(&recv, stream.len());
+    // One test finds the first message whole and reports it done. It reads the next header
+    // and at most one bounded read of the next payload before it returns: the caller acts on
+    // the finished message (NCCL's proxy hands it to the GPU) without first waiting for the
+    // next message to be copied, which the next `test` does.
+    let done = recv
+        .test(r1)
+        .expect("test")
+        .expect("the first message is in");
+    assert_eq!(done.sizes[0], SIZE);
+    assert!(first == a, "the first message arrived damaged");
+    let left = recv.bytes_waiting();
+    assert!(
+        left >= SIZE - AFTER_DONE_READ,
+        "the test that finished the first message went on to read {} bytes of the second",
+        SIZE - left
+    );
+    let done = wait("the second message", || recv.test(r2)).expect("receive");
+    assert_eq!(done.sizes[0], SIZE);
+    assert!(second == b, "the second message arrived damaged");
+    println!("after-done check passed");
 }
