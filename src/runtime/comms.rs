@@ -121,16 +121,26 @@ impl Connecting {
 struct SenderState {
     loss: ConnectionLoss,
     plan: LossPlan,
-    /// Length of the message `plan` was made for, while the transport had no free slot for
-    /// it: NCCL posts the same message again, and it must get the same plan rather than
-    /// advance the loss chain twice.
-    pending_len: Option<usize>,
+    /// The message `plan` was made for, while the transport had no free slot for it: NCCL
+    /// posts the same message again, and it must get the same plan rather than advance the
+    /// loss chain twice, and be counted where that plan was decided.
+    pending: Option<Attribution>,
     /// Whether injection was on when `plan` was made (statistics count the packets of
     /// messages sent with it off apart).
     injecting: bool,
     bursts: BurstTracker,
     /// When each request slot was posted, for the latency histogram and the timeline.
     posted_at: [Option<Posted>; MAX_REQUESTS],
+}
+
+/// What a message's loss plan was made under: its length (which tells a message NCCL posts
+/// again from a new one) and the collective, phase and step it is counted in.
+#[derive(Clone, Copy)]
+struct Attribution {
+    len: usize,
+    op_bits: u32,
+    phase: switches::Phase,
+    step: u64,
 }
 
 /// A message in flight: when it was posted, its collective slot, its timeline event (when
@@ -167,7 +177,7 @@ impl SenderState {
         SenderState {
             loss,
             plan: LossPlan::lossless(),
-            pending_len: None,
+            pending: None,
             injecting: true,
             bursts: BurstTracker::default(),
             posted_at: [None; MAX_REQUESTS],
@@ -211,12 +221,24 @@ impl SendComm {
     ) -> Result<Option<RequestId>> {
         let mut guard = self.state()?;
         let state = &mut *guard;
-        // One read of the op serves the statistics slot, rule matching and the profiler.
-        let op_bits = self.ctx.op();
+        // One read of the op, phase and step serves rule matching, the statistics and the
+        // profiler. A message posted again keeps those its plan was made under: the training
+        // thread may have moved to another phase or step, and the proxy announced another
+        // collective, since NCCL first posted it (src/transport/net.cc, sendProxyProgress).
+        let retried = state.pending.filter(|p| p.len == buf.len());
+        let Attribution {
+            op_bits,
+            phase,
+            step,
+            ..
+        } = retried.unwrap_or_else(|| Attribution {
+            len: buf.len(),
+            op_bits: self.ctx.op(),
+            phase: switches::phase(),
+            step: switches::step(),
+        });
         let op = ids::op_slot(op_bits);
-        let phase = switches::phase();
-        let step = switches::step();
-        if state.pending_len != Some(buf.len()) {
+        if retried.is_none() {
             let matching = MatchContext {
                 collective: CollectiveId::from_op_slot(op),
                 traffic_class: self.traffic_class,
@@ -236,10 +258,15 @@ impl SendComm {
             }
         }
         let Some(id) = self.conn.isend(buf, tag, &state.plan)? else {
-            state.pending_len = Some(buf.len());
+            state.pending = Some(Attribution {
+                len: buf.len(),
+                op_bits,
+                phase,
+                step,
+            });
             return Ok(None);
         };
-        state.pending_len = None;
+        state.pending = None;
         let plan = &state.plan;
         let packets = plan.packets_in(buf.len());
         let lost_packets = plan.lost_packets();

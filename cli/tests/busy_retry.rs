@@ -1,0 +1,172 @@
+//! A send NCCL must post again: when every request slot of a connection is taken, `isend`
+//! hands back a NULL request and NCCL's proxy posts the same message again on a later pass
+//! (`sendProxyProgress`, src/transport/net.cc). Its loss is decided at the first post, so the
+//! statistics must count it under the collective, phase and step of that first post, even
+//! when, before the proxy posts it again, the training thread has moved on to another phase
+//! and step (`ncclLossySetPhase`/`ncclLossySetStep`) and the proxy has announced another
+//! collective on the context (`setNetAttr` for another operation sharing the connection).
+//! One test in this binary: the plugin reads its profile from the environment once per
+//! process.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::time::Duration;
+
+use common::{fresh_dir, library, message_bytes, post_recv, post_send, wait_request};
+use lossy_cli::harness::plugin_client::{op, PluginClient, PluginLibrary, Posted};
+
+/// Bytes per message: 16 packets of the profile's 4096-byte MTU.
+const SIZE: usize = 64 << 10;
+/// Request slots of one connection (`NCCL_NET_MAX_REQUESTS`, per comm).
+const SLOTS: usize = 32;
+
+/// Backward-pass AllReduce loses everything (as zeros); nothing else loses anything.
+const PROFILE: &str = "mtu = 4096\nmodel = { kind = \"none\" }\n\n[[rules]]\n\
+    name = \"backward all-reduce\"\nphase = \"backward\"\ncollective = \"AllReduce\"\n\
+    effect = \"zero\"\nmodel = { kind = \"uniform\", rate = 1.0 }\n";
+
+/// The control API of the copy of the library this process loaded.
+struct Control {
+    set_phase: extern "C" fn(c_int) -> c_int,
+    set_step: extern "C" fn(u64) -> c_int,
+    stats_json: extern "C" fn(*mut c_char, usize) -> i64,
+}
+
+impl Control {
+    fn of_loaded_library() -> Control {
+        let path = CString::new(library().to_str().expect("utf-8 path")).expect("no NUL");
+        // SAFETY: a valid C string; RTLD_NOLOAD only hands back the copy already loaded.
+        let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+        assert!(!handle.is_null(), "the plugin is not loaded");
+        let sym = |name: &str| {
+            let c_name = CString::new(name).expect("no NUL");
+            // SAFETY: a live handle and a valid C string.
+            let sym = unsafe { libc::dlsym(handle, c_name.as_ptr()) };
+            assert!(!sym.is_null(), "no {name}");
+            sym
+        };
+        // SAFETY: the signatures of nccl_headers/nccl_lossy_control.h.
+        unsafe {
+            Control {
+                set_phase: std::mem::transmute::<*mut c_void, extern "C" fn(c_int) -> c_int>(sym(
+                    "ncclLossySetPhase",
+                )),
+                set_step: std::mem::transmute::<*mut c_void, extern "C" fn(u64) -> c_int>(sym(
+                    "ncclLossySetStep",
+                )),
+                stats_json: std::mem::transmute::<
+                    *mut c_void,
+                    extern "C" fn(*mut c_char, usize) -> i64,
+                >(sym("ncclLossyStatsJson")),
+            }
+        }
+    }
+
+    fn stats(&self) -> serde_json::Value {
+        let mut buf = vec![0u8; 1 << 20];
+        let n = (self.stats_json)(buf.as_mut_ptr().cast(), buf.len());
+        assert!(
+            n > 0 && (n as usize) < buf.len(),
+            "ncclLossyStatsJson returned {n}"
+        );
+        serde_json::from_slice(&buf[..n as usize]).expect("statistics JSON")
+    }
+}
+
+/// "collective/phase" -> (messages, lost packets), and step -> (packets, lost packets).
+type Cells = (BTreeMap<String, (u64, u64)>, BTreeMap<u64, (u64, u64)>);
+
+fn cells(doc: &serde_json::Value) -> Cells {
+    let mut by_op = BTreeMap::new();
+    for conn in doc["connections"].as_array().expect("connections") {
+        for cell in conn["by_op"].as_array().expect("by_op") {
+            let key = format!(
+                "{}/{}",
+                cell["op"].as_str().expect("op"),
+                cell["phase"].as_str().expect("phase")
+            );
+            let entry: &mut (u64, u64) = by_op.entry(key).or_default();
+            entry.0 += cell["messages"].as_u64().expect("messages");
+            entry.1 += cell["lost_packets"].as_u64().expect("lost_packets");
+        }
+    }
+    let by_step = doc["by_step"]
+        .as_array()
+        .expect("by_step")
+        .iter()
+        .map(|s| {
+            let n = |k: &str| s[k].as_u64().expect(k);
+            (n("step"), (n("packets"), n("lost_packets")))
+        })
+        .collect();
+    (by_op, by_step)
+}
+
+#[test]
+fn a_send_posted_again_is_counted_where_its_loss_was_decided() {
+    let dir = fresh_dir("busy-retry");
+    let profile = dir.join("profile.toml");
+    std::fs::write(&profile, PROFILE).expect("write the profile");
+    std::env::set_var("NCCL_LOSSY_PROFILE", &profile);
+    std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
+    let lib = PluginLibrary::open(&library()).expect("load the plugin");
+    let control = Control::of_loaded_library();
+    let client = PluginClient::init(&lib, 12, 0xb05e).expect("init");
+    let (send, recv) = client
+        .local_pair(0, Duration::from_secs(30))
+        .expect("connect");
+
+    // Step 5, backward pass, an AllReduce: every slot of the connection taken (sends not
+    // tested yet, as the proxy tests them later).
+    assert_eq!((control.set_step)(5), 0);
+    assert_eq!((control.set_phase)(2), 0);
+    assert!(client.set_net_attr(op::ALL_REDUCE).expect("setNetAttr"));
+    let mut sends: Vec<_> = (0..SLOTS)
+        .map(|i| post_send(&send, message_bytes(SIZE, i as u64), i as i32).expect("isend"))
+        .collect();
+    // One more message finds no slot: NCCL will post it again.
+    let tag = SLOTS as i32;
+    let mut last = message_bytes(SIZE, 99).into_boxed_slice();
+    let mr = send.reg_mr(&mut last).expect("regMr");
+    let Posted::Busy(mut back) = send.isend(last, SIZE, tag, mr).expect("isend") else {
+        panic!("a send with every slot taken got a request");
+    };
+    // Meanwhile the training thread moves on, and the proxy announces another collective.
+    assert_eq!((control.set_step)(6), 0);
+    assert_eq!((control.set_phase)(1), 0);
+    assert!(client.set_net_attr(op::ALL_GATHER).expect("setNetAttr"));
+
+    for (i, s) in sends.iter_mut().enumerate() {
+        let mut r = post_recv(&recv, SIZE, i as i32).expect("irecv");
+        wait_request(s, Duration::from_secs(30)).expect("send");
+        wait_request(&mut r, Duration::from_secs(30)).expect("recv");
+    }
+    // Slots are free again: the same message, posted again, goes.
+    let mut r = post_recv(&recv, SIZE, tag).expect("irecv");
+    let buf = back.pop().expect("the message's buffer");
+    let Posted::Started(mut again) = send.isend(buf, SIZE, tag, mr).expect("isend") else {
+        panic!("a send found no slot with every earlier send done");
+    };
+    wait_request(&mut again, Duration::from_secs(30)).expect("send");
+    wait_request(&mut r, Duration::from_secs(30)).expect("recv");
+    let (by_op, by_step) = cells(&control.stats());
+    send.close().expect("closeSend");
+    recv.close().expect("closeRecv");
+    client.finalize().expect("finalize");
+    std::fs::remove_dir_all(&dir).ok();
+
+    let all = (SLOTS + 1) as u64;
+    let packets = (SIZE / 4096) as u64;
+    assert_eq!(
+        by_op,
+        BTreeMap::from([("AllReduce/backward".to_string(), (all, all * packets))]),
+        "every message counted under the collective and phase its loss was decided in"
+    );
+    assert_eq!(
+        by_step,
+        BTreeMap::from([(5, (all * packets, all * packets))]),
+        "every message counted in the step its loss was decided in"
+    );
+}
