@@ -22,7 +22,7 @@ pub struct Args {
     #[arg(long, default_value_t = 2)]
     pub ranks: usize,
     /// Sizes: a comma-separated list (`64K,1M,64M`), `small` (8 B to 1 MiB, doubling),
-    /// `large` or `all` (8 B to 256 MiB, doubling).
+    /// `large` (1 MiB to 128 MiB: 1, 4, 16, 64, 128 MiB) or `all` (8 B to 256 MiB, doubling).
     #[arg(long, default_value = "large")]
     pub sizes: String,
     /// Turn loss injection off (through the plugin's control API).
@@ -646,6 +646,46 @@ fn congestion_control() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The `--sizes` help of `command` (`bench` or `demo`), as `--help` prints it.
+    fn sizes_help(command: &str) -> String {
+        use clap::CommandFactory;
+        let cli = crate::commands::Cli::command();
+        let sub = cli.find_subcommand(command).expect("subcommand");
+        let arg = sub
+            .get_arguments()
+            .find(|a| a.get_id() == "sizes")
+            .expect("--sizes");
+        arg.get_help().expect("help").to_string()
+    }
+
+    /// Each preset `--help` names states the first and last size it runs, in the words
+    /// between its name and the next preset's.
+    fn assert_help_states_presets(help: &str, presets: &[&str], parse: fn(&str) -> Vec<usize>) {
+        for preset in presets {
+            let name = format!("`{preset}`");
+            let start = help
+                .find(&name)
+                .unwrap_or_else(|| panic!("{help}: no {name}"));
+            let rest = &help[start + name.len()..];
+            let words = &rest[..rest.find('`').unwrap_or(rest.len())];
+            let sizes = parse(preset);
+            for size in [sizes[0], sizes[sizes.len() - 1]] {
+                let size = fmt_bytes(size);
+                assert!(words.contains(&size), "{help}: {name} does not say {size}");
+            }
+        }
+    }
+
+    #[test]
+    fn sizes_help_states_what_each_preset_runs() {
+        assert_help_states_presets(&sizes_help("bench"), &["small", "large", "all"], |p| {
+            parse_bench_sizes(p).expect("preset")
+        });
+        assert_help_states_presets(&sizes_help("demo"), &["small", "large"], |p| {
+            parse_sizes(p).expect("preset")
+        });
+    }
 
     #[test]
     fn damage_passes_only_under_a_profile_that_corrupts_data() {

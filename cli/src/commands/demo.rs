@@ -21,7 +21,8 @@ pub struct Args {
     /// Local ranks (processes).
     #[arg(long, default_value_t = 4)]
     pub ranks: usize,
-    /// Sizes: a comma-separated list (`64K,1M`) or `small`.
+    /// Sizes: a comma-separated list (`64K,1M`), `small` (4 KiB, 64 KiB and 1 MiB) or `large`
+    /// (1 MiB to 128 MiB: 1, 4, 16, 64, 128 MiB).
     #[arg(long, default_value = "64K,1M,16M")]
     pub sizes: String,
     /// Keep the per-rank statistics files in this directory (default: `NCCL_LOSSY_STATS`,
