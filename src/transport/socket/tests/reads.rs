@@ -111,12 +111,22 @@ fn after_done_child() {
     if std::env::var_os(AFTER_DONE_CHILD_ENV).is_none() {
         return;
     }
-    const SIZE: usize = 512 << 10;
-    // Socket buffers that hold both messages whole, so the second has all arrived when the
-    // first is tested.
+    // Two messages that the socket buffers hold whole, so the second has all arrived when
+    // the first is tested, yet each at least twice `AFTER_DONE_READ`, so a test that read
+    // all of the second one shows. The buffers asked for are Linux's stock limit
+    // (`net.core.rmem_max`, `wmem_max`: 212992, which the kernel doubles), and what they hold
+    // must not depend on a host's own limits: beyond them the stream below (both messages,
+    // written before anything reads) cannot all be in flight at once, and its `write_all`
+    // would block for ever. Doubled, they hold about 400 KiB each.
+    const SIZE: usize = 128 << 10;
+    const SOCKBUF: usize = 212_992;
+    const _: () = assert!(
+        SIZE >= 2 * AFTER_DONE_READ,
+        "the check below would not tell"
+    );
     let t = loopback_with(SocketConfig {
         nsocks: 1,
-        sockbuf: Some(4 << 20),
+        sockbuf: Some(SOCKBUF),
         ..SocketConfig::default()
     });
     let (mut warm, mut first, mut second) = (vec![0u8; SIZE], vec![0u8; SIZE], vec![0u8; SIZE]);
@@ -131,7 +141,7 @@ fn after_done_child() {
             .expect("slot")
     };
     socket2::SockRef::from(&*sock)
-        .set_send_buffer_size(4 << 20)
+        .set_send_buffer_size(SOCKBUF)
         .expect("SO_SNDBUF");
     // A first bulk message puts the socket in bulk mode (no read-ahead into its stage).
     let r0 = post(&mut warm);
