@@ -499,9 +499,16 @@ impl Checker<'_> {
 }
 
 fn join(path: &str, key: &str) -> String {
-    if path.is_empty() {
-        key.to_string()
+    // A key holding a control character (a NUL, a terminal escape) or a byte-order mark is
+    // shown quoted and escaped: printed raw it hides what is wrong, or drives the terminal.
+    let shown = if key.chars().any(|c| c.is_control() || c == '\u{feff}') {
+        format!("{key:?}")
     } else {
-        format!("{path}.{key}")
+        key.to_string()
+    };
+    if path.is_empty() {
+        shown
+    } else {
+        format!("{path}.{shown}")
     }
 }

@@ -616,3 +616,21 @@ fn rules_naming_one_trace_share_one_loaded_copy() {
     assert_eq!(other.length, 1);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn an_unknown_key_with_invisible_characters_is_shown_escaped() {
+    // A key holding a control character (a NUL, a terminal escape) was printed raw: the
+    // message read "seed: unknown key" for a key that is not `seed`, or drove the terminal.
+    let got = err("\"seed\\u0000\" = 1\n", "");
+    assert!(got.contains(r#""seed\0": unknown key"#), "{got}");
+    let got = err(
+        "[model]\nkind = \"uniform\"\n\"rate\\u001b[2J\" = 0.1\n",
+        "",
+    );
+    assert!(
+        got.contains(r#"model."rate\u{1b}[2J": unknown key"#),
+        "{got}"
+    );
+    let got = err("", "se\u{7}ed=1");
+    assert!(got.contains(r#""se\u{7}ed": unknown key"#), "{got}");
+}
