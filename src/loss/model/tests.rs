@@ -313,7 +313,7 @@ fn intuitive_gilbert_elliott_converts() {
     m.rate = Some(0.01);
     m.mean_burst = Some(8.0);
     assert_eq!(ModelSpec::from_raw(&m).unwrap(), spec);
-    // mean_burst = 1 is Bernoulli again: r = 1, p = rate/(1-rate).
+    // mean_burst = 1: r = 1, p = rate/(1-rate) (isolated losses, not Bernoulli: see below).
     let b = ModelSpec::gilbert_elliott_from_rate(0.2, 1.0).unwrap();
     assert!((b.expected_loss_rate() - 0.2).abs() < 1e-12);
 }
@@ -562,4 +562,148 @@ fn the_docs_describe_every_kind_and_key_of_the_table() {
             "docs/loss-models.md does not name model key {key}"
         );
     }
+}
+
+/// The longest run of consecutive losses in `packets` packets of a stream (joined across
+/// messages of `chunk` packets).
+fn longest_burst(spec: &ModelSpec, seed: u64, packets: u64, chunk: u64) -> u64 {
+    let mut state = ModelState::new(spec, stream_rng(seed));
+    let mut runs = Vec::new();
+    let (mut longest, mut open, mut done) = (0u64, 0u64, 0u64);
+    while done < packets {
+        let n = chunk.min(packets - done);
+        runs.clear();
+        state.fill(n, &mut runs);
+        for run in &runs {
+            let len = u64::from(run.len);
+            open = if run.start == 0 { open + len } else { len };
+            longest = longest.max(open);
+            if u64::from(run.end()) != n {
+                open = 0;
+            }
+        }
+        if runs.last().map_or(true, |r| u64::from(r.end()) != n) {
+            open = 0;
+        }
+        done += n;
+    }
+    longest
+}
+
+#[test]
+fn gilbert_elliott_edge_values() {
+    // p = 0: the chain never leaves Good, so only Good's loss (netem's 1-k) is ever seen.
+    let never_bad = ModelSpec::GilbertElliott {
+        p: 0.0,
+        r: 0.5,
+        h_loss: 1.0,
+        k_loss: 0.0,
+    };
+    assert!(!never_bad.can_lose());
+    assert_eq!(measure(&never_bad, 1, 100_000, 1000).0, 0.0);
+    let good_only = ModelSpec::GilbertElliott {
+        p: 0.0,
+        r: 0.0,
+        h_loss: 1.0,
+        k_loss: 0.1,
+    };
+    assert!((good_only.expected_loss_rate() - 0.1).abs() < 1e-12);
+    assert!((good_only.expected_mean_burst() - 1.0 / 0.9).abs() < 1e-12);
+    check(&good_only, 21, 2_000_000);
+    // r = 1 with netem's h = 0, k = 1 (h_loss = 1, k_loss = 0): a Bad sojourn is one packet
+    // and Good loses nothing, so every loss is isolated: mean burst exactly 1, loss p/(p+1).
+    let isolated = ModelSpec::GilbertElliott {
+        p: 0.3,
+        r: 1.0,
+        h_loss: 1.0,
+        k_loss: 0.0,
+    };
+    assert!((isolated.expected_loss_rate() - 0.3 / 1.3).abs() < 1e-12);
+    assert!((isolated.expected_mean_burst() - 1.0).abs() < 1e-12);
+    assert_eq!(longest_burst(&isolated, 22, 1_000_000, 777), 1);
+    check(&isolated, 23, 2_000_000);
+    check_reference(&isolated, 24, 1_000_000);
+    // h_loss = 0 (netem h = 1): Bad loses nothing, Good loses k_loss: loss k·r/(p+r).
+    let bad_is_clean = ModelSpec::GilbertElliott {
+        p: 0.1,
+        r: 0.2,
+        h_loss: 0.0,
+        k_loss: 0.05,
+    };
+    assert!((bad_is_clean.expected_loss_rate() - 0.05 * 0.2 / 0.3).abs() < 1e-12);
+    check(&bad_is_clean, 25, 4_000_000);
+    check_reference(&bad_is_clean, 26, 2_000_000);
+    // r = 1, k_loss = 1, h_loss = 0: Good always loses, Bad never; p = 1 alternates them.
+    let alternate = ModelSpec::GilbertElliott {
+        p: 1.0,
+        r: 1.0,
+        h_loss: 0.0,
+        k_loss: 1.0,
+    };
+    let mut s = ModelState::new(&alternate, stream_rng(1));
+    let mut out = Vec::new();
+    s.fill(6, &mut out);
+    let every_other = [0, 2, 4].map(|start| PacketRun { start, len: 1 });
+    assert_eq!(out, every_other.to_vec());
+}
+
+#[test]
+fn rate_form_with_mean_burst_one_isolates_losses_rather_than_bernoulli() {
+    // r = 1/mean_burst = 1: every lost packet is followed by a kept one. The loss rate is the
+    // one asked for, but the bursts are not Bernoulli's (whose mean burst is 1/(1-rate)).
+    let spec = ModelSpec::gilbert_elliott_from_rate(0.2, 1.0).unwrap();
+    assert!((spec.expected_loss_rate() - 0.2).abs() < 1e-12);
+    assert!((spec.expected_mean_burst() - 1.0).abs() < 1e-12);
+    let bernoulli = ModelSpec::Uniform { rate: 0.2 };
+    assert!((bernoulli.expected_mean_burst() - 1.25).abs() < 1e-12);
+    assert_eq!(longest_burst(&spec, 31, 1_000_000, 1000), 1);
+    check(&spec, 32, 2_000_000);
+    // The form netem calls Bernoulli is p alone: r = 1 - p.
+    let mut m = raw("gilbert_elliott");
+    m.p = Some(0.2);
+    let netem = ModelSpec::from_raw(&m).unwrap();
+    assert!((netem.expected_mean_burst() - 1.25).abs() < 1e-12);
+    check(&netem, 33, 2_000_000);
+}
+
+#[test]
+fn markov4_edge_values() {
+    // p13 = 0, p14 > 0: only isolated losses (state 4, then back to 1): loss p14/(1+p14),
+    // every burst one packet.
+    let isolated = ModelSpec::Markov4 {
+        p13: 0.0,
+        p31: 1.0,
+        p32: 0.0,
+        p23: 1.0,
+        p14: 0.1,
+    };
+    assert!((isolated.expected_loss_rate() - 0.1 / 1.1).abs() < 1e-12);
+    assert!((isolated.expected_mean_burst() - 1.0).abs() < 1e-12);
+    assert_eq!(longest_burst(&isolated, 41, 1_000_000, 1000), 1);
+    check(&isolated, 42, 2_000_000);
+    check_reference(&isolated, 43, 1_000_000);
+    // p31 = 0 with p32 > 0: once in a burst, the chain alternates between 3 and 2 for good;
+    // the closed form is that of the 2-3 chain: loss p23/(p23+p32).
+    let trapped = ModelSpec::Markov4 {
+        p13: 0.01,
+        p31: 0.0,
+        p32: 0.4,
+        p23: 0.6,
+        p14: 0.0,
+    };
+    assert!((trapped.expected_loss_rate() - 0.6).abs() < 1e-12);
+    assert!((trapped.expected_mean_burst() - 1.0 / 0.4).abs() < 1e-9);
+    check(&trapped, 44, 2_000_000);
+    check_reference(&trapped, 45, 2_000_000);
+    // State meanings: with p32 = 0 every burst is one sojourn in 3, of mean 1/p31 packets,
+    // plus isolated losses from 4.
+    let bursts = ModelSpec::Markov4 {
+        p13: 0.01,
+        p31: 0.25,
+        p32: 0.0,
+        p23: 1.0,
+        p14: 0.0,
+    };
+    assert!((bursts.expected_mean_burst() - 4.0).abs() < 1e-9);
+    check(&bursts, 46, 4_000_000);
 }
