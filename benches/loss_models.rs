@@ -103,7 +103,7 @@ fn main() {
             let engine = profile.loss_engine();
             let mut stream = engine.stream(StreamKey {
                 rank: 0,
-                comm_id: 1,
+                comm: 1,
                 peer: 1,
                 direction: Direction::Send,
                 conn: 0,

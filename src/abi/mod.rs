@@ -154,7 +154,8 @@ fn init_context(
     install_logger(logger);
     // Held until this context's finalize.
     let runtime = Runtime::acquire(Hold::Counted, logger)?;
-    let ctx = Context::new(comm_id, traffic_class, runtime.takes_net_attr());
+    let number = runtime.number_context();
+    let ctx = Context::new(comm_id, number, traffic_class, runtime.takes_net_attr());
     ctx.set_profiler(net_profiler::from_callback(profiler));
     let ptr = Box::into_raw(Box::new(AbiContext {
         kind: Kind::Context,

@@ -39,8 +39,9 @@ impl Rules {
 pub struct StreamKey {
     /// This process's rank in the communicator.
     pub rank: u32,
-    /// The communicator (e.g. a hash of NCCL's unique id).
-    pub comm_id: u64,
+    /// The communicator: its number in this process (the order of its `init`), which repeats
+    /// from run to run (NCCL's commHash does not: it hashes a random unique id).
+    pub comm: u64,
     /// The peer rank at the other end.
     pub peer: u32,
     /// Which side of the connection this is.
@@ -61,7 +62,7 @@ impl StreamKey {
             seed,
             &[
                 u64::from(self.rank),
-                self.comm_id,
+                self.comm,
                 u64::from(self.peer),
                 direction,
                 u64::from(self.conn),
@@ -177,7 +178,7 @@ mod tests {
     fn key(peer: u32, conn: u32) -> StreamKey {
         StreamKey {
             rank: 0,
-            comm_id: 0xabcdef,
+            comm: 7,
             peer,
             direction: Direction::Send,
             conn,
@@ -227,7 +228,7 @@ mod tests {
         other.direction = Direction::Recv;
         assert_ne!(a, plans(&mut e.stream(other), &ctx, 50, 1 << 20));
         other = key(1, 0);
-        other.comm_id += 1;
+        other.comm += 1;
         assert_ne!(a, plans(&mut e.stream(other), &ctx, 50, 1 << 20));
         // Another seed, another pattern.
         let e2 = LossEngine::new(6, Vec::new(), uniform());

@@ -36,6 +36,10 @@ impl PendingKey {
 pub struct Context {
     /// NCCL's id of the communicator (0 for the implicit context).
     pub comm_id: u64,
+    /// The communicator's number in this process: the order of its `init` (1 for the first,
+    /// 0 for the implicit context). Loss streams are seeded from it, not from `comm_id`: NCCL
+    /// passes its commHash, a hash of the unique id, which is random in every run.
+    pub number: u64,
     /// Traffic class from the communicator's config, when NCCL gave one.
     pub traffic_class: Option<i32>,
     /// `setNetAttr` goes on to the transport (it takes it: [`crate::transport::Transport::takes_net_attr`]).
@@ -62,11 +66,17 @@ impl std::fmt::Debug for Context {
 }
 
 impl Context {
-    /// A context for communicator `comm_id`; `forwards_net_attr`: its runtime's transport
-    /// takes `setNetAttr`.
-    pub fn new(comm_id: u64, traffic_class: Option<i32>, forwards_net_attr: bool) -> Arc<Context> {
+    /// A context for communicator `comm_id`, this process's `number`th; `forwards_net_attr`:
+    /// its runtime's transport takes `setNetAttr`.
+    pub fn new(
+        comm_id: u64,
+        number: u64,
+        traffic_class: Option<i32>,
+        forwards_net_attr: bool,
+    ) -> Arc<Context> {
         Arc::new(Context {
             comm_id,
+            number,
             traffic_class,
             forwards_net_attr,
             op: AtomicU32::new(0),

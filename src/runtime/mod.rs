@@ -34,7 +34,7 @@ mod output;
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -84,6 +84,8 @@ pub struct Runtime {
     /// Open comms and the statistics writer that runs while any is open.
     live: Mutex<output::LiveComms>,
     legacy_warned: AtomicBool,
+    /// Contexts numbered so far (see [`Runtime::number_context`]).
+    contexts: AtomicU64,
     /// Last, so that everything above (and every comm, which holds the runtime) is gone
     /// before the transport.
     transport: Box<dyn Transport>,
@@ -111,6 +113,7 @@ impl Runtime {
             comm_sizes: Mutex::default(),
             live: Mutex::default(),
             legacy_warned: AtomicBool::new(false),
+            contexts: AtomicU64::new(0),
             transport,
         })
     }
@@ -181,7 +184,7 @@ impl Runtime {
             None => {
                 let runtime = Arc::new(building(|| build_logged(logger))?);
                 slot.last_profile = Some(Arc::clone(&runtime.profile_json));
-                slot.implicit = Some(Context::new(0, None, runtime.takes_net_attr()));
+                slot.implicit = Some(Context::new(0, 0, None, runtime.takes_net_attr()));
                 slot.runtime = Some(Arc::clone(&runtime));
                 runtime
             }
@@ -262,6 +265,13 @@ impl Runtime {
         self.corrupts_data
     }
 
+    /// The next communicator's number (1, 2, ...: the order of the `init`s), which seeds its
+    /// loss streams. A program opens its communicators in the same order in every run, while
+    /// NCCL's commHash changes with every run's unique id.
+    pub fn number_context(&self) -> u64 {
+        self.contexts.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
     /// Records the size of communicator `comm_id` (called by the tuner's init).
     pub fn record_comm_size(&self, comm_id: u64, ranks: usize) {
         if let (Ok(mut sizes), Ok(ranks)) = (self.comm_sizes.lock(), u32::try_from(ranks)) {
@@ -328,13 +338,7 @@ impl Runtime {
         // Numbered when NCCL asks, which happens in the same order in every run, so each
         // connection keeps its own reproducible loss stream.
         let index = ctx.next_connection_index();
-        let loss = self.engine.stream(StreamKey {
-            rank: self.rank.unwrap_or(0),
-            comm_id: ctx.comm_id,
-            peer: peer.unwrap_or(u32::MAX),
-            direction: Direction::Send,
-            conn: index,
-        });
+        let loss = self.engine.stream(stream_key(self.rank, ctx, peer, index));
         Ok(Connecting::new(
             Arc::clone(self),
             Arc::clone(ctx),
@@ -344,6 +348,19 @@ impl Runtime {
             index,
             traffic_class,
         ))
+    }
+}
+
+/// The identity a send connection's loss stream is seeded from: this rank, its communicator's
+/// number in this process (not NCCL's commHash, which changes every run), the peer and the
+/// connection's number in that communicator.
+fn stream_key(rank: Option<u32>, ctx: &Context, peer: Option<u32>, conn: u32) -> StreamKey {
+    StreamKey {
+        rank: rank.unwrap_or(0),
+        comm: ctx.number,
+        peer: peer.unwrap_or(u32::MAX),
+        direction: Direction::Send,
+        conn,
     }
 }
 
@@ -453,7 +470,7 @@ impl Context {
         SLOT.lock()
             .ok()
             .and_then(|slot| slot.implicit.clone())
-            .unwrap_or_else(|| Context::new(0, None, false))
+            .unwrap_or_else(|| Context::new(0, 0, None, false))
     }
 }
 
@@ -474,3 +491,28 @@ extern "C" fn release_at_unload() {
 #[used]
 #[link_section = ".fini_array"]
 static RELEASE_AT_UNLOAD: extern "C" fn() = release_at_unload;
+
+#[cfg(test)]
+mod stream_key_tests {
+    use super::*;
+
+    #[test]
+    fn loss_streams_do_not_depend_on_nccls_per_run_communicator_hash() {
+        // NCCL hands `init` its commHash, a hash of the unique id, whose magic is random in
+        // every run: the same job, seed and communicator get another hash each time. Seeding
+        // from it made no two runs lose the same packets. The communicator's number in this
+        // process (the order of its init) is what repeats.
+        let run_a = Context::new(0x9c1e_22f0_4a7b_d001, 2, None, false);
+        let run_b = Context::new(0x51d3_8e0a_07c4_9f12, 2, None, false);
+        assert_eq!(
+            stream_key(Some(1), &run_a, Some(0), 3),
+            stream_key(Some(1), &run_b, Some(0), 3)
+        );
+        // Two communicators of one run still get streams of their own.
+        let other = Context::new(0x9c1e_22f0_4a7b_d001, 3, None, false);
+        assert_ne!(
+            stream_key(Some(1), &run_a, Some(0), 3),
+            stream_key(Some(1), &other, Some(0), 3)
+        );
+    }
+}
