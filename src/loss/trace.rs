@@ -197,9 +197,13 @@ impl TraceData {
         }
     }
 
-    /// Mean loss burst in one pass; when wrapping, a run at the end joins one at the start.
+    /// Mean loss burst in one pass; when wrapping, a run at the end joins one at the start,
+    /// and a trace that loses every packet is one endless burst (infinite).
     pub fn mean_burst(&self, end: TraceEnd) -> f64 {
         let lost = self.lost_packets();
+        if end == TraceEnd::Wrap && lost > 0 && lost == self.length {
+            return f64::INFINITY;
+        }
         let mut bursts = self.runs.len() as u64;
         if end == TraceEnd::Wrap && bursts > 1 {
             let first = self.runs[0];
@@ -302,6 +306,11 @@ mod tests {
         assert!((t.mean_burst(TraceEnd::Stop) - 2.0).abs() < 1e-12);
         // Wrapping, the run at the end continues into the run at the start: one burst of 4.
         assert!((t.mean_burst(TraceEnd::Wrap) - 4.0).abs() < 1e-12);
+        // A trace that loses every packet, wrapped, is one burst that never ends (as uniform
+        // with rate 1): not a burst of one pass's length.
+        let all = TraceData::parse("111", TraceFormat::Bitmap, None, "t").unwrap();
+        assert_eq!(all.mean_burst(TraceEnd::Wrap), f64::INFINITY);
+        assert!((all.mean_burst(TraceEnd::Stop) - 3.0).abs() < 1e-12);
     }
 
     #[test]
