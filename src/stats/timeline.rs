@@ -310,6 +310,67 @@ pub fn trace_file_name() -> String {
     )
 }
 
+/// Track (thread id) of each event and the tracks' names.
+struct TrackIds {
+    /// Thread id of each event of the snapshot, in its order.
+    of_event: Vec<u64>,
+    /// Each track, in thread-id order: (index of its first event, lane), thread id.
+    names: Vec<((usize, usize), u64)>,
+}
+
+/// One track per connection, plus one more for each message still in flight when another of
+/// the same connection began (NCCL keeps several in flight): complete events on one thread
+/// must not overlap (Perfetto and chrome://tracing draw only events that nest), so a message
+/// takes the connection's first track whose last message ended before it started. The tracks
+/// of one connection get consecutive ids, in the order connections first appear.
+fn track_ids(events: &[(TimelineEvent, u64)]) -> TrackIds {
+    type Connection = (u64, u32, Side, Option<u32>);
+    let mut connections: Vec<Connection> = Vec::new();
+    let mut of_connection: HashMap<Connection, usize> = HashMap::new();
+    let mut members: Vec<Vec<usize>> = Vec::new();
+    for (index, (event, _)) in events.iter().enumerate() {
+        let key = (event.comm_id, event.connection, event.side, event.peer);
+        let slot = *of_connection.entry(key).or_insert_with(|| {
+            connections.push(key);
+            members.push(Vec::new());
+            connections.len() - 1
+        });
+        members[slot].push(index);
+    }
+    let mut of_event = vec![0u64; events.len()];
+    let mut names = Vec::new();
+    let mut next_tid = 0u64;
+    for mut indices in members {
+        indices.sort_by_key(|&i| (events[i].0.start_ns, i));
+        // Per lane: (when its last message ended, index of its first event).
+        let mut lanes: Vec<(u64, usize)> = Vec::new();
+        let mut lane_of = Vec::with_capacity(indices.len());
+        for &i in &indices {
+            let event = &events[i].0;
+            let end = event.end_ns.max(event.start_ns);
+            let lane = match lanes.iter().position(|&(busy, _)| busy <= event.start_ns) {
+                Some(lane) => {
+                    lanes[lane].0 = end;
+                    lane
+                }
+                None => {
+                    lanes.push((end, i));
+                    lanes.len() - 1
+                }
+            };
+            lane_of.push((i, lane));
+        }
+        for (i, lane) in lane_of {
+            of_event[i] = next_tid + lane as u64;
+        }
+        for (lane, &(_, first)) in lanes.iter().enumerate() {
+            names.push(((first, lane), next_tid + lane as u64));
+        }
+        next_tid += lanes.len() as u64;
+    }
+    TrackIds { of_event, names }
+}
+
 /// The Chrome trace of `snapshot` (format version 1), `effect_name` naming effect codes.
 pub fn trace_json(snapshot: &TimelineSnapshot, effect_name: &dyn Fn(u8) -> &'static str) -> Value {
     let pid = std::process::id();
@@ -321,25 +382,32 @@ pub fn trace_json(snapshot: &TimelineSnapshot, effect_name: &dyn Fn(u8) -> &'sta
     };
     let mut out = vec![json!({"ph": "M", "name": "process_name", "pid": pid,
                               "args": {"name": process}})];
-    let mut tids: HashMap<(u64, u32, Side, Option<u32>), u64> = HashMap::new();
-    for (event, lost_so_far) in &snapshot.events {
-        let key = (event.comm_id, event.connection, event.side, event.peer);
-        let next = tids.len() as u64;
-        let tid = *tids.entry(key).or_insert_with(|| {
-            let peer = event
-                .peer
-                .map_or_else(|| "?".to_string(), |p| p.to_string());
-            let arrow = match event.side {
-                Side::Send => "->",
-                Side::Recv => "<-",
-            };
-            out.push(
-                json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": next,
-                "args": {"name": format!("comm {:#x} conn {} {} {arrow} peer {peer}",
-                    event.comm_id, event.connection, event.side.name())}}),
-            );
-            next
-        });
+    let tids = track_ids(&snapshot.events);
+    for (track, tid) in &tids.names {
+        let (event, lane) = (&snapshot.events[track.0].0, track.1);
+        let peer = event
+            .peer
+            .map_or_else(|| "?".to_string(), |p| p.to_string());
+        let arrow = match event.side {
+            Side::Send => "->",
+            Side::Recv => "<-",
+        };
+        let mut name = format!(
+            "comm {:#x} conn {} {} {arrow} peer {peer}",
+            event.comm_id,
+            event.connection,
+            event.side.name()
+        );
+        if lane > 0 {
+            name.push_str(&format!(" #{}", lane + 1));
+        }
+        out.push(
+            json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
+                        "args": {"name": name}}),
+        );
+    }
+    for (index, (event, lost_so_far)) in snapshot.events.iter().enumerate() {
+        let tid = tids.of_event[index];
         let collective = op_name(event.op);
         let end_ns = event.end_ns.max(event.start_ns);
         out.push(json!({
@@ -462,6 +530,52 @@ mod tests {
             sample["epoch_ns"].as_i64().expect("epoch")
                 - sample["monotonic_ns"].as_i64().expect("mono"),
             offset
+        );
+    }
+
+    /// Perfetto and chrome://tracing draw complete events of one thread only when they nest:
+    /// messages of one connection in flight at once must not share a track.
+    #[test]
+    fn overlapping_messages_of_one_connection_never_share_a_track() {
+        let ring = Timeline::new(16).expect("a small ring");
+        // Four messages posted back to back, each done after the next one was posted (as NCCL
+        // pipelines sends), then one that starts after all of them ended.
+        for (start, end) in [(0, 150), (100, 250), (200, 350), (300, 450), (1_000, 1_100)] {
+            let mut e = event(0, 0);
+            e.start_ns = start;
+            e.end_ns = end;
+            ring.record(&e);
+        }
+        let trace = trace_json(&ring.snapshot(), &|_| "zero");
+        let events = trace["traceEvents"].as_array().expect("events");
+        let mut by_tid: HashMap<u64, Vec<(f64, f64)>> = HashMap::new();
+        for x in events.iter().filter(|e| e["ph"] == "X") {
+            let ts = x["ts"].as_f64().expect("ts");
+            let dur = x["dur"].as_f64().expect("dur");
+            by_tid
+                .entry(x["tid"].as_u64().expect("tid"))
+                .or_default()
+                .push((ts, ts + dur));
+        }
+        for (tid, mut spans) in by_tid.clone() {
+            spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+            for pair in spans.windows(2) {
+                assert!(pair[1].0 >= pair[0].1, "track {tid} overlaps: {spans:?}");
+            }
+        }
+        // Two messages at most were in flight at once: two tracks, each named.
+        assert_eq!(by_tid.len(), 2, "{by_tid:?}");
+        let names: Vec<&str> = events
+            .iter()
+            .filter(|e| e["name"] == "thread_name")
+            .map(|e| e["args"]["name"].as_str().expect("a name"))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "comm 0x7f3a conn 1 send -> peer 1",
+                "comm 0x7f3a conn 1 send -> peer 1 #2"
+            ]
         );
     }
 
