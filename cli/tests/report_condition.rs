@@ -131,3 +131,36 @@ fn a_directory_holding_two_runs_is_not_summed_as_one_without_a_warning() {
     assert_eq!(run["warnings"].as_array().map(Vec::len), Some(0), "{run}");
     assert_eq!(count(&run, "ranks"), 4, "{run}");
 }
+
+/// `lossy report RUN | head -1`: a reader that stops early closes the pipe; the report stops
+/// quietly (no panic, no backtrace on the terminal) and still draws `--plot`.
+#[test]
+fn a_reader_that_closes_the_pipe_early_gets_no_panic() {
+    let dir = fresh_dir("report-closed-pipe");
+    let stats = dir.to_str().expect("utf-8");
+    lossy(
+        &["demo", "--ranks", "2", "--sizes", "64K"],
+        &[("NCCL_LOSSY_STATS", stats)],
+    );
+    let plot = dir.join("plot.svg");
+    for format in ["--csv", "--json", "--plot"] {
+        let mut args = vec!["report", stats, format];
+        if format == "--plot" {
+            args.push(plot.to_str().expect("utf-8"));
+        }
+        let mut child = std::process::Command::new(common::lossy_exe())
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run lossy report");
+        // Close the reading end before the report writes anything.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("wait for lossy report");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{format}: {stderr}");
+        assert!(out.status.success(), "{format}: {:?} {stderr}", out.status);
+    }
+    assert!(plot.is_file(), "the plot was not drawn");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -71,18 +71,22 @@ fn emit<T: serde::Serialize>(
     table: impl FnOnce() -> String,
     plot: impl FnOnce(&Path) -> Result<(), String>,
 ) -> ExitCode {
-    if args.json {
+    let text = if args.json {
         match serde_json::to_string_pretty(runs) {
-            Ok(text) => println!("{text}"),
+            Ok(text) => text + "\n",
             Err(err) => {
                 eprintln!("lossy report: {err}");
                 return ExitCode::FAILURE;
             }
         }
     } else if args.csv {
-        print!("{}", csv());
+        csv()
     } else {
-        print!("{}", table());
+        table()
+    };
+    if let Err(err) = write_stdout(&text) {
+        eprintln!("lossy report: cannot write the report: {err}");
+        return ExitCode::FAILURE;
     }
     if let Some(path) = &args.plot {
         if let Err(err) = plot(path) {
@@ -92,6 +96,17 @@ fn emit<T: serde::Serialize>(
         eprintln!("lossy report: wrote {}", path.display());
     }
     ExitCode::SUCCESS
+}
+
+/// Writes `text` to stdout; a reader that closed the pipe early (`lossy report RUN | head`) is
+/// not an error: what it did not read is simply not written.
+fn write_stdout(text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other,
+    }
 }
 
 /// `lossy report --per-step`.
