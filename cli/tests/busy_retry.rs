@@ -11,10 +11,11 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::ffi::{c_char, c_int, c_void, CString};
 use std::time::Duration;
 
-use common::{fresh_dir, library, message_bytes, post_recv, post_send, wait_request};
+use common::{
+    fresh_dir, library, message_bytes, post_recv, post_send, wait_request, LoadedControl,
+};
 use lossy_cli::harness::plugin_client::{op, PluginClient, PluginLibrary, Posted};
 
 /// Bytes per message: 16 packets of the profile's 4096-byte MTU.
@@ -26,54 +27,6 @@ const SLOTS: usize = 32;
 const PROFILE: &str = "mtu = 4096\nmodel = { kind = \"none\" }\n\n[[rules]]\n\
     name = \"backward all-reduce\"\nphase = \"backward\"\ncollective = \"AllReduce\"\n\
     effect = \"zero\"\nmodel = { kind = \"uniform\", rate = 1.0 }\n";
-
-/// The control API of the copy of the library this process loaded.
-struct Control {
-    set_phase: extern "C" fn(c_int) -> c_int,
-    set_step: extern "C" fn(u64) -> c_int,
-    stats_json: extern "C" fn(*mut c_char, usize) -> i64,
-}
-
-impl Control {
-    fn of_loaded_library() -> Control {
-        let path = CString::new(library().to_str().expect("utf-8 path")).expect("no NUL");
-        // SAFETY: a valid C string; RTLD_NOLOAD only hands back the copy already loaded.
-        let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
-        assert!(!handle.is_null(), "the plugin is not loaded");
-        let sym = |name: &str| {
-            let c_name = CString::new(name).expect("no NUL");
-            // SAFETY: a live handle and a valid C string.
-            let sym = unsafe { libc::dlsym(handle, c_name.as_ptr()) };
-            assert!(!sym.is_null(), "no {name}");
-            sym
-        };
-        // SAFETY: the signatures of nccl_headers/nccl_lossy_control.h.
-        unsafe {
-            Control {
-                set_phase: std::mem::transmute::<*mut c_void, extern "C" fn(c_int) -> c_int>(sym(
-                    "ncclLossySetPhase",
-                )),
-                set_step: std::mem::transmute::<*mut c_void, extern "C" fn(u64) -> c_int>(sym(
-                    "ncclLossySetStep",
-                )),
-                stats_json: std::mem::transmute::<
-                    *mut c_void,
-                    extern "C" fn(*mut c_char, usize) -> i64,
-                >(sym("ncclLossyStatsJson")),
-            }
-        }
-    }
-
-    fn stats(&self) -> serde_json::Value {
-        let mut buf = vec![0u8; 1 << 20];
-        let n = (self.stats_json)(buf.as_mut_ptr().cast(), buf.len());
-        assert!(
-            n > 0 && (n as usize) < buf.len(),
-            "ncclLossyStatsJson returned {n}"
-        );
-        serde_json::from_slice(&buf[..n as usize]).expect("statistics JSON")
-    }
-}
 
 /// "collective/phase" -> (messages, lost packets), and step -> (packets, lost packets).
 type Cells = (BTreeMap<String, (u64, u64)>, BTreeMap<u64, (u64, u64)>);
@@ -112,7 +65,7 @@ fn a_send_posted_again_is_counted_where_its_loss_was_decided() {
     std::env::set_var("NCCL_LOSSY_PROFILE", &profile);
     std::env::set_var("NCCL_SOCKET_IFNAME", "lo");
     let lib = PluginLibrary::open(&library()).expect("load the plugin");
-    let control = Control::of_loaded_library();
+    let control = LoadedControl::of_loaded_library();
     let client = PluginClient::init(&lib, 12, 0xb05e).expect("init");
     let (send, recv) = client
         .local_pair(0, Duration::from_secs(30))

@@ -18,14 +18,16 @@
 
 mod common;
 
-use std::ffi::{c_char, c_int, c_void, CString};
+use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{library, message_bytes, raw_connected, raw_context, say, Peer, ROLE_ENV};
+use common::{
+    library, message_bytes, raw_connected, raw_context, say, LoadedControl, Peer, ROLE_ENV,
+};
 use nccl_net_lossy::ffi::{ncclNetAttr_v11_t, ncclNet_v12_t, ncclResult_t, NCCL_PTR_HOST};
 
 const CHILD: &str = "concurrent_child";
@@ -108,63 +110,6 @@ fn concurrent_child() {
 
 // ---- the control API, as a training script calls it ------------------------------------------
 
-/// The control API of the copy of the library this process loaded.
-struct Control {
-    set_enabled: extern "C" fn(c_int) -> c_int,
-    set_phase: extern "C" fn(c_int) -> c_int,
-    set_step: extern "C" fn(u64) -> c_int,
-    write_stats: extern "C" fn() -> c_int,
-    stats_json: extern "C" fn(*mut c_char, usize) -> i64,
-}
-
-impl Control {
-    fn of_loaded_library() -> Control {
-        let path = CString::new(library().to_str().expect("utf-8 path")).expect("no NUL");
-        // SAFETY: a valid C string; RTLD_NOLOAD only hands back the copy already loaded (and
-        // keeps it loaded: this handle is never closed).
-        let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
-        assert!(!handle.is_null(), "the plugin is not loaded");
-        let sym = |name: &str| {
-            let c_name = CString::new(name).expect("no NUL");
-            // SAFETY: a live handle and a valid C string.
-            let sym = unsafe { libc::dlsym(handle, c_name.as_ptr()) };
-            assert!(!sym.is_null(), "no {name}");
-            sym
-        };
-        // SAFETY: the signatures of nccl_headers/nccl_lossy_control.h.
-        unsafe {
-            Control {
-                set_enabled: std::mem::transmute::<*mut c_void, extern "C" fn(c_int) -> c_int>(
-                    sym("ncclLossySetEnabled"),
-                ),
-                set_phase: std::mem::transmute::<*mut c_void, extern "C" fn(c_int) -> c_int>(sym(
-                    "ncclLossySetPhase",
-                )),
-                set_step: std::mem::transmute::<*mut c_void, extern "C" fn(u64) -> c_int>(sym(
-                    "ncclLossySetStep",
-                )),
-                write_stats: std::mem::transmute::<*mut c_void, extern "C" fn() -> c_int>(sym(
-                    "ncclLossyWriteStats",
-                )),
-                stats_json: std::mem::transmute::<
-                    *mut c_void,
-                    extern "C" fn(*mut c_char, usize) -> i64,
-                >(sym("ncclLossyStatsJson")),
-            }
-        }
-    }
-
-    fn stats(&self) -> serde_json::Value {
-        let mut buf = vec![0u8; 4 << 20];
-        let n = (self.stats_json)(buf.as_mut_ptr().cast(), buf.len());
-        assert!(
-            n > 0 && (n as usize) < buf.len(),
-            "ncclLossyStatsJson returned {n}"
-        );
-        serde_json::from_slice(&buf[..n as usize]).expect("statistics JSON")
-    }
-}
-
 /// Messages, bytes and packets over every connection of a statistics document, and the
 /// packets of its per-step series.
 fn totals(doc: &serde_json::Value) -> (u64, u64, u64, u64) {
@@ -228,7 +173,7 @@ fn threads() {
     });
     // Loads the library, as NCCL does before its first communicator.
     table();
-    let control = Arc::new(Control::of_loaded_library());
+    let control = Arc::new(LoadedControl::of_loaded_library());
     // Steps start at 1, so every message lands in the per-step series.
     assert_eq!((control.set_step)(1), 0);
 
@@ -288,7 +233,7 @@ fn threads() {
 
 /// The training thread: steps, phases and injection change all along, and the statistics are
 /// written and read while the communicators run. Returns the writes it asked for.
-fn train(control: &Control, stop: &AtomicBool) -> u64 {
+fn train(control: &LoadedControl, stop: &AtomicBool) -> u64 {
     let mut step = 1u64;
     let mut seen = (0u64, 0u64);
     while !stop.load(Ordering::Relaxed) {

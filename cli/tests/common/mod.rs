@@ -631,3 +631,64 @@ pub fn raw_connect_pair(
     }
     (sc, rc)
 }
+
+/// The control API (`nccl_headers/nccl_lossy_control.h`) of the copy of the plugin library
+/// this process already loaded (through the harness's client), for tests that drive the
+/// training side beside NCCL's calls.
+pub struct LoadedControl {
+    pub set_enabled: extern "C" fn(c_int) -> c_int,
+    pub set_phase: extern "C" fn(c_int) -> c_int,
+    pub set_step: extern "C" fn(u64) -> c_int,
+    pub write_stats: extern "C" fn() -> c_int,
+    stats_json: extern "C" fn(*mut std::ffi::c_char, usize) -> i64,
+}
+
+impl LoadedControl {
+    /// Binds the control API of [`library`], which must be loaded already (the handle is
+    /// never closed, so the copy stays loaded).
+    pub fn of_loaded_library() -> LoadedControl {
+        let path = std::ffi::CString::new(library().to_str().expect("utf-8 path")).expect("no NUL");
+        // SAFETY: a valid C string; RTLD_NOLOAD only hands back the copy already loaded.
+        let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+        assert!(!handle.is_null(), "the plugin is not loaded");
+        let sym = |name: &str| {
+            let c_name = std::ffi::CString::new(name).expect("no NUL");
+            // SAFETY: a live handle and a valid C string.
+            let sym = unsafe { libc::dlsym(handle, c_name.as_ptr()) };
+            assert!(!sym.is_null(), "no {name}");
+            sym
+        };
+        // SAFETY: each symbol has the signature the control header declares for it.
+        unsafe {
+            LoadedControl {
+                set_enabled: std::mem::transmute::<*mut c_void, extern "C" fn(c_int) -> c_int>(
+                    sym("ncclLossySetEnabled"),
+                ),
+                set_phase: std::mem::transmute::<*mut c_void, extern "C" fn(c_int) -> c_int>(sym(
+                    "ncclLossySetPhase",
+                )),
+                set_step: std::mem::transmute::<*mut c_void, extern "C" fn(u64) -> c_int>(sym(
+                    "ncclLossySetStep",
+                )),
+                write_stats: std::mem::transmute::<*mut c_void, extern "C" fn() -> c_int>(sym(
+                    "ncclLossyWriteStats",
+                )),
+                stats_json: std::mem::transmute::<
+                    *mut c_void,
+                    extern "C" fn(*mut std::ffi::c_char, usize) -> i64,
+                >(sym("ncclLossyStatsJson")),
+            }
+        }
+    }
+
+    /// The process's statistics now (`ncclLossyStatsJson`).
+    pub fn stats(&self) -> serde_json::Value {
+        let mut buf = vec![0u8; 4 << 20];
+        let n = (self.stats_json)(buf.as_mut_ptr().cast(), buf.len());
+        assert!(
+            n > 0 && (n as usize) < buf.len(),
+            "ncclLossyStatsJson returned {n}"
+        );
+        serde_json::from_slice(&buf[..n as usize]).expect("statistics JSON")
+    }
+}
