@@ -7,8 +7,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{library, lossy_exe, make_fifo, output_within_10s, say, ROLE_ENV};
-use lossy_cli::harness::plugin_client::{PluginClient, PluginLibrary};
+use common::{lossy_exe, make_fifo, output_within_10s, say_init_outcome, ROLE_ENV};
 
 const CHILD: &str = "hostile_files_child";
 
@@ -111,11 +110,7 @@ fn hostile_files_child() {
     let Ok(role) = std::env::var(ROLE_ENV) else {
         return;
     };
-    let lib = PluginLibrary::open(&library()).expect("dlopen");
     if role == "init_only" {
-        match PluginClient::init(&lib, 12, 900) {
-            Ok(_) => say("INIT ok"),
-            Err(e) => say(&format!("INIT failed: {e}")),
-        }
+        say_init_outcome();
     }
 }

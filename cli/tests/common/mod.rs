@@ -692,3 +692,13 @@ impl LoadedControl {
         serde_json::from_slice(&buf[..n as usize]).expect("statistics JSON")
     }
 }
+
+/// A child process's `init` of [`library`] and nothing else: says `INIT ok` or
+/// `INIT failed: why` on stdout, for the parent to read.
+pub fn say_init_outcome() {
+    let lib = lossy_cli::harness::plugin_client::PluginLibrary::open(&library()).expect("dlopen");
+    match lossy_cli::harness::plugin_client::PluginClient::init(&lib, 12, 900) {
+        Ok(_) => say("INIT ok"),
+        Err(e) => say(&format!("INIT failed: {e}")),
+    }
+}
