@@ -188,15 +188,8 @@ fn flood_fds_child() {
         return;
     }
     // Descriptors are numbered densely from here on, so a limit just above the highest one
-    // leaves none free: close what this process inherited above stderr.
-    for n in super::lifecycle::fd_numbers()
-        .into_iter()
-        .filter(|&n| n > 2)
-    {
-        // SAFETY: this child process has opened nothing yet: every descriptor above stderr
-        // was inherited (the test runner's), and nothing here uses it.
-        unsafe { libc::close(n) };
-    }
+    // leaves none free.
+    close_inherited_fds();
     let t = loopback(1);
     let (mut listener, h) = raw_listener(&t);
     // Strangers connect and say nothing; the listener holds a descriptor for each.
@@ -218,12 +211,44 @@ fn flood_fds_child() {
     // free but those the listener gives up.
     let mut handle = [0u8; HANDLE_WIRE_SIZE];
     h.encode(&mut handle);
-    let mut connector = t.connect(0, None, &handle).expect("connect");
+    let connector = t.connect(0, None, &handle).expect("connect");
+    connect_with_free_fds(
+        &mut listener,
+        connector,
+        0,
+        "accept failed while strangers held descriptors",
+    );
+    drop(silent);
+    println!("flood fd check passed");
+}
+
+/// Closes every descriptor this (child) process inherited above stderr, so the ones it opens
+/// are numbered densely.
+fn close_inherited_fds() {
+    for n in super::lifecycle::fd_numbers()
+        .into_iter()
+        .filter(|&n| n > 2)
+    {
+        // SAFETY: called first in a child process that has opened nothing yet: every
+        // descriptor above stderr was inherited (the test runner's), and nothing here uses it.
+        unsafe { libc::close(n) };
+    }
+}
+
+/// Lowers the descriptor limit to those in use plus `free`, then completes `connector`'s
+/// connection through `listener` (an accept error fails the test with `accept_failed`) and
+/// moves a message over it intact.
+fn connect_with_free_fds(
+    listener: &mut SocketListener,
+    mut connector: Box<dyn Connector>,
+    free: u64,
+    accept_failed: &str,
+) {
     let mut send = connector.poll().expect("connector poll");
     let in_use = super::lifecycle::fd_numbers().len() as u64;
     let limit = libc::rlimit {
-        rlim_cur: in_use,
-        rlim_max: in_use,
+        rlim_cur: in_use + free,
+        rlim_max: in_use + free,
     };
     // SAFETY: setrlimit reads the struct we pass and nothing else.
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
@@ -236,19 +261,17 @@ fn flood_fds_child() {
         if recv.is_none() {
             recv = match listener.poll_accept_socket() {
                 Ok(r) => r,
-                Err(e) => panic!("accept failed while strangers held descriptors: {e}"),
+                Err(e) => panic!("{accept_failed}: {e}"),
             };
         }
         assert!(start.elapsed() < PATIENCE, "the connection never completed");
         std::thread::sleep(Duration::from_micros(200));
     }
     let (send, recv) = (send.expect("send"), recv.expect("recv"));
-    let mut data = pattern(10_000, 3);
+    let mut data = pattern(10_000, 3 + free);
     let mut into = vec![0u8; 10_000];
     let (s, r) = send_recv(&*send, &recv, &mut data, &mut into, &LossPlan::lossless());
     assert!(s.is_ok() && r.is_ok() && into == data);
-    drop(silent);
-    println!("flood fd check passed");
 }
 
 const EXACT_FDS_CHILD_ENV: &str = "LOSSY_SOCKET_EXACT_FDS_CHILD";
@@ -270,53 +293,23 @@ fn exact_fds_child() {
     if std::env::var_os(EXACT_FDS_CHILD_ENV).is_none() {
         return;
     }
-    // Descriptors are numbered densely from here on: close what this process inherited above
-    // stderr.
-    for n in super::lifecycle::fd_numbers()
-        .into_iter()
-        .filter(|&n| n > 2)
-    {
-        // SAFETY: this child process has opened nothing yet: every descriptor above stderr
-        // was inherited (the test runner's), and nothing here uses it.
-        unsafe { libc::close(n) };
-    }
+    // Descriptors are numbered densely from here on.
+    close_inherited_fds();
     let t = loopback(1);
     let (mut listener, h) = raw_listener(&t);
     let mut handle = [0u8; HANDLE_WIRE_SIZE];
     h.encode(&mut handle);
-    let mut connector = t.connect(0, None, &handle).expect("connect");
-    let mut send = connector.poll().expect("connector poll");
+    let connector = t.connect(0, None, &handle).expect("connect");
     // One descriptor free: all the one-socket connection needs on the accepting side. The
     // accept that takes it leaves the next one (which finds the queue empty) with EMFILE:
     // Linux takes the descriptor before it looks at the queue. NCCL's Socket transport
     // accepts exactly the sockets it needs and never makes that call.
-    let in_use = super::lifecycle::fd_numbers().len() as u64;
-    let limit = libc::rlimit {
-        rlim_cur: in_use + 1,
-        rlim_max: in_use + 1,
-    };
-    // SAFETY: setrlimit reads the struct we pass and nothing else.
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
-    let mut recv = None;
-    let start = Instant::now();
-    while send.is_none() || recv.is_none() {
-        if send.is_none() {
-            send = connector.poll().expect("connector poll");
-        }
-        if recv.is_none() {
-            recv = match listener.poll_accept_socket() {
-                Ok(r) => r,
-                Err(e) => panic!("accept failed with the descriptor it needed free: {e}"),
-            };
-        }
-        assert!(start.elapsed() < PATIENCE, "the connection never completed");
-        std::thread::sleep(Duration::from_micros(200));
-    }
-    let (send, recv) = (send.expect("send"), recv.expect("recv"));
-    let mut data = pattern(10_000, 4);
-    let mut into = vec![0u8; 10_000];
-    let (s, r) = send_recv(&*send, &recv, &mut data, &mut into, &LossPlan::lossless());
-    assert!(s.is_ok() && r.is_ok() && into == data);
+    connect_with_free_fds(
+        &mut listener,
+        connector,
+        1,
+        "accept failed with the descriptor it needed free",
+    );
     println!("exact fd check passed");
 }
 
