@@ -486,9 +486,9 @@ fn peer_leaving_mid_transfer_ends_the_other_side_quickly() {
     assert!(recv.test(late).is_err());
 }
 
-#[test]
-fn the_hello_goes_out_in_three_sends_as_nccls_handshake_does() {
-    // A plain listener stands in for the peer, so the test sees the segments themselves.
+/// Our connector against a plain listener standing in for the peer (so the test sees the bytes
+/// and segments themselves): the handle, our sending end, the peer's socket.
+fn connected_to_a_plain_listener() -> (Handle, Box<dyn SendConn>, TcpStream) {
     let server = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let h = Handle {
         addr: server.local_addr().expect("address"),
@@ -498,8 +498,14 @@ fn the_hello_goes_out_in_three_sends_as_nccls_handshake_does() {
     h.encode(&mut handle);
     let t = loopback(1);
     let mut connector = t.connect(0, None, &handle).expect("connect");
-    let _send = wait("connector", || connector.poll()).expect("connect");
-    let (mut peer, _) = server.accept().expect("accept");
+    let send = wait("connector", || connector.poll()).expect("connect");
+    let (peer, _) = server.accept().expect("accept");
+    (h, send, peer)
+}
+
+#[test]
+fn the_hello_goes_out_in_three_sends_as_nccls_handshake_does() {
+    let (h, _send, mut peer) = connected_to_a_plain_listener();
     let mut hello = [0u8; HELLO_SIZE];
     peer.read_exact(&mut hello).expect("hello");
     assert_eq!(
@@ -523,17 +529,7 @@ fn a_peer_that_talks_back_is_named_as_not_ours_not_as_closed() {
     // reused): it accepts and greets with a banner. A receiving end of ours only ever writes
     // its goodbye before closing, so the send must fail saying the peer is not ours, not that
     // it closed (it did not).
-    let server = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let h = Handle {
-        addr: server.local_addr().expect("address"),
-        nonce: [7; 16],
-    };
-    let mut handle = [0u8; HANDLE_WIRE_SIZE];
-    h.encode(&mut handle);
-    let t = loopback(1);
-    let mut connector = t.connect(0, None, &handle).expect("connect");
-    let send = wait("connector", || connector.poll()).expect("connect");
-    let (mut peer, _) = server.accept().expect("accept");
+    let (_, send, mut peer) = connected_to_a_plain_listener();
     peer.write_all(b"SSH-2.0-OpenSSH_9.6\r\n").expect("banner");
     std::thread::sleep(Duration::from_millis(50));
     let mut data = pattern(1000, 1);
