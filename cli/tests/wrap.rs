@@ -549,28 +549,11 @@ fn an_inner_plugin_that_reports_no_sizes_is_wrapped_as_nccl_uses_it() {
     // The inner plugin here is the forwarding fixture with its sizes switched off, in front
     // of the calibration plugin: the same packets must be lost and damaged as on our own
     // sockets with the same seed.
-    let dir = fresh_dir("no-sizes");
-    let target = common::build_fixture_with("wrap-no-sizes-target", "inline_tcp_plugin.c", &[]);
-    let inner = common::build_fixture("wrap-no-sizes", "forward_plugin.c");
-    let target = target.display().to_string();
-    let quirks = [
-        ("FORWARD_PLUGIN_TARGET", target.as_str()),
+    loses_behind_the_forwarder_as_on_our_sockets(
+        "no-sizes",
         ("FORWARD_PLUGIN_NO_SIZES", "1"),
-    ];
-    for effect in ["zero", "bitflip", "retransmit"] {
-        let direct = total_census(&lossy_messages(effect, None, &dir.join(effect)));
-        let wrapped_stats = dir.join(format!("wrapped-{effect}"));
-        let wrapped = total_census(&lossy_messages_env(
-            effect,
-            Some(&inner),
-            &wrapped_stats,
-            &quirks,
-        ));
-        assert_eq!(wrapped, direct, "{effect}");
-        let w = load_run(&wrapped_stats).expect("wrapped statistics");
-        assert!(w.total.counts.lost_packets > 0, "{effect}: nothing lost");
-    }
-    let _ = std::fs::remove_dir_all(&dir);
+        &["zero", "bitflip", "retransmit"],
+    );
 }
 
 #[test]
@@ -580,15 +563,24 @@ fn inner_posts_answered_not_yet_lose_and_count_as_on_our_sockets() {
     // fixture with FORWARD_PLUGIN_NULL_POSTS=1, in front of the calibration plugin), so side
     // messages, data messages and their retries all meet a refusal: every message must still
     // be lost and damaged exactly as on our own sockets with the same seed, and counted once.
-    let dir = fresh_dir("null-posts");
-    let target = common::build_fixture_with("wrap-null-posts-target", "inline_tcp_plugin.c", &[]);
-    let inner = common::build_fixture("wrap-null-posts", "forward_plugin.c");
-    let target = target.display().to_string();
-    let quirks = [
-        ("FORWARD_PLUGIN_TARGET", target.as_str()),
+    loses_behind_the_forwarder_as_on_our_sockets(
+        "null-posts",
         ("FORWARD_PLUGIN_NULL_POSTS", "1"),
-    ];
-    for effect in ["zero", "stale", "retransmit"] {
+        &["zero", "stale", "retransmit"],
+    );
+}
+
+/// Runs each of `effects` on our own sockets and wrapped around the forwarding fixture with
+/// `quirk`, in front of the calibration plugin, with the same seed: the same packets must be
+/// lost and damaged, and the statistics count the same (each message once).
+fn loses_behind_the_forwarder_as_on_our_sockets(name: &str, quirk: (&str, &str), effects: &[&str]) {
+    let dir = fresh_dir(name);
+    let target =
+        common::build_fixture_with(&format!("wrap-{name}-target"), "inline_tcp_plugin.c", &[]);
+    let inner = common::build_fixture(&format!("wrap-{name}"), "forward_plugin.c");
+    let target = target.display().to_string();
+    let quirks = [("FORWARD_PLUGIN_TARGET", target.as_str()), quirk];
+    for &effect in effects {
         let direct_stats = dir.join(format!("direct-{effect}"));
         let wrapped_stats = dir.join(format!("wrapped-{effect}"));
         let direct = total_census(&lossy_messages(effect, None, &direct_stats));
