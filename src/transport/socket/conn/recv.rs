@@ -694,9 +694,9 @@ fn read_runs(
 
 /// Most bytes a `test` reads of the next chunk after it finished one: one read of at most
 /// this much, and the call returns unless that read finished the chunk too (small messages
-/// that arrived together are still taken in one call). The caller learns that its message is done without first
-/// waiting for the next message to be copied (up to a whole chunk),
-/// while the socket is still drained a little for the sender. Measured against reading on as
+/// that arrived together are still taken in one call). The caller learns that its message is
+/// done without first waiting for the next message to be copied (up to a whole chunk), while
+/// the socket is still drained a little for the sender. Measured against reading on as
 /// usual, and against stopping right after the next header (docs/transport.md, "When a
 /// receive stops reading").
 pub(crate) const AFTER_DONE_READ: usize = 64 << 10;
