@@ -114,7 +114,7 @@ impl SocketConnector {
             }
             Ok(sock)
         };
-        let sock = setup().map_err(|e| Error::from(e).context("creating a socket"))?;
+        let sock = setup().map_err(|e| super::fds::opening(e, "creating a socket"))?;
         c.attempts += 1;
         match sock.connect(&SockAddr::from(self.addr)) {
             Ok(()) => c.stage = Stage::Greeting(0),

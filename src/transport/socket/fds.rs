@@ -16,15 +16,22 @@ fn fd_limit() -> Option<u64> {
     (rc == 0 && lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
 }
 
-/// Descriptors this process has open (the directory listing's own one not counted).
-fn fds_in_use() -> Option<u64> {
-    let n = std::fs::read_dir("/proc/self/fd").ok()?.count() as u64;
-    Some(n.saturating_sub(1))
+/// Descriptors this process has open (the directory listing's own one not counted); all of
+/// `limit` when the listing itself finds no descriptor free (`EMFILE`).
+fn fds_in_use(limit: u64) -> Option<u64> {
+    match std::fs::read_dir("/proc/self/fd") {
+        Ok(listing) => Some((listing.count() as u64).saturating_sub(1)),
+        Err(e) if e.raw_os_error() == Some(libc::EMFILE) => Some(limit),
+        Err(_) => None,
+    }
 }
 
 /// Refuses `what` when its `need` descriptors do not fit under the limit.
 pub fn check(need: usize, what: &str) -> Result<()> {
-    let (Some(limit), Some(used)) = (fd_limit(), fds_in_use()) else {
+    let Some(limit) = fd_limit() else {
+        return Ok(());
+    };
+    let Some(used) = fds_in_use(limit) else {
         return Ok(());
     };
     if used + need as u64 <= limit {
@@ -35,6 +42,23 @@ pub fn check(need: usize, what: &str) -> Result<()> {
          (a connection takes one per socket, NCCL_LOSSY_NSOCKS, on each side, a listen one \
          more): raise the limit (`ulimit -n`) or lower NCCL_LOSSY_NSOCKS"
     )))
+}
+
+/// `err`, met while opening a descriptor for `what`; when it is the process's descriptor
+/// limit (`EMFILE`), the error names the limit and `ulimit -n`, as [`check`]'s does (the
+/// check cannot see a descriptor another thread takes after it).
+pub fn opening(err: std::io::Error, what: impl std::fmt::Display) -> Error {
+    let emfile = err.raw_os_error() == Some(libc::EMFILE);
+    let err = Error::from(err).context(what);
+    if !emfile {
+        return err;
+    }
+    Error::system(format!(
+        "{}: this process has no file descriptor left (limit {}): raise the limit \
+         (`ulimit -n`)",
+        err.message,
+        limit_text()
+    ))
 }
 
 /// The limit, for messages: a number, or "unlimited".

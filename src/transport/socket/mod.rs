@@ -261,8 +261,8 @@ impl SocketTransport {
 
     /// Builds the transport over this host's interfaces chosen by `config`.
     pub fn new(config: SocketConfig) -> Result<SocketTransport> {
-        let addrs = iface::host_addrs()
-            .map_err(|e| Error::from(e).context("listing network interfaces"))?;
+        let addrs =
+            iface::host_addrs().map_err(|e| fds::opening(e, "listing network interfaces"))?;
         SocketTransport::choosing_from(config, &addrs)
     }
 
@@ -352,7 +352,7 @@ impl SocketTransport {
             Ok((sock, local))
         };
         let (sock, local) =
-            setup().map_err(|e| Error::from(e).context(format_args!("listening on {bind}")))?;
+            setup().map_err(|e| fds::opening(e, format_args!("listening on {bind}")))?;
         let nonce = random_bytes::<16>()?;
         Handle { addr: local, nonce }.encode(handle);
         Ok(SocketListener::new(

@@ -14,6 +14,7 @@ use crate::transport::{
 };
 use crate::ErrorKind;
 
+mod descriptors;
 mod effects;
 mod handshake;
 mod lifecycle;
