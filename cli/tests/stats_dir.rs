@@ -68,6 +68,36 @@ fn finalize_never_fails_because_statistics_cannot_be_written() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+#[test]
+fn a_statistics_directory_that_stays_unwritable_does_not_flood_the_log() {
+    // The directory goes away under a run with a statistics interval of 0.1 s and a file takes
+    // its place, so every periodic write fails (as on a full disk) for 3 s: about 30 failed
+    // writes of the statistics and as many of the trace. Each warns, but the log of a job that
+    // runs for days must not get a line per write for ever: a few per kind and interval, then
+    // a count.
+    let dir = common::fresh_dir("stats-flood");
+    let stats = dir.join("stats");
+    let trace = dir.join("trace");
+    let (said, logged) = run_child(
+        "flood",
+        &[
+            ("NCCL_LOSSY_STATS", stats.to_str().expect("utf-8")),
+            ("NCCL_LOSSY_TRACE", trace.to_str().expect("utf-8")),
+            ("NCCL_LOSSY_SET", "stats_interval=0.1"),
+        ],
+        &dir.join("log"),
+    );
+    println!("{said}");
+    let count = |what: &str| logged.lines().filter(|l| l.contains(what)).count();
+    let (stats_lines, trace_lines) = (count("statistics not written"), count("trace not written"));
+    println!("{stats_lines} statistics and {trace_lines} trace warnings");
+    assert!(
+        (1..=6).contains(&stats_lines) && (1..=6).contains(&trace_lines),
+        "{stats_lines} statistics and {trace_lines} trace warnings for 3 s of failed writes:\n{logged}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// The child side of the tests above: acts on [`ROLE_ENV`].
 #[test]
 #[ignore = "run by the other tests of this file in a process of its own"]
@@ -102,6 +132,20 @@ fn stats_child() {
                 .finalize()
                 .expect("finalize (the last) failed for statistics");
             say("OK finalize succeeds when statistics cannot be written");
+        }
+        "flood" => {
+            let client = PluginClient::init(&lib, 12, 1).expect("init");
+            // An open connection keeps the periodic writer running.
+            let _pair = client
+                .local_pair(0, std::time::Duration::from_secs(20))
+                .expect("local pair");
+            std::fs::remove_dir_all(&stats).expect("remove the stats directory");
+            std::fs::write(&stats, "in the way\n").expect("write");
+            let trace = std::env::var("NCCL_LOSSY_TRACE").expect("NCCL_LOSSY_TRACE");
+            std::fs::remove_dir_all(&trace).expect("remove the trace directory");
+            std::fs::write(&trace, "in the way\n").expect("write");
+            std::thread::sleep(std::time::Duration::from_secs(3));
+            say("OK ran 3 s with unwritable statistics");
         }
         other => panic!("unknown role {other}"),
     }

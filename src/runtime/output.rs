@@ -146,15 +146,27 @@ pub(super) fn check_stats_dir() -> Result<()> {
 }
 
 /// Writes the statistics file and the trace; a failure is a warning (statistics never fail
-/// NCCL's calls).
+/// NCCL's calls). A directory that stays unwritable (replaced by a file, a full disk) fails
+/// every periodic write, up to 10 a second, for the rest of a run that may last days: the
+/// warnings of one kind are limited to [`FAILED_WRITES`]'s share, the rest counted.
 pub(super) fn write_logged() {
     if let Err(err) = write_stats() {
-        log::warn(&format!("statistics not written: {err}"));
+        FAILED_WRITES.warn(
+            &format!("statistics {}", err.message),
+            &format!("statistics not written: {err}"),
+        );
     }
     if let Err(err) = write_trace() {
-        log::warn(&format!("trace not written: {err}"));
+        FAILED_WRITES.warn(
+            &format!("trace {}", err.message),
+            &format!("trace not written: {err}"),
+        );
     }
 }
+
+/// At most 5 warnings of failed statistics or trace writes per kind (the error, digits aside)
+/// in 10 minutes; the next one after that says how many were left out.
+static FAILED_WRITES: log::RateLimit = log::RateLimit::new(5, 600);
 
 /// The trace directory the first `init` that turned tracing on chose.
 static TRACE_DIR: OnceLock<PathBuf> = OnceLock::new();
