@@ -234,6 +234,51 @@ fn load_unload(cycles: usize) -> String {
     format!("{cycles} loads and unloads: heap {before} -> {after} bytes")
 }
 
+/// `cycles` connections closed abruptly, with requests outstanding, as an abort closes them:
+/// sends queued beyond what one `test` moves, a receive posted, both closes in either order.
+/// Threads, descriptors and sockets must come back (the abandoned requests' buffers are the
+/// harness's, leaked on purpose, so the heap is not compared).
+fn abrupt(cycles: usize) -> String {
+    // As on a big node: pool threads and several sockets per connection (read at the first
+    // init of this fresh process).
+    std::env::set_var("NCCL_LOSSY_IO_THREADS", "2");
+    std::env::set_var("NCCL_LOSSY_NSOCKS", "4");
+    let lib = PluginLibrary::open(&library()).expect("dlopen");
+    rounds(&lib, 20, true, 1);
+    let before = settled(None);
+    let size = 64 << 10;
+    for round in 0..cycles.div_ceil(50) {
+        let client = PluginClient::init(&lib, 12, 100 + round as u64).expect("init");
+        for i in 0..50.min(cycles - round * 50) {
+            let (send, recv) = client
+                .local_pair(0, Duration::from_secs(10))
+                .expect("connect and accept");
+            let mut r = post_recv(&recv, size, 1).expect("irecv");
+            let mut sends: Vec<_> = (0..3)
+                .map(|k| post_send(&send, message_bytes(size, k), 1).expect("isend"))
+                .collect();
+            for s in &mut sends {
+                let _ = s.test();
+            }
+            let _ = r.test();
+            if i % 2 == 0 {
+                send.close().expect("closeSend with sends outstanding");
+                recv.close().expect("closeRecv with a receive outstanding");
+            } else {
+                recv.close().expect("closeRecv with a receive outstanding");
+                send.close().expect("closeSend with sends outstanding");
+            }
+        }
+        client.finalize().expect("finalize");
+    }
+    let after = settled(Some(before));
+    assert_eq!(after, before, "threads, fds or sockets leaked");
+    format!(
+        "{cycles} abrupt closes: threads {} -> {}, fds {} -> {}, sockets {} -> {}",
+        before.threads, after.threads, before.fds, after.fds, before.sockets, after.sockets
+    )
+}
+
 /// Runs `cycles` in a fresh process with exact heap accounting.
 fn run(cycles: usize) {
     run_role("cycles", cycles);
@@ -263,6 +308,11 @@ fn a_thousand_open_close_cycles_leak_nothing() {
 }
 
 #[test]
+fn closing_with_requests_outstanding_leaks_no_thread_or_descriptor() {
+    run_role("abrupt", 200);
+}
+
+#[test]
 fn loading_and_unloading_the_library_leaks_nothing() {
     run_role("unload", 100);
 }
@@ -287,6 +337,7 @@ fn leaks_child() {
     let said = match role.as_str() {
         "cycles" => open_close(cycles),
         "unload" => load_unload(cycles),
+        "abrupt" => abrupt(cycles),
         other => panic!("unknown role {other}"),
     };
     say(&format!("LEAKS {said}"));
