@@ -39,8 +39,8 @@ fn run(role: &str, dir: &Path) -> (StatsFile, serde_json::Value) {
     peer.expect_line("OK");
     let start = Instant::now();
     loop {
-        // SAFETY: waitpid on our own child, without blocking, with a valid status pointer.
         let mut status = 0;
+        // SAFETY: waitpid on our own child, without blocking, with a valid status pointer.
         let rc = unsafe { libc::waitpid(peer.pid(), &mut status, libc::WNOHANG) };
         if rc == peer.pid() {
             assert!(
