@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from conftest import clean_env, run_harness, run_python
+from conftest import TESTS, clean_env, run_harness, run_python
 
 CONTROL_CHECKS = r"""
 import json, os, sys
@@ -216,3 +216,52 @@ def test_the_plugin_installed_as_nccls_default_name_is_no_detached_copy(tmp_path
     proc = run_python(INSTALLED_AS_DEFAULT, env=clean_env(LD_LIBRARY_PATH=tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "NCCL_NET_PLUGIN libnccl-net.so", proc.stdout
+
+
+SWITCH_VALUES = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import numpy as np
+import nccl_lossy
+from net_harness import Link
+
+nccl_lossy.LossyNetwork(set={"mtu": 512, "model.rate": 0.5, "effect": "zero"}).apply()
+link = Link(1 << 20)                 # loads the plugin from NCCL_NET_PLUGIN, as NCCL does
+
+def lost():
+    before = nccl_lossy.stats()["total"]["lost_packets"]
+    link.send()
+    return nccl_lossy.stats()["total"]["lost_packets"] - before
+
+rows = []
+for value in ("false", "off", "", None, 2, -1, 0.0, 1.0, [], b"0", np.float64(0.0)):
+    nccl_lossy.set_enabled(False)
+    try:
+        nccl_lossy.set_enabled(value)
+        said = "accepted"
+    except ValueError as err:
+        said = f"refused: {err}"
+    rows.append([repr(value), said, lost()])
+taken = []
+for value, on in ((True, True), (False, False), (1, True), (0, False), (np.bool_(True), True),
+                  (np.bool_(False), False)):
+    nccl_lossy.set_enabled(value)
+    taken.append([repr(value), on, lost()])
+link.close()
+print(json.dumps({"rows": rows, "taken": taken}))
+"""
+
+
+def test_set_enabled_refuses_what_is_not_a_switch_instead_of_turning_loss_on():
+    # set_enabled("false") (or "off", None, 2, ...) went to the plugin as truth values:
+    # a string switched injection on, and 2 or -1 too, with no error.
+    pytest.importorskip("numpy")
+    proc = run_python(SWITCH_VALUES, env=clean_env(NCCL_SOCKET_IFNAME="lo"), args=(str(TESTS),))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    for value, said, lost in out["rows"]:
+        assert said.startswith("refused: ") and value in said and "True or False" in said, (value, said)
+        assert lost == 0, (value, said, lost)  # the plugin stayed off
+    for value, on, lost in out["taken"]:
+        # 2,048 packets at rate 0.5: none lost when off, hundreds when on
+        assert (lost > 500) if on else (lost == 0), (value, lost)

@@ -76,6 +76,18 @@ def step_value(step: Any) -> int:
     return value
 
 
+def switch_value(enabled: Any) -> bool:
+    """``enabled`` as a bool when it is one (numpy's too) or the integer 0 or 1, else ValueError
+    naming it: a truth test would take ``"false"``, ``"off"`` or ``2`` as on, and None as off."""
+    if isinstance(enabled, bool):
+        return enabled
+    if type(enabled).__name__ in ("bool_", "bool") and type(enabled).__module__ == "numpy":
+        return bool(enabled)
+    if _integer(enabled) in (0, 1):
+        return _integer(enabled) == 1
+    raise ValueError(f"enabled {enabled!r}: allowed: True or False (or 1, 0)")
+
+
 def _integer(value: Any) -> Optional[int]:
     """``value`` as an int when it is an integer (numpy's and torch's integer scalars too), not a
     bool, a float or text; else None."""
@@ -118,7 +130,8 @@ class Control:
         return int(self.lib.ncclLossyControlVersion())
 
     def set_enabled(self, enabled: bool) -> None:
-        self._check("ncclLossySetEnabled", self.lib.ncclLossySetEnabled(1 if enabled else 0))
+        on = switch_value(enabled)
+        self._check("ncclLossySetEnabled", self.lib.ncclLossySetEnabled(1 if on else 0))
 
     def set_phase(self, phase: Any) -> None:
         code = phase_code(phase)
@@ -242,7 +255,9 @@ def control() -> Control:
 
 
 def set_enabled(enabled: bool) -> None:
-    """Turns loss injection on or off in this process."""
+    """Turns loss injection on or off in this process (``True`` / ``False``; anything else is a
+    ValueError naming it)."""
+    switch_value(enabled)  # a bad value is named before any library is looked for
     control().set_enabled(enabled)
 
 
