@@ -93,3 +93,80 @@ def test_concurrent_writes_of_the_per_step_file_never_fail_or_show_a_half_file(t
     reader.join()
     assert errors == [] and bad_reads == [], (errors[:3], bad_reads[:3])
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def _plugin_doc(cell=None, by_step=None, histograms=None, connections=None):
+    conn = {"comm_id": "c1", "index": 0, "by_op": [cell or {}], "histograms": histograms or []}
+    return {**PLUGIN_DOC, "connections": [conn] if connections is None else connections,
+            "by_step": by_step or []}
+
+
+GOOD_CELL = {"op": "AllReduce", "phase": "any", "messages": 1, "bytes": 4096, "packets": 10,
+             "lost_packets": 2, "loss_events": 1, "retransmit_delay_ns": 0,
+             "packets_injection_off": 0}
+
+
+@pytest.mark.parametrize(
+    "doc, table, named",
+    [
+        # counters that are no count: read as another number, or failing without the file
+        (_plugin_doc({**GOOD_CELL, "packets": 10.9}), "ops", "packets = 10.9"),
+        (_plugin_doc({**GOOD_CELL, "lost_packets": "2"}), "ops", "lost_packets = '2'"),
+        (_plugin_doc({**GOOD_CELL, "bytes": -4096}), "ops", "bytes = -4096"),
+        (_plugin_doc({**GOOD_CELL, "messages": True}), "ops", "messages = True"),
+        (_plugin_doc({**GOOD_CELL, "loss_events": None}), "ops", "loss_events = None"),
+        (_plugin_doc({**GOOD_CELL, "lost_packets": 11}), "ops", "lost_packets = 11 is more than packets = 10"),
+        (_plugin_doc(by_step=[{"packets": 5, "lost_packets": 1}]), "steps", "by_step.0: no step"),
+        (_plugin_doc(by_step=[{"step": 1.5, "packets": 5}]), "steps", "step = 1.5"),
+        (_plugin_doc(by_step=[{"step": 1, "packets": 5, "lost_packets": 6}]), "steps",
+         "lost_packets = 6 is more than packets = 5"),
+        (_plugin_doc(histograms=[{"op": "AllReduce", "burst_lengths": [[2]]}]), "bursts",
+         "burst_lengths"),
+        (_plugin_doc(histograms=[{"op": "AllReduce", "burst_lengths": [[2, 0.5]]}]), "bursts",
+         "0.5"),
+        # the layout itself: a mapping or a number where a list of objects belongs
+        (_plugin_doc(connections={"c1": {}}), "ops", "connections"),
+        (_plugin_doc(connections=[7]), "ops", "connections.0"),
+        ({**_plugin_doc(), "by_step": {"1": 5}}, "steps", "by_step"),
+    ],
+)
+def test_a_value_that_is_no_count_is_refused_naming_the_file_key_and_value(tmp_path, doc, table, named):
+    # Floats were truncated (10.9 packets read as 10), text read as numbers ("2" as 2), negative
+    # counts and lost > packets (a loss rate above 1) taken as they were; a malformed layout
+    # failed with a bare KeyError / AttributeError that named no file.
+    name = "lossy-stats-rank0-h-1.json"
+    (tmp_path / name).write_text(json.dumps(doc))
+    with pytest.raises(StatsFormatError) as err:
+        nccl_lossy.read_stats(tmp_path, table=table)
+    assert name in str(err.value) and named in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize(
+    "cell, named",
+    [
+        ({"step": 1, "op": "AllReduce", "phase": "any", "packets": 4, "lost_packets": 2.5}, "lost_packets = 2.5"),
+        ({"step": "1", "op": "AllReduce", "phase": "any", "packets": 4}, "step = '1'"),
+        ({"step": 1, "phase": "any", "packets": 4}, "steps.0: no op"),
+        ({"step": 1, "op": "AllReduce", "phase": "any", "packets": 4, "lost_packets": 5},
+         "lost_packets = 5 is more than packets = 4"),
+    ],
+)
+def test_a_per_step_cell_that_is_no_count_is_refused_naming_the_file_and_cell(tmp_path, cell, named):
+    name = "lossy-steps-rank0-h-1.json"
+    (tmp_path / name).write_text(json.dumps({**STEPS_DOC, "steps": [cell]}))
+    with pytest.raises(StatsFormatError) as err:
+        nccl_lossy.read_stats(tmp_path, table="step_ops")
+    assert name in str(err.value) and named in str(err.value), str(err.value)
+
+
+def test_the_plugins_own_file_is_read_as_it_was_written(tmp_path):
+    name = "lossy-stats-rank0-h-1.json"
+    hist = [{"op": "AllReduce", "burst_lengths": [[1, 3], [4, 1]], "latency_ns": [[1000, 2]]}]
+    doc = _plugin_doc(GOOD_CELL, by_step=[{"step": 2, "packets": 10, "lost_packets": 2}], histograms=hist)
+    (tmp_path / name).write_text(json.dumps(doc))
+    [row] = nccl_lossy.read_stats(tmp_path)
+    assert (row["packets"], row["lost_packets"], row["loss_rate"]) == (10, 2, 0.2)
+    [step] = nccl_lossy.read_stats(tmp_path, table="steps")
+    assert (step["step"], step["packets_injection_off"]) == (2, 0)
+    bursts = nccl_lossy.read_stats(tmp_path, table="bursts")
+    assert [(b["burst_length"], b["count"]) for b in bursts] == [(1, 3), (4, 1)]

@@ -110,12 +110,73 @@ def _check_version(doc: Dict[str, Any], where: str, known: int) -> None:
         )
 
 
+_COUNT_ALLOWED = "allowed: an integer >= 0"
+
+
+def _items(value: Any, file: str, where: str) -> List[Any]:
+    """``value`` when it is a list (a field the plugin writes as a JSON array), else
+    StatsFormatError naming the file and the field."""
+    if not isinstance(value, list):
+        raise StatsFormatError(f"{file}: {where} = {_short(value)}: allowed: a list")
+    return value
+
+
+def _objects(value: Any, file: str, where: str) -> List[Dict[str, Any]]:
+    """``value`` when it is a list of JSON objects, else StatsFormatError naming the entry."""
+    for i, item in enumerate(_items(value, file, where)):
+        if not isinstance(item, dict):
+            raise StatsFormatError(f"{file}: {where}.{i} = {_short(item)}: allowed: an object")
+    return value
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _count(value: Any, file: str, where: str, key: str) -> int:
+    """A counter as the plugin writes it, a non-negative integer; anything else (a float that
+    would be truncated, text, a bool, a negative number) is StatsFormatError naming it."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise StatsFormatError(f"{file}: {where}: {key} = {_short(value)}: {_COUNT_ALLOWED}")
+
+
+def _counters(cell: Dict[str, Any], names: Iterable[str], file: str, where: str) -> Dict[str, int]:
+    """The counters ``names`` of ``cell`` (a missing one is 0), checked: counts, and no part of
+    the packets (lost, sent with injection off) larger than the packets."""
+    counts = {name: _count(cell.get(name, 0), file, where, name) for name in names}
+    for part in ("lost_packets", "packets_injection_off"):
+        if part in counts and "packets" in counts and counts[part] > counts["packets"]:
+            raise StatsFormatError(
+                f"{file}: {where}: {part} = {counts[part]} is more than packets = "
+                f"{counts['packets']}; {part} must be at most packets"
+            )
+    return counts
+
+
+def _required(cell: Dict[str, Any], key: str, file: str, where: str) -> Any:
+    if key not in cell:
+        raise StatsFormatError(f"{file}: {where}: no {key}")
+    return cell[key]
+
+
+def _text(cell: Dict[str, Any], key: str, file: str, where: str) -> str:
+    value = _required(cell, key, file, where)
+    if not isinstance(value, str):
+        raise StatsFormatError(f"{file}: {where}: {key} = {_short(value)}: allowed: a name (text)")
+    return value
+
+
 def rows_from_stats(doc: Dict[str, Any], file: str = "") -> List[Dict[str, Any]]:
     """One row per (connection, collective, phase) of one statistics document."""
     doc = _check(doc, file or "statistics document")
+    name = file or "statistics document"
     rows = []
-    for conn in doc.get("connections", []):
-        for cell in conn.get("by_op", []):
+    for i, conn in enumerate(_objects(doc.get("connections", []), name, "connections")):
+        cells = _objects(conn.get("by_op", []), name, f"connections.{i}.by_op")
+        for j, cell in enumerate(cells):
+            where = f"connections.{i}.by_op.{j}"
             row: Dict[str, Any] = {
                 "file": file,
                 "rank": doc.get("rank"),
@@ -127,8 +188,7 @@ def rows_from_stats(doc: Dict[str, Any], file: str = "") -> List[Dict[str, Any]]
                 "op": cell.get("op"),
                 "phase": cell.get("phase"),
             }
-            for counter in COUNTERS:
-                row[counter] = int(cell.get(counter, 0))
+            row.update(_counters(cell, COUNTERS, name, where))
             row["loss_rate"] = row["lost_packets"] / row["packets"] if row["packets"] else 0.0
             rows.append(row)
     return rows
@@ -141,12 +201,14 @@ def _file_fields(doc: Dict[str, Any], file: str) -> Dict[str, Any]:
 def step_rows_from_stats(doc: Dict[str, Any], file: str = "") -> List[Dict[str, Any]]:
     """The ``steps`` table of one statistics document: the plugin's per-step counters."""
     doc = _check(doc, file or "statistics document")
+    name = file or "statistics document"
     rows = []
-    for cell in doc.get("by_step", []):
-        packets, lost = int(cell.get("packets", 0)), int(cell.get("lost_packets", 0))
-        off = int(cell.get("packets_injection_off", 0))
-        rows.append({**_file_fields(doc, file), "step": int(cell["step"]), "packets": packets,
-                     "lost_packets": lost, "packets_injection_off": off,
+    for i, cell in enumerate(_objects(doc.get("by_step", []), name, "by_step")):
+        where = f"by_step.{i}"
+        step = _count(_required(cell, "step", name, where), name, where, "step")
+        counts = _counters(cell, ("packets", "lost_packets", "packets_injection_off"), name, where)
+        packets, lost = counts["packets"], counts["lost_packets"]
+        rows.append({**_file_fields(doc, file), "step": step, **counts,
                      "loss_rate": lost / packets if packets else 0.0})
     return rows
 
@@ -155,14 +217,22 @@ def histogram_rows_from_stats(doc: Dict[str, Any], kind: str, file: str = "") ->
     """The ``bursts`` (``kind="bursts"``) or ``latency`` table of one statistics document: one
     row per histogram bin of each connection and collective."""
     doc = _check(doc, file or "statistics document")
+    name = file or "statistics document"
     field, column = {"bursts": ("burst_lengths", "burst_length"), "latency": ("latency_ns", "latency_ns")}[kind]
     rows = []
-    for conn in doc.get("connections", []):
-        for hist in conn.get("histograms", []):
-            for value, count in hist.get(field, []):
+    for i, conn in enumerate(_objects(doc.get("connections", []), name, "connections")):
+        hists = _objects(conn.get("histograms", []), name, f"connections.{i}.histograms")
+        for j, hist in enumerate(hists):
+            where = f"connections.{i}.histograms.{j}.{field}"
+            for k, pair in enumerate(_items(hist.get(field, []), name, where)):
+                if not isinstance(pair, list) or len(pair) != 2:
+                    raise StatsFormatError(
+                        f"{name}: {where}.{k} = {_short(pair)}: allowed: a [{column}, count] pair"
+                    )
                 rows.append({**_file_fields(doc, file), "comm_id": conn.get("comm_id"),
                              "connection": conn.get("index"), "op": hist.get("op"),
-                             column: int(value), "count": int(count)})
+                             column: _count(pair[0], name, f"{where}.{k}", column),
+                             "count": _count(pair[1], name, f"{where}.{k}", "count")})
     return rows
 
 
@@ -170,12 +240,15 @@ def step_op_rows_from_doc(doc: Dict[str, Any], file: str = "") -> List[Dict[str,
     """The ``step_ops`` table of one per-step document (``lossy-steps-rank*.json``)."""
     if not isinstance(doc, dict) or "steps" not in doc or "format_version" not in doc:
         raise StatsFormatError(f"{file or 'document'} is not a nccl-lossy per-step file")
-    _check_version(doc, file or "per-step document", STEP_FORMAT_VERSION)
+    name = file or "per-step document"
+    _check_version(doc, name, STEP_FORMAT_VERSION)
     rows = []
-    for cell in doc["steps"]:
-        row = {**_file_fields(doc, file), "step": int(cell["step"]), "op": cell["op"], "phase": cell["phase"]}
-        for counter in STEP_OP_COUNTERS:
-            row[counter] = int(cell.get(counter, 0))
+    for i, cell in enumerate(_objects(doc["steps"], name, "steps")):
+        where = f"steps.{i}"
+        step = _count(_required(cell, "step", name, where), name, where, "step")
+        row = {**_file_fields(doc, file), "step": step, "op": _text(cell, "op", name, where),
+               "phase": _text(cell, "phase", name, where)}
+        row.update(_counters(cell, STEP_OP_COUNTERS, name, where))
         row["loss_rate"] = row["lost_packets"] / row["packets"] if row["packets"] else 0.0
         rows.append(row)
     return rows
