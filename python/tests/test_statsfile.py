@@ -170,3 +170,81 @@ def test_the_plugins_own_file_is_read_as_it_was_written(tmp_path):
     assert (step["step"], step["packets_injection_off"]) == (2, 0)
     bursts = nccl_lossy.read_stats(tmp_path, table="bursts")
     assert [(b["burst_length"], b["count"]) for b in bursts] == [(1, 3), (4, 1)]
+
+
+UNREADABLE = r"""
+import os, sys
+import nccl_lossy
+if os.geteuid() == 0:  # root reads any directory: look at it as an ordinary user does
+    os.setgid(65534)
+    os.setuid(65534)
+try:
+    rows = nccl_lossy.read_stats(sys.argv[1])
+except OSError as err:
+    print("error:", type(err).__name__, err)
+else:
+    print("rows:", len(rows))
+"""
+
+
+def test_a_directory_that_cannot_be_listed_is_an_error_not_an_empty_run():
+    # Path.glob swallows the permission error: read_stats() of a directory the user may not
+    # list returned [] as if the run had no traffic.
+    import os
+    import tempfile
+
+    from conftest import run_python
+
+    top = tempfile.mkdtemp(prefix="lossy-unreadable-")
+    try:
+        os.chmod(top, 0o755)  # reachable by the user the child becomes
+        run = os.path.join(top, "run")
+        os.mkdir(run)
+        with open(os.path.join(run, "lossy-stats-rank0-h-1.json"), "w") as f:
+            json.dump(PLUGIN_DOC, f)
+        os.chmod(run, 0o311)  # can be entered, not listed
+        proc = run_python(UNREADABLE, args=(run,), timeout=60)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out = proc.stdout.strip()
+        assert out.startswith("error: PermissionError") and run in out and "cannot list" in out, out
+    finally:
+        os.chmod(os.path.join(top, "run"), 0o755)
+        import shutil
+
+        shutil.rmtree(top)
+
+
+def test_a_fifo_or_a_device_is_refused_at_once_saying_what_it_is(tmp_path):
+    # A FIFO given as the path was reported as "no such statistics file or directory"; read it
+    # in a child with a deadline, so that a reader that blocks on it fails instead of hanging.
+    import os
+
+    from conftest import run_python
+
+    fifo = tmp_path / "lossy-stats-rank0-h-1.json"
+    os.mkfifo(fifo)
+    zero = tmp_path / "lossy-steps-rank0-h-1.json"
+    zero.symlink_to("/dev/zero")
+    code = ("import sys, nccl_lossy\n"
+            "for path, table in ((sys.argv[1], 'ops'), (sys.argv[2], 'step_ops')):\n"
+            "    try:\n"
+            "        nccl_lossy.read_stats(path, table=table)\n"
+            "    except (OSError, ValueError) as err:\n"
+            "        print(type(err).__name__, err)\n")
+    proc = run_python(code, args=(str(fifo), str(zero)), timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 2, proc.stdout
+    assert str(fifo) in lines[0] and "a FIFO" in lines[0] and "regular file" in lines[0], lines[0]
+    assert str(zero) in lines[1] and "a character device" in lines[1], lines[1]
+
+
+def test_a_file_larger_than_any_statistics_file_is_refused_unread(tmp_path):
+    # Read whole into memory before: a stray multi-gigabyte file named like a statistics file
+    # took the reader's memory. The plugin's own reader stops at 256 MiB.
+    big = tmp_path / "lossy-stats-rank0-h-1.json"
+    with open(big, "wb") as f:
+        f.truncate((256 << 20) + 1)  # sparse: no disk used
+    with pytest.raises(StatsFormatError) as err:
+        nccl_lossy.read_stats(tmp_path)
+    assert str(big) in str(err.value) and "256 MiB" in str(err.value), str(err.value)

@@ -28,6 +28,8 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
+import os
+import stat
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Union
 
@@ -254,27 +256,71 @@ def step_op_rows_from_doc(doc: Dict[str, Any], file: str = "") -> List[Dict[str,
     return rows
 
 
+#: Largest statistics or per-step file read (the plugin's own reader stops there too): a
+#: stray file of gigabytes under such a name is refused before it is read.
+MAX_FILE_BYTES = 256 << 20
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def read_file(file: Path) -> bytes:
+    """The bytes of ``file``, which must be a regular file of at most :data:`MAX_FILE_BYTES`.
+
+    Opened without blocking and checked on the open descriptor: a FIFO would block the reader
+    forever and ``/dev/zero`` never end; either is StatsFormatError saying what it is."""
+    allowed = f"a statistics file must be a regular file of at most {MAX_FILE_BYTES >> 20} MiB"
+    fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((name for test, name in _KINDS if test(st.st_mode)), "special")
+            raise StatsFormatError(f"{file}: not a regular file ({kind}); {allowed}")
+        if st.st_size > MAX_FILE_BYTES:
+            raise StatsFormatError(f"{file}: {st.st_size} bytes, larger than the limit; {allowed}")
+        data = f.read(MAX_FILE_BYTES + 1)
+    if len(data) > MAX_FILE_BYTES:
+        raise StatsFormatError(f"{file}: grew past the limit while read; {allowed}")
+    return data
+
+
 def load_json(file: Path) -> Any:
-    """The JSON document in ``file``; StatsFormatError naming it when it is not UTF-8 JSON."""
+    """The JSON document in ``file``; StatsFormatError naming it when it is not UTF-8 JSON
+    (or not a regular file of at most :data:`MAX_FILE_BYTES`)."""
     try:
-        return json.loads(file.read_text(encoding="utf-8"))
+        return json.loads(read_file(file).decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise StatsFormatError(f"{file} is not valid UTF-8 JSON: {err}") from err
 
 
 def stats_files(path: Union[str, Path], glob: str = FILE_GLOB) -> List[Path]:
-    """The files matching ``glob`` in a run directory, sorted; for a path naming one file, that
-    file, unless its name is that of the other kind of file (a per-step file holds none of the
-    plugin's tables, and the plugin's file none of the per-step table)."""
+    """The entries matching ``glob`` in a run directory, sorted (one that is no regular file is
+    refused when read, not skipped); for a path naming one file, that file, unless its name is
+    that of the other kind of file (a per-step file holds none of the plugin's tables, and the
+    plugin's file none of the per-step table). A directory that cannot be listed is an error,
+    not a run without files."""
     path = Path(path)
-    if path.is_file():
-        other = STEP_FILE_GLOB if glob == FILE_GLOB else FILE_GLOB
-        if not fnmatch.fnmatch(path.name, glob) and fnmatch.fnmatch(path.name, other):
-            return []
-        return [path]
-    if not path.is_dir():
+    if path.is_dir():
+        try:
+            names = os.listdir(path)
+        except OSError as err:
+            raise type(err)(
+                err.errno,
+                f"{path}: cannot list the statistics directory: {err.strerror}; allowed: a "
+                "directory this user may read",
+            ) from err
+        return sorted(path / name for name in names if fnmatch.fnmatch(name, glob))
+    if not os.path.lexists(path):
         raise FileNotFoundError(f"{path}: no such statistics file or directory")
-    return sorted(p for p in path.glob(glob) if p.is_file())
+    other = STEP_FILE_GLOB if glob == FILE_GLOB else FILE_GLOB
+    if not fnmatch.fnmatch(path.name, glob) and fnmatch.fnmatch(path.name, other):
+        return []
+    return [path]
 
 
 def load_stats_files(path: Union[str, Path]) -> List[Dict[str, Any]]:
