@@ -70,6 +70,14 @@ fn install(args: &Args) -> Result<()> {
         Some(p) => p.clone(),
         None => default_library_path()?,
     };
+    // dlopen of a FIFO would block until a writer comes: only a regular file is opened.
+    if !library.is_file() {
+        return Err(Error::invalid_argument(format!(
+            "--library {} {}; allowed: a built plugin library (libnccl_net_lossy.so)",
+            library.display(),
+            nccl_net_lossy::files::why_not_a_file(&library)
+        )));
+    }
     // Refuse to install something NCCL could not use.
     let versions = PluginLibrary::open(&library)?.net_versions();
     if versions.is_empty() {
