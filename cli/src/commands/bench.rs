@@ -91,7 +91,14 @@ pub fn plugin_library(arg: Option<&Path>) -> Result<PathBuf> {
         .map(PathBuf::from)
         .filter(|p| p.components().count() > 1);
     match arg.map(Path::to_path_buf).or(from_env) {
-        Some(path) if path.is_file() => Ok(path),
+        // Absolute: the ranks dlopen it, and dlopen looks a name without a slash up on the
+        // loader's search path, not in the current directory where the user found it.
+        Some(path) if path.is_file() => std::path::absolute(&path).map_err(|e| {
+            nccl_net_lossy::Error::invalid_argument(format!(
+                "net plugin library {}: {e}",
+                path.display()
+            ))
+        }),
         Some(path) => Err(nccl_net_lossy::Error::invalid_argument(format!(
             "net plugin library {} {}",
             path.display(),

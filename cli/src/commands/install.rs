@@ -78,6 +78,10 @@ fn install(args: &Args) -> Result<()> {
             nccl_net_lossy::files::why_not_a_file(&library)
         )));
     }
+    // Absolute: dlopen looks a name without a slash up on the loader's search path, and would
+    // check another file than the one copied below (or none).
+    let library = std::path::absolute(&library)
+        .map_err(|e| Error::invalid_argument(format!("--library {}: {e}", library.display())))?;
     // Refuse to install something NCCL could not use.
     let versions = PluginLibrary::open(&library)?.net_versions();
     if versions.is_empty() {
