@@ -289,3 +289,21 @@ fn a_blank_profile_variable_is_refused_naming_it() {
         );
     }
 }
+
+#[test]
+fn simulate_refuses_zero_packets_instead_of_reporting_no_loss() {
+    // `--packets 0` printed "loss rate 0   expected 0.01" and exited 0: a measurement of
+    // nothing shown as a model that never loses.
+    let out = lossy(&["simulate", "configs/uniform-1pct.toml", "--packets", "0"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        stderr.contains("--packets 0") && stderr.contains("at least 1"),
+        "{stderr}"
+    );
+}

@@ -158,6 +158,13 @@ pub fn run(args: Args) -> ExitCode {
             .collect();
     let models = slots.len() as u64;
     let packets = match args.packets {
+        Some(0) => {
+            return fail(format!(
+                "--packets 0: nothing to measure; allowed: at least 1 and at most {} packets \
+                 per model for this profile's {models} models",
+                MAX_PACKETS / models
+            ));
+        }
         Some(n) if n.saturating_mul(models) > MAX_PACKETS => {
             return fail(format!(
                 "--packets {n} for each of the profile's {models} models: at most {MAX_PACKETS} \
