@@ -88,3 +88,24 @@ fn a_library_named_by_a_bare_file_name_is_the_file_in_the_current_directory() {
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.contains("all_reduce"), "{table}");
 }
+
+#[test]
+fn demo_refuses_more_ranks_than_one_machine_runs_before_starting_any() {
+    // `--ranks 100000` (a typo for 10, say) started worker processes one after another until
+    // the machine ran out, for minutes: a fork flood, not an error.
+    let dir = fresh_dir("demo-many-ranks");
+    for ranks in ["100000", "257"] {
+        let out = lossy_in(
+            &dir,
+            &["demo", "--ranks", ranks, "--sizes", "64K"],
+            "lossy demo --ranks HUGE",
+        );
+        let err = stderr(&out);
+        assert!(!out.status.success(), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains(&format!("--ranks {ranks}")) && err.contains("2 to 256"),
+            "{err}"
+        );
+    }
+}

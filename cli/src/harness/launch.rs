@@ -12,6 +12,11 @@ use super::bootstrap::BootstrapServer;
 use super::worker::{Job, WorkerReport};
 use nccl_net_lossy::{Error, Result};
 
+/// Most local ranks a run starts: each is a process with two reader threads and three
+/// descriptors here, so far more would exhaust the machine (or this process's descriptor
+/// limit) before any collective ran; a typo such as `--ranks 100000` is refused instead.
+pub const MAX_LOCAL_RANKS: usize = 256;
+
 /// How to start a run.
 #[derive(Clone, Debug)]
 pub struct Launch {
@@ -106,8 +111,10 @@ pub fn run(launch: &Launch) -> Result<Vec<WorkerReport>> {
 /// As [`run`], with `spawn` starting the threads that read the ranks' output.
 pub fn run_with(launch: &Launch, spawn: &SpawnReader<'_>) -> Result<Vec<WorkerReport>> {
     let n = launch.nranks;
-    if n < 2 {
-        return Err(Error::invalid_argument("a run needs at least 2 ranks"));
+    if !(2..=MAX_LOCAL_RANKS).contains(&n) {
+        return Err(Error::invalid_argument(format!(
+            "--ranks {n}: allowed: 2 to {MAX_LOCAL_RANKS} local ranks (processes on this machine)"
+        )));
     }
     let server = BootstrapServer::start(n, launch.timeout)?;
     let job = serde_json::to_string(&launch.job)
