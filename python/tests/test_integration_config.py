@@ -133,3 +133,21 @@ def test_disable_leaves_the_megatron_patches_in_place():
         "after the with block: _all_gather_base",
         "after disable(revert_patches=True): all_gather_into_tensor",
     ]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"profile": 123}, "profile=123: allowed: a path (str or os.PathLike) or None"),
+        ({"stats_dir": 5}, "stats_dir=5: allowed: a path (str or os.PathLike) or None"),
+        ({"library": ["x.so"]}, "library=['x.so']: allowed: a path (str or os.PathLike) or None"),
+        ({"set": 5}, "set=5: allowed: None, 'key=value;...' text, a dict or (key, value) pairs"),
+        ({"set": ["model.rate"]}, "set=['model.rate']: allowed: None, 'key=value;...' text"),
+    ],
+)
+def test_a_network_value_of_the_wrong_type_is_refused_naming_the_keyword(kwargs, message):
+    # These raised TypeError "expected str, bytes or os.PathLike object, not int" (or "'int'
+    # object is not iterable"), naming neither the keyword nor what it takes.
+    with pytest.raises(LossyConfigError) as err:
+        LossyNetwork(**kwargs)
+    assert message in str(err.value), str(err.value)

@@ -48,7 +48,16 @@ def format_overrides(overrides: SetLike) -> str:
         return ""
     if isinstance(overrides, str):
         return overrides.strip().strip(";")
-    items = overrides.items() if isinstance(overrides, Mapping) else overrides
+    allowed = f"set={overrides!r}: allowed: None, 'key=value;...' text, a dict or (key, value) pairs"
+    if isinstance(overrides, Mapping):
+        items = list(overrides.items())
+    else:
+        try:
+            items = list(overrides)
+        except TypeError:
+            raise LossyConfigError(allowed) from None
+        if not all(isinstance(p, (tuple, list)) and len(p) == 2 for p in items):
+            raise LossyConfigError(allowed)
     parts = []
     for key, value in items:
         key = str(key).strip()
@@ -226,6 +235,9 @@ class LossyNetwork:
         burst_length: Optional[float] = None,
         effect: Optional[str] = None,
     ):
+        for keyword, value in (("profile", profile), ("stats_dir", stats_dir), ("library", library)):
+            if value is not None and not isinstance(value, (str, os.PathLike)):
+                raise LossyConfigError(f"{keyword}={value!r}: allowed: a path (str or os.PathLike) or None")
         self.profile = Path(profile).expanduser().resolve() if profile is not None else None
         loss = loss_overrides(loss_rate, burst_length, effect)
         user = parse_overrides(format_overrides(set))
