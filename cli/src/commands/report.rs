@@ -41,6 +41,12 @@ pub struct Args {
 
 /// Runs `lossy report`.
 pub fn run(args: Args) -> ExitCode {
+    if let Some(path) = &args.plot {
+        if let Err(err) = check_plot_target(path) {
+            eprintln!("lossy report: --plot {}: {err}", path.display());
+            return ExitCode::from(2);
+        }
+    }
     if args.per_step {
         return per_step(&args);
     }
@@ -167,6 +173,22 @@ fn per_step(args: &Args) -> ExitCode {
             }
         },
     )
+}
+
+/// Refuses a `--plot` file before the report is computed or printed: a name without a plot
+/// extension, or an existing path that is no regular file (opening a FIFO for writing blocks
+/// until a reader comes; a directory cannot be written).
+fn check_plot_target(path: &Path) -> Result<(), String> {
+    if plot_kind(path).is_none() {
+        return Err("allowed: a file name ending in .svg or .png".to_string());
+    }
+    match std::fs::metadata(path) {
+        Ok(meta) if !meta.is_file() => Err(format!(
+            "not a regular file ({}); allowed: a new or regular file ending in .svg or .png",
+            nccl_net_lossy::files::file_kind(&meta.file_type())
+        )),
+        _ => Ok(()),
+    }
 }
 
 enum PlotKind {
