@@ -300,3 +300,34 @@ def test_attached_model_marks_steps_and_phases_as_ranges(tmp_path):
         assert len(mms) == 2 and all(inside(e, forward) for e in mms)
         assert any(e.get("name") == "aten::mm" and inside(e, backward) for e in trace["traceEvents"]
                    if e.get("ph") == "X")
+
+
+def test_load_trace_refuses_a_fifo_a_device_and_bad_bytes_naming_the_file(tmp_path):
+    # A FIFO given as a trace blocked the reader for ever (read whole with read_text), and a
+    # file that is not UTF-8 gave a bare UnicodeDecodeError naming no file. Read in a child
+    # with a deadline, so that a reader that blocks fails instead of hanging the suite.
+    import os
+
+    fifo = tmp_path / "trace.json"
+    os.mkfifo(fifo)
+    zero = tmp_path / "zero.json"
+    zero.symlink_to("/dev/zero")
+    latin = tmp_path / "latin.json"
+    latin.write_bytes(b'{"traceEvents": [], "name": "caf\xe9"}')
+    code = ("import sys\n"
+            "from nccl_lossy.profiler import load_trace, TraceFormatError\n"
+            "for path in sys.argv[1:]:\n"
+            "    try:\n"
+            "        load_trace(path)\n"
+            "        print('read', path)\n"
+            "    except TraceFormatError as err:\n"
+            "        print('TraceFormatError', err)\n")
+    proc = run_python(code, args=(str(fifo), str(zero), str(latin)), timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 3, proc.stdout
+    assert lines[0].startswith("TraceFormatError") and str(fifo) in lines[0], lines[0]
+    assert "a FIFO" in lines[0] and "regular file" in lines[0], lines[0]
+    assert lines[1].startswith("TraceFormatError") and "a character device" in lines[1], lines[1]
+    assert lines[2].startswith("TraceFormatError") and str(latin) in lines[2], lines[2]
+    assert "UTF-8" in lines[2], lines[2]

@@ -3,8 +3,39 @@
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
+from typing import Callable, Union
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def read_regular_file(file: Union[str, Path], limit: int, allowed: str,
+                      error: Callable[[str], Exception]) -> bytes:
+    """The bytes of ``file``, which must be a regular file of at most ``limit`` bytes, else
+    ``error`` of a message naming the file, what it is, and ``allowed``.
+
+    Opened without blocking and checked on the open descriptor: a FIFO would block the reader
+    for ever and ``/dev/zero`` never end."""
+    fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((name for test, name in _KINDS if test(st.st_mode)), "special")
+            raise error(f"{file}: not a regular file ({kind}); {allowed}")
+        if st.st_size > limit:
+            raise error(f"{file}: {st.st_size} bytes, larger than the limit; {allowed}")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise error(f"{file}: grew past the limit while read; {allowed}")
+    return data
 
 
 def write_atomically(path: Path, text: str) -> None:

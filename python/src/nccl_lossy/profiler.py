@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from ._files import write_atomically
+from ._files import read_regular_file, write_atomically
 from .steps import launcher_rank
 
 log = logging.getLogger("nccl_lossy")
@@ -210,12 +210,21 @@ def profiler_active() -> bool:
 # -- traces -------------------------------------------------------------------------------
 
 
+#: Largest trace read: torch's traces of long profiled windows run to hundreds of MiB; a
+#: stray file beyond this is refused before it is read.
+MAX_TRACE_BYTES = 4 << 30
+
+
 def load_trace(path: Union[str, Path]) -> Dict[str, Any]:
-    """A Chrome trace file as a dict with ``traceEvents`` (the bare-list form is wrapped)."""
+    """A Chrome trace file as a dict with ``traceEvents`` (the bare-list form is wrapped).
+    TraceFormatError naming the file when it is no regular file of at most
+    :data:`MAX_TRACE_BYTES` (a FIFO is not waited on) or not UTF-8 JSON."""
+    allowed = f"a trace must be a regular file of at most {MAX_TRACE_BYTES >> 30} GiB"
+    data = read_regular_file(path, MAX_TRACE_BYTES, allowed, TraceFormatError)
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise TraceFormatError(f"{path} is not valid JSON: {err}") from err
+        doc = json.loads(data.decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise TraceFormatError(f"{path} is not valid UTF-8 JSON: {err}") from err
     if isinstance(doc, list):
         doc = {"traceEvents": doc}
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):

@@ -29,9 +29,10 @@ import fnmatch
 import json
 import logging
 import os
-import stat
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Union
+
+from ._files import read_regular_file
 
 log = logging.getLogger("nccl_lossy")
 
@@ -260,33 +261,11 @@ def step_op_rows_from_doc(doc: Dict[str, Any], file: str = "") -> List[Dict[str,
 #: stray file of gigabytes under such a name is refused before it is read.
 MAX_FILE_BYTES = 256 << 20
 
-_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
 def read_file(file: Path) -> bytes:
-    """The bytes of ``file``, which must be a regular file of at most :data:`MAX_FILE_BYTES`.
-
-    Opened without blocking and checked on the open descriptor: a FIFO would block the reader
-    forever and ``/dev/zero`` never end; either is StatsFormatError saying what it is."""
+    """The bytes of ``file``, which must be a regular file of at most :data:`MAX_FILE_BYTES`;
+    StatsFormatError saying what it is otherwise (a FIFO, ``/dev/zero``: neither is read)."""
     allowed = f"a statistics file must be a regular file of at most {MAX_FILE_BYTES >> 20} MiB"
-    fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            kind = next((name for test, name in _KINDS if test(st.st_mode)), "special")
-            raise StatsFormatError(f"{file}: not a regular file ({kind}); {allowed}")
-        if st.st_size > MAX_FILE_BYTES:
-            raise StatsFormatError(f"{file}: {st.st_size} bytes, larger than the limit; {allowed}")
-        data = f.read(MAX_FILE_BYTES + 1)
-    if len(data) > MAX_FILE_BYTES:
-        raise StatsFormatError(f"{file}: grew past the limit while read; {allowed}")
-    return data
+    return read_regular_file(file, MAX_FILE_BYTES, allowed, StatsFormatError)
 
 
 def load_json(file: Path) -> Any:
