@@ -279,3 +279,53 @@ fn run_warns_when_another_tuner_leaves_ll_allowed_under_a_data_loss_effect() {
         "{stderr}"
     );
 }
+
+#[test]
+fn run_says_which_of_the_users_settings_it_replaces() {
+    // A user's NCCL_NET=IB (or another plugin, profile, statistics directory) was replaced
+    // without a word: the job then ran on a network or profile other than the one the shell
+    // showed. Each replaced value is named on stderr; a value already equal is not.
+    let profile = repo_file("configs/uniform-1pct.toml");
+    let stats = fresh_dir("run-replaces");
+    let out = lossy(
+        &[
+            "run",
+            "--profile",
+            profile.to_str().expect("utf-8 path"),
+            "--stats",
+            stats.to_str().expect("utf-8 path"),
+            "--",
+            "true",
+        ],
+        &[
+            ("NCCL_NET", "IB"),
+            ("NCCL_NET_PLUGIN", "aws-ofi"),
+            ("NCCL_LOSSY_PROFILE", "/nowhere/else.toml"),
+            ("NCCL_LOSSY_STATS", "/nowhere/stats"),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    for (key, old) in [
+        ("NCCL_NET", "IB"),
+        ("NCCL_NET_PLUGIN", "aws-ofi"),
+        ("NCCL_LOSSY_STATS", "/nowhere/stats"),
+    ] {
+        let line = stderr
+            .lines()
+            .find(|l| l.contains(&format!("{key}={old}")))
+            .unwrap_or_else(|| panic!("no word of replacing {key}={old}: {stderr}"));
+        assert!(line.starts_with("lossy run: note:"), "{line}");
+        assert!(line.contains("replaced"), "{line}");
+    }
+    // The profile given on the command line wins over the environment's, and says so.
+    assert!(
+        stderr.contains("NCCL_LOSSY_PROFILE=/nowhere/else.toml"),
+        "{stderr}"
+    );
+    // A setting the user already had as run sets it draws no note.
+    let same = lossy(&["run", "--", "true"], &[("NCCL_NET", "lossy")]);
+    let same_err = String::from_utf8_lossy(&same.stderr);
+    assert!(same.status.success(), "{same_err}");
+    assert!(!same_err.contains("NCCL_NET="), "{same_err}");
+}

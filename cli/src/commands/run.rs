@@ -110,7 +110,26 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
     if profile.corrupts_data() && user_proto.is_none() {
         env.push(("NCCL_PROTO".into(), "Simple".into()));
     }
+    say_replaced(&env);
     Ok(env)
+}
+
+/// Names on stderr each of the user's settings that `env` replaces (`NCCL_NET=IB`, another
+/// plugin, profile or statistics directory): the job runs with ours, and the shell's value
+/// must not be taken for the condition that ran. `NCCL_LOSSY_SET` is extended, not replaced.
+fn say_replaced(env: &[(String, OsString)]) {
+    for (key, value) in env {
+        if key == SET_ENV {
+            continue;
+        }
+        if let Some(old) = std::env::var_os(key).filter(|old| old != value) {
+            eprintln!(
+                "lossy run: note: {key}={} replaced by {}",
+                old.to_string_lossy(),
+                value.to_string_lossy()
+            );
+        }
+    }
 }
 
 fn launch(args: &Args, env: &[(String, OsString)]) -> ExitCode {
