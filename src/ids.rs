@@ -92,10 +92,12 @@ pub fn phase_name(slot: usize) -> &'static str {
         .map_or(Phase::Any.name(), Phase::name)
 }
 
-/// An NCCL collective a profile rule can match on: the op slots `Unknown` (0) to `Recv` (8).
+/// An NCCL collective a profile rule can match on: one per op slot, `Unknown` (0) and then
+/// every `ncclFunc_t` the statistics name (so a rule can pick whatever a report shows, and a
+/// rule on `Unknown` takes only what NCCL did not name).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum CollectiveId {
-    /// Not known (old NCCL, or a function this enum does not name).
+    /// Not known (old NCCL, or no single function named).
     Unknown = 0,
     /// ncclFunc 0.
     Broadcast = 1,
@@ -113,11 +115,25 @@ pub enum CollectiveId {
     Send = 7,
     /// ncclFunc 7.
     Recv = 8,
+    /// ncclFunc 8.
+    AllToAll = 9,
+    /// ncclFunc 9.
+    Scatter = 10,
+    /// ncclFunc 10.
+    Gather = 11,
+    /// ncclFunc 11.
+    AllGatherV = 12,
+    /// ncclFunc 12.
+    PutSignal = 13,
+    /// ncclFunc 13.
+    Signal = 14,
+    /// ncclFunc 14.
+    WaitSignal = 15,
 }
 
 impl CollectiveId {
     /// Every collective, `Unknown` first, then in `ncclFunc_t` order (index = op slot).
-    pub const ALL: [CollectiveId; 9] = [
+    pub const ALL: [CollectiveId; OP_SLOTS] = [
         CollectiveId::Unknown,
         CollectiveId::Broadcast,
         CollectiveId::Reduce,
@@ -127,10 +143,16 @@ impl CollectiveId {
         CollectiveId::SendRecv,
         CollectiveId::Send,
         CollectiveId::Recv,
+        CollectiveId::AllToAll,
+        CollectiveId::Scatter,
+        CollectiveId::Gather,
+        CollectiveId::AllGatherV,
+        CollectiveId::PutSignal,
+        CollectiveId::Signal,
+        CollectiveId::WaitSignal,
     ];
 
-    /// The collective of an op slot (see [`op_slot`]); functions this enum does not name are
-    /// `Unknown`.
+    /// The collective of an op slot (see [`op_slot`]); a slot past the last is `Unknown`.
     pub fn from_op_slot(slot: usize) -> CollectiveId {
         CollectiveId::ALL
             .get(slot)
@@ -211,7 +233,16 @@ mod tests {
         }
         assert_eq!(CollectiveId::AllReduce.name(), "AllReduce");
         assert_eq!(CollectiveId::from_func_index(4), CollectiveId::AllReduce);
-        assert_eq!(CollectiveId::from_func_index(8), CollectiveId::Unknown);
+        assert_eq!(CollectiveId::from_func_index(8), CollectiveId::AllToAll);
+        assert_eq!(CollectiveId::from_func_index(14), CollectiveId::WaitSignal);
+        assert_eq!(CollectiveId::from_func_index(15), CollectiveId::Unknown);
+        // Every name the statistics give an op slot is one a rule can match.
+        for slot in 0..OP_SLOTS {
+            assert_eq!(
+                CollectiveId::parse(op_name(slot)).map(|c| c.op_slot()),
+                Some(slot)
+            );
+        }
         assert_eq!(
             CollectiveId::from_func_index(u32::MAX),
             CollectiveId::Unknown
