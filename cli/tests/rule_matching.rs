@@ -95,3 +95,45 @@ fn a_rule_can_name_every_collective_the_statistics_name_and_unknown_is_only_unkn
         );
     }
 }
+
+#[test]
+fn a_step_window_that_holds_no_step_is_refused_naming_the_key() {
+    // `steps = { from = 5, until = 5 }` is the empty window [5, 5): the rule could never
+    // match, and the run would go without the condition its profile names. The plugin's init
+    // and `lossy validate` refuse it, from the file or from an override, naming the key.
+    let dir = fresh_dir("empty-window");
+    let profile = write_profile(
+        &dir,
+        "model = \"none\"\n[[rules]]\nsteps = { from = 5, until = 5 }\neffect = \"zero\"\n\
+         model = { kind = \"uniform\", rate = 1.0 }\n",
+    );
+    let err = exchange(&profile, "", &dir.join("s1"), ALL_TO_ALL)
+        .expect_err("the plugin refused the profile");
+    assert!(
+        err.contains("profile.toml:3: rules.0.steps") && err.contains("no step"),
+        "{err}"
+    );
+    let fine = dir.join("fine.toml");
+    std::fs::write(
+        &fine,
+        "model = \"none\"\n[[rules]]\nsteps = { from = 0, until = 1 }\n",
+    )
+    .expect("write profile");
+    let err = exchange(&fine, "rules.0.steps.until=0", &dir.join("s2"), ALL_TO_ALL)
+        .expect_err("the plugin refused the override");
+    assert!(
+        err.contains("NCCL_LOSSY_SET: rules.0.steps") && err.contains("no step"),
+        "{err}"
+    );
+    let out = std::process::Command::new(common::lossy_exe())
+        .args(["validate", &profile.display().to_string()])
+        .env_remove("NCCL_LOSSY_SET")
+        .output()
+        .expect("run lossy validate");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("rules.0.steps") && stderr.contains("no step"),
+        "{stderr}"
+    );
+}

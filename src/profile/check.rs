@@ -382,6 +382,18 @@ impl Checker<'_> {
                                 format!("from = {from} is after until = {u}; the window is [from, until)"),
                             ));
                         }
+                        // [u, u) holds no step: the rule would never match, silently.
+                        if let Some(n) = value.get("until").filter(|_| from == u) {
+                            return Err(self.bad(
+                                n,
+                                &join(&full, "until"),
+                                format!(
+                                    "[{from}, {u}) holds no step, so the rule would never match; \
+                                     the window is [from, until): until = {} takes step {from}",
+                                    from.saturating_add(1)
+                                ),
+                            ));
+                        }
                     }
                     when.steps = Some((from, until));
                 }

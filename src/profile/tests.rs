@@ -161,6 +161,7 @@ fn errors_name_file_line_key_and_what_is_allowed() {
         ("model = { kind = \"uniform\", rate = \"high\" }\n", "configs/x.toml:1: model.rate = \"high\": must be a number"),
         ("model = { kind = \"uniform\", rate = 0.1, wobble = 2 }\n", "configs/x.toml:1: model.wobble: unknown key; allowed: kind, rate"),
         ("[[rules]]\nsteps = { from = 300, until = 200 }\n", "configs/x.toml:2: rules.0.steps = {…}: from = 300 is after until = 200"),
+        ("[[rules]]\nsteps = { from = 7, until = 7 }\n", "configs/x.toml:2: rules.0.steps.until = 7: [7, 7) holds no step"),
         ("[[rules]]\ncollective = [\"AllReduce\", \"AllReduse\"]\n", "configs/x.toml:2: rules.0.collective.1 = \"AllReduse\": unknown collective; allowed: Unknown, Broadcast, Reduce"),
         ("[[rules]]\ncollective = []\n", "configs/x.toml:2: rules.0.collective = […]: must list at least one value"),
         ("effect = \"drop\"\n", "configs/x.toml:1: effect = \"drop\": unknown effect; allowed: \"zero\", \"stale\", \"retransmit\", \"bitflip\""),
