@@ -5,7 +5,13 @@ import pytest
 
 import nccl_lossy
 from nccl_lossy import LossyConfigError, LossyNetwork
-from nccl_lossy.network import allowed_protocols, check_profile, format_overrides
+from nccl_lossy.network import (
+    allowed_protocols,
+    check_profile,
+    format_overrides,
+    parse_overrides,
+    same_overrides,
+)
 from conftest import clean_env, run_harness, run_python
 
 
@@ -102,6 +108,22 @@ def test_overrides_are_formatted_as_the_plugin_reads_them():
     assert format_overrides({"model.rate": 0.05, "rules.0.enabled": True}) == "model.rate=0.05;rules.0.enabled=true"
     assert format_overrides([("seed", 7)]) == "seed=7"
     assert format_overrides(" seed=7; ") == "seed=7"
+
+
+def test_a_quoted_semicolon_is_one_override_as_the_plugin_reads_it(tmp_path):
+    # docs/loss-models.md: a `;` inside a quoted value does not split the list. The plugin
+    # reads `description="a; b"` as one override; the helper must not refuse it as two.
+    net = LossyNetwork(set='description="a; b";seed=7', loss_rate=0.02)
+    assert net.check()["profile"]["description"] == "a; b"
+    assert net.check()["profile"]["seed"] == 7
+    assert parse_overrides('description="a; b";seed=7') == [("description", "a; b"), ("seed", "7")]
+    assert parse_overrides("description='x;y'") == [("description", "x;y")]
+    # the environment's value, compared with the helper's own, is split the same way
+    theirs = 'seed=7;description="a; b"'
+    assert same_overrides(theirs, 'description="a; b";seed=7')
+    assert not same_overrides(theirs, 'description="a; c";seed=7')
+    with pytest.raises(LossyConfigError, match="unterminated"):
+        parse_overrides('description="a; b')
 
 
 def test_bad_profiles_are_reported_with_their_path(tmp_path):

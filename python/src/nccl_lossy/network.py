@@ -68,10 +68,35 @@ def format_overrides(overrides: SetLike) -> str:
     return ";".join(parts)
 
 
+def _split_overrides(text: str) -> List[str]:
+    """``text`` cut at each ``;`` outside quotes, as the plugin cuts it (src/profile/tree.rs,
+    ``split_overrides``): a quoted TOML string (``"..."`` with backslash escapes, or
+    ``'...'``) may hold ``;``."""
+    items, start, quote, escaped = [], 0, None, False
+    for i, c in enumerate(text):
+        if quote == '"' and escaped:
+            escaped = False
+        elif quote == '"' and c == "\\":
+            escaped = True
+        elif quote is not None:
+            if c == quote:
+                quote = None
+        elif c in "\"'":
+            quote = c
+        elif c == ";":
+            items.append(text[start:i])
+            start = i + 1
+    if quote is not None:
+        raise LossyConfigError(f"override {text[start:].strip()!r}: unterminated {quote} quote")
+    items.append(text[start:])
+    return items
+
+
 def parse_overrides(text: str) -> List[Tuple[str, str]]:
-    """Splits ``NCCL_LOSSY_SET`` text into (key, value) pairs."""
+    """Splits ``NCCL_LOSSY_SET`` text into (key, value) pairs, at the ``;`` the plugin splits
+    it at (not those inside a quoted value)."""
     pairs = []
-    for item in text.split(";"):
+    for item in _split_overrides(text):
         item = item.strip()
         if not item:
             continue
