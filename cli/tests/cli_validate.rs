@@ -139,3 +139,28 @@ fn validate_names_the_command_line_for_a_bad_set_and_survives_a_deep_key() {
     let out = lossy(&["validate", "--set", &deep], &[]);
     assert!(text(&out).1.contains("at most 16 segments"));
 }
+
+#[test]
+fn the_summary_names_each_override_where_it_came_from() {
+    // The one-line summary said "(NCCL_LOSSY_SET: seed=5)" for an override given only with
+    // --set: a reader checking the environment would find no such variable.
+    let out = lossy(&["validate", "--set", "seed=5"], &[]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let summary = stdout.lines().next().unwrap_or_default();
+    assert!(
+        summary.ends_with("(--set: seed=5)") && !summary.contains("NCCL_LOSSY_SET"),
+        "{summary}"
+    );
+    let out = lossy(
+        &["validate", "--set", "seed=5"],
+        &[("NCCL_LOSSY_SET", "mtu=1024")],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let summary = stdout.lines().next().unwrap_or_default();
+    assert!(
+        summary.ends_with("(NCCL_LOSSY_SET: mtu=1024; --set: seed=5)"),
+        "{summary}"
+    );
+}

@@ -501,6 +501,7 @@ impl Checker<'_> {
             stats_interval,
             origin: self.origin.to_string(),
             overrides: String::new(),
+            overrides_shown: String::new(),
             description,
             transport,
             inner,

@@ -89,6 +89,9 @@ pub struct Profile {
     pub origin: String,
     /// The overrides applied on top of the file (as given).
     pub overrides: String,
+    /// The same, each layer under where it came from, for the summary:
+    /// "NCCL_LOSSY_SET: a=1; --set: b=2".
+    pub overrides_shown: String,
     /// The profile's own description, if it has one.
     pub description: Option<String>,
     /// The transport the profile asks for (`None`: not set, which means sockets).
@@ -216,6 +219,13 @@ impl Profile {
             .filter(|overrides| !overrides.is_empty())
             .collect::<Vec<_>>()
             .join(";");
+        profile.overrides_shown = layers
+            .iter()
+            .map(|(source, overrides)| (source, overrides.trim()))
+            .filter(|(_, overrides)| !overrides.is_empty())
+            .map(|(source, overrides)| format!("{source}: {overrides}"))
+            .collect::<Vec<_>>()
+            .join("; ");
         Ok(profile)
     }
 
@@ -324,8 +334,8 @@ impl Profile {
                 self.inner.as_deref().unwrap_or("from NCCL_LOSSY_INNER")
             ));
         }
-        if !self.overrides.is_empty() {
-            line.push_str(&format!(" ({SET_ENV}: {})", self.overrides));
+        if !self.overrides_shown.is_empty() {
+            line.push_str(&format!(" ({})", self.overrides_shown));
         }
         line
     }
