@@ -249,7 +249,7 @@ const TOP_KEYS: &str = "description, seed, mtu, stats_interval, effect, model, \
 const KINDS: [&str; 5] = ["none", "uniform", "gilbert_elliott", "markov4", "trace"];
 const MODEL_KEYS: &str = "kind, rate, mean_burst, p, r, h_loss, k_loss, p13, p31, p32, p23, p14, \
                           file, format, length, at_end, start";
-const COLLECTIVES: [&str; 9] = [
+const COLLECTIVES: [&str; 16] = [
     "Unknown",
     "Broadcast",
     "Reduce",
@@ -259,6 +259,13 @@ const COLLECTIVES: [&str; 9] = [
     "SendRecv",
     "Send",
     "Recv",
+    "AllToAll",
+    "Scatter",
+    "Gather",
+    "AllGatherV",
+    "PutSignal",
+    "Signal",
+    "WaitSignal",
 ];
 
 /// The keys each kind takes (gilbert_elliott: both forms).
