@@ -119,18 +119,57 @@ fn describe_action(action: &Action) -> String {
             short(action.model.expected_mean_burst())
         ));
     }
+    if let Some((events, wait_us)) = expected_wait(action) {
+        s.push_str(&format!(
+            ", a 512 KiB message waits {} us on average ({} loss events x {} us)",
+            short(wait_us),
+            short(events),
+            short(action.retransmit_timeout.as_secs_f64() * 1e6)
+        ));
+    }
     s
 }
 
+/// Reference message of [`expected_wait`]: NCCL's 512 KiB slices of a large transfer.
+const WAIT_REFERENCE_BYTES: u64 = 512 << 10;
+
+/// For a `retransmit` action that can lose: the loss events a 512 KiB message has on average
+/// and the time they add (one timeout each, docs/loss-models.md). Each run of losses within
+/// a message is one event: its first packet is lost with probability `rate`, and a run
+/// starts at each later packet with probability `rate / mean burst` (a stationary model's
+/// runs begin at that rate).
+fn expected_wait(action: &Action) -> Option<(f64, f64)> {
+    let rate = action.model.expected_loss_rate();
+    if action.effect != Effect::Retransmit || rate.is_nan() || rate <= 0.0 {
+        return None;
+    }
+    let packets = WAIT_REFERENCE_BYTES.div_ceil(u64::from(action.mtu.max(1))) as f64;
+    let burst = action.model.expected_mean_burst();
+    let starts = if burst.is_finite() && burst >= 1.0 {
+        rate / burst
+    } else {
+        0.0
+    };
+    let events = rate + (packets - 1.0) * starts;
+    Some((
+        events,
+        events * action.retransmit_timeout.as_secs_f64() * 1e6,
+    ))
+}
+
 fn action_json(action: &Action) -> Json {
-    json!({
+    let mut json = json!({
         "effect": action.effect,
         "model": serde_json::to_value(&action.model).unwrap_or(Json::Null),
         "expected_loss_rate": finite(action.model.expected_loss_rate()),
         "expected_mean_burst": finite(action.model.expected_mean_burst()),
         "retransmit_timeout_us": action.retransmit_timeout.as_secs_f64() * 1e6,
         "mtu": action.mtu,
-    })
+    });
+    if let (Some((_, wait_us)), Some(map)) = (expected_wait(action), json.as_object_mut()) {
+        map.insert("expected_wait_us_per_512kib".into(), finite(wait_us));
+    }
+    json
 }
 
 /// JSON has no infinities or NaN: write them as null.
