@@ -265,3 +265,23 @@ def test_set_enabled_refuses_what_is_not_a_switch_instead_of_turning_loss_on():
     for value, on, lost in out["taken"]:
         # 2,048 packets at rate 0.5: none lost when off, hundreds when on
         assert (lost > 500) if on else (lost == 0), (value, lost)
+
+
+def test_a_one_value_bool_array_or_tensor_is_a_switch():
+    # Before the switch check, set_enabled took any truth value: a 0-d numpy bool array (what
+    # `np.asarray(flag)` or `mask[()]` gives) or a one-element torch bool tensor switched loss
+    # injection as it reads. Such a value is still a switch; an array of several is not.
+    np = pytest.importorskip("numpy")
+    from nccl_lossy.control import switch_value
+
+    assert switch_value(np.array(True)) is True
+    assert switch_value(np.array(False)) is False
+    with pytest.raises(ValueError, match="True or False"):
+        switch_value(np.array([True, False]))
+    with pytest.raises(ValueError, match="True or False"):
+        switch_value(np.array(0.0))
+    torch = pytest.importorskip("torch")
+    assert switch_value(torch.tensor(True)) is True
+    assert switch_value(torch.tensor(False)) is False
+    with pytest.raises(ValueError, match="True or False"):
+        switch_value(torch.tensor([True, False]))

@@ -83,6 +83,11 @@ def switch_value(enabled: Any) -> bool:
         return enabled
     if type(enabled).__name__ in ("bool_", "bool") and type(enabled).__module__ == "numpy":
         return bool(enabled)
+    # A 0-d numpy bool array (np.asarray(flag)); torch's one-element bool tensors are integers
+    # to operator.index below.
+    if (type(enabled).__name__ == "ndarray" and type(enabled).__module__ == "numpy"
+            and enabled.ndim == 0 and enabled.dtype.kind == "b"):
+        return bool(enabled)
     if _integer(enabled) in (0, 1):
         return _integer(enabled) == 1
     raise ValueError(f"enabled {enabled!r}: allowed: True or False (or 1, 0)")
