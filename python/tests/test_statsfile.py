@@ -176,8 +176,14 @@ UNREADABLE = r"""
 import os, sys
 import nccl_lossy
 if os.geteuid() == 0:  # root reads any directory: look at it as an ordinary user does
-    os.setgid(65534)
-    os.setuid(65534)
+    try:
+        os.setgroups([])
+        os.setgid(65534)
+        os.setuid(65534)
+        os.stat(sys.argv[1])  # the way to it is open to that user (TMPDIR may be private)
+    except OSError as err:
+        print("unprivileged: unavailable:", err)
+        sys.exit(0)
 try:
     rows = nccl_lossy.read_stats(sys.argv[1])
 except OSError as err:
@@ -190,6 +196,7 @@ else:
 def test_a_directory_that_cannot_be_listed_is_an_error_not_an_empty_run():
     # Path.glob swallows the permission error: read_stats() of a directory the user may not
     # list returned [] as if the run had no traffic.
+    import errno
     import os
     import tempfile
 
@@ -206,6 +213,17 @@ def test_a_directory_that_cannot_be_listed_is_an_error_not_an_empty_run():
         proc = run_python(UNREADABLE, args=(run,), timeout=60)
         assert proc.returncode == 0, proc.stderr[-3000:]
         out = proc.stdout.strip()
+        if out.startswith("unprivileged: unavailable"):
+            # Root that cannot become another user (no CAP_SETUID), or whose temporary
+            # directory that user cannot reach: the listing's own error, as Linux gives it.
+            def refuse(path):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(os, "listdir", refuse)
+                with pytest.raises(PermissionError) as err:
+                    nccl_lossy.read_stats(run)
+            out = f"error: PermissionError {err.value}"
         assert out.startswith("error: PermissionError") and run in out and "cannot list" in out, out
     finally:
         os.chmod(os.path.join(top, "run"), 0o755)
