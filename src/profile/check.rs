@@ -384,13 +384,19 @@ impl Checker<'_> {
                         }
                         // [u, u) holds no step: the rule would never match, silently.
                         if let Some(n) = value.get("until").filter(|_| from == u) {
+                            // until = from + 1 takes step `from`, unless that is past what
+                            // `until` takes: then leaving it out does.
+                            let fix = if from < i64::MAX as u64 {
+                                format!("until = {} takes step {from}", from + 1)
+                            } else {
+                                format!("leave until out to take step {from} and those after")
+                            };
                             return Err(self.bad(
                                 n,
                                 &join(&full, "until"),
                                 format!(
                                     "[{from}, {u}) holds no step, so the rule would never match; \
-                                     the window is [from, until): until = {} takes step {from}",
-                                    from.saturating_add(1)
+                                     the window is [from, until): {fix}"
                                 ),
                             ));
                         }

@@ -162,6 +162,9 @@ fn errors_name_file_line_key_and_what_is_allowed() {
         ("model = { kind = \"uniform\", rate = 0.1, wobble = 2 }\n", "configs/x.toml:1: model.wobble: unknown key; allowed: kind, rate"),
         ("[[rules]]\nsteps = { from = 300, until = 200 }\n", "configs/x.toml:2: rules.0.steps = {…}: from = 300 is after until = 200"),
         ("[[rules]]\nsteps = { from = 7, until = 7 }\n", "configs/x.toml:2: rules.0.steps.until = 7: [7, 7) holds no step"),
+        ("[[rules]]\nsteps = { from = 7, until = 7 }\n", "configs/x.toml:2: rules.0.steps.until = 7: [7, 7) holds no step, so the rule would never match; the window is [from, until): until = 8 takes step 7"),
+        // until = 2^63 would be out of its range: the way to take the last steps is named.
+        ("[[rules]]\nsteps = { from = 9223372036854775807, until = 9223372036854775807 }\n", "configs/x.toml:2: rules.0.steps.until = 9223372036854775807: [9223372036854775807, 9223372036854775807) holds no step, so the rule would never match; the window is [from, until): leave until out to take step 9223372036854775807 and those after"),
         ("[[rules]]\ncollective = [\"AllReduce\", \"AllReduse\"]\n", "configs/x.toml:2: rules.0.collective.1 = \"AllReduse\": unknown collective; allowed: Unknown, Broadcast, Reduce"),
         ("[[rules]]\ncollective = []\n", "configs/x.toml:2: rules.0.collective = […]: must list at least one value"),
         ("effect = \"drop\"\n", "configs/x.toml:1: effect = \"drop\": unknown effect; allowed: \"zero\", \"stale\", \"retransmit\", \"bitflip\""),
