@@ -329,3 +329,34 @@ fn run_says_which_of_the_users_settings_it_replaces() {
     assert!(same.status.success(), "{same_err}");
     assert!(!same_err.contains("NCCL_NET="), "{same_err}");
 }
+
+#[test]
+fn run_says_nothing_of_a_relative_path_naming_the_same_place() {
+    // `NCCL_LOSSY_STATS=out` in the environment and `--stats out` on the command line name
+    // one directory; run makes it absolute, and a note "replaced by /abs/out" would claim a
+    // change that is none.
+    let top = fresh_dir("run-same-relative");
+    let run_in = |env: &[(&str, &str)]| {
+        let mut cmd = Command::new(lossy_exe());
+        cmd.current_dir(&top)
+            .args(["run", "--stats", "out", "--", "true"])
+            .env_remove("NCCL_LOSSY_PROFILE")
+            .env_remove("NCCL_LOSSY_SET");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().expect("run lossy")
+    };
+    let out = run_in(&[("NCCL_LOSSY_STATS", "out")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("NCCL_LOSSY_STATS="), "{stderr}");
+    // Another directory is still named.
+    let other = run_in(&[("NCCL_LOSSY_STATS", "elsewhere")]);
+    let other_err = String::from_utf8_lossy(&other.stderr);
+    assert!(other.status.success(), "{other_err}");
+    assert!(
+        other_err.contains("NCCL_LOSSY_STATS=elsewhere replaced by"),
+        "{other_err}"
+    );
+}

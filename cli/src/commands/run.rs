@@ -122,7 +122,11 @@ fn say_replaced(env: &[(String, OsString)]) {
         if key == SET_ENV {
             continue;
         }
-        if let Some(old) = std::env::var_os(key).filter(|old| old != value) {
+        // A relative path naming the place `env` names (made absolute) is no change.
+        let same = |old: &OsString| {
+            old == value || std::path::absolute(old).is_ok_and(|p| p.as_os_str() == value)
+        };
+        if let Some(old) = std::env::var_os(key).filter(|old| !same(old)) {
             eprintln!(
                 "lossy run: note: {key}={} replaced by {}",
                 old.to_string_lossy(),
