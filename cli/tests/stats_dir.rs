@@ -73,8 +73,8 @@ fn a_statistics_directory_that_stays_unwritable_does_not_flood_the_log() {
     // The directory goes away under a run with a statistics interval of 0.1 s and a file takes
     // its place, so every periodic write fails (as on a full disk) for 3 s: about 30 failed
     // writes of the statistics and as many of the trace. Each warns, but the log of a job that
-    // runs for days must not get a line per write for ever: a few per kind and interval, then
-    // a count.
+    // runs for days must not get a line per write for ever: a few per kind and interval (5),
+    // then a count; the write when the process ends says so once more (the next test).
     let dir = common::fresh_dir("stats-flood");
     let stats = dir.join("stats");
     let trace = dir.join("trace");
@@ -94,6 +94,36 @@ fn a_statistics_directory_that_stays_unwritable_does_not_flood_the_log() {
     assert!(
         (1..=6).contains(&stats_lines) && (1..=6).contains(&trace_lines),
         "{stats_lines} statistics and {trace_lines} trace warnings for 3 s of failed writes:\n{logged}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn the_last_write_of_a_run_is_reported_even_after_a_flood_of_failed_ones() {
+    // Once the warnings of failed periodic writes reached their limit, the write at the last
+    // finalize failed as quietly as the others: the user was never told the run's final
+    // numbers were lost. Whatever the limit, the last write says so.
+    let dir = common::fresh_dir("stats-flood-final");
+    let stats = dir.join("stats");
+    let trace = dir.join("trace");
+    let (said, logged) = run_child(
+        "flood_then_finalize",
+        &[
+            ("NCCL_LOSSY_STATS", stats.to_str().expect("utf-8")),
+            ("NCCL_LOSSY_TRACE", trace.to_str().expect("utf-8")),
+            ("NCCL_LOSSY_SET", "stats_interval=0.1"),
+        ],
+        &dir.join("log"),
+    );
+    println!("{said}");
+    let finals: Vec<&str> = logged
+        .lines()
+        .filter(|l| l.contains("at the end of the run"))
+        .collect();
+    assert!(
+        finals.iter().any(|l| l.contains("statistics not written"))
+            && finals.iter().any(|l| l.contains("trace not written")),
+        "no word of the final writes failing:\n{logged}"
     );
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -146,6 +176,22 @@ fn stats_child() {
             std::fs::write(&trace, "in the way\n").expect("write");
             std::thread::sleep(std::time::Duration::from_secs(3));
             say("OK ran 3 s with unwritable statistics");
+        }
+        "flood_then_finalize" => {
+            let client = PluginClient::init(&lib, 12, 1).expect("init");
+            let pair = client
+                .local_pair(0, std::time::Duration::from_secs(20))
+                .expect("local pair");
+            std::fs::remove_dir_all(&stats).expect("remove the stats directory");
+            std::fs::write(&stats, "in the way\n").expect("write");
+            let trace = std::env::var("NCCL_LOSSY_TRACE").expect("NCCL_LOSSY_TRACE");
+            std::fs::remove_dir_all(&trace).expect("remove the trace directory");
+            std::fs::write(&trace, "in the way\n").expect("write");
+            // Well past the limit of warnings (5 a kind): 20 failed writes of each.
+            std::thread::sleep(std::time::Duration::from_secs(2));
+            drop(pair);
+            client.finalize().expect("finalize");
+            say("OK finalized after a flood of failed writes");
         }
         other => panic!("unknown role {other}"),
     }

@@ -459,7 +459,7 @@ fn retire(runtime: Arc<Runtime>, implicit: Option<Arc<Context>>) {
         implicit.abandon_pending();
     }
     runtime.retire_output();
-    output::write_logged();
+    output::write_final();
     drop(runtime);
 }
 

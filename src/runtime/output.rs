@@ -164,6 +164,20 @@ pub(super) fn write_logged() {
     }
 }
 
+/// Writes the statistics file and the trace one last time (the runtime is being released);
+/// a failure is warned about whatever [`FAILED_WRITES`] let through before: the run's final
+/// numbers being lost must not go unsaid behind a limit the periodic writes reached.
+pub(super) fn write_final() {
+    if let Err(err) = write_stats() {
+        log::warn(&format!(
+            "statistics not written at the end of the run: {err}"
+        ));
+    }
+    if let Err(err) = write_trace() {
+        log::warn(&format!("trace not written at the end of the run: {err}"));
+    }
+}
+
 /// At most 5 warnings of failed statistics or trace writes per kind (the error, digits aside)
 /// in 10 minutes; the next one after that says how many were left out.
 static FAILED_WRITES: log::RateLimit = log::RateLimit::new(5, 600);
