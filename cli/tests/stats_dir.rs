@@ -68,18 +68,14 @@ fn finalize_never_fails_because_statistics_cannot_be_written() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-#[test]
-fn a_statistics_directory_that_stays_unwritable_does_not_flood_the_log() {
-    // The directory goes away under a run with a statistics interval of 0.1 s and a file takes
-    // its place, so every periodic write fails (as on a full disk) for 3 s: about 30 failed
-    // writes of the statistics and as many of the trace. Each warns, but the log of a job that
-    // runs for days must not get a line per write for ever: a few per kind and interval (5),
-    // then a count; the write when the process ends says so once more (the next test).
-    let dir = common::fresh_dir("stats-flood");
+/// Runs child `role` with statistics and a trace written every 0.1 s into directories the
+/// child replaces by files: its folder (removed by the caller) and what it logged.
+fn flood(role: &str) -> (std::path::PathBuf, String) {
+    let dir = common::fresh_dir(&format!("stats-{role}"));
     let stats = dir.join("stats");
     let trace = dir.join("trace");
     let (said, logged) = run_child(
-        "flood",
+        role,
         &[
             ("NCCL_LOSSY_STATS", stats.to_str().expect("utf-8")),
             ("NCCL_LOSSY_TRACE", trace.to_str().expect("utf-8")),
@@ -88,6 +84,17 @@ fn a_statistics_directory_that_stays_unwritable_does_not_flood_the_log() {
         &dir.join("log"),
     );
     println!("{said}");
+    (dir, logged)
+}
+
+#[test]
+fn a_statistics_directory_that_stays_unwritable_does_not_flood_the_log() {
+    // The directory goes away under a run with a statistics interval of 0.1 s and a file takes
+    // its place, so every periodic write fails (as on a full disk) for 3 s: about 30 failed
+    // writes of the statistics and as many of the trace. Each warns, but the log of a job that
+    // runs for days must not get a line per write for ever: a few per kind and interval (5),
+    // then a count; the write when the process ends says so once more (the next test).
+    let (dir, logged) = flood("flood");
     let count = |what: &str| logged.lines().filter(|l| l.contains(what)).count();
     let (stats_lines, trace_lines) = (count("statistics not written"), count("trace not written"));
     println!("{stats_lines} statistics and {trace_lines} trace warnings");
@@ -103,19 +110,7 @@ fn the_last_write_of_a_run_is_reported_even_after_a_flood_of_failed_ones() {
     // Once the warnings of failed periodic writes reached their limit, the write at the last
     // finalize failed as quietly as the others: the user was never told the run's final
     // numbers were lost. Whatever the limit, the last write says so.
-    let dir = common::fresh_dir("stats-flood-final");
-    let stats = dir.join("stats");
-    let trace = dir.join("trace");
-    let (said, logged) = run_child(
-        "flood_then_finalize",
-        &[
-            ("NCCL_LOSSY_STATS", stats.to_str().expect("utf-8")),
-            ("NCCL_LOSSY_TRACE", trace.to_str().expect("utf-8")),
-            ("NCCL_LOSSY_SET", "stats_interval=0.1"),
-        ],
-        &dir.join("log"),
-    );
-    println!("{said}");
+    let (dir, logged) = flood("flood_then_finalize");
     let finals: Vec<&str> = logged
         .lines()
         .filter(|l| l.contains("at the end of the run"))
@@ -163,32 +158,23 @@ fn stats_child() {
                 .expect("finalize (the last) failed for statistics");
             say("OK finalize succeeds when statistics cannot be written");
         }
-        "flood" => {
+        "flood" | "flood_then_finalize" => {
             let client = PluginClient::init(&lib, 12, 1).expect("init");
             // An open connection keeps the periodic writer running.
-            let _pair = client
-                .local_pair(0, std::time::Duration::from_secs(20))
-                .expect("local pair");
-            std::fs::remove_dir_all(&stats).expect("remove the stats directory");
-            std::fs::write(&stats, "in the way\n").expect("write");
-            let trace = std::env::var("NCCL_LOSSY_TRACE").expect("NCCL_LOSSY_TRACE");
-            std::fs::remove_dir_all(&trace).expect("remove the trace directory");
-            std::fs::write(&trace, "in the way\n").expect("write");
-            std::thread::sleep(std::time::Duration::from_secs(3));
-            say("OK ran 3 s with unwritable statistics");
-        }
-        "flood_then_finalize" => {
-            let client = PluginClient::init(&lib, 12, 1).expect("init");
             let pair = client
                 .local_pair(0, std::time::Duration::from_secs(20))
                 .expect("local pair");
-            std::fs::remove_dir_all(&stats).expect("remove the stats directory");
-            std::fs::write(&stats, "in the way\n").expect("write");
             let trace = std::env::var("NCCL_LOSSY_TRACE").expect("NCCL_LOSSY_TRACE");
-            std::fs::remove_dir_all(&trace).expect("remove the trace directory");
-            std::fs::write(&trace, "in the way\n").expect("write");
-            // Well past the limit of warnings (5 a kind): 20 failed writes of each.
-            std::thread::sleep(std::time::Duration::from_secs(2));
+            for dir in [&stats, &trace] {
+                std::fs::remove_dir_all(dir).expect("remove the directory");
+                std::fs::write(dir, "in the way\n").expect("write");
+            }
+            // Well past the limit of warnings (5 a kind): 30 failed writes of each.
+            std::thread::sleep(std::time::Duration::from_secs(3));
+            if role == "flood" {
+                say("OK ran 3 s with unwritable statistics");
+                return;
+            }
             drop(pair);
             client.finalize().expect("finalize");
             say("OK finalized after a flood of failed writes");
