@@ -228,3 +228,23 @@ def test_env_makes_the_harness_load_our_plugin_and_stats_are_readable(tmp_path):
     assert all(r["rank"] == 1 and r["connection"] == 0 and r["packets"] > 0 for r in rows)
     total = nccl_lossy.summarize(rows, by=("rank",))
     assert total[0]["messages"] == 3 and total[0]["bytes"] == 3 * 256 * 1024
+
+
+def test_check_profile_takes_a_library_named_by_a_bare_file_name_in_the_current_directory(tmp_path):
+    # check_profile(library="libnccl_net_lossy.so") went to ctypes as typed, and a name without
+    # a slash is looked up on the loader's search path, not in the current directory where the
+    # user found it: "cannot open shared object file" beside the file.
+    import shutil
+
+    from nccl_lossy import library_path
+
+    shutil.copy(library_path(), tmp_path / "libnccl_net_lossy.so")
+    code = ("import os, sys\n"
+            "os.chdir(sys.argv[1])\n"
+            "from nccl_lossy.network import check_profile\n"
+            "print(check_profile(None, library='libnccl_net_lossy.so')['origin'])\n")
+    env = clean_env()
+    env.pop("LD_LIBRARY_PATH", None)
+    proc = run_python(code, env=env, args=(str(tmp_path),))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "embedded default" in proc.stdout, proc.stdout

@@ -162,7 +162,9 @@ def check_profile(
     and defaults. Returns ``{"origin", "summary", "corrupts_data", "lossless", "profile"}``;
     raises :class:`LossyConfigError` with the plugin's message (file, line, key, allowed
     values) when the profile is wrong."""
-    lib = Path(library) if library is not None else library_path()
+    # Absolute: a name without a slash would be looked up on the loader's search path, not
+    # in the current directory where the caller found it.
+    lib = Path(library).expanduser().resolve() if library is not None else library_path()
     text = format_overrides(overrides)
     key = (str(lib), _file_key(lib), str(profile or ""), _file_key(profile), text)
     cached = _checked.get(key)
