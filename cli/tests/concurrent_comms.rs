@@ -421,22 +421,9 @@ fn post(
     }
     let (mut sreq, mut rreq): (*mut c_void, *mut c_void) = (null_mut(), null_mut());
     while rreq.is_null() {
-        let mut ptr: *mut c_void = into.as_mut_ptr().cast();
-        let (mut size, mut tag, mut mr) = (into.len(), tag, rmr);
-        // SAFETY: arrays of one entry each; the buffer is lent until the request is done.
-        let code = unsafe {
-            t.irecv.expect("irecv")(
-                rc,
-                1,
-                &mut ptr,
-                &mut size,
-                &mut tag,
-                &mut mr,
-                null_mut(),
-                &mut rreq,
-            )
-        };
-        assert_eq!(code, OK, "irecv");
+        // SAFETY: a live receive comm of `t` and its registration; the buffer is lent until
+        // the request is done.
+        rreq = unsafe { common::raw_irecv(t, rc, &mut into, tag, rmr) };
     }
     while sreq.is_null() {
         // SAFETY: the buffer is lent until the request is done.

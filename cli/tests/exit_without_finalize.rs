@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use std::path::Path;
 use std::ptr::null_mut;
 use std::time::{Duration, Instant};
@@ -129,25 +129,8 @@ fn poll_a_receive_forever() {
     let ctx = common::raw_context(t, 2, None);
     let (_sc, rc, _lc) = common::raw_connected(t, ctx);
     let buf: &'static mut [u8] = Box::leak(vec![0u8; 1 << 20].into_boxed_slice());
-    let mut ptr: *mut c_void = buf.as_mut_ptr().cast();
-    let mut size = buf.len();
-    let mut tag: c_int = 0;
-    let mut request: *mut c_void = null_mut();
-    let mut mr: *mut c_void = null_mut();
-    // SAFETY: arrays of one entry each, no profiler handles, and a buffer leaked for ever.
-    let posted = unsafe {
-        t.irecv.expect("irecv")(
-            rc,
-            1,
-            &mut ptr,
-            &mut size,
-            &mut tag,
-            &mut mr,
-            null_mut(),
-            &mut request,
-        )
-    };
-    assert_eq!(posted, ncclResult_t::ncclSuccess, "irecv");
+    // SAFETY: a live receive comm of `t`, and a buffer leaked for ever.
+    let request = unsafe { common::raw_irecv(t, rc, buf, 0, null_mut()) };
     assert!(!request.is_null(), "irecv handed out no request");
     loop {
         let mut done: c_int = 0;

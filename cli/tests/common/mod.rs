@@ -503,25 +503,10 @@ pub fn raw_transfer(
             start.elapsed() < Duration::from_secs(30),
             "posting never succeeded"
         );
-        let mut ptr: *mut c_void = into.as_mut_ptr().cast();
-        let mut size = into.len();
-        let mut tag: c_int = 9;
-        let mut mr = rmr;
-        // SAFETY: arrays of one entry each, and buffers lent until the requests end.
+        // SAFETY: a live comm pair of `t`, and buffers lent until the requests end.
         unsafe {
             if rreq.is_null() {
-                let irecv = t.irecv.expect("irecv");
-                let rc_ = irecv(
-                    rc,
-                    1,
-                    &mut ptr,
-                    &mut size,
-                    &mut tag,
-                    &mut mr,
-                    null_mut(),
-                    &mut rreq,
-                );
-                assert_eq!(rc_, ncclResult_t::ncclSuccess, "irecv");
+                rreq = raw_irecv(t, rc, &mut into, 9, rmr);
             }
             if sreq.is_null() {
                 let isend = t.isend.expect("isend");
@@ -577,6 +562,40 @@ pub fn raw_transfer(
 
 /// A v12 context from `t`'s `init` for communicator `comm_id` of traffic class `class`
 /// (`None`: no config, as NCCL passes when the communicator has none).
+/// Posts a receive of all of `into` with `tag` on receive comm `rc` through the raw v12
+/// table, as NCCL's proxy does, asserting the call succeeded: the request, NULL while the
+/// plugin answers "not yet".
+///
+/// # Safety
+/// `rc` is a live receive comm of `t`, `mr` its registration of `into` (or NULL), and `into`
+/// stays lent, untouched, until the request tests done.
+pub unsafe fn raw_irecv(
+    t: &ncclNet_v12_t,
+    rc: *mut c_void,
+    into: &mut [u8],
+    tag: c_int,
+    mr: *mut c_void,
+) -> *mut c_void {
+    let mut ptr: *mut c_void = into.as_mut_ptr().cast();
+    let (mut size, mut tag, mut mr) = (into.len(), tag, mr);
+    let mut request: *mut c_void = null_mut();
+    // SAFETY: arrays of one entry each and a valid out-pointer; the rest is the caller's.
+    let code = unsafe {
+        t.irecv.expect("irecv")(
+            rc,
+            1,
+            &mut ptr,
+            &mut size,
+            &mut tag,
+            &mut mr,
+            null_mut(),
+            &mut request,
+        )
+    };
+    assert_eq!(code, ncclResult_t::ncclSuccess, "irecv");
+    request
+}
+
 pub fn raw_context(t: &ncclNet_v12_t, comm_id: u64, class: Option<i32>) -> *mut c_void {
     let mut config = class.map(|c| ncclNetCommConfig_v10_t { trafficClass: c });
     let config_ptr = config.as_mut().map_or(null_mut(), |c| c as *mut _);
