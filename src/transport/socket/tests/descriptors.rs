@@ -2,7 +2,7 @@
 //! leaks descriptors ends up): listing the interfaces at `init`, `listen` and `connect` must
 //! each fail with an error that names `ulimit -n`, as they do when a few are left.
 
-use super::lifecycle::fd_numbers;
+use super::lifecycle::{close_inherited_fds, fd_numbers};
 use super::*;
 use crate::transport::socket::SocketConfig;
 
@@ -26,12 +26,8 @@ fn no_fd_left_child() {
         return;
     }
     // Descriptors are numbered densely from here on, so the limit (on numbers) and the count
-    // of open descriptors agree: close what this process inherited above stderr.
-    for n in fd_numbers().into_iter().filter(|&n| n > 2) {
-        // SAFETY: this child process has opened nothing yet: every descriptor above stderr
-        // was inherited (the test runner's), and nothing here uses it.
-        unsafe { libc::close(n) };
-    }
+    // of open descriptors agree.
+    close_inherited_fds();
     let t = loopback(1);
     let mut handle = [0u8; HANDLE_WIRE_SIZE];
     let _listener = t.listen(0, None, &mut handle).expect("listen");

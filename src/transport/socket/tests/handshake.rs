@@ -189,7 +189,7 @@ fn flood_fds_child() {
     }
     // Descriptors are numbered densely from here on, so a limit just above the highest one
     // leaves none free.
-    close_inherited_fds();
+    super::lifecycle::close_inherited_fds();
     let t = loopback(1);
     let (mut listener, h) = raw_listener(&t);
     // Strangers connect and say nothing; the listener holds a descriptor for each.
@@ -220,19 +220,6 @@ fn flood_fds_child() {
     );
     drop(silent);
     println!("flood fd check passed");
-}
-
-/// Closes every descriptor this (child) process inherited above stderr, so the ones it opens
-/// are numbered densely.
-fn close_inherited_fds() {
-    for n in super::lifecycle::fd_numbers()
-        .into_iter()
-        .filter(|&n| n > 2)
-    {
-        // SAFETY: called first in a child process that has opened nothing yet: every
-        // descriptor above stderr was inherited (the test runner's), and nothing here uses it.
-        unsafe { libc::close(n) };
-    }
 }
 
 /// Lowers the descriptor limit to those in use plus `free`, then completes `connector`'s
@@ -294,7 +281,7 @@ fn exact_fds_child() {
         return;
     }
     // Descriptors are numbered densely from here on.
-    close_inherited_fds();
+    super::lifecycle::close_inherited_fds();
     let t = loopback(1);
     let (mut listener, h) = raw_listener(&t);
     let mut handle = [0u8; HANDLE_WIRE_SIZE];

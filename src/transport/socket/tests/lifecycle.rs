@@ -509,12 +509,8 @@ fn pool_fds_child() {
         return;
     }
     // Descriptors are numbered densely from here on, so the limit (on numbers) and the budget
-    // check (on counts) agree: close what this process inherited above stderr.
-    for n in fd_numbers().into_iter().filter(|&n| n > 2) {
-        // SAFETY: this child process has opened nothing yet: every descriptor above stderr
-        // was inherited (the test runner's), and nothing here uses it.
-        unsafe { libc::close(n) };
-    }
+    // check (on counts) agree.
+    close_inherited_fds();
     let t = loopback(1);
     let mut handle = [0u8; HANDLE_WIRE_SIZE];
     let mut listener = t.listen(0, None, &mut handle).expect("listen");
@@ -551,6 +547,16 @@ fn pool_fds_child() {
 
 /// The numbers of this process's open descriptors (the listing's own one, closed by then, left
 /// out).
+/// Closes every descriptor this (child) process inherited above stderr, so the ones it opens
+/// are numbered densely.
+pub(super) fn close_inherited_fds() {
+    for n in fd_numbers().into_iter().filter(|&n| n > 2) {
+        // SAFETY: called first in a child process that has opened nothing yet: every
+        // descriptor above stderr was inherited (the test runner's), and nothing here uses it.
+        unsafe { libc::close(n) };
+    }
+}
+
 pub(super) fn fd_numbers() -> Vec<i32> {
     let listed: Vec<i32> = std::fs::read_dir("/proc/self/fd")
         .expect("/proc/self/fd")
