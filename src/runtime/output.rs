@@ -150,31 +150,31 @@ pub(super) fn check_stats_dir() -> Result<()> {
 /// every periodic write, up to 10 a second, for the rest of a run that may last days: the
 /// warnings of one kind are limited to [`FAILED_WRITES`]'s share, the rest counted.
 pub(super) fn write_logged() {
-    if let Err(err) = write_stats() {
+    write_outputs(|what, err| {
         FAILED_WRITES.warn(
-            &format!("statistics {}", err.message),
-            &format!("statistics not written: {err}"),
-        );
-    }
-    if let Err(err) = write_trace() {
-        FAILED_WRITES.warn(
-            &format!("trace {}", err.message),
-            &format!("trace not written: {err}"),
-        );
-    }
+            &format!("{what} {}", err.message),
+            &format!("{what} not written: {err}"),
+        )
+    });
 }
 
 /// Writes the statistics file and the trace one last time (the runtime is being released);
 /// a failure is warned about whatever [`FAILED_WRITES`] let through before: the run's final
 /// numbers being lost must not go unsaid behind a limit the periodic writes reached.
 pub(super) fn write_final() {
+    write_outputs(|what, err| {
+        log::warn(&format!("{what} not written at the end of the run: {err}"))
+    });
+}
+
+/// Writes the statistics file, then the trace, handing `failed` what could not be written
+/// ("statistics" or "trace") and why.
+fn write_outputs(failed: impl Fn(&str, &crate::Error)) {
     if let Err(err) = write_stats() {
-        log::warn(&format!(
-            "statistics not written at the end of the run: {err}"
-        ));
+        failed("statistics", &err);
     }
     if let Err(err) = write_trace() {
-        log::warn(&format!("trace not written at the end of the run: {err}"));
+        failed("trace", &err);
     }
 }
 
