@@ -1,10 +1,11 @@
 //! Loss statistics: what each connection sent and lost, broken down by collective and phase.
 //!
 //! The data path only bumps relaxed atomics in a fixed table per connection (no allocation,
-//! no shared lock); histograms sit behind a per-connection mutex that only NCCL's progress
-//! thread takes, once per message. Snapshots read everything into plain [`Snapshot`] values
+//! no shared lock), latencies included (`latency`); burst lengths sit behind a per-connection
+//! mutex that only NCCL's progress thread takes, when a burst of lost packets ends. Snapshots read everything into plain [`Snapshot`] values
 //! that serialise to the JSON files `lossy report` reads.
 
+mod latency;
 pub mod periodic;
 pub mod report;
 pub mod timeline;
@@ -14,6 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use hdrhistogram::Histogram;
+
+use self::latency::LatencyCounts;
 
 use crate::ids::{op_name, phase_name, OP_SLOTS, PHASE_SLOTS};
 use serde::{Deserialize, Serialize};
@@ -128,24 +131,11 @@ pub struct MessageRecord {
 
 /// Longest burst the histogram tells apart (longer ones are counted at this length).
 const BURST_MAX: u64 = 1 << 24;
-/// Longest message latency the histogram tells apart, in nanoseconds (about 68 s).
-const LATENCY_MAX_NS: u64 = 1 << 36;
 
-/// Histograms of one collective on one connection. Two significant figures keep each one
-/// at a few tens of KiB, allocated once, the first time the collective is seen.
-struct OpHistograms {
-    bursts: Histogram<u32>,
-    latency_ns: Histogram<u32>,
-}
-
-impl OpHistograms {
-    fn new() -> Box<OpHistograms> {
-        Box::new(OpHistograms {
-            bursts: Histogram::new_with_bounds(1, BURST_MAX, 2).expect("constant bounds are valid"),
-            latency_ns: Histogram::new_with_bounds(1, LATENCY_MAX_NS, 2)
-                .expect("constant bounds are valid"),
-        })
-    }
+/// A burst-length histogram of one collective on one connection. Two significant figures
+/// keep it at a few KiB, allocated once, the first time the collective loses a packet.
+fn new_burst_histogram() -> Box<Histogram<u32>> {
+    Box::new(Histogram::new_with_bounds(1, BURST_MAX, 2).expect("constant bounds are valid"))
 }
 
 /// Statistics of one sending connection.
@@ -155,7 +145,8 @@ pub struct ConnectionStats {
     /// Position of the connection among its context's connections.
     pub index: u32,
     cells: Box<[Cell]>,
-    histograms: Mutex<Vec<Option<Box<OpHistograms>>>>,
+    bursts: Mutex<Vec<Option<Box<Histogram<u32>>>>>,
+    latencies: LatencyCounts,
 }
 
 impl ConnectionStats {
@@ -167,7 +158,8 @@ impl ConnectionStats {
             cells: (0..OP_SLOTS * PHASE_SLOTS)
                 .map(|_| Cell::default())
                 .collect(),
-            histograms: Mutex::new((0..OP_SLOTS).map(|_| None).collect()),
+            bursts: Mutex::new((0..OP_SLOTS).map(|_| None).collect()),
+            latencies: LatencyCounts::new(),
         }
     }
 
@@ -190,24 +182,21 @@ impl ConnectionStats {
         }
     }
 
-    fn with_histograms(&self, op: usize, record: impl FnOnce(&mut OpHistograms)) {
-        if let Ok(mut all) = self.histograms.lock() {
+    /// Records a finished burst of `len` consecutive lost packets, attributed to collective `op`.
+    pub fn record_burst(&self, op: usize, len: u64) {
+        if let Ok(mut all) = self.bursts.lock() {
             if let Some(slot) = all.get_mut(op.min(OP_SLOTS - 1)) {
-                record(slot.get_or_insert_with(OpHistograms::new));
+                slot.get_or_insert_with(new_burst_histogram)
+                    .saturating_record(len.clamp(1, BURST_MAX));
             }
         }
     }
 
-    /// Records a finished burst of `len` consecutive lost packets, attributed to collective `op`.
-    pub fn record_burst(&self, op: usize, len: u64) {
-        self.with_histograms(op, |h| h.bursts.saturating_record(len.clamp(1, BURST_MAX)));
-    }
-
-    /// Records how long a message of collective `op` took from `isend` to completion.
+    /// Records how long a message of collective `op` took from `isend` to completion. One
+    /// writer per connection (NCCL's progress thread) is assumed: concurrent calls may lose
+    /// counts.
     pub fn record_latency_ns(&self, op: usize, ns: u64) {
-        self.with_histograms(op, |h| {
-            h.latency_ns.saturating_record(ns.clamp(1, LATENCY_MAX_NS))
-        });
+        self.latencies.record(op, ns);
     }
 
     /// Reads the connection's statistics.
@@ -226,17 +215,25 @@ impl ConnectionStats {
                 counts,
             });
         }
+        let bursts: Vec<Option<Vec<(u64, u64)>>> = match self.bursts.lock() {
+            Ok(all) => all
+                .iter()
+                .map(|h| h.as_deref().map(histogram_bins))
+                .collect(),
+            Err(_) => Vec::new(),
+        };
         let mut histograms = Vec::new();
-        if let Ok(all) = self.histograms.lock() {
-            for (op, h) in all.iter().enumerate() {
-                if let Some(h) = h {
-                    histograms.push(OpHistogramBins {
-                        op: op_name(op).to_string(),
-                        burst_lengths: histogram_bins(&h.bursts),
-                        latency_ns: histogram_bins(&h.latency_ns),
-                    });
-                }
+        for op in 0..OP_SLOTS {
+            let burst_lengths = bursts.get(op).cloned().flatten();
+            let latency_ns = self.latencies.histogram(op).map(|h| histogram_bins(&h));
+            if burst_lengths.is_none() && latency_ns.is_none() {
+                continue;
             }
+            histograms.push(OpHistogramBins {
+                op: op_name(op).to_string(),
+                burst_lengths: burst_lengths.unwrap_or_default(),
+                latency_ns: latency_ns.unwrap_or_default(),
+            });
         }
         ConnectionSnapshot {
             comm_id: self.comm_id,
