@@ -128,3 +128,53 @@ fn install_prints_commands_a_shell_takes_as_they_are() {
     );
     std::fs::remove_dir_all(&base).expect("clean up");
 }
+
+#[test]
+fn demo_and_a_rank_leave_no_temporary_directory_behind_when_they_fail() {
+    // `lossy demo` made `lossy-demo-PID` in the temporary directory before it looked at its
+    // library, and left it there when the library was refused; a rank of a multi-process job
+    // (`--rank`) made `lossy-rank-PID` before it resolved its rendezvous.
+    let tmp = common::fresh_dir("demo-tmp");
+    let tmp_str = tmp.to_str().expect("utf-8 path");
+    let missing = tmp.join("no-such-plugin.so");
+    let runs: [(&[&str], &str); 2] = [
+        (
+            &[
+                "demo",
+                "--ranks",
+                "2",
+                "--library",
+                missing.to_str().expect("utf-8"),
+            ],
+            "lossy demo --library naming a missing file",
+        ),
+        (
+            &[
+                "demo",
+                "--rank",
+                "1",
+                "--world",
+                "2",
+                "--rendezvous",
+                "no-port-given",
+            ],
+            "lossy demo as a rank whose rendezvous address has no port",
+        ),
+    ];
+    for (args, what) in runs {
+        let out = common::output_within_10s(
+            Command::new(lossy_exe())
+                .args(args)
+                .env("TMPDIR", tmp_str)
+                .env_remove("NCCL_LOSSY_STATS"),
+            what,
+        );
+        assert!(!out.status.success(), "{what} succeeded");
+        let left: Vec<_> = std::fs::read_dir(&tmp)
+            .expect("read temporary directory")
+            .filter_map(|e| e.ok().map(|e| e.file_name()))
+            .filter(|name| name.to_string_lossy().starts_with("lossy-"))
+            .collect();
+        assert!(left.is_empty(), "{what} left {left:?} behind");
+    }
+}

@@ -9,6 +9,7 @@ use super::bench::{fmt_bytes, parse_sizes, plugin_library, slowest, Check};
 use crate::harness::cluster::{print_ranks, run_ranks, ClusterArgs, Ranks};
 use crate::harness::collectives::{Collective, DataType};
 use crate::harness::launch::Launch;
+use crate::harness::scratch::ScratchDir;
 use crate::harness::worker::{Job, LinkKind, RunSpec};
 use nccl_net_lossy::profile::{Profile, PROFILE_ENV};
 use nccl_net_lossy::stats::report::{load_run, RunSummary};
@@ -68,16 +69,19 @@ fn demo(args: &Args) -> Result<bool> {
     let inherited = std::env::var_os(STATS_DIR_ENV)
         .filter(|dir| !dir.is_empty())
         .map(PathBuf::from);
-    let (stats_dir, temporary) = match args.stats_dir.clone().or(inherited) {
-        Some(dir) => (dir, false),
-        None => (
-            std::env::temp_dir().join(format!("lossy-demo-{}", std::process::id())),
-            true,
-        ),
+    // A temporary directory goes when the demo ends, whichever way it ends.
+    let (stats_dir, scratch) = match args.stats_dir.clone().or(inherited) {
+        Some(dir) => {
+            std::fs::create_dir_all(&dir).map_err(|e| {
+                nccl_net_lossy::Error::system(format!("cannot create {}: {e}", dir.display()))
+            })?;
+            (dir, None)
+        }
+        None => {
+            let scratch = ScratchDir::new("lossy-demo")?;
+            (scratch.path().to_path_buf(), Some(scratch))
+        }
     };
-    std::fs::create_dir_all(&stats_dir).map_err(|e| {
-        nccl_net_lossy::Error::system(format!("cannot create {}: {e}", stats_dir.display()))
-    })?;
     let job = Job::collectives(
         plugin_library(args.library.as_deref())?,
         vec![LinkKind::Plugin],
@@ -93,9 +97,7 @@ fn demo(args: &Args) -> Result<bool> {
     let profile = std::env::var(PROFILE_ENV).unwrap_or_else(|_| "embedded default".into());
     let ranks = run_ranks(&args.cluster, "demo", &launch);
     let stats = load_run(&stats_dir).ok();
-    if temporary {
-        let _ = std::fs::remove_dir_all(&stats_dir);
-    }
+    drop(scratch);
     let Some(Ranks { reports, members }) = ranks? else {
         return Ok(true);
     };

@@ -18,6 +18,7 @@ use super::bootstrap::{Bootstrap, BootstrapServer, ServerOptions, Watch};
 use super::launch::{self, Launch};
 use super::library::PluginLibrary;
 use super::plugin_client::PluginClient;
+use super::scratch::ScratchDir;
 use super::worker::{run_job, Job, WorkerReport};
 use nccl_net_lossy::stats::report::load_run;
 use nccl_net_lossy::stats::writer::STATS_DIR_ENV;
@@ -293,30 +294,29 @@ pub fn run_member(
     let temporary = std::env::var_os(STATS_DIR_ENV)
         .filter(|d| !d.is_empty())
         .is_none()
-        .then(|| std::env::temp_dir().join(format!("lossy-rank-{}", std::process::id())));
+        .then(|| ScratchDir::new("lossy-rank"))
+        .transpose()?;
     if let Some(dir) = &temporary {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| Error::system(format!("cannot create {}: {e}", dir.display())))?;
-        std::env::set_var(STATS_DIR_ENV, dir);
+        std::env::set_var(STATS_DIR_ENV, dir.path());
     }
     // A rank told to abort ends its process (its plugin calls may be blocked on the rank that
     // is gone), after removing the directory; unless this rank failed on its own meanwhile:
     // then it returns its own error, which the abort must not hide.
     let fate = Arc::new(Fate::default());
     let watched = Arc::clone(&fate);
-    let abandoned = temporary.clone();
+    let abandoned = temporary.as_ref().map(|d| d.path().to_path_buf());
     let on_abort = move |err: Error| {
         if watched.wait_for_own_error(err.clone(), OWN_ERROR_GRACE) {
             return;
         }
-        if abandoned.is_some() {
+        if let Some(dir) = abandoned {
             // Else the plugin's statistics at exit would bring the directory back.
             std::env::remove_var(STATS_DIR_ENV);
+            let _ = std::fs::remove_dir_all(dir);
         }
-        drop(RemovedOnDrop(abandoned));
         on_abort(err)
     };
-    let _temporary = RemovedOnDrop(temporary);
+    let _temporary = temporary;
     let asked = resolve(&member.rendezvous, timeout)?;
     let server = if member.rank == 0 {
         Some(host_rendezvous(asked, member, timeout, job.timeout())?)
@@ -513,16 +513,6 @@ pub fn exit_on_abort(command: &'static str, rank: usize) -> impl FnOnce(Error) +
 }
 
 /// A temporary directory, removed with everything in it when dropped.
-struct RemovedOnDrop(Option<PathBuf>);
-
-impl Drop for RemovedOnDrop {
-    fn drop(&mut self) {
-        if let Some(dir) = &self.0 {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
-}
-
 /// The first address `text` (`host:port`) resolves to, retrying while the name does not
 /// resolve yet (a node that is still starting).
 fn resolve(text: &str, timeout: Duration) -> Result<SocketAddr> {

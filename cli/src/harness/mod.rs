@@ -7,7 +7,8 @@
 //! - [`net`]: ring links (to rank + 1, from rank - 1) over the plugin or over raw TCP;
 //! - [`collectives`]: ring all-reduce, all-gather and reduce-scatter, verified bit-exact;
 //! - [`launch`] and [`worker`]: N local processes, one rank each, reporting JSON;
-//! - [`cluster`]: one rank of a job a cluster launcher (torchrun, mpirun, srun) started.
+//! - [`cluster`]: one rank of a job a cluster launcher (torchrun, mpirun, srun) started;
+//! - [`scratch`]: fresh temporary directories, removed when dropped.
 
 pub mod bootstrap;
 pub mod cluster;
@@ -16,4 +17,5 @@ pub mod launch;
 pub mod library;
 pub mod net;
 pub mod plugin_client;
+pub mod scratch;
 pub mod worker;
