@@ -6,7 +6,7 @@ import logging
 import pytest
 
 import nccl_lossy
-from nccl_lossy.statsfile import STEP_FORMAT_VERSION, StatsFormatError
+from nccl_lossy.statsfile import STEP_FORMAT_VERSION, StatsFormatError, step_op_rows_from_doc
 
 PLUGIN_DOC = {"format_version": 1, "rank": 0, "host": "h", "pid": 1, "connections": [], "by_step": []}
 STEPS_DOC = {"format_version": STEP_FORMAT_VERSION, "rank": 0, "host": "h", "pid": 1,
@@ -266,3 +266,17 @@ def test_a_file_larger_than_any_statistics_file_is_refused_unread(tmp_path):
     with pytest.raises(StatsFormatError) as err:
         nccl_lossy.read_stats(tmp_path)
     assert str(big) in str(err.value) and "256 MiB" in str(err.value), str(err.value)
+
+
+def test_summarize_groups_by_the_columns_named_and_refuses_one_no_row_has():
+    # by="op" was read as the columns "o" and "p", a misspelt column as one the rows lack:
+    # either way every row fell into one group whose keys were None, with no error.
+    rows = step_op_rows_from_doc(STEPS_DOC, "f")
+    rows.append({**rows[0], "op": "AllGather", "packets": 4, "lost_packets": 1})
+    by_op = nccl_lossy.summarize(rows, by="op")
+    assert sorted((g["op"], g["packets"], g["lost_packets"]) for g in by_op) == [
+        ("AllGather", 4, 1), ("AllReduce", 1, 0)]
+    assert all(set(g) >= {"op"} and "o" not in g for g in by_op)
+    with pytest.raises(ValueError, match=r"'phse'.*allowed:.*\bphase\b"):
+        nccl_lossy.summarize(rows, by=("op", "phse"))
+    assert nccl_lossy.summarize([], by=("anything",)) == []

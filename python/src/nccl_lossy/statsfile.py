@@ -363,14 +363,27 @@ def to_dataframe(rows: Iterable[Dict[str, Any]], columns: Iterable[str] = COLUMN
     return pd.DataFrame(list(rows), columns=list(columns))
 
 
-def summarize(rows: Iterable[Dict[str, Any]], by: Iterable[str] = ("op", "phase")) -> List[Dict[str, Any]]:
+def summarize(rows: Iterable[Dict[str, Any]], by: Union[str, Iterable[str]] = ("op", "phase")) -> List[Dict[str, Any]]:
     """Sums the counters of ``rows`` (those of :data:`SUMMED` the rows have) grouped by the
-    ``by`` columns, with a loss rate where packets are counted. Works on every table of
-    :func:`read_stats` (a DataFrame too): ``summarize(read_stats(d, table="step_ops"),
-    by=("step", "op"))``, ``summarize(read_stats(d, table="bursts"), by=("op", "burst_length"))``."""
+    ``by`` columns (one column may be given as its name), with a loss rate where packets are
+    counted. Works on every table of :func:`read_stats` (a DataFrame too):
+    ``summarize(read_stats(d, table="step_ops"), by=("step", "op"))``,
+    ``summarize(read_stats(d, table="bursts"), by=("op", "burst_length"))``. A ``by`` column
+    that no row has (a typo) is a ValueError naming it and the columns the rows have."""
     if hasattr(rows, "to_dict"):
         rows = rows.to_dict("records")
-    keys = tuple(by)
+    rows = list(rows)
+    keys = (by,) if isinstance(by, str) else tuple(by)
+    if rows:
+        columns: Dict[str, None] = {}
+        for row in rows:
+            columns.update(dict.fromkeys(row))
+        for key in keys:
+            if key not in columns:
+                raise ValueError(
+                    f"summarize: by column {key!r} is in none of the rows; allowed: "
+                    f"{', '.join(columns)}"
+                )
     groups: Dict[tuple, Dict[str, Any]] = {}
     for row in rows:
         group = tuple(row.get(k) for k in keys)
