@@ -106,6 +106,24 @@ def test_conflicting_and_misplaced_values_are_refused():
     assert nccl_lossy.LossyConfigError is nccl_lossy.config.LossyConfigError
 
 
+def test_a_key_in_the_config_and_as_a_keyword_must_mean_the_same(tmp_path):
+    # A switch keyword given as its default value (True) lost to the config's False without a
+    # word, and the same directory or overrides written two ways were refused as two values.
+    for key in ("enable_on_forward", "enable_on_backward"):
+        with pytest.raises(LossyConfigError, match=f"{key}: the config says False, the keyword True"):
+            LossyMegatronIntegration({key: False}, **{key: True}, **QUIET)
+        assert getattr(LossyMegatronIntegration({key: False}, **QUIET), key) is False
+        assert getattr(LossyMegatronIntegration({key: True}, **{key: True}, **QUIET), key) is True
+    stats = tmp_path / "s"
+    integ = LossyMegatronIntegration({"stats_dir": str(stats), "set": {"seed": 7}},
+                                     stats_dir=stats, set="seed=7", **QUIET)
+    assert integ.network.stats_dir == stats.resolve() and "seed 7" in summary(integ)
+    with pytest.raises(LossyConfigError, match="set: the config says"):
+        LossyMegatronIntegration({"set": {"seed": 7}}, set="seed=8", **QUIET)
+    with pytest.raises(LossyConfigError, match="stats_dir: the config says"):
+        LossyMegatronIntegration({"stats_dir": str(stats)}, stats_dir=tmp_path / "t", **QUIET)
+
+
 DISABLE_SCRIPT = r"""
 import torch.distributed as dist
 import nccl_lossy

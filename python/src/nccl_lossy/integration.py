@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 from . import control as _control
 from .config import LossyConfigError, check_bool, check_config_keys
 from .megatron import apply_megatron_core_patch, is_patched, revert_megatron_core_patch
-from .network import LossyNetwork, SetLike
+from .network import LossyNetwork, SetLike, format_overrides, same_overrides
 from .profiler import profiler_active
 from .statsfile import STEP_OP_COUNTERS, as_table
 from .steps import StepRecorder
@@ -37,16 +37,18 @@ KEYWORDS = CONFIG_KEYS + ("network", "patch_megatron", "apply_env", "record_step
 #: Names of the ``record_function`` ranges: ``lossy:step 12``, ``lossy:forward``, ...
 RANGE_PREFIX = "lossy:"
 
-_DEFAULTS: Dict[str, Any] = {
-    "loss_rate": None,
-    "burst_length": None,
-    "effect": None,
-    "enable_on_forward": True,
-    "enable_on_backward": True,
-    "profile": None,
-    "set": None,
-    "stats_dir": None,
-}
+class _Default:
+    """A switch keyword left at its default ``value``, told apart from that value given: a
+    config dict may then set the key, which it may not against a keyword given."""
+
+    def __init__(self, value: bool):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+_ON = _Default(True)
 
 
 class LossyMegatronIntegration:
@@ -114,8 +116,8 @@ class LossyMegatronIntegration:
         loss_rate: Optional[float] = None,
         burst_length: Optional[float] = None,
         effect: Optional[str] = None,
-        enable_on_forward: bool = True,
-        enable_on_backward: bool = True,
+        enable_on_forward: bool = _ON,  # type: ignore[assignment]  # True, unless the config says
+        enable_on_backward: bool = _ON,  # type: ignore[assignment]
         profile: Optional[Union[str, Path]] = None,
         set: SetLike = None,  # noqa: A002 - mirrors NCCL_LOSSY_SET
         stats_dir: Optional[Union[str, Path]] = None,
@@ -164,6 +166,9 @@ class LossyMegatronIntegration:
         self.apply_env = check_bool("apply_env", apply_env)
         self.record_steps = check_bool("record_steps", record_steps)
         self.profile_ranges = check_bool("profile_ranges", profile_ranges)
+        for key in ("enable_on_forward", "enable_on_backward"):
+            if isinstance(given[key], _Default):
+                given[key] = given[key].value
         self._enable_on_forward = check_bool("enable_on_forward", given["enable_on_forward"])
         self._enable_on_backward = check_bool("enable_on_backward", given["enable_on_backward"])
         network_keys = ("loss_rate", "burst_length", "effect", "profile", "set", "stats_dir")
@@ -520,12 +525,23 @@ def _merge_config(config: Mapping[str, Any], given: Dict[str, Any]) -> Dict[str,
     merged = dict(given)
     for key, value in config.items():
         keyword = given[key]
-        if keyword != _DEFAULTS[key] and keyword != value:
+        if keyword is not None and not isinstance(keyword, _Default) and not _same_value(key, keyword, value):
             raise LossyConfigError(
                 f"{key}: the config says {value!r}, the keyword {keyword!r}; allowed: one value"
             )
         merged[key] = value
     return merged
+
+
+def _same_value(key: str, a: Any, b: Any) -> bool:
+    """Whether two spellings of a config value mean the same: paths naming one file, overrides
+    setting the same keys to the same values, else equal values."""
+    paths = (str, os.PathLike)
+    if key in ("profile", "stats_dir") and isinstance(a, paths) and isinstance(b, paths):
+        return _same_file(a) == _same_file(b)
+    if key == "set" and a is not None and b is not None:
+        return same_overrides(format_overrides(a), format_overrides(b))
+    return bool(a == b)
 
 
 def _tensors(value: Any) -> List[Any]:
