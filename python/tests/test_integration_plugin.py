@@ -261,3 +261,52 @@ def test_the_per_step_series_counts_packets_sent_with_injection_off():
     assert step["step"] == 1 and step["packets"] == 256, step
     assert step.get("packets_injection_off") == 128, step
     assert 0 < step["lost_packets"] <= 128, step
+
+
+# attach() twice with the same optimizer (e.g. once per model chunk): its hooks were added again,
+# so one optimizer step advanced the training step by two and the plugin's steps windows moved.
+ATTACH_TWICE = r"""
+import json
+import torch
+import nccl_lossy
+
+class PlainOptimizer:            # like megatron-core's MegatronOptimizer: no torch step hooks
+    def __init__(self, opt):
+        self.opt = opt
+    def step(self):
+        self.opt.step()
+        return True, None, None
+
+integ = nccl_lossy.LossyMegatronIntegration(apply_env=False, patch_megatron=False, record_steps=False)
+steps = {}
+for name, make in (("torch", lambda p: torch.optim.SGD(p, lr=0.1)),
+                   ("wrapped", lambda p: PlainOptimizer(torch.optim.SGD(p, lr=0.1)))):
+    chunks = [torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)]
+    opt = make([p for c in chunks for p in c.parameters()])
+    for chunk in chunks:
+        integ.attach(chunk, opt)
+    integ.attach(chunks, opt)
+    integ.enable()
+    seen = []
+    for _ in range(2):
+        start = integ.step_number
+        sum(c(torch.ones(1, 2)).sum() for c in chunks).backward()
+        opt.step()
+        seen.append(integ.step_number - start)
+    integ.detach()
+    integ.attach(chunks, opt)      # attached again after detach(): hooked once more
+    start = integ.step_number
+    opt.step()
+    seen.append(integ.step_number - start)
+    integ.detach()
+    integ.disable()
+    steps[name] = seen
+print(json.dumps(steps))
+"""
+
+
+def test_attaching_an_optimizer_again_does_not_count_its_steps_twice():
+    proc = run_python(ATTACH_TWICE, env=clean_env())
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out == {"torch": [1, 1, 1], "wrapped": [1, 1, 1]}

@@ -6,6 +6,7 @@ import logging
 import os
 import threading
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
@@ -198,6 +199,7 @@ class LossyMegatronIntegration:
         self.patch_results: List[Any] = []
         self._patched_here = False
         self._detachers: List[Callable[[], None]] = []
+        self._attached: List[Callable[[], Any]] = []  # what attach() hooked, until detach()
         self._recorder = StepRecorder(lambda: _control.control().stats())
         self._recording = False
         self._step_range: Any = None
@@ -401,20 +403,34 @@ class LossyMegatronIntegration:
 
     def attach(self, model: Any, optimizer: Any = None) -> "LossyMegatronIntegration":
         """Hooks ``model`` (a module or a list of modules, e.g. virtual pipeline chunks) and,
-        when given, ``optimizer`` (a torch optimizer or anything with a ``step`` method)."""
+        when given, ``optimizer`` (a torch optimizer or anything with a ``step`` method). A
+        module or optimizer already attached (and not detached since) is not hooked again, so
+        attaching each chunk with the same optimizer advances the step once per optimizer step."""
         modules = list(model) if isinstance(model, (list, tuple)) else [model]
         for module in modules:
-            pre = module.register_forward_pre_hook(self._on_forward_pre)
-            post = module.register_forward_hook(self._on_forward_post)
-            self._detachers += [pre.remove, post.remove]
-        if optimizer is not None:
+            if self._remember(module):
+                pre = module.register_forward_pre_hook(self._on_forward_pre)
+                post = module.register_forward_hook(self._on_forward_post)
+                self._detachers += [pre.remove, post.remove]
+        if optimizer is not None and self._remember(optimizer):
             self._attach_optimizer(optimizer)
         return self
+
+    def _remember(self, obj: Any) -> bool:
+        """False when ``obj`` is attached already; else notes it as attached, True."""
+        if any(ref() is obj for ref in self._attached):
+            return False
+        try:
+            self._attached.append(weakref.ref(obj))
+        except TypeError:  # no weak references to it: held until detach()
+            self._attached.append(lambda: obj)
+        return True
 
     def detach(self) -> None:
         """Removes every hook :meth:`attach` installed."""
         while self._detachers:
             self._detachers.pop()()
+        self._attached.clear()
 
     def _on_forward_pre(self, module: Any, args: Any) -> None:
         self.mark_forward()
