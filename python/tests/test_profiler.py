@@ -54,6 +54,17 @@ def test_config_rejects_a_bad_schedule(tmp_path):
         LossyProfiler(output_dir=tmp_path, actve=2)
 
 
+def test_settings_given_to_the_profiler_leave_the_callers_config_alone(tmp_path):
+    # LossyProfiler(config, active=5) wrote the setting into the caller's config, so the next
+    # profiler built from it recorded 5 steps too, and a refused value stayed in it.
+    base = ProfilerConfig(output_dir=tmp_path, active=2)
+    assert LossyProfiler(base, active=5).config.active == 5
+    with pytest.raises(ValueError, match="wait=-1"):
+        LossyProfiler(base, wait=-1)
+    assert (base.active, base.wait) == (2, 1)
+    assert LossyProfiler(base).config.active == 2
+
+
 # One 1 MiB message (512-byte packets, rate 0.5) before a known record_function range, one
 # inside it, one in the backward phase; the steps and phases come from the integration.
 MERGE_SCRIPT = r"""

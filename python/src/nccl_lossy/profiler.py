@@ -25,7 +25,7 @@ import shutil
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -94,10 +94,13 @@ class LossyProfiler:
 
     def __init__(self, config: Optional[ProfilerConfig] = None, **overrides: Any):
         config = config or ProfilerConfig()
-        for key, value in overrides.items():
-            if not hasattr(config, key):
-                raise ValueError(f"LossyProfiler: unknown setting {key!r}")
-            setattr(config, key, value)
+        for key in overrides:
+            if key not in {f.name for f in fields(ProfilerConfig)}:
+                raise ValueError(
+                    f"LossyProfiler: unknown setting {key!r}; allowed: "
+                    f"{', '.join(f.name for f in fields(ProfilerConfig))}"
+                )
+        config = replace(config, **overrides)  # a copy: the caller's config stays as it was
         config.check()
         self.config = config
         self.output_dir = Path(config.output_dir)
