@@ -1,10 +1,12 @@
-"""performance_monitor's JSON lines when the training loss diverges (no torch, no plugin)."""
+"""performance_monitor: its JSON lines when the training loss diverges (no torch, no plugin), and
+what it says when the plugin's counters or an asked-for sink are missing."""
 
 import json
 import math
 
 import pytest
 
+from conftest import clean_env, run_python
 from nccl_lossy.monitor import PerformanceMonitor
 
 
@@ -37,3 +39,34 @@ def test_a_diverged_loss_is_written_as_valid_json(tmp_path, loss, written):
     # the records kept in memory hold the float itself
     kept = monitor.records[0]["loss"]
     assert kept == loss or (math.isnan(kept) and math.isnan(loss))
+
+
+MONITOR_WITHOUT_PLUGIN = r"""
+import json
+from nccl_lossy.monitor import PerformanceMonitor
+
+monitor = PerformanceMonitor(use_wandb=True, tensorboard_dir="tb")
+
+@monitor
+def step():
+    return 1.0
+
+step()
+step()
+print(json.dumps(monitor.records))
+"""
+
+
+def test_a_monitor_without_plugin_counters_or_its_sinks_says_so_where_it_is_seen(tmp_path):
+    # The plugin's counters could not be read (NCCL_NET_PLUGIN names no library) and wandb and
+    # TensorBoard were asked for but missing: the monitor said so only into this package's
+    # logger, which prints nothing unless the application configures logging, and wrote
+    # packets: null for every step without a word.
+    env = clean_env(NCCL_NET_PLUGIN=str(tmp_path / "missing" / "libnccl-net-lossy.so"))
+    proc = run_python(MONITOR_WITHOUT_PLUGIN, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [r["packets"] for r in records] == [None, None]
+    assert "no plugin counters" in proc.stderr and "NCCL_NET_PLUGIN=" in proc.stderr
+    assert proc.stderr.count("no plugin counters") == 1  # once, not at every step
+    assert "wandb" in proc.stderr

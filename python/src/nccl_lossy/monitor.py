@@ -16,7 +16,10 @@ training log ``lossy report RUN --per-step --metric loss --train-log FILE`` read
 JSON: a number that is not finite (a diverged loss) is written as the string ``"inf"``,
 ``"-inf"`` or ``"nan"`` (:attr:`PerformanceMonitor.records` keeps the float).
 TensorBoard (``tensorboard_dir``) and wandb (``use_wandb``) get the same scalars when they are
-installed; when they are not, the monitor logs one warning and goes on without them.
+installed; when they are not, the monitor warns once (Python's :mod:`warnings`, and the log)
+and goes on without them. When the plugin's counters cannot be read (no plugin library
+reachable, see :mod:`nccl_lossy.control`) it warns once with the reason and records
+``packets``, ``lost_packets`` and ``by_op`` as null.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import json
 import logging
 import math
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Union
 
@@ -91,7 +95,7 @@ class PerformanceMonitor:
 
                 self._tb = SummaryWriter(str(tensorboard_dir))
             except ImportError as err:
-                log.warning("performance_monitor: TensorBoard not installed (%s); not logging to it", err)
+                _warn(f"performance_monitor: TensorBoard not installed ({err}); not logging to it")
         self._wandb: Any = None
         if use_wandb:
             try:
@@ -99,7 +103,7 @@ class PerformanceMonitor:
 
                 self._wandb = wandb
             except ImportError:
-                log.warning("performance_monitor: wandb not installed; not logging to it")
+                _warn("performance_monitor: wandb not installed; not logging to it")
 
     def _counters(self) -> Optional[Dict[Any, Dict[str, int]]]:
         if not self._stats_ok:
@@ -107,7 +111,8 @@ class PerformanceMonitor:
         try:
             return cell_totals(self._read())
         except (_control.ControlError, OSError) as err:
-            log.warning("performance_monitor: no plugin counters (%s); lost packets not recorded", err)
+            _warn(f"performance_monitor: no plugin counters ({err}); packets and lost packets "
+                  "are not recorded (null) from here on", stacklevel=4)
             self._stats_ok = False
             return None
 
@@ -183,6 +188,13 @@ class PerformanceMonitor:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+def _warn(message: str, stacklevel: int = 3) -> None:
+    """Says ``message`` through :mod:`warnings`, which shows by default (this package's logger
+    has no handler unless the application adds one), and into the log."""
+    log.warning("%s", message)
+    warnings.warn(message, stacklevel=stacklevel)
 
 
 def performance_monitor(output: Optional[Union[str, Path]] = None, **options: Any) -> Callable[..., Any]:
