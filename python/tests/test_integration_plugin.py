@@ -310,3 +310,65 @@ def test_attaching_an_optimizer_again_does_not_count_its_steps_twice():
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out == {"torch": [1, 1, 1], "wrapped": [1, 1, 1]}
+
+
+# Every state the plugin passes through while the integration moves between phases: the
+# plugin's own control object, with each call recorded after it went through. A message the
+# proxy posts between two calls sees that state, so none may be a phase whose traffic the
+# integration keeps lossless with injection still on.
+PHASE_ORDER = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import nccl_lossy
+from nccl_lossy import control as _control
+
+integ = nccl_lossy.LossyMegatronIntegration(enable_on_forward=False, patch_megatron=False)
+integ.enable()
+ctl = _control.control()
+state = {"phase": integ.phase, "enabled": True}
+seen = []
+set_phase, set_enabled = ctl.set_phase, ctl.set_enabled
+
+def recorded_phase(phase):
+    set_phase(phase)
+    state["phase"] = phase
+    seen.append(dict(state))
+
+def recorded_enabled(on):
+    set_enabled(on)
+    state["enabled"] = bool(on)
+    seen.append(dict(state))
+
+ctl.set_phase, ctl.set_enabled = recorded_phase, recorded_enabled
+for _ in range(3):
+    integ.mark_backward()
+    integ.mark_forward()
+seen.append("forward injects")
+integ.enable_on_forward = True
+integ.mark_backward()
+seen.append("backward lossless")
+integ.enable_on_backward = False
+integ.mark_backward()
+integ.mark_forward()
+integ.mark_backward()
+print(json.dumps(seen))
+"""
+
+
+def test_no_moment_between_two_control_calls_injects_a_phase_kept_lossless():
+    # The integration set the phase and then the switch: from backward (injecting) to forward
+    # (kept lossless) the plugin was in "forward, injecting" between the two calls.
+    proc = run_python(PHASE_ORDER, env=clean_env(NCCL_SOCKET_IFNAME="lo"), args=(str(TESTS),))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    lossless = {"forward"}  # the phases kept lossless, as the script changes them
+    states = 0
+    for entry in seen:
+        if entry == "forward injects":
+            lossless.discard("forward")
+        elif entry == "backward lossless":
+            lossless.add("backward")
+        else:
+            states += 1
+            assert not (entry["phase"] in lossless and entry["enabled"]), (entry, lossless, seen)
+    assert states >= 18, seen

@@ -225,7 +225,10 @@ impl SendComm {
         // profiler. A message posted again keeps those its plan was made under: the training
         // thread may have moved to another phase or step, and the proxy announced another
         // collective, since NCCL first posted it (src/transport/net.cc, sendProxyProgress).
+        // The phase and the injection switch are read together: a message never takes one
+        // from before a script's switch and the other from after it.
         let retried = state.pending.filter(|p| p.len == buf.len());
+        let now = retried.is_none().then(switches::current);
         let Attribution {
             op_bits,
             phase,
@@ -234,11 +237,11 @@ impl SendComm {
         } = retried.unwrap_or_else(|| Attribution {
             len: buf.len(),
             op_bits: self.ctx.op(),
-            phase: switches::phase(),
+            phase: now.map_or(switches::Phase::Any, |n| n.phase),
             step: switches::step(),
         });
         let op = ids::op_slot(op_bits);
-        if retried.is_none() {
+        if let Some(now) = now {
             let matching = MatchContext {
                 collective: CollectiveId::from_op_slot(op),
                 traffic_class: self.traffic_class,
@@ -249,7 +252,7 @@ impl SendComm {
                 phase,
                 step,
             };
-            state.injecting = switches::enabled();
+            state.injecting = now.enabled;
             if state.injecting {
                 state.loss.plan(&matching, buf.len(), &mut state.plan);
             } else {

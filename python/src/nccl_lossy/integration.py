@@ -319,9 +319,17 @@ class LossyMegatronIntegration:
         return True
 
     def _push(self) -> None:
+        # Two calls, and the proxy may post a message between them: switch injection off
+        # before moving to a phase kept lossless, and on only after moving to one that is
+        # not, so no message sees a lossless phase with injection on (the plugin reads the
+        # phase and the switch together, in one word).
         ctl = _control.control()
-        ctl.set_phase(self._phase)
-        ctl.set_enabled(self.injecting())
+        if self.injecting():
+            ctl.set_phase(self._phase)
+            ctl.set_enabled(True)
+        else:
+            ctl.set_enabled(False)
+            ctl.set_phase(self._phase)
 
     # -- switching ------------------------------------------------------------------------
 
