@@ -164,3 +164,100 @@ fn a_reader_that_closes_the_pipe_early_gets_no_panic() {
     assert!(plot.is_file(), "the plot was not drawn");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn each_rule_is_counted_and_reported_with_its_own_expected_loss() {
+    // Two rules with different models and the defaults: which rule decided each message is
+    // counted, and the report sets each rule's loss next to its own closed form (before, only
+    // the first lossy model's expectation was shown, for the whole run).
+    let dir = fresh_dir("report-by-rule");
+    let profile = dir.join("rules.toml");
+    std::fs::write(
+        &profile,
+        "seed = 3\nmtu = 1024\nmodel = { kind = \"none\" }\n\
+         [[rules]]\nname = \"ar five\"\ncollective = \"AllReduce\"\neffect = \"zero\"\n\
+         model = { kind = \"uniform\", rate = 0.05 }\n\
+         [[rules]]\ncollective = \"AllGather\"\neffect = \"zero\"\n\
+         model = { kind = \"gilbert_elliott\", p = 0.01, r = 0.25 }\n",
+    )
+    .expect("profile");
+    let stats = dir.join("stats");
+    lossy(
+        &[
+            "demo",
+            "--sizes",
+            "1M",
+            "--stats-dir",
+            stats.to_str().expect("utf-8"),
+        ],
+        &[("NCCL_LOSSY_PROFILE", profile.to_str().expect("utf-8"))],
+    );
+    let run = report_json(&stats);
+    let rules = run["by_rule"].as_array().expect("by_rule");
+    let row = |rule: Option<u64>| -> &serde_json::Value {
+        rules
+            .iter()
+            .find(|r| r["rule"].as_u64() == rule)
+            .unwrap_or_else(|| panic!("no rule {rule:?} in {rules:?}"))
+    };
+    // Rules are numbered as in the profile's keys (`rules.0`), the defaults have none.
+    let (ar, ag, defaults) = (row(Some(0)), row(Some(1)), row(None));
+    assert_eq!(ar["name"], "ar five");
+    assert!(
+        ag["name"].is_null() && defaults["name"].is_null(),
+        "{ag} {defaults}"
+    );
+    // Each rule decided exactly its collective's messages: AllReduce, AllGather, and
+    // ReduceScatter under the defaults.
+    let op = |name: &str| -> &serde_json::Value {
+        run["by_op"]
+            .as_array()
+            .and_then(|ops| ops.iter().find(|o| o["op"] == name))
+            .unwrap_or_else(|| panic!("no {name} in {run}"))
+    };
+    for (r, name) in [
+        (ar, "AllReduce"),
+        (ag, "AllGather"),
+        (defaults, "ReduceScatter"),
+    ] {
+        for key in ["messages", "packets", "lost_packets"] {
+            assert_eq!(count(r, key), count(op(name), key), "{key}: {r}");
+        }
+    }
+    assert_eq!(count(defaults, "lost_packets"), 0, "{defaults}");
+    // Expected: 5% uniform; Gilbert-Elliott p/(p+r) = 0.01/0.26 = 3.85%, mean burst 1/r = 4.
+    let expected = |r: &serde_json::Value, key: &str| r["expected"][key].as_f64().expect(key);
+    assert!((expected(ar, "loss_rate") - 0.05).abs() < 1e-12, "{ar}");
+    assert!(
+        (expected(ag, "loss_rate") - 0.01 / 0.26).abs() < 1e-12,
+        "{ag}"
+    );
+    assert!((expected(ag, "mean_burst") - 4.0).abs() < 1e-12, "{ag}");
+    assert!(
+        defaults["expected"]["loss_rate"].as_f64() == Some(0.0),
+        "{defaults}"
+    );
+    // Observed: the AllReduce rule saw at least 16,384 packets of 1 KiB (asserted); over n
+    // packets the uniform rate's standard deviation is sqrt(0.05 * 0.95 / n) <= 0.0017, so
+    // 5% +- 1 point is 5.8 sd. The seed is fixed: the counts repeat exactly.
+    let rate = |r: &serde_json::Value| count(r, "lost_packets") as f64 / count(r, "packets") as f64;
+    assert!(count(ar, "packets") >= 16_384, "{ar}");
+    assert!(
+        (rate(ar) - 0.05).abs() < 0.01,
+        "AllReduce rule lost {}",
+        rate(ar)
+    );
+    assert!(rate(ag) > 0.0, "{ag}");
+    // The table: a row per rule, its loss beside its model's.
+    let table = lossy(&["report", stats.to_str().expect("utf-8")], &[]);
+    let line = |name: &str| {
+        table
+            .lines()
+            .find(|l| l.contains(name))
+            .unwrap_or_else(|| panic!("no row {name} in\n{table}"))
+            .to_string()
+    };
+    assert!(line("rules.0 ar five").contains("5.0000"), "{table}");
+    assert!(line("rules.1 ").contains("3.8462"), "{table}");
+    assert!(line("defaults").contains("0.0000"), "{table}");
+}

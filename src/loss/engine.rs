@@ -133,10 +133,16 @@ impl ConnectionLoss {
     }
 
     /// What [`ConnectionLoss::plan`] would decide for a message with loss switched off: the
-    /// matching rule's effect, packet size and timeout, and no lost packet. The models do not
-    /// move, so switching loss on again goes on where it stopped.
-    pub fn lossless_plan(&self, ctx: &MatchContext, out: &mut LossPlan) {
-        self.act(ctx, out);
+    /// matching rule's effect, packet size and timeout, and no lost packet; returns the rule,
+    /// as `plan` does. The models do not move, so switching loss on again goes on where it
+    /// stopped.
+    pub fn lossless_plan(&self, ctx: &MatchContext, out: &mut LossPlan) -> Option<usize> {
+        self.act(ctx, out).0
+    }
+
+    /// How many rules the profile has (rule indices run below it).
+    pub fn rule_count(&self) -> usize {
+        self.rules.rules.len()
     }
 
     /// Writes the action of the first rule matching `ctx` (or the defaults) into `out`, with

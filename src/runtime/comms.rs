@@ -97,7 +97,9 @@ impl Connecting {
             .loss
             .take()
             .ok_or_else(|| Error::internal("connect polled again after it finished"))?;
-        let stats = Arc::new(ConnectionStats::new(self.ctx.comm_id, self.index));
+        let stats = Arc::new(
+            ConnectionStats::new(self.ctx.comm_id, self.index).with_rules(loss.rule_count()),
+        );
         stats::registry().register(Arc::clone(&stats));
         self.runtime.comm_opened();
         Ok(Some(SendComm {
@@ -121,6 +123,8 @@ impl Connecting {
 struct SenderState {
     loss: ConnectionLoss,
     plan: LossPlan,
+    /// The rule `plan` was made by (`None`: the profile's defaults).
+    rule: Option<usize>,
     /// The message `plan` was made for, while the transport had no free slot for it: NCCL
     /// posts the same message again, and it must get the same plan rather than advance the
     /// loss chain twice, and be counted where that plan was decided.
@@ -177,6 +181,7 @@ impl SenderState {
         SenderState {
             loss,
             plan: LossPlan::lossless(),
+            rule: None,
             pending: None,
             injecting: true,
             bursts: BurstTracker::default(),
@@ -253,12 +258,12 @@ impl SendComm {
                 step,
             };
             state.injecting = now.enabled;
-            if state.injecting {
-                state.loss.plan(&matching, buf.len(), &mut state.plan);
+            state.rule = if state.injecting {
+                state.loss.plan(&matching, buf.len(), &mut state.plan)
             } else {
                 // Nothing lost, but the message is still cut into the profile's packets.
-                state.loss.lossless_plan(&matching, &mut state.plan);
-            }
+                state.loss.lossless_plan(&matching, &mut state.plan)
+            };
         }
         let Some(id) = self.conn.isend(buf, tag, &state.plan)? else {
             state.pending = Some(Attribution {
@@ -287,6 +292,7 @@ impl SendComm {
             loss_events: plan.loss_events(),
             retransmit_delay_ns,
             packets_injection_off: if state.injecting { 0 } else { packets },
+            rule: state.rule,
         });
         stats::record_step(step, packets, lost_packets, !state.injecting);
         let runs = plan.lost.iter().map(|r| (r.start, r.len));

@@ -33,21 +33,39 @@ pub fn wrap_target(profile: &Profile, inner_env: Option<String>) -> Result<Optio
 
 /// The resolved profile as JSON, with the closed-form loss rate and mean burst length of its
 /// first lossy model (the defaults', else the first rule's) under `expected`, which
-/// `lossy report` draws the measured bursts against.
+/// `lossy report` draws the measured bursts against, and of every rule's model and the
+/// defaults' under `expected_by_rule` (rule `null`: the defaults), which it sets each rule's
+/// counts against.
 pub(super) fn profile_with_expectation(profile: &Profile) -> serde_json::Value {
     let mut json = profile.to_json();
+    let closed_form = |model: &crate::loss::model::ModelSpec| {
+        serde_json::json!({
+            "loss_rate": model.expected_loss_rate(),
+            "mean_burst": model.expected_mean_burst(),
+        })
+    };
     let lossy = profile
         .actions()
         .map(|action| &action.model)
         .find(|model| model.expected_loss_rate() > 0.0);
-    if let (Some(model), Some(object)) = (lossy, json.as_object_mut()) {
-        object.insert(
-            "expected".into(),
-            serde_json::json!({
-                "loss_rate": model.expected_loss_rate(),
-                "mean_burst": model.expected_mean_burst(),
-            }),
-        );
+    let by_rule = profile
+        .rules
+        .iter()
+        .enumerate()
+        .map(|(i, rule)| (Some(i), rule.name.as_deref(), &rule.action.model))
+        .chain(std::iter::once((None, None, &profile.defaults.model)))
+        .map(|(rule, name, model)| {
+            let mut entry = closed_form(model);
+            entry["rule"] = serde_json::json!(rule);
+            entry["name"] = serde_json::json!(name);
+            entry
+        })
+        .collect::<Vec<_>>();
+    if let Some(object) = json.as_object_mut() {
+        if let Some(model) = lossy {
+            object.insert("expected".into(), closed_form(model));
+        }
+        object.insert("expected_by_rule".into(), serde_json::Value::Array(by_rule));
     }
     json
 }

@@ -95,6 +95,22 @@ pub fn loss_rate_injecting(packets: u64, lost: u64, off: u64) -> Option<f64> {
 }
 
 impl Cell {
+    fn add(&self, record: &MessageRecord) {
+        self.messages.fetch_add(1, Ordering::Relaxed);
+        self.bytes.fetch_add(record.bytes, Ordering::Relaxed);
+        self.packets.fetch_add(record.packets, Ordering::Relaxed);
+        self.lost_packets
+            .fetch_add(record.lost_packets, Ordering::Relaxed);
+        self.loss_events
+            .fetch_add(record.loss_events, Ordering::Relaxed);
+        self.retransmit_delay_ns
+            .fetch_add(record.retransmit_delay_ns, Ordering::Relaxed);
+        if record.packets_injection_off > 0 {
+            self.packets_injection_off
+                .fetch_add(record.packets_injection_off, Ordering::Relaxed);
+        }
+    }
+
     fn read(&self) -> Counts {
         Counts {
             messages: self.messages.load(Ordering::Relaxed),
@@ -127,6 +143,9 @@ pub struct MessageRecord {
     pub retransmit_delay_ns: u64,
     /// The message's packets when it was sent with injection switched off, else 0.
     pub packets_injection_off: u64,
+    /// The profile's rule that decided the message (its index in `rules`), or `None` for
+    /// the profile's defaults.
+    pub rule: Option<usize>,
 }
 
 /// Longest burst the histogram tells apart (longer ones are counted at this length).
@@ -145,6 +164,8 @@ pub struct ConnectionStats {
     /// Position of the connection among its context's connections.
     pub index: u32,
     cells: Box<[Cell]>,
+    /// Per rule of the profile, then one for its defaults.
+    by_rule: Box<[Cell]>,
     bursts: Mutex<Vec<Option<Box<Histogram<u32>>>>>,
     latencies: LatencyCounts,
 }
@@ -158,27 +179,27 @@ impl ConnectionStats {
             cells: (0..OP_SLOTS * PHASE_SLOTS)
                 .map(|_| Cell::default())
                 .collect(),
+            by_rule: Box::new([Cell::default()]),
             bursts: Mutex::new((0..OP_SLOTS).map(|_| None).collect()),
             latencies: LatencyCounts::new(),
         }
     }
 
+    /// Counts messages by which of the profile's `rules` rules (or its defaults) decided
+    /// them, as [`MessageRecord::rule`] says.
+    pub fn with_rules(mut self, rules: usize) -> Self {
+        self.by_rule = (0..=rules).map(|_| Cell::default()).collect();
+        self
+    }
+
     /// Counts one message.
     pub fn record_message(&self, record: &MessageRecord) {
         let slot = record.op.min(OP_SLOTS - 1) * PHASE_SLOTS + record.phase.min(PHASE_SLOTS - 1);
-        let cell = &self.cells[slot];
-        cell.messages.fetch_add(1, Ordering::Relaxed);
-        cell.bytes.fetch_add(record.bytes, Ordering::Relaxed);
-        cell.packets.fetch_add(record.packets, Ordering::Relaxed);
-        cell.lost_packets
-            .fetch_add(record.lost_packets, Ordering::Relaxed);
-        cell.loss_events
-            .fetch_add(record.loss_events, Ordering::Relaxed);
-        cell.retransmit_delay_ns
-            .fetch_add(record.retransmit_delay_ns, Ordering::Relaxed);
-        if record.packets_injection_off > 0 {
-            cell.packets_injection_off
-                .fetch_add(record.packets_injection_off, Ordering::Relaxed);
+        self.cells[slot].add(record);
+        // Rules past the profile's (none, unless a caller is wrong) are not counted by rule.
+        let rule = record.rule.unwrap_or(self.by_rule.len() - 1);
+        if let Some(cell) = self.by_rule.get(rule) {
+            cell.add(record);
         }
     }
 
@@ -235,11 +256,23 @@ impl ConnectionStats {
                 latency_ns: latency_ns.unwrap_or_default(),
             });
         }
+        let defaults = self.by_rule.len() - 1;
+        let by_rule = self
+            .by_rule
+            .iter()
+            .enumerate()
+            .map(|(i, cell)| RuleCounts {
+                rule: (i < defaults).then_some(i),
+                counts: cell.read(),
+            })
+            .filter(|r| r.counts.messages > 0)
+            .collect();
         ConnectionSnapshot {
             comm_id: self.comm_id,
             index: self.index,
             total,
             by_op,
+            by_rule,
             histograms,
         }
     }
@@ -280,6 +313,17 @@ pub struct OpCounts {
     pub counts: Counts,
 }
 
+/// Counts of the messages one rule of the profile decided.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RuleCounts {
+    /// The rule's index in the profile's `rules` (as in its keys, `rules.0`), or `None` for
+    /// the profile's defaults.
+    pub rule: Option<usize>,
+    /// The counts.
+    #[serde(flatten)]
+    pub counts: Counts,
+}
+
 /// A connection's statistics at one moment.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ConnectionSnapshot {
@@ -291,6 +335,10 @@ pub struct ConnectionSnapshot {
     pub total: Counts,
     /// Non-empty (collective, phase) cells.
     pub by_op: Vec<OpCounts>,
+    /// Messages by the rule that decided them (files written before this was counted have
+    /// none).
+    #[serde(default)]
+    pub by_rule: Vec<RuleCounts>,
     /// Burst-length and latency histograms per collective.
     pub histograms: Vec<OpHistogramBins>,
 }
@@ -547,6 +595,7 @@ mod tests {
             loss_events: lost.min(1),
             retransmit_delay_ns: 0,
             packets_injection_off: 0,
+            rule: None,
         };
         stats.record_message(&rec(5, 2, 1));
         stats.record_message(&rec(5, 2, 0));
@@ -574,6 +623,37 @@ mod tests {
         assert_eq!(count, 1);
         // Two significant figures: 1500 ns lands in a bucket within 1% of it.
         assert!((1485..=1515).contains(&latency), "{latency}");
+    }
+
+    #[test]
+    fn messages_are_counted_by_the_rule_that_decided_them() {
+        let stats = ConnectionStats::new(7, 1).with_rules(2);
+        let rec = |rule, lost| MessageRecord {
+            packets: 4,
+            lost_packets: lost,
+            rule,
+            ..MessageRecord::default()
+        };
+        stats.record_message(&rec(Some(1), 2));
+        stats.record_message(&rec(Some(1), 1));
+        stats.record_message(&rec(None, 0));
+        // A rule the profile does not have is counted by collective only.
+        stats.record_message(&rec(Some(9), 4));
+        let snap = stats.snapshot();
+        assert_eq!(snap.total.messages, 4);
+        let by_rule: Vec<_> = snap
+            .by_rule
+            .iter()
+            .map(|r| (r.rule, r.counts.messages, r.counts.lost_packets))
+            .collect();
+        // Rule 0 decided nothing: not listed; the defaults come last.
+        assert_eq!(by_rule, vec![(Some(1), 2, 3), (None, 1, 0)]);
+        // Without the profile's rules, everything is the defaults'.
+        let plain = ConnectionStats::new(7, 2);
+        plain.record_message(&rec(None, 1));
+        let snap = plain.snapshot();
+        assert_eq!(snap.by_rule.len(), 1);
+        assert_eq!(snap.by_rule[0].rule, None);
     }
 
     #[test]

@@ -53,6 +53,101 @@ pub struct RunSummary {
     pub expected: Option<ModelExpectation>,
     /// Packets and losses per training step, summed over ranks (empty when no step was set).
     pub by_step: Vec<StepCounts>,
+    /// Per rule of the profile (in its order, then its defaults), the messages it decided:
+    /// every rule the profile has, those that matched nothing too (empty when the files
+    /// predate this breakdown).
+    pub by_rule: Vec<RuleSummary>,
+}
+
+/// The messages one rule of the profile decided, summed over every rank of a run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RuleSummary {
+    /// The rule's index in the profile's `rules` (`rules.0` is 0), `None` for the defaults.
+    pub rule: Option<usize>,
+    /// The rule's `name`, when the profile gives one.
+    pub name: Option<String>,
+    /// Summed counters.
+    #[serde(flatten)]
+    pub counts: Counts,
+    /// Lost packets over the packets sent with injection on (None when there were none).
+    pub loss_rate_injecting: Option<f64>,
+    /// Lost packets over loss events: the mean run of consecutive lost packets inside a
+    /// message (a burst that crosses into the next message counts as two runs here).
+    pub mean_run: Option<f64>,
+    /// What the rule's model predicts (its closed form).
+    pub expected: Option<ModelExpectation>,
+}
+
+impl RuleSummary {
+    /// How the rule is named in tables: `rules.N` and its name, or `defaults`.
+    pub fn label(&self) -> String {
+        match (self.rule, &self.name) {
+            (Some(i), Some(name)) => format!("rules.{i} {name}"),
+            (Some(i), None) => format!("rules.{i}"),
+            (None, _) => "defaults".to_string(),
+        }
+    }
+}
+
+/// Every rule's counts of `files`, in the profile's order (`expected_by_rule` of the first
+/// file's profile), with the rules only the counts name (files of another profile) after.
+fn rule_summaries(files: &[StatsFile], profile: &serde_json::Value) -> Vec<RuleSummary> {
+    let declared = profile
+        .get("expected_by_rule")
+        .and_then(|v| v.as_array())
+        .cloned()
+        .unwrap_or_default();
+    let mut rows: Vec<RuleSummary> = declared
+        .iter()
+        .map(|entry| RuleSummary {
+            rule: entry
+                .get("rule")
+                .and_then(|v| v.as_u64())
+                .and_then(|i| usize::try_from(i).ok()),
+            name: entry
+                .get("name")
+                .and_then(|v| v.as_str())
+                .map(str::to_string),
+            counts: Counts::default(),
+            loss_rate_injecting: None,
+            mean_run: None,
+            expected: entry
+                .get("loss_rate")
+                .and_then(|v| v.as_f64())
+                .map(|loss_rate| ModelExpectation {
+                    loss_rate,
+                    mean_burst: entry
+                        .get("mean_burst")
+                        .and_then(|v| v.as_f64())
+                        .unwrap_or(f64::INFINITY),
+                }),
+        })
+        .collect();
+    for conn in files.iter().flat_map(|f| &f.connections) {
+        for counted in &conn.by_rule {
+            let i = match rows.iter().position(|r| r.rule == counted.rule) {
+                Some(i) => i,
+                None => {
+                    rows.push(RuleSummary {
+                        rule: counted.rule,
+                        name: None,
+                        counts: Counts::default(),
+                        loss_rate_injecting: None,
+                        mean_run: None,
+                        expected: None,
+                    });
+                    rows.len() - 1
+                }
+            };
+            rows[i].counts.add(&counted.counts);
+        }
+    }
+    for row in &mut rows {
+        row.loss_rate_injecting = row.counts.loss_rate_injecting();
+        let c = &row.counts;
+        row.mean_run = (c.loss_events > 0).then(|| c.lost_packets as f64 / c.loss_events as f64);
+    }
+    rows
 }
 
 /// What a loss model predicts in the long run.
@@ -195,6 +290,7 @@ pub fn summarize_run(name: &str, files: &[StatsFile]) -> RunSummary {
         files: files.len(),
         warnings,
         expected: expectation(&profile),
+        by_rule: rule_summaries(files, &profile),
         profile,
         by_step: by_step.into_values().collect(),
         total: total.finish("all"),
@@ -300,6 +396,7 @@ mod tests {
             loss_events: bursts.len() as u64,
             retransmit_delay_ns: 0,
             packets_injection_off: 0,
+            rule: None,
         });
         stats.record_message(&MessageRecord {
             op: 4,

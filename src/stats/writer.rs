@@ -294,6 +294,7 @@ mod tests {
             loss_events: 1,
             retransmit_delay_ns: 0,
             packets_injection_off: 0,
+            rule: None,
         });
         StatsFile::new(serde_json::json!({"seed": 1}), vec![stats.snapshot()])
     }

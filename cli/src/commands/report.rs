@@ -282,7 +282,9 @@ fn table(runs: &[RunSummary]) -> String {
                     )),
             );
         }
-        if let Some(expected) = run.expected {
+        if run.by_rule.iter().any(|r| r.rule.is_some()) {
+            out += &rule_table(run);
+        } else if let Some(expected) = run.expected {
             out += &format!(
                 "{:<20} model closed form: loss {:.4} %, mean burst {:.2}\n",
                 run.run,
@@ -293,6 +295,45 @@ fn table(runs: &[RunSummary]) -> String {
         for warning in &run.warnings {
             out += &format!("{:<20} warning: {warning}\n", run.run);
         }
+    }
+    out
+}
+
+/// The run's messages by the rule of the profile that decided them, each rule's loss beside
+/// its own model's closed form (loss over the packets sent with injection on). A rule that
+/// matched nothing shows 0 messages: the condition it sets never ran.
+fn rule_table(run: &RunSummary) -> String {
+    let mut out = format!(
+        "{:<20} {:<24} {:>9} {:>12} {:>10} {:>8} {:>10} {:>8} {:>10}\n",
+        run.run,
+        "rule",
+        "messages",
+        "packets",
+        "lost",
+        "loss %",
+        "model %",
+        "mean run",
+        "model run"
+    );
+    for rule in &run.by_rule {
+        let label: String = rule.label().chars().take(24).collect();
+        out += &format!(
+            "{:<20} {:<24} {:>9} {:>12} {:>10} {:>8} {:>10} {:>8} {:>10}\n",
+            run.run,
+            label,
+            rule.counts.messages,
+            rule.counts.packets,
+            rule.counts.lost_packets,
+            fmt_opt(rule.loss_rate_injecting.map(|r| r * 100.0), 4),
+            fmt_opt(rule.expected.map(|e| e.loss_rate * 100.0), 4),
+            fmt_opt(rule.mean_run, 2),
+            fmt_opt(
+                rule.expected
+                    .map(|e| e.mean_burst)
+                    .filter(|b| b.is_finite() && *b > 0.0),
+                2
+            ),
+        );
     }
     out
 }
