@@ -41,7 +41,7 @@ pub const DEFAULT_PORT: u16 = 29500;
 pub const DEFAULT_TIMEOUT_S: f64 = 60.0;
 
 /// Options of `bench` and `demo` for running as one rank of a multi-process job.
-#[derive(clap::Args, Debug, Clone, Default)]
+#[derive(clap::Args, Debug, Clone)]
 pub struct ClusterArgs {
     /// This process's rank in a multi-process job (with --world; overrides a launcher's).
     #[arg(long, requires = "world")]
@@ -62,12 +62,43 @@ pub struct ClusterArgs {
     #[arg(long)]
     pub job_id: Option<String>,
     /// Seconds ranks have to reach the rendezvous, and after which a silent rank fails the
-    /// job.
-    #[arg(long, default_value_t = DEFAULT_TIMEOUT_S)]
+    /// job (0.1 to 3600).
+    #[arg(long, default_value_t = DEFAULT_TIMEOUT_S, value_parser = parse_rendezvous_timeout)]
     pub rendezvous_timeout: f64,
     /// Every rank prints its own line (not only rank 0 its table).
     #[arg(long, alias = "verbose")]
     pub all_ranks: bool,
+}
+
+impl Default for ClusterArgs {
+    /// No option given: the command line's defaults (a derived one had a timeout of 0 s).
+    fn default() -> Self {
+        ClusterArgs {
+            rank: None,
+            world: None,
+            rendezvous: None,
+            rendezvous_port: None,
+            job_id: None,
+            rendezvous_timeout: DEFAULT_TIMEOUT_S,
+            all_ranks: false,
+        }
+    }
+}
+
+/// Fewest and most seconds `--rendezvous-timeout` takes.
+pub const RENDEZVOUS_TIMEOUT_RANGE_S: (f64, f64) = (0.1, 3600.0);
+
+/// Parses `--rendezvous-timeout`: a number of seconds within [`RENDEZVOUS_TIMEOUT_RANGE_S`].
+/// Anything else is refused rather than clamped (a negative value waited 0.1 s, `1e9` an
+/// hour) or left to panic (`nan` made no `Duration`).
+pub fn parse_rendezvous_timeout(text: &str) -> std::result::Result<f64, String> {
+    let (lo, hi) = RENDEZVOUS_TIMEOUT_RANGE_S;
+    match text.trim().parse::<f64>() {
+        Ok(s) if (lo..=hi).contains(&s) => Ok(s),
+        _ => Err(format!(
+            "allowed: a number of seconds from {lo} to {hi} (e.g. 60 or 2.5)"
+        )),
+    }
 }
 
 /// Who this process is in a multi-process job.
@@ -476,7 +507,15 @@ pub fn run_ranks(
             members: None,
         }));
     };
-    let timeout = Duration::from_secs_f64(cluster.rendezvous_timeout.clamp(0.1, 3600.0));
+    // Checked by `parse_rendezvous_timeout`; a value set in code stays within it too.
+    let (lo, hi) = RENDEZVOUS_TIMEOUT_RANGE_S;
+    let seconds = cluster.rendezvous_timeout;
+    if !(lo..=hi).contains(&seconds) {
+        return Err(Error::invalid_argument(format!(
+            "--rendezvous-timeout {seconds}: allowed: a number of seconds from {lo} to {hi}"
+        )));
+    }
+    let timeout = Duration::from_secs_f64(seconds);
     // This process is the rank: it takes the environment the launch would give its ranks.
     for (key, value) in &launch.env {
         std::env::set_var(key, value);

@@ -1,0 +1,68 @@
+//! Options of `lossy bench`, `demo` and `run` that were taken and then did something else
+//! than asked: a number quietly clamped or panicking, a table counting an earlier run's
+//! files, a size printed that did not run, a command ignored, a path printed as another.
+
+mod common;
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::{fresh_dir, lossy_exe, lossy_stdout};
+
+/// Runs `lossy args` (none of our variables from the developer's shell), within 10 s.
+fn lossy(args: &[&OsStr]) -> Output {
+    let mut cmd = Command::new(lossy_exe());
+    cmd.args(args)
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .env("RUST_BACKTRACE", "0")
+        .env_remove("NCCL_LOSSY_STATS")
+        .env_remove("NCCL_LOSSY_SET")
+        .env_remove("NCCL_LOSSY_PROFILE")
+        .env_remove("NCCL_PROTO");
+    common::output_within_10s(&mut cmd, &format!("lossy {args:?}"))
+}
+
+fn lossy_str(args: &[&str]) -> Output {
+    let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    lossy(&args)
+}
+
+/// Asserts `out` is a refusal (exit `code`, no panic, no table) whose stderr holds every one
+/// of `words`.
+fn assert_refused(out: &Output, code: i32, words: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{stderr}");
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    for word in words {
+        assert!(stderr.contains(word), "no `{word}` in: {stderr}");
+    }
+}
+
+#[test]
+fn a_rendezvous_timeout_out_of_range_is_refused_not_clamped_or_panicking() {
+    // `nan` panicked converting to a Duration (exit 101, a backtrace); `-5` and `0` became
+    // 0.1 s and `1e9` an hour without a word.
+    for command in ["bench", "demo"] {
+        for value in ["nan", "inf", "-5", "0", "1e9", "soon"] {
+            let out = lossy_str(&[
+                command,
+                "--rank",
+                "1",
+                "--world",
+                "2",
+                "--rendezvous",
+                "127.0.0.1:9",
+                &format!("--rendezvous-timeout={value}"),
+            ]);
+            // A usage error, as clap reports one: exit 2.
+            assert_refused(&out, 2, &["--rendezvous-timeout", value, "0.1", "3600"]);
+        }
+    }
+}
