@@ -66,3 +66,20 @@ fn a_rendezvous_timeout_out_of_range_is_refused_not_clamped_or_panicking() {
         }
     }
 }
+
+#[test]
+fn bench_counts_that_would_run_something_else_are_refused() {
+    // --iters 0 ran one iteration, --raw-streams 0 one stream, --chunk 0 4-byte messages,
+    // and a --warmup of 10^11 iterations ran on for days (--iters had its limit, not it).
+    for (option, value, allowed) in [
+        ("--iters", "0", "at least 1 and at most 1000000"),
+        ("--warmup", "100000000000", "at most 1000000"),
+        ("--raw-streams", "0", "at least 1"),
+        ("--chunk", "0", "at least one element (4 bytes for f32)"),
+        ("--chunk", "2", "at least one element (4 bytes for f32)"),
+    ] {
+        // As bench refuses its other bad values before any rank starts: exit 1.
+        let out = lossy_str(&["bench", "--sizes", "4K", option, value]);
+        assert_refused(&out, 1, &[option, value, allowed]);
+    }
+}

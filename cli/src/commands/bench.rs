@@ -346,8 +346,33 @@ fn bench(args: &Args) -> Result<()> {
     if args.comms == 0 {
         return Err(bad("--comms must be at least 1".into()));
     }
-    if let Some(iters) = args.iters.filter(|&n| n > MAX_ITERS_ARG) {
-        return Err(bad(format!("--iters {iters}: at most {MAX_ITERS_ARG}")));
+    // Counts that would run something else than asked are refused: `--iters 0` ran one
+    // iteration, `--raw-streams 0` one stream, a chunk under one element one element, and a
+    // huge `--warmup` ran for days.
+    if let Some(iters) = args.iters.filter(|&n| n == 0 || n > MAX_ITERS_ARG) {
+        return Err(bad(format!(
+            "--iters {iters}: allowed: at least 1 and at most {MAX_ITERS_ARG}"
+        )));
+    }
+    if args.warmup > MAX_ITERS_ARG {
+        return Err(bad(format!(
+            "--warmup {}: allowed: 0 to {MAX_ITERS_ARG} (at most {MAX_ITERS_ARG})",
+            args.warmup
+        )));
+    }
+    if args.raw_streams == Some(0) {
+        return Err(bad(
+            "--raw-streams 0: allowed: at least 1 (streams per comm of the raw TCP baseline)"
+                .into(),
+        ));
+    }
+    if chunk < dtype.size() {
+        return Err(bad(format!(
+            "--chunk {}: allowed: at least one element ({} bytes for {dtype}) and at most {}",
+            args.chunk,
+            dtype.size(),
+            fmt_bytes(MAX_SIZE)
+        )));
     }
     // Only rank 0 writes the file: another rank of a multi-process job does not look.
     let this_rank = args
@@ -367,7 +392,7 @@ fn bench(args: &Args) -> Result<()> {
             collective: Collective::AllReduce,
             dtype,
             bytes,
-            iters: args.iters.unwrap_or_else(|| default_iters(bytes)).max(1),
+            iters: args.iters.unwrap_or_else(|| default_iters(bytes)),
             warmup: args.warmup,
         })
         .collect();
@@ -385,12 +410,12 @@ fn bench(args: &Args) -> Result<()> {
     let library = plugin_library(args.library.as_deref())?;
     let mut job = Job::collectives(library.clone(), links, runs.clone());
     job.peer_libraries = peer_libraries.clone();
-    job.chunk = chunk.max(dtype.size());
+    job.chunk = chunk;
     job.version = args.net_version;
     job.lossless = args.lossless;
     job.verify = true;
     job.comms = args.comms;
-    let streams = args.raw_streams.unwrap_or_else(raw_streams_default).max(1);
+    let streams = args.raw_streams.unwrap_or_else(raw_streams_default);
     job.raw_streams = streams;
     // Damage is the expected outcome of a profile whose effects change data (and loss is on).
     let corrupts_data = !args.lossless && Profile::from_env()?.corrupts_data();
