@@ -83,3 +83,19 @@ fn bench_counts_that_would_run_something_else_are_refused() {
         assert_refused(&out, 1, &[option, value, allowed]);
     }
 }
+
+#[test]
+fn demo_table_gives_the_size_that_ran() {
+    // The demo runs f32 elements: `5` moved 4 bytes and `3` none, yet the table said 5 B and
+    // 3 B ("bit-exact", with a bandwidth computed from them). It now runs whole elements, at
+    // least one, and says so, as bench does.
+    let out = lossy_stdout(&["demo", "--ranks", "2", "--sizes", "5,3"], &[]);
+    let rows: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("all_reduce"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{out}");
+    for row in rows {
+        assert!(row.contains(" 4 B "), "{out}");
+    }
+}

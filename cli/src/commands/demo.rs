@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use super::bench::{fmt_bytes, parse_sizes, plugin_library, slowest, Check};
+use super::bench::{element_bytes, fmt_bytes, parse_sizes, plugin_library, slowest, Check};
 use crate::harness::cluster::{print_ranks, run_ranks, ClusterArgs, Ranks};
 use crate::harness::collectives::{Collective, DataType};
 use crate::harness::launch::Launch;
@@ -23,7 +23,7 @@ pub struct Args {
     #[arg(long, default_value_t = 4)]
     pub ranks: usize,
     /// Sizes: a comma-separated list (`64K,1M`), `small` (4 KiB, 64 KiB and 1 MiB) or `large`
-    /// (1 MiB to 128 MiB: 1, 4, 16, 64, 128 MiB).
+    /// (1 MiB to 128 MiB: 1, 4, 16, 64, 128 MiB); each run as whole f32 elements, at least one.
     #[arg(long, default_value = "64K,1M,16M")]
     pub sizes: String,
     /// Keep the per-rank statistics files in this directory (default: `NCCL_LOSSY_STATS`,
@@ -52,7 +52,13 @@ pub fn run(args: Args) -> ExitCode {
 }
 
 fn demo(args: &Args) -> Result<bool> {
-    let sizes = parse_sizes(&args.sizes).map_err(nccl_net_lossy::Error::invalid_argument)?;
+    // Whole f32 elements, at least one, as bench runs them: the table says what ran (`5`
+    // moved 4 bytes and `3` none while the table said 5 B and 3 B).
+    let sizes: Vec<usize> = parse_sizes(&args.sizes)
+        .map_err(nccl_net_lossy::Error::invalid_argument)?
+        .into_iter()
+        .map(|bytes| element_bytes(bytes, DataType::F32))
+        .collect();
     let mut runs = Vec::new();
     for collective in Collective::ALL {
         for &bytes in &sizes {
