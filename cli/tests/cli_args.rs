@@ -99,3 +99,42 @@ fn demo_table_gives_the_size_that_ran() {
         assert!(row.contains(" 4 B "), "{out}");
     }
 }
+
+/// The `all` line of the demo's loss table: messages, packets, lost.
+fn demo_total(stdout: &str) -> Vec<u64> {
+    let line = stdout
+        .lines()
+        .rfind(|l| l.starts_with("all "))
+        .unwrap_or_else(|| panic!("no `all` line: {stdout}"));
+    line.split_whitespace()
+        .skip(1)
+        .take(3)
+        .map(|n| n.parse().expect("a count"))
+        .collect()
+}
+
+#[test]
+fn demo_counts_only_its_own_statistics_in_a_reused_directory() {
+    // A second `lossy demo --stats-dir D` summed the first run's files with its own: the
+    // loss table doubled its messages, without a word.
+    let dir = fresh_dir("demo-reused-stats");
+    let dir_arg = dir.to_str().expect("utf-8 path");
+    let args = [
+        "demo",
+        "--ranks",
+        "2",
+        "--sizes",
+        "64K",
+        "--stats-dir",
+        dir_arg,
+    ];
+    let first = demo_total(&lossy_stdout(&args, &[]));
+    let second_out = lossy_stdout(&args, &[]);
+    let second = demo_total(&second_out);
+    // The same collectives at the same size: the same messages and packets each time.
+    assert_eq!(first[..2], second[..2], "{second_out}");
+    assert!(second_out.contains("left out"), "{second_out}");
+    // Both runs' files stay for `lossy report`.
+    let files = std::fs::read_dir(&dir).expect("dir").count();
+    assert_eq!(files, 4, "two runs of two ranks");
+}

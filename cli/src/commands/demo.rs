@@ -2,8 +2,9 @@
 //! all-reduce, all-gather and reduce-scatter through the plugin (under the embedded default
 //! profile unless `NCCL_LOSSY_PROFILE` says otherwise) and print what happened.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::SystemTime;
 
 use super::bench::{element_bytes, fmt_bytes, parse_sizes, plugin_library, slowest, Check};
 use crate::harness::cluster::{print_ranks, run_ranks, ClusterArgs, Ranks};
@@ -12,8 +13,8 @@ use crate::harness::launch::Launch;
 use crate::harness::scratch::ScratchDir;
 use crate::harness::worker::{Job, LinkKind, RunSpec};
 use nccl_net_lossy::profile::{Profile, PROFILE_ENV};
-use nccl_net_lossy::stats::report::{load_run, RunSummary};
-use nccl_net_lossy::stats::writer::STATS_DIR_ENV;
+use nccl_net_lossy::stats::report::{stats_files, summarize_run, RunSummary};
+use nccl_net_lossy::stats::writer::{StatsFile, STATS_DIR_ENV};
 use nccl_net_lossy::Result;
 
 /// Arguments of `lossy demo`.
@@ -101,8 +102,11 @@ fn demo(args: &Args) -> Result<bool> {
     // failure; read it as the plugin will (a broken profile stops the demo here, loudly).
     let corrupts_data = Profile::from_env()?.corrupts_data();
     let profile = std::env::var(PROFILE_ENV).unwrap_or_else(|_| "embedded default".into());
+    // A directory kept from an earlier run (`--stats-dir`, `NCCL_LOSSY_STATS`) holds its
+    // files: the loss below is this run's alone (they were summed in, without a word).
+    let earlier = stats_files_now(&stats_dir);
     let ranks = run_ranks(&args.cluster, "demo", &launch);
-    let stats = load_run(&stats_dir).ok();
+    let stats = load_own_stats(&stats_dir, &earlier);
     drop(scratch);
     let Some(Ranks { reports, members }) = ranks? else {
         return Ok(true);
@@ -157,9 +161,44 @@ fn demo(args: &Args) -> Result<bool> {
     Ok(all_ok)
 }
 
+/// The statistics files in `dir` now, each with when it was last written.
+fn stats_files_now(dir: &Path) -> Vec<(PathBuf, Option<SystemTime>)> {
+    stats_files(dir)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|path| {
+            let written = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
+            (path, written)
+        })
+        .collect()
+}
+
+/// The summary of the statistics files in `dir` that are not among `earlier` (or were
+/// written again since), with how many earlier ones were left out; `None` when this run
+/// wrote none that can be read.
+fn load_own_stats(
+    dir: &Path,
+    earlier: &[(PathBuf, Option<SystemTime>)],
+) -> Option<(RunSummary, usize)> {
+    let now = stats_files_now(dir);
+    let (old, own): (Vec<_>, Vec<_>) = now
+        .into_iter()
+        .partition(|file| earlier.iter().any(|e| e == file && e.1.is_some()));
+    if own.is_empty() {
+        return None;
+    }
+    let files = own
+        .iter()
+        .map(|(path, _)| StatsFile::read(path))
+        .collect::<Result<Vec<_>>>()
+        .ok()?;
+    let name = dir.display().to_string();
+    Some((summarize_run(&name, &files), old.len()))
+}
+
 /// The loss each collective saw, from the statistics files the ranks wrote.
-fn print_losses(stats: Option<&RunSummary>) {
-    let Some(run) = stats else {
+fn print_losses(stats: Option<&(RunSummary, usize)>) {
+    let Some((run, left_out)) = stats else {
         println!("no statistics files were written, so no loss counts");
         return;
     };
@@ -176,5 +215,14 @@ fn print_losses(stats: Option<&RunSummary>) {
             op.counts.lost_packets,
             100.0 * op.loss_rate
         );
+    }
+    if *left_out > 0 {
+        println!(
+            "(this run's {} statistics files only: {left_out} from earlier runs in {} left out)",
+            run.files, run.run
+        );
+    }
+    for warning in &run.warnings {
+        println!("warning: {warning}");
     }
 }
