@@ -138,3 +138,10 @@ fn demo_counts_only_its_own_statistics_in_a_reused_directory() {
     let files = std::fs::read_dir(&dir).expect("dir").count();
     assert_eq!(files, 4, "two runs of two ranks");
 }
+
+#[test]
+fn run_print_env_with_a_command_is_refused() {
+    // `--print-env -- train.py` printed the exports and exited 0 without running anything.
+    let out = lossy_str(&["run", "--print-env", "--", "true"]);
+    assert_refused(&out, 2, &["--print-env", "true"]);
+}

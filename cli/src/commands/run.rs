@@ -50,6 +50,19 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
     if args.command.is_empty() && !args.print_env {
         return Err("no command given: lossy run [OPTIONS] -- CMD ARGS...".into());
     }
+    // Both asked: the command was dropped without a word and the exit status was 0.
+    if args.print_env && !args.command.is_empty() {
+        let words: Vec<String> = args
+            .command
+            .iter()
+            .map(|w| w.to_string_lossy().into_owned())
+            .collect();
+        return Err(format!(
+            "--print-env prints the environment instead of running a command, and `{}` was \
+             given too: drop --print-env to run it, or the command to print the environment",
+            words.join(" ")
+        ));
+    }
     // A variable that is not UTF-8 is an error, as in the plugin's init, not unset.
     let utf8 = |name: &str| nccl_net_lossy::env::var(name).map_err(|e| e.to_string());
     let mut overrides: Vec<String> = utf8(SET_ENV)?
