@@ -145,3 +145,51 @@ fn run_print_env_with_a_command_is_refused() {
     let out = lossy_str(&["run", "--print-env", "--", "true"]);
     assert_refused(&out, 2, &["--print-env", "true"]);
 }
+
+#[test]
+fn run_print_env_prints_a_path_that_is_not_utf8_as_it_is() {
+    // `--stats st\xffx` was printed as 'st\u{fffd}x': `eval` of it named another directory.
+    let top = fresh_dir("run-print-env-bytes");
+    let stats = top.join(OsStr::from_bytes(b"st\xffx"));
+    let out = lossy(&[
+        OsStr::new("run"),
+        OsStr::new("--print-env"),
+        OsStr::new("--stats"),
+        stats.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{:?}", out);
+    let line = out
+        .stdout
+        .split(|&b| b == b'\n')
+        .find(|l| l.starts_with(b"export NCCL_LOSSY_STATS="))
+        .expect("a statistics line");
+    let mut want = b"export NCCL_LOSSY_STATS='".to_vec();
+    want.extend_from_slice(stats.as_os_str().as_bytes());
+    want.push(b'\'');
+    assert_eq!(
+        line,
+        &want[..],
+        "{}",
+        String::from_utf8_lossy(line).into_owned()
+    );
+    // A shell reads it back as the same bytes.
+    let script = [b"eval \"$(cat)\"; printf %s \"$NCCL_LOSSY_STATS\"".as_slice()].concat();
+    let mut sh = Command::new("sh")
+        .arg("-c")
+        .arg(OsStr::from_bytes(&script))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("sh");
+    {
+        use std::io::Write;
+        let mut stdin = sh.stdin.take().expect("stdin");
+        stdin.write_all(&out.stdout).expect("write");
+    }
+    let read = sh.wait_with_output().expect("sh");
+    assert_eq!(
+        Path::new(OsStr::from_bytes(&read.stdout)),
+        stats.as_path(),
+        "the shell read another path"
+    );
+}

@@ -26,6 +26,27 @@ pub(crate) fn shell_quote(value: &str) -> String {
     }
 }
 
+/// `value`'s bytes as one word of a POSIX shell command line, as [`shell_quote`] writes a
+/// string: bytes that are not UTF-8 are kept as they are (inside the quotes), so the shell
+/// reads back the very path given.
+pub(crate) fn shell_quote_bytes(value: &[u8]) -> Vec<u8> {
+    match std::str::from_utf8(value) {
+        Ok(text) => shell_quote(text).into_bytes(),
+        Err(_) => {
+            let mut out = vec![b'\''];
+            for &b in value {
+                if b == b'\'' {
+                    out.extend_from_slice(b"'\\''");
+                } else {
+                    out.push(b);
+                }
+            }
+            out.push(b'\'');
+            out
+        }
+    }
+}
+
 /// Command-line interface of `lossy`.
 #[derive(Parser, Debug)]
 #[command(

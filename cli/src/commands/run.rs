@@ -2,11 +2,12 @@
 //! makes NCCL load this plugin, use it, and fail rather than fall back to a lossless network.
 
 use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-use super::shell_quote;
+use super::shell_quote_bytes;
 use nccl_net_lossy::profile::{Profile, PROFILE_ENV, SET_ENV};
 use nccl_net_lossy::stats::writer::STATS_DIR_ENV;
 use nccl_net_lossy::{check_forced_protocol, unguarded_ll_warning, PLUGIN_NAME};
@@ -151,10 +152,23 @@ fn say_replaced(env: &[(String, OsString)]) {
 
 fn launch(args: &Args, env: &[(String, OsString)]) -> ExitCode {
     if args.print_env {
+        // The value's own bytes, quoted: a path that is not UTF-8 printed lossily named
+        // another place (`st\xffx` as `st\u{fffd}x`) once the shell read it back.
+        let mut text = Vec::new();
         for (key, value) in env {
-            println!("export {key}={}", shell_quote(&value.to_string_lossy()));
+            text.extend_from_slice(format!("export {key}=").as_bytes());
+            text.extend_from_slice(&shell_quote_bytes(value.as_bytes()));
+            text.push(b'\n');
         }
-        return ExitCode::SUCCESS;
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        return match out.write_all(&text).and_then(|()| out.flush()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("lossy run: cannot write the environment: {err}");
+                ExitCode::FAILURE
+            }
+        };
     }
     let (program, rest) = match args.command.split_first() {
         Some(split) => split,
@@ -191,7 +205,7 @@ fn find_library() -> Result<PathBuf, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::shell_quote;
+    use super::super::{shell_quote, shell_quote_bytes};
 
     #[test]
     fn shell_quote_leaves_plain_values_and_quotes_the_rest() {
@@ -201,5 +215,6 @@ mod tests {
             "'model.rate=0.01;seed=7'"
         );
         assert_eq!(shell_quote("it's"), "'it'\\''s'");
+        assert_eq!(shell_quote_bytes(b"/a/st\xffx"), b"'/a/st\xffx'");
     }
 }
