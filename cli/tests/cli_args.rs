@@ -10,6 +10,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use common::{fresh_dir, lossy_exe, lossy_stdout};
+use lossy_cli::harness::plugin_client::NCCL_LIBRARY_NAME;
 
 /// Runs `lossy args` (none of our variables from the developer's shell), within 10 s.
 fn lossy(args: &[&OsStr]) -> Output {
@@ -191,5 +192,59 @@ fn run_print_env_prints_a_path_that_is_not_utf8_as_it_is() {
         Path::new(OsStr::from_bytes(&read.stdout)),
         stats.as_path(),
         "the shell read another path"
+    );
+}
+
+/// What `sh` holds in `$VAR` after running `line`, as bytes.
+fn shell_reads(line: &[u8], var: &str) -> Vec<u8> {
+    let mut script = line.to_vec();
+    script.extend_from_slice(format!("; printf %s \"${var}\"").as_bytes());
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(OsStr::from_bytes(&script))
+        .output()
+        .expect("sh");
+    out.stdout
+}
+
+#[test]
+fn install_prints_a_prefix_that_is_not_utf8_as_it_is() {
+    // The export lines to paste named `p\u{fffd}q` for a prefix `p\xffq`: another directory,
+    // where no library was installed.
+    let top = fresh_dir("install-bytes");
+    let prefix = top.join(OsStr::from_bytes(b"p\xffq"));
+    let mut cmd = Command::new(lossy_exe());
+    cmd.arg("install").arg("--prefix").arg(&prefix);
+    let out = common::output_within_10s(&mut cmd, "lossy install");
+    assert!(out.status.success(), "{out:?}");
+    let line = out
+        .stdout
+        .split(|&b| b == b'\n')
+        .find(|l| {
+            let l = l.trim_ascii_start();
+            l.starts_with(b"export NCCL_NET_PLUGIN=")
+                && !l.starts_with(b"export NCCL_NET_PLUGIN=lossy")
+        })
+        .expect("the full-path export line");
+    let library = prefix.join("lib").join(NCCL_LIBRARY_NAME);
+    assert!(library.is_file(), "not installed at {}", library.display());
+    assert_eq!(
+        shell_reads(line, "NCCL_NET_PLUGIN"),
+        library.as_os_str().as_bytes(),
+        "{}",
+        String::from_utf8_lossy(line)
+    );
+    let line = out
+        .stdout
+        .split(|&b| b == b'\n')
+        .find(|l| l.trim_ascii_start().starts_with(b"export LD_LIBRARY_PATH="))
+        .expect("the loader path line");
+    let mut with_empty = b"LD_LIBRARY_PATH=; ".to_vec();
+    with_empty.extend_from_slice(line);
+    assert_eq!(
+        shell_reads(&with_empty, "LD_LIBRARY_PATH"),
+        prefix.join("lib").as_os_str().as_bytes(),
+        "{}",
+        String::from_utf8_lossy(line)
     );
 }

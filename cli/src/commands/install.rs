@@ -3,10 +3,12 @@
 //! and this command next to it.
 
 use std::fs;
+use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use super::shell_quote;
+use super::shell_quote_bytes;
 use crate::harness::plugin_client::{default_library_path, PluginLibrary, NCCL_LIBRARY_NAME};
 use nccl_net_lossy::{Error, Result};
 
@@ -105,18 +107,21 @@ fn install(args: &Args) -> Result<()> {
         join(&versions)
     );
     println!("installed {}", bin_dest.display());
-    println!("\nUse it with NCCL, either by name (library on the loader path):");
-    // Quoted for a shell: the lines are meant to be pasted, whatever the prefix holds.
-    println!(
-        "  export LD_LIBRARY_PATH={}\"${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}\" NCCL_NET_PLUGIN=lossy NCCL_NET=lossy",
-        shell_quote(&lib_dir.to_string_lossy())
+    // Quoted for a shell byte for byte: the lines are meant to be pasted, whatever the prefix
+    // holds (a prefix that is not UTF-8 was printed with U+FFFD, naming another directory).
+    let mut text = b"\nUse it with NCCL, either by name (library on the loader path):\n".to_vec();
+    text.extend_from_slice(b"  export LD_LIBRARY_PATH=");
+    text.extend_from_slice(&shell_quote_bytes(lib_dir.as_os_str().as_bytes()));
+    text.extend_from_slice(
+        b"\"${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}\" NCCL_NET_PLUGIN=lossy NCCL_NET=lossy\n",
     );
-    println!("or by full path:");
-    println!(
-        "  export NCCL_NET_PLUGIN={} NCCL_NET=lossy",
-        shell_quote(&lib_dest.to_string_lossy())
-    );
-    Ok(())
+    text.extend_from_slice(b"or by full path:\n  export NCCL_NET_PLUGIN=");
+    text.extend_from_slice(&shell_quote_bytes(lib_dest.as_os_str().as_bytes()));
+    text.extend_from_slice(b" NCCL_NET=lossy\n");
+    let mut out = std::io::stdout().lock();
+    out.write_all(&text)
+        .and_then(|()| out.flush())
+        .map_err(|e| Error::system(format!("cannot print the commands to use it: {e}")))
 }
 
 fn join(versions: &[u32]) -> String {
