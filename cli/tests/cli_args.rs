@@ -248,3 +248,30 @@ fn install_prints_a_prefix_that_is_not_utf8_as_it_is() {
         String::from_utf8_lossy(line)
     );
 }
+
+#[test]
+fn run_checks_each_set_as_validate_does_and_names_it() {
+    // A bad `--set` was reported as `NCCL_LOSSY_SET: model.rate = 2`, a variable the user
+    // never set; and two `--set`s each refused alone (an unterminated quote) were joined into
+    // one valid override, `description="a;b"`, that neither asked for.
+    let out = lossy_str(&["run", "--set", "model.rate=2", "--", "true"]);
+    assert_refused(&out, 2, &["--set", "model.rate = 2", "[0, 1]"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("NCCL_LOSSY_SET"), "{stderr}");
+    let out = lossy_str(&[
+        "run",
+        "--set",
+        "description=\"a",
+        "--set",
+        "b\"",
+        "--print-env",
+    ]);
+    assert_refused(&out, 2, &["--set", "quote"]);
+    // The environment's own overrides are still named as its.
+    let mut cmd = Command::new(lossy_exe());
+    cmd.args(["run", "--", "true"])
+        .env("NCCL_LOSSY_SET", "model.rate=3")
+        .env_remove("NCCL_LOSSY_PROFILE");
+    let out = common::output_within_10s(&mut cmd, "lossy run");
+    assert_refused(&out, 2, &["NCCL_LOSSY_SET", "model.rate = 3"]);
+}

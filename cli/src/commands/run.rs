@@ -66,18 +66,27 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
     }
     // A variable that is not UTF-8 is an error, as in the plugin's init, not unset.
     let utf8 = |name: &str| nccl_net_lossy::env::var(name).map_err(|e| e.to_string());
-    let mut overrides: Vec<String> = utf8(SET_ENV)?
-        .filter(|set| !set.trim().is_empty())
-        .into_iter()
-        .collect();
-    overrides.extend(args.overrides.iter().cloned());
-    let overrides = overrides.join(";");
+    // NCCL_LOSSY_SET, then each --set, as `lossy validate` takes them.
+    let applied = super::validate::overrides(&args.overrides)?;
+    let overrides = applied
+        .iter()
+        .map(|(_, set)| set.as_str())
+        .collect::<Vec<_>>()
+        .join(";");
     let profile_path = match &args.profile {
         Some(path) => Some(absolute(path)?),
         None => Profile::path_from_env().map_err(|e| e.to_string())?,
     };
     // Check the profile here, before any rank starts: a plugin that fails inside NCCL is
-    // far harder to notice.
+    // far harder to notice. Each override on its own first, as `lossy validate` does, so an
+    // error names where it came from (a bad --set was blamed on NCCL_LOSSY_SET), and two
+    // --sets refused alone cannot pass as one (`description="a` and `b"` joined by `;`).
+    let layers: Vec<(&str, &str)> = applied
+        .iter()
+        .map(|(from, set)| (from.as_str(), set.as_str()))
+        .collect();
+    Profile::load_layers(profile_path.as_deref(), &layers).map_err(|err| err.to_string())?;
+    // Then what the plugin will load: the overrides as one NCCL_LOSSY_SET.
     let profile =
         Profile::load(profile_path.as_deref(), &overrides).map_err(|err| err.to_string())?;
     let user_proto = utf8("NCCL_PROTO")?.filter(|p| !p.is_empty());
