@@ -261,3 +261,35 @@ fn each_rule_is_counted_and_reported_with_its_own_expected_loss() {
     assert!(line("rules.1 ").contains("3.8462"), "{table}");
     assert!(line("defaults").contains("0.0000"), "{table}");
 }
+
+#[test]
+fn the_table_names_the_profile_its_overrides_and_seed() {
+    // The table gave the counts and the model's closed form, but not which profile ran nor
+    // with which overrides and seed: the runs of a sweep (`--set model.rate=$rate`) were told
+    // apart by their directory names alone (`--json` had it all).
+    let dir = fresh_dir("report-names-profile");
+    let stats = dir.to_str().expect("utf-8");
+    let profile = common::repo_file("configs/uniform-1pct.toml");
+    lossy(
+        &["demo", "--ranks", "2", "--sizes", "64K"],
+        &[
+            ("NCCL_LOSSY_STATS", stats),
+            ("NCCL_LOSSY_PROFILE", profile.to_str().expect("utf-8")),
+            ("NCCL_LOSSY_SET", "model.rate=0.02;seed=7"),
+        ],
+    );
+    let table = lossy(&["report", stats], &[]);
+    let line = table
+        .lines()
+        .find(|l| l.contains(" profile "))
+        .unwrap_or_else(|| panic!("no profile line: {table}"));
+    for word in [
+        "uniform-1pct.toml",
+        "overrides `model.rate=0.02;seed=7`",
+        "seed 7",
+        "uniform(rate=0.02)",
+        "effect zero",
+    ] {
+        assert!(line.contains(word), "no `{word}` in: {line}");
+    }
+}

@@ -266,6 +266,9 @@ fn table(runs: &[RunSummary]) -> String {
                 fmt_opt(latency.map(|l| l[2]), 1),
             );
         }
+        if let Some(profile) = describe_profile(&run.profile) {
+            out += &format!("{:<20} profile {profile}\n", run.run);
+        }
         let total = &run.total.counts;
         if total.packets_injection_off > 0 {
             let share = total.packets_injection_off as f64 / total.packets.max(1) as f64;
@@ -336,6 +339,56 @@ fn rule_table(run: &RunSummary) -> String {
         );
     }
     out
+}
+
+/// The profile a run's files say produced it, in one line: where it came from, the overrides
+/// and seed, the default model and effect, and how many rules (`None` without a profile).
+fn describe_profile(profile: &serde_json::Value) -> Option<String> {
+    let origin = profile.get("origin")?.as_str()?;
+    let mut text = origin.to_string();
+    match profile.get("overrides").and_then(|v| v.as_str()) {
+        Some(set) if !set.trim().is_empty() => text += &format!(" (overrides `{}`)", set.trim()),
+        _ => {}
+    }
+    if let Some(seed) = profile.get("seed") {
+        text += &format!(", seed {seed}");
+    }
+    let defaults = profile.get("defaults");
+    if let Some(model) = defaults.and_then(|d| d.get("model")) {
+        text += &format!(", default model {}", describe_model(model));
+    }
+    if let Some(effect) = defaults
+        .and_then(|d| d.get("effect"))
+        .and_then(|e| e.as_str())
+    {
+        text += &format!(", effect {effect}");
+    }
+    if let Some(rules) = profile.get("rules").and_then(|r| r.as_array()) {
+        let n = rules.len();
+        text += &format!(", {n} rule{}", if n == 1 { "" } else { "s" });
+    }
+    Some(text)
+}
+
+/// A model of a statistics file's profile as `kind(key=value, ...)`.
+fn describe_model(model: &serde_json::Value) -> String {
+    let Some(map) = model.as_object() else {
+        return model.to_string();
+    };
+    let kind = map.get("kind").and_then(|k| k.as_str()).unwrap_or("?");
+    let params: Vec<String> = map
+        .iter()
+        .filter(|(key, _)| key.as_str() != "kind")
+        .map(|(key, value)| match value.as_str() {
+            Some(text) => format!("{key}={text}"),
+            None => format!("{key}={value}"),
+        })
+        .collect();
+    if params.is_empty() {
+        kind.to_string()
+    } else {
+        format!("{kind}({})", params.join(", "))
+    }
 }
 
 /// Comma-separated values, one line per (run, collective).
