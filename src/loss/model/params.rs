@@ -453,7 +453,9 @@ impl ModelSpec {
         }
         let r = 1.0 / mean_burst;
         let p = rate * r / (1.0 - rate);
-        if p > 1.0 {
+        // rate = B/(B+1) exactly needs p = 1, which rounding may make 1 + a few ulps: the
+        // bound itself is allowed (the same 1e-12 slack as markov4's sums of probabilities).
+        if p > 1.0 + 1e-12 {
             return Err(err(
                 "rate",
                 format!(
@@ -466,7 +468,7 @@ impl ModelSpec {
             ));
         }
         Ok(ModelSpec::GilbertElliott {
-            p,
+            p: p.min(1.0),
             r,
             h_loss: 1.0,
             k_loss: 0.0,

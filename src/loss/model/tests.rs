@@ -707,3 +707,33 @@ fn markov4_edge_values() {
     assert!((bursts.expected_mean_burst() - 4.0).abs() < 1e-9);
     check(&bursts, 46, 4_000_000);
 }
+
+#[test]
+fn rate_form_accepts_its_documented_bound_rate_equal_to_b_over_b_plus_1() {
+    // rate = B/(B+1) needs p = 1 exactly; rounding made p = 1.0000000000000002 for B = 4, 9,
+    // 12, ... and the profile was refused with "needs p = 1 > 1". The bound is allowed.
+    for (rate, burst) in [(0.8, 4.0), (0.9, 9.0), (0.95, 19.0), (0.99, 99.0)] {
+        let spec = ModelSpec::gilbert_elliott_from_rate(rate, burst)
+            .unwrap_or_else(|e| panic!("rate {rate}, mean_burst {burst}: {e}"));
+        let ModelSpec::GilbertElliott { p, .. } = spec else {
+            panic!("{spec:?}")
+        };
+        assert!(
+            p <= 1.0 && 1.0 - p < 1e-12,
+            "rate {rate}, mean_burst {burst}: p = {p}"
+        );
+        assert!((spec.expected_loss_rate() - rate).abs() < 1e-12);
+    }
+    for b in 1..=200u32 {
+        let burst = f64::from(b);
+        let rate = burst / (burst + 1.0);
+        assert!(
+            ModelSpec::gilbert_elliott_from_rate(rate, burst).is_ok(),
+            "mean_burst {b}"
+        );
+    }
+    // Past the bound is still refused, by as little as 1e-9.
+    let e = ModelSpec::gilbert_elliott_from_rate(0.9 + 1e-9, 9.0).unwrap_err();
+    assert_eq!(e.key, "rate");
+    assert!(e.message.contains("B/(B+1) = 0.9"), "{e}");
+}
