@@ -718,3 +718,25 @@ fn the_expected_wait_matches_the_loss_events_the_engine_plans() {
         "engine {mean}, summary {events}"
     );
 }
+
+#[test]
+fn a_refusal_caused_by_a_default_names_the_key_written_and_the_default() {
+    // p = 1 alone leaves r at netem's default 1 - p = 0; the error named `model.r`, a key the
+    // profile does not have, as if the user had written r = 0.
+    let e = err("model = { kind = \"gilbert_elliott\", p = 1 }", "");
+    assert!(
+        e.starts_with("configs/x.toml:1: model.p = 1:") && e.contains("r defaults to 1 - p = 0"),
+        "{e}"
+    );
+    let e = err("model = { kind = \"markov4\", p13 = 1 }", "");
+    assert!(
+        e.starts_with("configs/x.toml:1: model.p13 = 1:")
+            && e.contains("p31 defaults to 1 - p13 = 0"),
+        "{e}"
+    );
+    // Written out, the key at fault is still the one named.
+    let e = err("model = { kind = \"gilbert_elliott\", p = 0.5, r = 0 }", "");
+    assert!(e.starts_with("configs/x.toml:1: model.r = 0:"), "{e}");
+    let e = err("model = { kind = \"markov4\", p13 = 0.5, p31 = 0 }", "");
+    assert!(e.starts_with("configs/x.toml:1: model.p31 = 0:"), "{e}");
+}

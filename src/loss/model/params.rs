@@ -320,10 +320,19 @@ impl ModelSpec {
                     let h_loss = opt_prob("h_loss", raw.h_loss)?.unwrap_or(1.0);
                     let k_loss = opt_prob("k_loss", raw.k_loss)?.unwrap_or(0.0);
                     if p > 0.0 && r == 0.0 {
-                        return Err(err(
-                            "r",
-                            "r must be > 0 when p > 0, or the first burst would never end",
-                        ));
+                        // r left out is netem's 1 - p: name the key written, and the default.
+                        return Err(match raw.r {
+                            Some(_) => err(
+                                "r",
+                                "r must be > 0 when p > 0, or the first burst would never end",
+                            ),
+                            None => err(
+                                "p",
+                                "r defaults to 1 - p = 0, and r must be > 0 when p > 0, or the \
+                                 first burst would never end; set r (for total loss, use uniform \
+                                 with rate = 1)",
+                            ),
+                        });
                     }
                     Ok(ModelSpec::GilbertElliott {
                         p,
@@ -368,10 +377,18 @@ impl ModelSpec {
                     ));
                 }
                 if p13 > 0.0 && p31 + p32 == 0.0 {
-                    return Err(err(
-                        "p31",
-                        "p31 + p32 must be > 0 when p13 > 0, or the first burst would never end",
-                    ));
+                    // p31 left out is netem's 1 - p13: name the key written, and the default.
+                    return Err(match raw.p31 {
+                        None => err(
+                            "p13",
+                            "p31 defaults to 1 - p13 = 0, and p31 + p32 must be > 0 when \
+                             p13 > 0, or the first burst would never end; set p31",
+                        ),
+                        Some(_) => err(
+                            "p31",
+                            "p31 + p32 must be > 0 when p13 > 0, or the first burst would never end",
+                        ),
+                    });
                 }
                 if p13 > 0.0 && p32 > 0.0 && p23 == 0.0 {
                     return Err(err(
