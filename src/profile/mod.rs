@@ -104,11 +104,17 @@ pub struct Profile {
     pub trace_events: Option<usize>,
 }
 
-/// "model, effect E, expected loss X% (mean burst B)".
-fn describe_action(action: &Action) -> String {
+/// "model, effect E[, mtu M], expected loss X% (mean burst B)"; the mtu is named when it is
+/// not the profile's `mtu` (a rule's own), since it decides which bytes a loss takes.
+fn describe_action(action: &Action, profile_mtu: u32) -> String {
     let loss = action.model.expected_loss_rate();
+    let mtu = if action.mtu == profile_mtu {
+        String::new()
+    } else {
+        format!(", mtu {}", action.mtu)
+    };
     let mut s = format!(
-        "{}, effect {}, expected loss {}%",
+        "{}, effect {}{mtu}, expected loss {}%",
         action.model.describe(),
         action.effect.name(),
         short(loss * 100.0)
@@ -344,7 +350,7 @@ impl Profile {
             self.origin,
             self.seed,
             self.mtu,
-            describe_action(&self.defaults)
+            describe_action(&self.defaults, self.mtu)
         );
         line.push_str(&format!(
             "; {} rule{}",
@@ -355,7 +361,7 @@ impl Profile {
             let part = format!(
                 " [{} -> {}]",
                 rule.when.describe(),
-                describe_action(&rule.action)
+                describe_action(&rule.action, self.mtu)
             );
             if line.len() + part.len() > MAX_SUMMARY_BYTES {
                 let left = self.rules.len() - i;

@@ -740,3 +740,28 @@ fn a_refusal_caused_by_a_default_names_the_key_written_and_the_default() {
     let e = err("model = { kind = \"markov4\", p13 = 0.5, p31 = 0 }", "");
     assert!(e.starts_with("configs/x.toml:1: model.p31 = 0:"), "{e}");
 }
+
+#[test]
+fn the_summary_shows_a_rules_own_packet_size() {
+    // A rule's mtu decides which bytes a loss takes (and how many packets a message has); the
+    // summary said only the profile's "mtu 4096", so a rule at 512 read as 4096.
+    let p = Profile::parse(
+        "effect = \"zero\"\n[[rules]]\nmtu = 512\nmodel = { kind = \"uniform\", rate = 0.1 }\n",
+        "configs/x.toml",
+        "",
+    )
+    .unwrap();
+    let s = p.summary();
+    assert!(
+        s.contains("[all -> uniform(rate=0.1), effect zero, mtu 512, expected loss 10%"),
+        "{s}"
+    );
+    // The same packet size as the profile's is not repeated.
+    assert!(!s.contains("default: none, effect zero, mtu"), "{s}");
+    let p = Profile::parse("[[rules]]\n", "configs/x.toml", "rules.0.mtu=1024").unwrap();
+    assert!(
+        p.summary().contains("effect retransmit, mtu 1024,"),
+        "{}",
+        p.summary()
+    );
+}
