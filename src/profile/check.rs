@@ -435,7 +435,7 @@ impl Checker<'_> {
             None => None,
         };
         let transport = match root.get("transport") {
-            Some(n) => match self.string(n, "transport")?.as_str() {
+            Some(n) => match self.string(n, "transport")?.to_ascii_lowercase().as_str() {
                 "socket" => Some(TransportKind::Socket),
                 "wrap" => Some(TransportKind::Wrap),
                 _ => return Err(self.bad(n, "transport", "allowed: \"socket\", \"wrap\"")),

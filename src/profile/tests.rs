@@ -111,6 +111,11 @@ fn transport_and_inner_are_read_and_shown() {
     assert_eq!(p.to_json()["inner"], "ib");
     let p = parse("transport = \"socket\"\n").unwrap();
     assert_eq!((p.transport, p.inner), (Some(TransportKind::Socket), None));
+    // As every other name of the profile (effect, model kind, phase), in any case.
+    let p = parse("transport = \"Wrap\"\ninner = \"ib\"\n").unwrap();
+    assert_eq!(p.transport, Some(TransportKind::Wrap));
+    let p = parse("transport = \"SOCKET\"\n").unwrap();
+    assert_eq!(p.transport, Some(TransportKind::Socket));
     let p = parse("").unwrap();
     assert_eq!((p.transport, p.inner.clone()), (None, None));
     assert_eq!(p.to_json()["transport"], "socket");
