@@ -9,7 +9,8 @@
 //! closed, I/O threads joined, a wrapped plugin unloaded). Net v8 to v10 have no `finalize`:
 //! their `init` holds the runtime until the library is unloaded (a `.fini_array` destructor).
 //! A failed build is not remembered: the next `init` tries again, so a user can fix the
-//! profile and initialise again in the same process.
+//! profile and initialise again in the same process. A child forked after `init` releases
+//! nothing when it exits: the runtime, its threads and its numbers are the parent's.
 //!
 //! What stays process-wide, and why:
 //! - the slot below that holds the runtime: `devices` and `getProperties` carry no context,
@@ -34,7 +35,7 @@ mod output;
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -183,6 +184,7 @@ impl Runtime {
             Some(runtime) => Arc::clone(runtime),
             None => {
                 let runtime = Arc::new(building(|| build_logged(logger))?);
+                OWNER_PID.store(std::process::id(), Ordering::Relaxed);
                 slot.last_profile = Some(Arc::clone(&runtime.profile_json));
                 slot.implicit = Some(Context::new(0, 0, None, runtime.takes_net_attr()));
                 slot.runtime = Some(Arc::clone(&runtime));
@@ -474,9 +476,26 @@ impl Context {
     }
 }
 
+/// The process that built the latest runtime. A child forked after `init` inherits a copy of
+/// the slot, the statistics and the trace, but none of the threads (the statistics writer, the
+/// transport's I/O threads): they are the parent's.
+static OWNER_PID: AtomicU32 = AtomicU32::new(0);
+
+/// Whether this process is a child forked after the runtime was built (see [`OWNER_PID`]).
+fn forked_child() -> bool {
+    let owner = OWNER_PID.load(Ordering::Relaxed);
+    owner != 0 && owner != std::process::id()
+}
+
 /// Releases the runtime when the library is unloaded (`dlclose`, or the process exits):
-/// the end of net v8 to v10, which have no `finalize`.
+/// the end of net v8 to v10, which have no `finalize`. A child forked after `init` leaves
+/// everything as it is: joining the writer thread, which exists only in the parent, would
+/// never return, and a statistics file or trace under the child's pid would hold the
+/// parent's messages a second time.
 extern "C" fn release_at_unload() {
+    if forked_child() {
+        return;
+    }
     let _ = std::panic::catch_unwind(|| {
         Runtime::release_all();
         // The last statistics file is written: what it was made of can go (the heap memory
