@@ -185,6 +185,21 @@ impl Runtime {
             None => {
                 let runtime = Arc::new(building(|| build_logged(logger))?);
                 OWNER_PID.store(std::process::id(), Ordering::Relaxed);
+                if slot
+                    .last_profile
+                    .as_ref()
+                    .is_some_and(|last| **last != *runtime.profile_json)
+                {
+                    // Built again under another profile: the statistics file goes on adding
+                    // to the same totals, but the earlier connections' rule numbers belong to
+                    // the old profile's rules.
+                    crate::stats::registry().forget_rules();
+                    log::warn(
+                        "the profile changed since this process's last runtime: its \
+                         statistics file adds the runs of both (the per-rule counts only this \
+                         one's)",
+                    );
+                }
                 slot.last_profile = Some(Arc::clone(&runtime.profile_json));
                 slot.implicit = Some(Context::new(0, 0, None, runtime.takes_net_attr()));
                 slot.runtime = Some(Arc::clone(&runtime));

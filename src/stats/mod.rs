@@ -393,6 +393,19 @@ impl Registry {
         }
     }
 
+    /// Drops the per-rule counts of the connections that closed so far: the profile they were
+    /// decided under is gone (a runtime built again under another profile), and its rule
+    /// numbers would be read against the new profile's rules.
+    pub fn forget_rules(&self) {
+        if let Ok(mut list) = self.connections.lock() {
+            for entry in list.iter_mut() {
+                if let Entry::Closed(snap) = entry {
+                    snap.by_rule.clear();
+                }
+            }
+        }
+    }
+
     /// Reads every connection's statistics.
     pub fn snapshot(&self) -> Vec<ConnectionSnapshot> {
         match self.connections.lock() {
@@ -654,6 +667,31 @@ mod tests {
         let snap = plain.snapshot();
         assert_eq!(snap.by_rule.len(), 1);
         assert_eq!(snap.by_rule[0].rule, None);
+    }
+
+    #[test]
+    fn per_rule_counts_of_closed_connections_can_be_dropped_and_the_rest_stays() {
+        let registry = Registry::default();
+        let (closed, live) = (
+            Arc::new(ConnectionStats::new(1, 0).with_rules(1)),
+            Arc::new(ConnectionStats::new(2, 0).with_rules(1)),
+        );
+        for stats in [&closed, &live] {
+            registry.register(Arc::clone(stats));
+            stats.record_message(&MessageRecord {
+                packets: 2,
+                rule: Some(0),
+                ..MessageRecord::default()
+            });
+        }
+        registry.close(&closed);
+        registry.forget_rules();
+        let snaps = registry.snapshot();
+        let by_rule: Vec<usize> = snaps.iter().map(|s| s.by_rule.len()).collect();
+        // The closed connection keeps its totals, not its rule numbers; the live one (of the
+        // runtime now running) keeps both.
+        assert_eq!(by_rule, vec![0, 1]);
+        assert!(snaps.iter().all(|s| s.total.messages == 1));
     }
 
     #[test]
