@@ -196,10 +196,14 @@ impl ConnectionStats {
     pub fn record_message(&self, record: &MessageRecord) {
         let slot = record.op.min(OP_SLOTS - 1) * PHASE_SLOTS + record.phase.min(PHASE_SLOTS - 1);
         self.cells[slot].add(record);
-        // Rules past the profile's (none, unless a caller is wrong) are not counted by rule.
-        let rule = record.rule.unwrap_or(self.by_rule.len() - 1);
-        if let Some(cell) = self.by_rule.get(rule) {
-            cell.add(record);
+        // Without rules every message is the defaults': the snapshot takes the totals, and
+        // the data path saves a second cell. Rules past the profile's (none, unless a caller
+        // is wrong) are not counted by rule.
+        if self.by_rule.len() > 1 {
+            let rule = record.rule.unwrap_or(self.by_rule.len() - 1);
+            if let Some(cell) = self.by_rule.get(rule) {
+                cell.add(record);
+            }
         }
     }
 
@@ -263,7 +267,7 @@ impl ConnectionStats {
             .enumerate()
             .map(|(i, cell)| RuleCounts {
                 rule: (i < defaults).then_some(i),
-                counts: cell.read(),
+                counts: if defaults == 0 { total } else { cell.read() },
             })
             .filter(|r| r.counts.messages > 0)
             .collect();
