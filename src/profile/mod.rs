@@ -252,25 +252,40 @@ impl Profile {
             tree::apply_overrides(&mut root, overrides, layer, source)?;
         }
         let sources: Vec<&str> = layers.iter().map(|(source, _)| *source).collect();
-        let mut profile = check::Checker {
-            origin,
-            sources: &sources,
-            traces: Default::default(),
-        }
-        .profile(&root, base)?;
-        profile.overrides = layers
-            .iter()
-            .map(|(_, overrides)| overrides.trim())
-            .filter(|overrides| !overrides.is_empty())
-            .collect::<Vec<_>>()
-            .join(";");
-        profile.overrides_shown = layers
+        let overrides_shown = layers
             .iter()
             .map(|(source, overrides)| (source, overrides.trim()))
             .filter(|(_, overrides)| !overrides.is_empty())
             .map(|(source, overrides)| format!("{source}: {overrides}"))
             .collect::<Vec<_>>()
             .join("; ");
+        let checked = check::Checker {
+            origin,
+            sources: &sources,
+            traces: Default::default(),
+        }
+        .profile(&root, base);
+        let mut profile = match checked {
+            // An error placed in the file may come of what an override changed (a model kind
+            // that now needs other keys, a window bound moved past the other): say which
+            // overrides the file was read with.
+            Err(e)
+                if !overrides_shown.is_empty() && e.message.starts_with(&format!("{origin}:")) =>
+            {
+                return Err(Error::new(
+                    e.kind,
+                    format!("{} (with the overrides of {overrides_shown})", e.message),
+                ))
+            }
+            checked => checked?,
+        };
+        profile.overrides = layers
+            .iter()
+            .map(|(_, overrides)| overrides.trim())
+            .filter(|overrides| !overrides.is_empty())
+            .collect::<Vec<_>>()
+            .join(";");
+        profile.overrides_shown = overrides_shown;
         Ok(profile)
     }
 

@@ -770,3 +770,27 @@ fn the_summary_shows_a_rules_own_packet_size() {
         p.summary()
     );
 }
+
+#[test]
+fn an_error_the_overrides_caused_in_the_file_names_them() {
+    // `--set model.kind=gilbert_elliott` on a uniform profile left a table that needs
+    // `mean_burst`: the error pointed at the file's line only, as if the file were wrong.
+    let err = Profile::parse(
+        "model = { kind = \"uniform\", rate = 0.01 }\n",
+        "configs/x.toml",
+        "model.kind=gilbert_elliott",
+    )
+    .expect_err("a rate-form table without mean_burst");
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with("configs/x.toml:1: model.mean_burst: missing")
+            && msg.contains("with the overrides of NCCL_LOSSY_SET: model.kind=gilbert_elliott"),
+        "{msg}"
+    );
+    // An error at an override's own value names the override already: nothing added.
+    let err = Profile::parse("", "configs/x.toml", "mtu=1").expect_err("mtu 1");
+    assert!(!err.to_string().contains("with the overrides"), "{err}");
+    // Without overrides, nothing added either.
+    let err = Profile::parse("mtu = 1\n", "configs/x.toml", "").expect_err("mtu 1");
+    assert!(!err.to_string().contains("with the overrides"), "{err}");
+}
