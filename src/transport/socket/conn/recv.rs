@@ -495,6 +495,14 @@ fn skipped_chunk(side: &RecvSide, s: usize, n: usize, from: u64, seq: u64) -> Op
 
 /// Checks what a chunk header says on its own (its place in the socket's stream, its chunk,
 /// its number of runs).
+/// The error of a chunk header of message `seq` on socket `s` that breaks the rules.
+fn bad_header(shared: &Shared<RecvSide>, s: usize, seq: u64, why: impl std::fmt::Display) -> Error {
+    Error::remote(format!(
+        "bad chunk header for message {seq} on socket {s} from {}: {why}",
+        shared.peer
+    ))
+}
+
 fn check_header(
     shared: &Shared<RecvSide>,
     s: usize,
@@ -502,13 +510,10 @@ fn check_header(
     min_seq: u64,
 ) -> Step<Header> {
     let n = shared.sockets.len();
-    let h = Header::decode(raw)?;
+    let h = Header::decode(raw)
+        .map_err(|e| e.context(format_args!("socket {s} from {}", shared.peer)))?;
     let seq = h.seq;
-    let bad = |why: String| {
-        Error::remote(format!(
-            "bad chunk header for message {seq} on socket {s}: {why}"
-        ))
-    };
+    let bad = |why: String| bad_header(shared, s, seq, why);
     // Every message has a chunk 0, on socket `seq mod n`: this socket's next chunk belongs
     // to the next message whose chunk 0 is ours, or to one before it.
     let latest = min_seq + ((s as u64 + n as u64 - min_seq % n as u64) % n as u64);
@@ -552,11 +557,7 @@ fn match_header(
     let size = h.size as usize;
     let chunks = chunk_count(size, n);
     let span = chunk_span(size, chunks, usize::from(h.chunk));
-    let bad = |why: String| {
-        Error::remote(format!(
-            "bad chunk header for message {seq} on socket {s}: {why}"
-        ))
-    };
+    let bad = |why: String| bad_header(shared, s, seq, why);
     let mut g = shared.lock();
     if g.over() {
         return Ok(None);
@@ -625,7 +626,9 @@ fn match_header(
     let buf = g.side.slots[slot].bufs[b];
     if size > buf.len() {
         return Err(Error::invalid_usage(format!(
-            "message {seq} of {size} bytes is larger than the posted receive of {} bytes",
+            "message {seq} of {size} bytes from {} (socket {s}) is larger than the posted \
+             receive of {} bytes",
+            shared.peer,
             buf.len()
         )));
     }
@@ -685,7 +688,7 @@ fn read_runs(
         let before = runs.len();
         wire::decode_runs(&run_bytes[..want], runs);
         job.run_end = effect::check_runs(&runs[before..], packets, job.run_end)
-            .map_err(|e| Error::remote(format!("bad chunk header for message {seq}: {e}")))?;
+            .map_err(|e| bad_header(shared, s, seq, e))?;
         job.runs_left -= want / RUN_SIZE;
         job.batch_got = 0;
     }

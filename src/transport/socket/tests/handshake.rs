@@ -353,6 +353,12 @@ fn bad_headers_fail_the_connection() {
             }
         };
         assert_eq!(err.kind, kind, "case {i}: {err}");
+        // The error says where: the socket and the peer (a wrong magic said neither).
+        let msg = err.to_string();
+        assert!(
+            msg.contains("socket 0") && msg.contains("127.0.0.1"),
+            "case {i}: {msg}"
+        );
         assert!(start.elapsed() < Duration::from_secs(5));
     }
 }
