@@ -218,3 +218,26 @@ fn a_plugins_warning_in_a_run_that_succeeds_reaches_the_user() {
     assert!(out.status.success(), "{stderr}");
     assert!(!stderr.contains("rank 0: "), "{stderr}");
 }
+
+#[test]
+fn a_plugin_that_frees_receive_slots_at_irecv_consumed_runs_as_under_nccl() {
+    // NCCL calls `irecvConsumed` (when the plugin has one) for every receive once its data
+    // was read, before the step is posted again (`recvProxyProgress`, src/transport/net.cc),
+    // so a plugin may keep a receive's resources until then. This one holds one of 8 slots
+    // per receive comm from `irecv` to `irecvConsumed` and refuses that call for a request
+    // `test` has not reported done: a driver that never calls it runs out of slots after 8
+    // receives and waits forever for a post the plugin keeps refusing.
+    let plugin = forward_plugin("consumed-slots");
+    let runs = every(&[4096, 1 << 20, 5 << 20], &[DataType::F32]);
+    let n = runs.len();
+    let mut job = Job::collectives(plugin, vec![LinkKind::Plugin], runs);
+    job.timeout_s = 10.0;
+    let mut env = env();
+    env.push(("FORWARD_PLUGIN_CONSUMED_SLOTS".into(), "1".into()));
+    env.push(("NCCL_LOSSY_SET".into(), "model.rate=0".into()));
+    let reports = launch_env(2, job, env).unwrap_or_else(|e| panic!("the job failed: {e}"));
+    for report in &reports {
+        assert_eq!(report.results.len(), n, "{report:?}");
+        assert!(report.results.iter().all(|r| r.ok), "{report:?}");
+    }
+}

@@ -178,6 +178,7 @@ type RegMrFn =
 type DeregMrFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> Code;
 type TestFn = unsafe extern "C" fn(*mut c_void, *mut c_int, *mut c_int) -> Code;
 type CloseFn = unsafe extern "C" fn(*mut c_void) -> Code;
+type IrecvConsumedFn = unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> Code;
 
 /// The entries whose C signature is the same in v8 to v12, copied out of the table at load.
 #[derive(Clone, Copy)]
@@ -190,6 +191,8 @@ pub(super) struct Shared {
     pub(super) close_send: CloseFn,
     pub(super) close_recv: CloseFn,
     pub(super) close_listen: CloseFn,
+    /// Optional: NCCL calls it, when present, once a completed receive's data was consumed.
+    pub(super) irecv_consumed: Option<IrecvConsumedFn>,
 }
 
 /// The entries whose signature changed across versions, in the current (v12) shape. Each
@@ -671,6 +674,7 @@ macro_rules! table {
                     close_send: need(self.closeSend, "closeSend")?,
                     close_recv: need(self.closeRecv, "closeRecv")?,
                     close_listen: need(self.closeListen, "closeListen")?,
+                    irecv_consumed: self.irecvConsumed,
                 })
             }
         }

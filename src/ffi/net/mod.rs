@@ -625,6 +625,29 @@ impl NetPlugin {
         Ok((done != 0).then_some(sizes))
     }
 
+    /// True when the plugin has `irecvConsumed` (NCCL calls it only then).
+    pub fn has_irecv_consumed(&self) -> bool {
+        self.shared.irecv_consumed.is_some()
+    }
+
+    /// Tells the plugin that the data of a receive request of `n` buffers, which `test`
+    /// already reported done, was consumed and its buffers may be posted again
+    /// (`irecvConsumed`, as NCCL's `recvProxyProgress` calls it for every receive once the
+    /// GPU read it). Nothing happens when the plugin has no such call.
+    ///
+    /// # Safety
+    /// `comm` is the live receive comm `req` was posted on, `req` tested done with `n`
+    /// buffers, and this is the only `irecvConsumed` for it.
+    pub unsafe fn irecv_consumed(&self, comm: NetComm, n: usize, req: NetRequest) -> Result<()> {
+        let Some(consumed) = self.shared.irecv_consumed else {
+            return Ok(());
+        };
+        let n = c_int::try_from(n).map_err(|_| Error::invalid_argument("irecvConsumed count"))?;
+        // SAFETY: per this function's contract.
+        let code = unsafe { consumed(comm.0, n, req.0) };
+        self.check(code, "irecvConsumed")
+    }
+
     /// Closes a send comm.
     ///
     /// # Safety

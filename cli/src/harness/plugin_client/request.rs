@@ -192,9 +192,23 @@ impl Request {
             .take()
             .ok_or_else(|| Error::invalid_usage("finish before test reported the request done"))?;
         let bufs = std::mem::replace(&mut self.bufs, Lent::new());
+        // A receive's data is consumed here, before its buffers can be posted again: NCCL
+        // calls `irecvConsumed` (when the plugin has one) for every receive at that point
+        // (`recvProxyProgress`, once the GPU has read the step), and a plugin may hold the
+        // request's resources until then.
+        let consumed = match self.posted {
+            PostedSizes::Recv(_) => self.comm.live().and_then(|comm| {
+                // SAFETY: the live receive comm this request was posted on; the request
+                // tested done with `bufs.n` buffers, and `sizes` was taken above, so this
+                // is its only `irecvConsumed`.
+                unsafe { self.comm.plugin().irecv_consumed(comm, bufs.n, self.raw) }
+            }),
+            PostedSizes::Send(_) => Ok(()),
+        };
         // SAFETY: the plugin no longer uses the buffers now that test reported the request
         // done.
-        Ok((unsafe { bufs.take_back() }, sizes))
+        let bufs = unsafe { bufs.take_back() };
+        consumed.map(|()| (bufs, sizes))
     }
 }
 
