@@ -241,3 +241,31 @@ fn a_plugin_that_frees_receive_slots_at_irecv_consumed_runs_as_under_nccl() {
         assert!(report.results.iter().all(|r| r.ok), "{report:?}");
     }
 }
+
+/// Runs a 4 KiB all-reduce through the forwarding plugin with its device 0 reporting
+/// `type_version` (`T,V`) as netDeviceType and netDeviceVersion.
+fn run_with_device_type(test: &str, type_version: &str) -> nccl_net_lossy::Result<()> {
+    let job = Job::collectives(
+        forward_plugin(test),
+        vec![LinkKind::Plugin],
+        every(&[4096], &[DataType::F32]),
+    );
+    let mut env = env();
+    env.push(("FORWARD_PLUGIN_DEVICE_TYPE".into(), type_version.into()));
+    env.push(("NCCL_LOSSY_SET".into(), "model.rate=0".into()));
+    launch_env(2, job, env).map(|_| ())
+}
+
+#[test]
+fn a_plugin_whose_device_nccl_would_not_use_is_refused_at_init() {
+    // NCCL assigns a net plugin to a communicator only when device 0's netDeviceType is
+    // NCCL_NET_DEVICE_HOST, or NCCL_NET_DEVICE_UNPACK of the version it was built with (0x7);
+    // any other type is "Unknown device code index" and the plugin is finalized unused
+    // (`ncclNetCheckDeviceVersion`, src/plugin/net.cc).
+    for (test, tv) in [("device-type-2", "2,0"), ("device-unpack-v6", "1,6")] {
+        let err = run_with_device_type(test, tv).expect_err(tv);
+        assert!(err.message.contains("netDeviceType"), "{tv}: {err}");
+    }
+    // A host device of any version is used.
+    run_with_device_type("device-host", "0,3").expect("a host device");
+}

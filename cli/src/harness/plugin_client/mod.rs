@@ -62,6 +62,13 @@ pub mod op {
     pub const SEND_RECV: u32 = 1 << 5;
 }
 
+/// `NCCL_NET_DEVICE_HOST`.
+const NET_DEVICE_HOST: i32 = 0;
+/// `NCCL_NET_DEVICE_UNPACK`.
+const NET_DEVICE_UNPACK: i32 = 1;
+/// `NCCL_NET_DEVICE_UNPACK_VERSION` of NCCL 2.28-2.30 (`src/include/nccl_device/net_device.h`).
+const UNPACK_VERSION: i32 = 0x7;
+
 /// Algorithm bit for the ring (`1 << NCCL_ALGO_RING`) sent with [`PluginClient::set_net_attr`].
 pub const ALGO_RING_BIT: u32 = 1 << 1;
 
@@ -211,14 +218,33 @@ impl PluginClient {
         // older NCCL runs under the default.
         let plugin = NetPlugin::load(Arc::clone(&lib.lib), MIN_VERSION..=version)?;
         let ctx = plugin.init_profiled(comm_id, logger(), profiler)?;
-        Ok(PluginClient {
+        let client = PluginClient {
             inner: Rc::new(ClientInner {
                 plugin,
                 ctx: RefCell::new(Some(ctx)),
                 lib: Rc::clone(lib),
                 profiled,
             }),
-        })
+        };
+        // Dropped on failure, the client finalizes the context, as NCCL does.
+        client.check_device_type()?;
+        Ok(client)
+    }
+
+    /// NCCL assigns a plugin to a communicator only when its device 0 is a host device, or
+    /// an unpack device of the version NCCL was built with; otherwise it finalizes the
+    /// plugin unused (`ncclNetCheckDeviceVersion`, src/plugin/net.cc).
+    fn check_device_type(&self) -> Result<()> {
+        let props = self.inner.plugin.properties(0)?;
+        let (kind, version) = (props.net_device_type, props.net_device_version);
+        if kind == NET_DEVICE_HOST || (kind == NET_DEVICE_UNPACK && version == UNPACK_VERSION) {
+            return Ok(());
+        }
+        Err(Error::invalid_argument(format!(
+            "net plugin {}: device 0 has netDeviceType {kind} (version {version}); NCCL uses \
+             only host devices (0) and unpack devices (1) of version {UNPACK_VERSION}",
+            self.name()
+        )))
     }
 
     /// The ABI version in use.
