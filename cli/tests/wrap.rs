@@ -570,6 +570,20 @@ fn inner_posts_answered_not_yet_lose_and_count_as_on_our_sockets() {
     );
 }
 
+#[test]
+fn an_inner_plugin_that_frees_receives_at_irecv_consumed_is_told_as_nccl_tells_it() {
+    // NCCL calls `irecvConsumed` on every finished receive of a plugin that has it
+    // (src/transport/net.cc, recvProxyProgress). Wrap mode never passed it on, so an inner
+    // plugin that frees a receive's resources there (the forwarding fixture with
+    // FORWARD_PLUGIN_CONSUMED_SLOTS=1: 8 receive slots a comm) ran out of them after 8
+    // receives and the job timed out.
+    loses_behind_the_forwarder_as_on_our_sockets(
+        "consumed-slots",
+        ("FORWARD_PLUGIN_CONSUMED_SLOTS", "1"),
+        &["zero"],
+    );
+}
+
 /// Runs each of `effects` on our own sockets and wrapped around the forwarding fixture with
 /// `quirk`, in front of the calibration plugin, with the same seed: the same packets must be
 /// lost and damaged, and the statistics count the same (each message once).

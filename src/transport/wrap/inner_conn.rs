@@ -197,15 +197,15 @@ pub(super) enum Half {
     Pending(NetRequest),
     /// Done, with the size the inner plugin reported; `None` when it wrote none (NCCL reads
     /// no send's size and a receive's only for its profiler and GPU flushes, so a plugin may
-    /// leave them unwritten).
-    Done(Option<usize>),
+    /// leave them unwritten). The request stays known for a receive's `irecvConsumed`.
+    Done(Option<usize>, NetRequest),
     /// Its test failed: the inner plugin may have released the request.
     Failed,
 }
 
 impl Half {
     pub(super) fn is_done(&self) -> bool {
-        matches!(self, Half::Done(_))
+        matches!(self, Half::Done(..))
     }
 }
 
@@ -268,7 +268,7 @@ impl InFlight {
             match unsafe { conn.plugin.net.test(req) } {
                 // The client fills the sizes with -1 before the call: still negative, the
                 // plugin did not write it.
-                Ok(Some(sizes)) => *half = Half::Done(usize::try_from(sizes[0]).ok()),
+                Ok(Some(sizes)) => *half = Half::Done(usize::try_from(sizes[0]).ok(), req),
                 Ok(None) => return Ok(()),
                 Err(err) => {
                     *half = Half::Failed;

@@ -576,7 +576,7 @@ impl RecvConn for WrapRecvConn {
         if !(slot.side.is_done() && slot.data.is_done()) {
             return Ok(None);
         }
-        let (Half::Done(side_len), Half::Done(reported), Some(buf)) =
+        let (Half::Done(side_len, side_req), Half::Done(reported, data_req), Some(buf)) =
             (slot.side, slot.data, slot.buf)
         else {
             return Err(Error::internal(
@@ -636,6 +636,16 @@ impl RecvConn for WrapRecvConn {
         }
         if slot.ready_at.is_some_and(|at| Instant::now() < at) {
             return Ok(None);
+        }
+        // Both inner receives are finished with (their bytes read, the loss applied): the
+        // inner plugin is told so, as NCCL tells a plugin that has `irecvConsumed` of every
+        // finished receive (src/transport/net.cc, recvProxyProgress). Told now rather than
+        // when NCCL tells us, since this slot is free for NCCL's next receive after this
+        // `test`.
+        for req in [side_req, data_req] {
+            // SAFETY: a receive of this connection's live comm that tested done with one
+            // buffer; it is forgotten below, so this is its only `irecvConsumed`.
+            unsafe { self.conn.plugin.net.irecv_consumed(self.conn.comm, 1, req) }?;
         }
         slot.busy = false;
         slot.buf = None;
