@@ -223,3 +223,25 @@ fn without_a_context_the_plugin_works_as_nccls_socket_plugin_does() {
     }
     close_all(t, sc, rc, lc, ctx);
 }
+
+#[test]
+fn the_tables_leave_irecv_consumed_unset_as_nccls_host_plugins_do() {
+    // NCCL calls `irecvConsumed` on every finished receive of a plugin that sets it
+    // (src/transport/net.cc, recvProxyProgress); NCCL's Socket and IB plugins leave it NULL.
+    // Ours set a call that did nothing: one more call into the plugin per receive for NCCL's
+    // proxy, for nothing (wrap mode tells its inner plugin itself, when a receive completes).
+    assert!(table().irecvConsumed.is_none(), "v12 sets irecvConsumed");
+    // SAFETY: each symbol is the table of its version in our headers.
+    let (v8, v9, v10, v11) = unsafe {
+        (
+            common::library_table::<nccl_net_lossy::ffi::ncclNet_v8_t>("ncclNetPlugin_v8"),
+            common::library_table::<nccl_net_lossy::ffi::ncclNet_v9_t>("ncclNetPlugin_v9"),
+            common::library_table::<nccl_net_lossy::ffi::ncclNet_v10_t>("ncclNetPlugin_v10"),
+            common::library_table::<nccl_net_lossy::ffi::ncclNet_v11_t>("ncclNetPlugin_v11"),
+        )
+    };
+    assert!(v8.irecvConsumed.is_none(), "v8 sets irecvConsumed");
+    assert!(v9.irecvConsumed.is_none(), "v9 sets irecvConsumed");
+    assert!(v10.irecvConsumed.is_none(), "v10 sets irecvConsumed");
+    assert!(v11.irecvConsumed.is_none(), "v11 sets irecvConsumed");
+}

@@ -88,14 +88,6 @@ extern "C" fn get_device_mr(
     guard("getDeviceMr", || super::get_device_mr(dptr_mhandle))
 }
 
-extern "C" fn irecv_consumed(
-    _recv_comm: *mut c_void,
-    _n: c_int,
-    _request: *mut c_void,
-) -> ncclResult_t {
-    ncclResult_t::ncclSuccess
-}
-
 /// Converts NCCL's per-version size arrays into byte counts (negative sizes become 0 and
 /// are then refused by the transport as too small for any message).
 fn int_size(sizes: *mut c_int, i: usize) -> usize {
@@ -451,7 +443,10 @@ macro_rules! export_table {
             closeRecv: Some(close_recv),
             closeListen: Some(close_listen),
             getDeviceMr: Some(get_device_mr),
-            irecvConsumed: Some(irecv_consumed),
+            // NULL, as NCCL's Socket and IB plugins: NCCL then makes no call per receive
+            // (src/transport/net.cc, recvProxyProgress); wrap mode tells its inner plugin
+            // itself when a receive completes.
+            irecvConsumed: None,
             $($extra: $value,)*
         });
     };
