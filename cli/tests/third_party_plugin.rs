@@ -269,3 +269,45 @@ fn a_plugin_whose_device_nccl_would_not_use_is_refused_at_init() {
     // A host device of any version is used.
     run_with_device_type("device-host", "0,3").expect("a host device");
 }
+
+#[test]
+fn messages_carry_the_ranks_as_tags_as_nccl_posts_them() {
+    // NCCL's proxy tags every send with the sender's rank and posts every receive with the
+    // peer's (src/transport/net.cc: isend(..., tpRank, ...), irecv tags = tpRemoteRank). The
+    // harness tagged everything 0x52, so a plugin that sorts messages by tag, as it may under
+    // NCCL, saw tags no NCCL run gives it.
+    let plugin = forward_plugin("tag-log");
+    let log = plugin.with_file_name("tags.txt");
+    let _ = std::fs::remove_file(&log);
+    exact_through(
+        plugin,
+        &[("FORWARD_PLUGIN_TAG_LOG", log.to_str().expect("UTF-8 path"))],
+    );
+    let text = std::fs::read_to_string(&log).expect("the plugin's log of tags");
+    // Per process (a rank): the tags of its sends and of its receives.
+    let mut by_pid: std::collections::BTreeMap<u32, (Vec<i32>, Vec<i32>)> = Default::default();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        let (tag, pid): (i32, u32) = (f[1].parse().expect("tag"), f[2].parse().expect("pid"));
+        let entry = by_pid.entry(pid).or_default();
+        match f[0] {
+            "send" => entry.0.push(tag),
+            _ => entry.1.push(tag),
+        }
+    }
+    assert_eq!(by_pid.len(), 2, "{text}");
+    let mut senders = Vec::new();
+    for (pid, (sends, recvs)) in &by_pid {
+        assert!(!sends.is_empty() && !recvs.is_empty(), "{pid}: {text}");
+        let rank = sends[0];
+        assert!(sends.iter().all(|&t| t == rank), "{pid} sends {sends:?}");
+        // A ring of 2: each rank receives from the other.
+        assert!(
+            recvs.iter().all(|&t| t == 1 - rank),
+            "{pid} receives {recvs:?}"
+        );
+        senders.push(rank);
+    }
+    senders.sort_unstable();
+    assert_eq!(senders, vec![0, 1], "{text}");
+}

@@ -20,9 +20,6 @@ use nccl_net_lossy::{Error, Result};
 /// Most requests in flight per connection (NCCL's `NCCL_STEPS`).
 pub const MAX_IN_FLIGHT: usize = 8;
 
-/// Tag the ring's messages carry.
-const RING_TAG: i32 = 0x52;
-
 /// One rank's two ring connections, driven without blocking.
 pub trait RingLink {
     /// A short name for tables ("plugin", "raw-tcp").
@@ -70,6 +67,10 @@ pub struct PluginLink {
     recv_mrs: HashMap<usize, MrHandle>,
     sends: VecDeque<Request>,
     recvs: VecDeque<Request>,
+    /// The tags NCCL's proxy gives: a send carries the sender's rank, a receive is posted
+    /// with the peer's (src/transport/net.cc: `isend(..., tpRank, ...)`, `tpRemoteRank`).
+    send_tag: i32,
+    recv_tag: i32,
 }
 
 impl PluginLink {
@@ -101,10 +102,17 @@ impl PluginLink {
         if client.devices()? < 1 {
             return Err(Error::system("the plugin reports no devices"));
         }
+        let (rank, nranks) = (boot.rank(), boot.nranks());
+        let tag = |r: usize| {
+            i32::try_from(r).map_err(|_| Error::invalid_argument(format!("rank {r} as a tag")))
+        };
+        let (send_tag, recv_tag) = (tag(rank)?, tag((rank + nranks - 1) % nranks)?);
         (0..channels.max(1))
             .map(|_| {
                 let (send, recv) = ring_comms(&client, boot, timeout)?;
                 Ok(PluginLink {
+                    send_tag,
+                    recv_tag,
                     client: Rc::clone(&client),
                     send,
                     recv,
@@ -179,7 +187,7 @@ impl RingLink for PluginLink {
     fn post_send(&mut self, mut buf: HostBuffer, len: usize) -> Result<Option<HostBuffer>> {
         let send = &self.send;
         let mr = mr_for(&mut self.send_mrs, &mut buf, |b| send.reg_mr(b))?;
-        match self.send.isend(buf, len, RING_TAG, mr)? {
+        match self.send.isend(buf, len, self.send_tag, mr)? {
             Posted::Started(req) => {
                 self.sends.push_back(req);
                 Ok(None)
@@ -195,7 +203,7 @@ impl RingLink for PluginLink {
         let item = RecvItem {
             buf,
             size,
-            tag: RING_TAG,
+            tag: self.recv_tag,
             mr,
         };
         match self.recv.irecv([item])? {
