@@ -13,7 +13,7 @@ use std::path::Path;
 use std::ptr::null_mut;
 use std::time::{Duration, Instant};
 
-use common::{fresh_dir, library, post_recv, post_send, say, wait_request, Peer};
+use common::{fresh_dir, library, say, Peer};
 use lossy_cli::harness::plugin_client::{PluginClient, PluginLibrary};
 use nccl_net_lossy::ffi::{ncclNet_v12_t, ncclResult_t};
 use nccl_net_lossy::stats::writer::StatsFile;
@@ -109,16 +109,7 @@ fn exiting_while_another_thread_tests_a_request_keeps_the_statistics() {
 
 /// Moves [`MESSAGES`] messages over one connection of `client` and leaves it open.
 fn move_messages(client: &PluginClient) -> impl Sized {
-    let (send, recv) = client
-        .local_pair(0, Duration::from_secs(20))
-        .expect("local pair");
-    for i in 0..MESSAGES {
-        let mut r = post_recv(&recv, SIZE, 0).expect("irecv");
-        let mut s = post_send(&send, vec![i as u8; SIZE], 0).expect("isend");
-        wait_request(&mut s, HANG).expect("send");
-        wait_request(&mut r, HANG).expect("recv");
-    }
-    (send, recv)
+    common::move_messages(client, MESSAGES, SIZE, HANG)
 }
 
 /// On a connection of its own, posts a receive nobody sends to and tests it for ever, through

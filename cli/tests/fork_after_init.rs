@@ -13,7 +13,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{fresh_dir, library, post_recv, post_send, say, wait_request, Peer};
+use common::{fresh_dir, library, say, Peer};
 use lossy_cli::harness::plugin_client::{PluginClient, PluginLibrary};
 use nccl_net_lossy::stats::writer::StatsFile;
 
@@ -149,15 +149,7 @@ fn fork_child() {
     };
     let client = PluginClient::init(&lib, version, 1).expect("init");
     {
-        let (send, recv) = client
-            .local_pair(0, Duration::from_secs(20))
-            .expect("local pair");
-        for i in 0..MESSAGES {
-            let mut r = post_recv(&recv, SIZE, 0).expect("irecv");
-            let mut s = post_send(&send, vec![i as u8; SIZE], 0).expect("isend");
-            wait_request(&mut s, HANG).expect("send");
-            wait_request(&mut r, HANG).expect("recv");
-        }
+        let _open = common::move_messages(&client, MESSAGES, SIZE, HANG);
         if role == "open_v12" {
             // The comms stay open: the statistics writer thread runs while the process forks.
             fork_and_report();

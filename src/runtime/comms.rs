@@ -233,7 +233,7 @@ impl SendComm {
         // The phase and the injection switch are read together: a message never takes one
         // from before a script's switch and the other from after it.
         let retried = state.pending.filter(|p| p.len == buf.len());
-        let now = retried.is_none().then(switches::current);
+        let now = switches::current();
         let Attribution {
             op_bits,
             phase,
@@ -242,11 +242,11 @@ impl SendComm {
         } = retried.unwrap_or_else(|| Attribution {
             len: buf.len(),
             op_bits: self.ctx.op(),
-            phase: now.map_or(switches::Phase::Any, |n| n.phase),
+            phase: now.phase,
             step: switches::step(),
         });
         let op = ids::op_slot(op_bits);
-        if let Some(now) = now {
+        if retried.is_none() {
             let matching = MatchContext {
                 collective: CollectiveId::from_op_slot(op),
                 traffic_class: self.traffic_class,

@@ -2,8 +2,9 @@
 //!
 //! The data path only bumps relaxed atomics in a fixed table per connection (no allocation,
 //! no shared lock), latencies included (`latency`); burst lengths sit behind a per-connection
-//! mutex that only NCCL's progress thread takes, when a burst of lost packets ends. Snapshots read everything into plain [`Snapshot`] values
-//! that serialise to the JSON files `lossy report` reads.
+//! mutex that only NCCL's progress thread takes, when a burst of lost packets ends.
+//! Snapshots read everything into plain [`Snapshot`] values that serialise to the JSON files
+//! `lossy report` reads.
 
 mod latency;
 pub mod periodic;

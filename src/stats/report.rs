@@ -79,6 +79,18 @@ pub struct RuleSummary {
 }
 
 impl RuleSummary {
+    /// A row for `rule` with nothing counted, no name and no expectation yet.
+    fn empty(rule: Option<usize>) -> Self {
+        RuleSummary {
+            rule,
+            name: None,
+            counts: Counts::default(),
+            loss_rate_injecting: None,
+            mean_run: None,
+            expected: None,
+        }
+    }
+
     /// How the rule is named in tables: `rules.N` and its name, or `defaults`.
     pub fn label(&self) -> String {
         match (self.rule, &self.name) {
@@ -99,19 +111,17 @@ fn rule_summaries(files: &[StatsFile], profile: &serde_json::Value) -> Vec<RuleS
         .unwrap_or_default();
     let mut rows: Vec<RuleSummary> = declared
         .iter()
-        .map(|entry| RuleSummary {
-            rule: entry
+        .map(|entry| {
+            let rule = entry
                 .get("rule")
                 .and_then(|v| v.as_u64())
-                .and_then(|i| usize::try_from(i).ok()),
-            name: entry
+                .and_then(|i| usize::try_from(i).ok());
+            let mut row = RuleSummary::empty(rule);
+            row.name = entry
                 .get("name")
                 .and_then(|v| v.as_str())
-                .map(str::to_string),
-            counts: Counts::default(),
-            loss_rate_injecting: None,
-            mean_run: None,
-            expected: entry
+                .map(str::to_string);
+            row.expected = entry
                 .get("loss_rate")
                 .and_then(|v| v.as_f64())
                 .map(|loss_rate| ModelExpectation {
@@ -120,7 +130,8 @@ fn rule_summaries(files: &[StatsFile], profile: &serde_json::Value) -> Vec<RuleS
                         .get("mean_burst")
                         .and_then(|v| v.as_f64())
                         .unwrap_or(f64::INFINITY),
-                }),
+                });
+            row
         })
         .collect();
     for conn in files.iter().flat_map(|f| &f.connections) {
@@ -128,14 +139,7 @@ fn rule_summaries(files: &[StatsFile], profile: &serde_json::Value) -> Vec<RuleS
             let i = match rows.iter().position(|r| r.rule == counted.rule) {
                 Some(i) => i,
                 None => {
-                    rows.push(RuleSummary {
-                        rule: counted.rule,
-                        name: None,
-                        counts: Counts::default(),
-                        loss_rate_injecting: None,
-                        mean_run: None,
-                        expected: None,
-                    });
+                    rows.push(RuleSummary::empty(counted.rule));
                     rows.len() - 1
                 }
             };

@@ -85,10 +85,10 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
         .iter()
         .map(|(from, set)| (from.as_str(), set.as_str()))
         .collect();
-    Profile::load_layers(profile_path.as_deref(), &layers).map_err(|err| err.to_string())?;
-    // Then what the plugin will load: the overrides as one NCCL_LOSSY_SET.
+    // Overrides each valid alone join into the NCCL_LOSSY_SET below, which the plugin cuts
+    // at the same `;` into the same overrides: this is the profile it will load.
     let profile =
-        Profile::load(profile_path.as_deref(), &overrides).map_err(|err| err.to_string())?;
+        Profile::load_layers(profile_path.as_deref(), &layers).map_err(|err| err.to_string())?;
     let user_proto = utf8("NCCL_PROTO")?.filter(|p| !p.is_empty());
     check_forced_protocol(&profile, user_proto.as_deref()).map_err(|err| err.to_string())?;
     // Unset, NCCL_PROTO becomes Simple below; a user's value stays, so say what it leaves.

@@ -92,13 +92,23 @@ pub const RENDEZVOUS_TIMEOUT_RANGE_S: (f64, f64) = (0.1, 3600.0);
 /// Anything else is refused rather than clamped (a negative value waited 0.1 s, `1e9` an
 /// hour) or left to panic (`nan` made no `Duration`).
 pub fn parse_rendezvous_timeout(text: &str) -> std::result::Result<f64, String> {
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .and_then(rendezvous_timeout)
+        .map(|d| d.as_secs_f64())
+        .ok_or_else(|| {
+            let (lo, hi) = RENDEZVOUS_TIMEOUT_RANGE_S;
+            format!("allowed: a number of seconds from {lo} to {hi} (e.g. 60 or 2.5)")
+        })
+}
+
+/// `seconds` as a rendezvous timeout, when within [`RENDEZVOUS_TIMEOUT_RANGE_S`].
+fn rendezvous_timeout(seconds: f64) -> Option<Duration> {
     let (lo, hi) = RENDEZVOUS_TIMEOUT_RANGE_S;
-    match text.trim().parse::<f64>() {
-        Ok(s) if (lo..=hi).contains(&s) => Ok(s),
-        _ => Err(format!(
-            "allowed: a number of seconds from {lo} to {hi} (e.g. 60 or 2.5)"
-        )),
-    }
+    (lo..=hi)
+        .contains(&seconds)
+        .then(|| Duration::from_secs_f64(seconds))
 }
 
 /// Who this process is in a multi-process job.
@@ -508,14 +518,13 @@ pub fn run_ranks(
         }));
     };
     // Checked by `parse_rendezvous_timeout`; a value set in code stays within it too.
-    let (lo, hi) = RENDEZVOUS_TIMEOUT_RANGE_S;
     let seconds = cluster.rendezvous_timeout;
-    if !(lo..=hi).contains(&seconds) {
-        return Err(Error::invalid_argument(format!(
+    let timeout = rendezvous_timeout(seconds).ok_or_else(|| {
+        let (lo, hi) = RENDEZVOUS_TIMEOUT_RANGE_S;
+        Error::invalid_argument(format!(
             "--rendezvous-timeout {seconds}: allowed: a number of seconds from {lo} to {hi}"
-        )));
-    }
-    let timeout = Duration::from_secs_f64(seconds);
+        ))
+    })?;
     // This process is the rank: it takes the environment the launch would give its ranks.
     for (key, value) in &launch.env {
         std::env::set_var(key, value);
@@ -551,7 +560,6 @@ pub fn exit_on_abort(command: &'static str, rank: usize) -> impl FnOnce(Error) +
     }
 }
 
-/// A temporary directory, removed with everything in it when dropped.
 /// The first address `text` (`host:port`) resolves to, retrying while the name does not
 /// resolve yet (a node that is still starting).
 fn resolve(text: &str, timeout: Duration) -> Result<SocketAddr> {

@@ -429,6 +429,26 @@ pub fn post_send(send: &SendComm, data: Vec<u8>, tag: i32) -> Result<Request> {
     }
 }
 
+/// Opens a local connection of `client` and moves `messages` messages of `size` bytes over
+/// it, each waited for at most `hang`; returns the connection, still open.
+pub fn move_messages(
+    client: &lossy_cli::harness::plugin_client::PluginClient,
+    messages: u64,
+    size: usize,
+    hang: Duration,
+) -> (SendComm, RecvComm) {
+    let (send, recv) = client
+        .local_pair(0, Duration::from_secs(20))
+        .expect("local pair");
+    for i in 0..messages {
+        let mut r = post_recv(&recv, size, 0).expect("irecv");
+        let mut s = post_send(&send, vec![i as u8; size], 0).expect("isend");
+        wait_request(&mut s, hang).expect("send");
+        wait_request(&mut r, hang).expect("recv");
+    }
+    (send, recv)
+}
+
 /// Tests `req` until done or failed; a request still pending after `hang` is a hang, and
 /// fails the test.
 pub fn wait_request(req: &mut Request, hang: Duration) -> Result<()> {

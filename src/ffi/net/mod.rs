@@ -625,11 +625,6 @@ impl NetPlugin {
         Ok((done != 0).then_some(sizes))
     }
 
-    /// True when the plugin has `irecvConsumed` (NCCL calls it only then).
-    pub fn has_irecv_consumed(&self) -> bool {
-        self.shared.irecv_consumed.is_some()
-    }
-
     /// Tells the plugin that the data of a receive request of `n` buffers, which `test`
     /// already reported done, was consumed and its buffers may be posted again
     /// (`irecvConsumed`, as NCCL's `recvProxyProgress` calls it for every receive once the
