@@ -1,7 +1,7 @@
 //! Message latencies of one connection, counted without a lock: one relaxed load and store
 //! per message into buckets laid out as the statistics' histograms are (two significant
 //! figures), turned into a histogram only when a snapshot is taken. A lock and a histogram
-//! update per completed send cost 0.5-1% of a 256 KiB-1 MiB all-reduce on a 2-core host
+//! update per completed send cost 0.3-0.9% of a 64 KiB-1 MiB all-reduce on a 2-core host
 //! (docs/remaining-gap.md, "What the runtime's bookkeeping is worth").
 
 use std::sync::atomic::{AtomicU32, Ordering};
