@@ -372,3 +372,62 @@ def test_no_moment_between_two_control_calls_injects_a_phase_kept_lossless():
             states += 1
             assert not (entry["phase"] in lossless and entry["enabled"]), (entry, lossless, seen)
     assert states >= 18, seen
+
+
+# A step whose forward phase is kept lossless (enable_on_forward=False): half of its packets
+# never met the loss model. The tables' loss_rate (lost over every packet) is then half the
+# model's rate; the rate to hold against the model is lost over the packets sent with injection
+# on, which `lossy report` gives as loss_rate_injecting. The Python tables, the live step table
+# and summarize() had no such rate: a reader of them took the diluted one.
+HALF_LOSSLESS = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import nccl_lossy
+from net_harness import Link
+
+integ = nccl_lossy.LossyMegatronIntegration(
+    set={"mtu": 512, "model.rate": 0.5, "effect": "zero"}, enable_on_forward=False,
+    stats_dir=sys.argv[2], patch_megatron=False)
+integ.enable()
+link = Link(1 << 16)
+integ.step(1)
+integ.mark_forward(); link.send()      # 128 packets, injection off
+integ.mark_backward(); link.send()     # 128 packets, loss at rate 0.5
+integ.mark_any()
+integ.step()
+link.close()
+integ.disable()
+print(json.dumps({"table": integ.step_table()}))
+"""
+
+
+def test_the_tables_give_the_loss_rate_over_the_packets_that_met_the_model(tmp_path):
+    import nccl_lossy
+
+    stats_dir = tmp_path / "stats"
+    proc = run_python(HALF_LOSSLESS, env=clean_env(NCCL_SOCKET_IFNAME="lo"),
+                      args=(str(TESTS), str(stats_dir)))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    live = json.loads(proc.stdout.strip().splitlines()[-1])["table"]
+
+    (step,) = nccl_lossy.read_stats(stats_dir, table="steps")
+    assert (step["packets"], step["packets_injection_off"]) == (256, 128), step
+    lost = step["lost_packets"]
+    assert 0 < lost <= 128
+    assert step["loss_rate"] == lost / 256
+    assert step["loss_rate_injecting"] == lost / 128
+
+    for rows in (nccl_lossy.read_stats(stats_dir, table="step_ops"),
+                 nccl_lossy.read_stats(stats_dir), live):
+        by_phase = {r["phase"]: r for r in rows}
+        assert by_phase["forward"]["loss_rate_injecting"] is None  # none met the model
+        assert by_phase["backward"]["loss_rate_injecting"] == by_phase["backward"]["lost_packets"] / 128
+        (total,) = nccl_lossy.summarize(rows, by="op")
+        assert total["packets"] == 256 and total["packets_injection_off"] == 128
+        assert total["loss_rate"] == lost / 256
+        assert total["loss_rate_injecting"] == lost / 128
+    (total,) = nccl_lossy.summarize(nccl_lossy.read_stats(stats_dir, table="steps"), by="step")
+    assert total["loss_rate_injecting"] == lost / 128
+    frame = nccl_lossy.read_stats(stats_dir, table="steps", dataframe=True)
+    assert list(frame.columns) == list(nccl_lossy.statsfile.TABLES["steps"])
+    assert frame["loss_rate_injecting"].tolist() == [lost / 128]

@@ -15,7 +15,7 @@ from .config import LossyConfigError, check_bool, check_config_keys
 from .megatron import apply_megatron_core_patch, is_patched, revert_megatron_core_patch
 from .network import LossyNetwork, SetLike, format_overrides, same_overrides
 from .profiler import profiler_active
-from .statsfile import STEP_OP_COUNTERS, as_table
+from .statsfile import STEP_OP_COUNTERS, as_table, loss_rates
 from .steps import StepRecorder
 
 log = logging.getLogger("nccl_lossy")
@@ -492,13 +492,12 @@ class LossyMegatronIntegration:
         """The plugin's counters per step x collective x phase recorded so far (the ``step_ops``
         table of :func:`nccl_lossy.read_stats`, without the file columns): one row per
         (step, op, phase) that saw traffic, with ``messages``, ``bytes``, ``packets``,
-        ``lost_packets``, ``loss_events`` (bursts within a message) and ``loss_rate``. Steps end
-        at :meth:`step` (and :meth:`disable`)."""
-        rows = [
-            {**r, "loss_rate": r["lost_packets"] / r["packets"] if r["packets"] else 0.0}
-            for r in self._recorder.rows
-        ]
-        return as_table(rows, ("step", "op", "phase") + STEP_OP_COUNTERS + ("loss_rate",), dataframe)
+        ``lost_packets``, ``loss_events`` (bursts within a message), ``packets_injection_off``,
+        ``loss_rate`` and ``loss_rate_injecting`` (see :func:`nccl_lossy.statsfile.loss_rates`).
+        Steps end at :meth:`step` (and :meth:`disable`)."""
+        rows = [{**r, **loss_rates(r)} for r in self._recorder.rows]
+        columns = ("step", "op", "phase") + STEP_OP_COUNTERS + ("loss_rate", "loss_rate_injecting")
+        return as_table(rows, columns, dataframe)
 
     def stats_dir(self) -> Optional[Path]:
         """The statistics directory: the integration's own (``stats_dir``), else the one the

@@ -12,12 +12,17 @@ the plugin's counters per step x collective x phase (see :mod:`nccl_lossy.steps`
 :func:`read_stats` turns a run's files into the rows of one table (:data:`TABLES`):
 
 - ``ops``: one row per (file, connection, collective, phase), the counters of :data:`COUNTERS`;
-- ``steps``: one row per (file, step): ``packets``, ``lost_packets``, ``loss_rate``;
+- ``steps``: one row per (file, step): ``packets``, ``lost_packets``,
+  ``packets_injection_off``, ``loss_rate``, ``loss_rate_injecting``;
 - ``step_ops``: one row per (file, step, collective, phase): ``messages``, ``bytes``,
   ``packets``, ``lost_packets``, ``loss_events`` (bursts of consecutive lost packets within a
-  message), ``loss_rate``;
+  message), ``packets_injection_off``, ``loss_rate``, ``loss_rate_injecting``;
 - ``bursts``: one row per (file, connection, collective, burst length): ``count``;
 - ``latency``: one row per (file, connection, collective, latency bin in ns): ``count``.
+
+``loss_rate`` is lost packets over every packet sent; ``loss_rate_injecting`` over the packets
+sent with injection on (:func:`loss_rates`), the rate to hold against the loss model when a
+phase was kept lossless.
 
 Rows are flat dicts: ``pandas.DataFrame(rows)`` takes them as they are, and
 ``dataframe=True`` (or ``"auto"``: when pandas is installed) returns that DataFrame.
@@ -30,7 +35,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Union
+from typing import Any, Dict, Iterable, List, Optional, Union
 
 from ._files import read_regular_file
 
@@ -59,7 +64,7 @@ COLUMNS = (
     "connection",
     "op",
     "phase",
-) + COUNTERS + ("loss_rate",)
+) + COUNTERS + ("loss_rate", "loss_rate_injecting")
 
 FILE_GLOB = "lossy-stats-rank*.json"
 #: Format of the per-step files (``format_version``) this package writes and reads.
@@ -80,13 +85,26 @@ STEP_OP_COUNTERS = (
 #: The columns of each table, in order.
 TABLES = {
     "ops": COLUMNS,
-    "steps": _FILE_COLUMNS + ("step", "packets", "lost_packets", "packets_injection_off", "loss_rate"),
-    "step_ops": _FILE_COLUMNS + ("step", "op", "phase") + STEP_OP_COUNTERS + ("loss_rate",),
+    "steps": _FILE_COLUMNS + ("step", "packets", "lost_packets", "packets_injection_off", "loss_rate",
+                              "loss_rate_injecting"),
+    "step_ops": _FILE_COLUMNS + ("step", "op", "phase") + STEP_OP_COUNTERS + ("loss_rate", "loss_rate_injecting"),
     "bursts": _FILE_COLUMNS + ("comm_id", "connection", "op", "burst_length", "count"),
     "latency": _FILE_COLUMNS + ("comm_id", "connection", "op", "latency_ns", "count"),
 }
 #: Columns :func:`summarize` adds up (those a row has).
 SUMMED = COUNTERS + ("count",)
+
+
+def loss_rates(counts: Dict[str, Any]) -> Dict[str, Optional[float]]:
+    """``loss_rate``: lost packets over every packet sent (0.0 when none was);
+    ``loss_rate_injecting``: lost packets over the packets sent with injection on, those the
+    loss model saw (``packets - packets_injection_off``; a phase kept lossless does not dilute
+    it), the rate to hold against the model, as ``lossy report`` gives it; None when no packet
+    was sent with injection on."""
+    packets, lost = int(counts["packets"]), int(counts["lost_packets"])
+    injecting = packets - int(counts.get("packets_injection_off", 0))
+    return {"loss_rate": lost / packets if packets else 0.0,
+            "loss_rate_injecting": lost / injecting if injecting > 0 else None}
 
 
 class StatsFormatError(ValueError):
@@ -192,7 +210,7 @@ def rows_from_stats(doc: Dict[str, Any], file: str = "") -> List[Dict[str, Any]]
                 "phase": cell.get("phase"),
             }
             row.update(_counters(cell, COUNTERS, name, where))
-            row["loss_rate"] = row["lost_packets"] / row["packets"] if row["packets"] else 0.0
+            row.update(loss_rates(row))
             rows.append(row)
     return rows
 
@@ -210,9 +228,7 @@ def step_rows_from_stats(doc: Dict[str, Any], file: str = "") -> List[Dict[str, 
         where = f"by_step.{i}"
         step = _count(_required(cell, "step", name, where), name, where, "step")
         counts = _counters(cell, ("packets", "lost_packets", "packets_injection_off"), name, where)
-        packets, lost = counts["packets"], counts["lost_packets"]
-        rows.append({**_file_fields(doc, file), "step": step, **counts,
-                     "loss_rate": lost / packets if packets else 0.0})
+        rows.append({**_file_fields(doc, file), "step": step, **counts, **loss_rates(counts)})
     return rows
 
 
@@ -252,7 +268,7 @@ def step_op_rows_from_doc(doc: Dict[str, Any], file: str = "") -> List[Dict[str,
         row = {**_file_fields(doc, file), "step": step, "op": _text(cell, "op", name, where),
                "phase": _text(cell, "phase", name, where)}
         row.update(_counters(cell, STEP_OP_COUNTERS, name, where))
-        row["loss_rate"] = row["lost_packets"] / row["packets"] if row["packets"] else 0.0
+        row.update(loss_rates(row))
         rows.append(row)
     return rows
 
@@ -365,8 +381,9 @@ def to_dataframe(rows: Iterable[Dict[str, Any]], columns: Iterable[str] = COLUMN
 
 def summarize(rows: Iterable[Dict[str, Any]], by: Union[str, Iterable[str]] = ("op", "phase")) -> List[Dict[str, Any]]:
     """Sums the counters of ``rows`` (those of :data:`SUMMED` the rows have) grouped by the
-    ``by`` columns (one column may be given as its name), with a loss rate where packets are
-    counted. Works on every table of :func:`read_stats` (a DataFrame too):
+    ``by`` columns (one column may be given as its name), with ``loss_rate`` where packets are
+    counted and ``loss_rate_injecting`` where packets sent with injection off are too (both
+    from the summed counters, see :func:`loss_rates`). Works on every table of :func:`read_stats` (a DataFrame too):
     ``summarize(read_stats(d, table="step_ops"), by=("step", "op"))``,
     ``summarize(read_stats(d, table="bursts"), by=("op", "burst_length"))``. A ``by`` column
     that no row has (a typo) is a ValueError naming it and the columns the rows have."""
@@ -397,6 +414,9 @@ def summarize(rows: Iterable[Dict[str, Any]], by: Union[str, Iterable[str]] = ("
     out = []
     for acc in groups.values():
         if "packets" in acc and "lost_packets" in acc:
-            acc["loss_rate"] = acc["lost_packets"] / acc["packets"] if acc["packets"] else 0.0
+            rates = loss_rates(acc)
+            acc["loss_rate"] = rates["loss_rate"]
+            if "packets_injection_off" in acc:
+                acc["loss_rate_injecting"] = rates["loss_rate_injecting"]
         out.append(acc)
     return out
