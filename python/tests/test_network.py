@@ -248,3 +248,30 @@ def test_check_profile_takes_a_library_named_by_a_bare_file_name_in_the_current_
     proc = run_python(code, env=env, args=(str(tmp_path),))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "embedded default" in proc.stdout, proc.stdout
+
+
+def test_summarize_groups_a_dataframes_missing_values_as_one(tmp_path):
+    # A process started without a launcher rank (a helper run with plain `python`, a launcher
+    # that sets none of RANK & co.) writes rank null next to the ranked files. In a DataFrame
+    # the rank column is then float with NaN, and NaN is not equal to itself:
+    # summarize(frame, by="rank") made one group per rank-less row instead of one, unlike
+    # summarize(rows, by="rank") on the same data.
+    pd = pytest.importorskip("pandas")
+    stats_dir = tmp_path / "run"
+    net = LossyNetwork(stats_dir=stats_dir)
+    for rank in (0, None, None):
+        extra = {} if rank is None else {"RANK": rank}
+        run_harness(clean_env(**extra, **net.env(base={})), nbytes=64 * 1024)
+    rows = nccl_lossy.read_stats(stats_dir)
+    assert len(rows) == 9 and sum(r["rank"] is None for r in rows) == 6
+    frame = nccl_lossy.read_stats(stats_dir, dataframe=True)
+    assert isinstance(frame, pd.DataFrame)
+    for by in ("rank", ("rank", "phase")):
+        from_rows = nccl_lossy.summarize(rows, by=by)
+        from_frame = nccl_lossy.summarize(frame, by=by)
+        assert len(from_frame) == len(from_rows) == (2 if by == "rank" else 6)
+        def key(g):
+            return (g["rank"] is None, g.get("phase", ""))
+        for a, b in zip(sorted(from_frame, key=key), sorted(from_rows, key=key)):
+            assert {k: v for k, v in a.items() if k != "rank"} == {k: v for k, v in b.items() if k != "rank"}
+            assert (a["rank"] is None) == (b["rank"] is None)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Union
@@ -379,6 +380,13 @@ def to_dataframe(rows: Iterable[Dict[str, Any]], columns: Iterable[str] = COLUMN
     return pd.DataFrame(list(rows), columns=list(columns))
 
 
+def _group_key(value: Any) -> Any:
+    """A ``by`` value as a group key: a missing value is None, also where a DataFrame holds it
+    as NaN (a float column with gaps, e.g. ``rank`` of files written without a launcher rank);
+    NaN equals nothing, not even itself, so each such row would be a group of its own."""
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
 def summarize(rows: Iterable[Dict[str, Any]], by: Union[str, Iterable[str]] = ("op", "phase")) -> List[Dict[str, Any]]:
     """Sums the counters of ``rows`` (those of :data:`SUMMED` the rows have) grouped by the
     ``by`` columns (one column may be given as its name), with ``loss_rate`` where packets are
@@ -403,7 +411,7 @@ def summarize(rows: Iterable[Dict[str, Any]], by: Union[str, Iterable[str]] = ("
                 )
     groups: Dict[tuple, Dict[str, Any]] = {}
     for row in rows:
-        group = tuple(row.get(k) for k in keys)
+        group = tuple(_group_key(row.get(k)) for k in keys)
         acc = groups.get(group)
         if acc is None:
             acc = {**dict(zip(keys, group)), **{c: 0 for c in SUMMED if c in row}}
