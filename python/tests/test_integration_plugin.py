@@ -4,6 +4,8 @@ NCCL loads it, and the packets it lost must agree with ``injecting()``."""
 
 import json
 
+import pytest
+
 from conftest import TESTS, clean_env, run_python
 
 # 1 MiB messages cut into 512-byte packets: 2,048 packets each. With independent loss at rate
@@ -431,3 +433,51 @@ def test_the_tables_give_the_loss_rate_over_the_packets_that_met_the_model(tmp_p
     frame = nccl_lossy.read_stats(stats_dir, table="steps", dataframe=True)
     assert list(frame.columns) == list(nccl_lossy.statsfile.TABLES["steps"])
     assert frame["loss_rate_injecting"].tolist() == [lost / 128]
+
+
+# The integration's `with` block entered again inside itself (a helper that wraps its work in
+# `with integ:`, called from a script that already did): the inner block's end detached every
+# hook and switched injection off, so the rest of the outer block ran lossless, with no phases
+# and no steps, and nothing said so.
+REENTERED = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import torch
+import nccl_lossy
+from net_harness import Link
+
+integ = nccl_lossy.LossyMegatronIntegration(set={"mtu": 512, "model.rate": 0.5, "effect": "zero"},
+                                            enable_on_forward=False, patch_megatron=False)
+model = torch.nn.Linear(4, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+out = {}
+with integ:
+    integ.attach(model, opt)
+    link = Link(1 << 16)
+    with integ:                      # again, inside
+        pass
+    out["enabled_after_inner"] = integ.enabled
+    before = nccl_lossy.stats()["total"]["lost_packets"]
+    link.send()                      # phase any, injection on: loses packets
+    out["lost_after_inner"] = nccl_lossy.stats()["total"]["lost_packets"] - before
+    model(torch.ones(1, 4))          # the forward pre-hook still marks forward
+    out["phase_after_forward"] = integ.phase
+    opt.step()                       # the step hook still advances the step
+    out["step"] = integ.step_number
+out["enabled_after_outer"] = integ.enabled
+out["hooks_after_outer"] = len(integ._detachers)
+link.close()
+print(json.dumps(out))
+"""
+
+
+def test_a_with_block_entered_again_inside_itself_leaves_the_outer_one_running():
+    pytest.importorskip("torch")
+    proc = run_python(REENTERED, env=clean_env(NCCL_SOCKET_IFNAME="lo"), args=(str(TESTS),))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["enabled_after_inner"] is True, out
+    assert out["lost_after_inner"] > 0, out
+    assert out["phase_after_forward"] == "forward", out
+    assert out["step"] == 1, out
+    assert out["enabled_after_outer"] is False and out["hooks_after_outer"] == 0, out

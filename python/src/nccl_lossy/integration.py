@@ -205,6 +205,7 @@ class LossyMegatronIntegration:
         self._step_range: Any = None
         self._phase_range: Any = None
         self._range_thread: Optional[int] = None
+        self._depth = 0  # `with` blocks of this object now open
 
     # -- state, pushed to the plugin on every change --------------------------------------
 
@@ -382,11 +383,18 @@ class LossyMegatronIntegration:
         log.info("lossy injection disabled%s", " and megatron-core patches reverted" if revert_patches else "")
 
     def __enter__(self) -> "LossyMegatronIntegration":
-        return self.enable()
+        # A block entered again inside itself (a helper wrapping its work in ``with integ:``)
+        # is counted: only the outermost block's end detaches and disables, else the rest of
+        # the outer block would run lossless, without phases or steps.
+        self.enable()
+        self._depth += 1
+        return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.detach()
-        self.disable()
+        self._depth -= 1
+        if self._depth == 0:
+            self.detach()
+            self.disable()
 
     # -- phases and steps -----------------------------------------------------------------
 
