@@ -275,3 +275,30 @@ def test_summarize_groups_a_dataframes_missing_values_as_one(tmp_path):
         for a, b in zip(sorted(from_frame, key=key), sorted(from_rows, key=key)):
             assert {k: v for k, v in a.items() if k != "rank"} == {k: v for k, v in b.items() if k != "rank"}
             assert (a["rank"] is None) == (b["rank"] is None)
+
+
+def test_reading_a_directory_two_runs_wrote_into_says_so(tmp_path):
+    # A directory reused for a second run (a sweep run again, the same stats_dir in two
+    # scripts) holds two files per rank. read_stats summed them as one run without a word:
+    # twice the packets per rank and per step. `lossy report` warns about exactly this (a rank
+    # written by several processes, files of different profiles); the Python reader now does too.
+    stats_dir = tmp_path / "run"
+    for seed in (7, 8):
+        net = LossyNetwork(set={"seed": seed}, stats_dir=stats_dir)
+        run_harness(clean_env(RANK=0, **net.env(base={})), nbytes=64 * 1024)
+    with pytest.warns(UserWarning) as caught:
+        rows = nccl_lossy.read_stats(stats_dir)
+    text = " ".join(str(w.message) for w in caught)
+    assert len({r["file"] for r in rows}) == 2
+    assert "rank 0 is in 2 files" in text, text
+    assert "2 different profiles" in text and "seed 7" in text and "seed 8" in text, text
+    # one run per directory: no warning
+    single = tmp_path / "single"
+    net = LossyNetwork(set={"seed": 7}, stats_dir=single)
+    run_harness(clean_env(RANK=0, **net.env(base={})), nbytes=64 * 1024)
+    run_harness(clean_env(RANK=1, **net.env(base={})), nbytes=64 * 1024)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(nccl_lossy.read_stats(single, table="steps")) == 0
+        assert len({r["rank"] for r in nccl_lossy.read_stats(single)}) == 2

@@ -35,6 +35,7 @@ import json
 import logging
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Union
 
@@ -329,6 +330,45 @@ def load_stats_files(path: Union[str, Path]) -> List[Dict[str, Any]]:
     return docs
 
 
+def _warn_mixed_runs(path: Union[str, Path], docs: List[Dict[str, Any]], profiles: bool) -> None:
+    """Warns (Python's :mod:`warnings`) when ``docs`` do not look like one run, as ``lossy
+    report`` does: a rank number written by several processes (several runs in one directory,
+    or a launcher that gave several processes one rank), or, with ``profiles``, files of
+    different profiles. Their rows are still returned, summed by whoever reads them."""
+    writers: Dict[int, List[str]] = {}
+    for doc in docs:
+        rank = doc.get("rank")
+        if isinstance(rank, int) and not isinstance(rank, bool):
+            writers.setdefault(rank, []).append(f"{doc.get('host')}:{doc.get('pid')}")
+    repeated = {rank: who for rank, who in sorted(writers.items()) if len(who) > 1}
+    if repeated:
+        rank, who = next(iter(repeated.items()))
+        warnings.warn(
+            f"{path}: rank {rank} is in {len(who)} files (processes {', '.join(who)}; ranks in "
+            f"several files: {', '.join(map(str, repeated))}): either several runs wrote into "
+            "this directory and their counts are read as one run, or the launcher gave several "
+            "processes one rank number (set RANK for each process); give each run its own "
+            "NCCL_LOSSY_STATS directory",
+            stacklevel=3,
+        )
+    if profiles:
+        seen: Dict[str, Any] = {}
+        for doc in docs:
+            seen.setdefault(json.dumps(doc.get("profile"), sort_keys=True), doc.get("profile"))
+        if len(seen) > 1:
+            described = []
+            for profile in seen.values():
+                p = profile if isinstance(profile, dict) else {}
+                described.append(f"{p.get('origin', '?')} (overrides `{p.get('overrides', '')}`, "
+                                 f"seed {p.get('seed', '?')})")
+            warnings.warn(
+                f"{path}: these files come from {len(seen)} different profiles and are read as "
+                f"one run: {'; '.join(described)}; give each run its own NCCL_LOSSY_STATS "
+                "directory",
+                stacklevel=3,
+            )
+
+
 def read_stats(path: Union[str, Path], dataframe: Union[bool, str] = False, table: str = "ops") -> Any:
     """A run's statistics as the rows of ``table`` (one of :data:`TABLES`, columns in order).
 
@@ -339,10 +379,16 @@ def read_stats(path: Union[str, Path], dataframe: Union[bool, str] = False, tabl
         raise ValueError(f"table={table!r}: allowed: {', '.join(TABLES)}")
     rows: List[Dict[str, Any]] = []
     if table == "step_ops":
+        step_docs = []
         for file in stats_files(path, STEP_FILE_GLOB):
-            rows.extend(step_op_rows_from_doc(load_json(file), str(file)))
+            doc = load_json(file)
+            rows.extend(step_op_rows_from_doc(doc, str(file)))
+            step_docs.append(doc)
+        _warn_mixed_runs(path, step_docs, profiles=False)
     else:
-        for doc in load_stats_files(path):
+        docs = load_stats_files(path)
+        _warn_mixed_runs(path, docs, profiles=True)
+        for doc in docs:
             if table == "ops":
                 rows.extend(rows_from_stats(doc, doc["file"]))
             elif table == "steps":
