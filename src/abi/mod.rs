@@ -68,6 +68,21 @@ fn device_index(dev: c_int) -> Result<usize> {
         .map_err(|_| Error::invalid_argument(format!("negative device index {dev}")))
 }
 
+/// The device `listen`/`connect` were given, checked against the runtime's devices: one out
+/// of range is `ncclInternalError`, as NCCL's Socket plugin answers it (`dev < 0 || dev >=
+/// ncclNetIfs` in `ncclNetSocketListen`/`ncclNetSocketConnect`, src/transport/net_socket.cc).
+fn comm_device(runtime: &Runtime, dev: c_int) -> Result<usize> {
+    usize::try_from(dev)
+        .ok()
+        .filter(|&d| d < runtime.device_count())
+        .ok_or_else(|| {
+            Error::internal(format!(
+                "device {dev} does not exist ({} devices)",
+                runtime.device_count()
+            ))
+        })
+}
+
 // ---- logging -------------------------------------------------------------------------------
 
 /// Routes our log lines to NCCL's logger (kept until the next init replaces it; the log sink
@@ -307,9 +322,10 @@ fn listen(
     let listen_comm = non_null(listen_comm, "listenComm")?;
     // SAFETY: NCCL hands us its NCCL_NET_HANDLE_MAXSIZE-byte handle buffer.
     let bytes = unsafe { handle_bytes(handle)? };
-    bytes.fill(0);
     let runtime = Runtime::current()?;
-    let comm = runtime.listen(ctx, device_index(dev)?, wire_part(bytes))?;
+    let dev = comm_device(&runtime, dev)?;
+    bytes.fill(0);
+    let comm = runtime.listen(ctx, dev, wire_part(bytes))?;
     write_u64(
         bytes,
         PEER_RANK_AT,
@@ -337,6 +353,8 @@ fn connect(
     unsafe { *send_comm = std::ptr::null_mut() };
     // SAFETY: NCCL hands us the handle it received from the peer, HANDLE_SIZE bytes.
     let bytes = unsafe { handle_bytes(handle)? };
+    let runtime = Runtime::current()?;
+    let dev = comm_device(&runtime, dev)?;
     // Connects in progress are parked in their context (dropped at its finalize), keyed by
     // the handle's address and content, rather than inside the handle, so that a transport
     // may use the handle's first `HANDLE_WIRE_SIZE` bytes in full.
@@ -347,8 +365,6 @@ fn connect(
             let peer = u32::try_from(read_u64(bytes, PEER_RANK_AT))
                 .ok()
                 .and_then(|rank| rank.checked_sub(1));
-            let runtime = Runtime::current()?;
-            let dev = device_index(dev)?;
             Box::new(runtime.connect(ctx, dev, wire_part(bytes), peer, traffic_class)?)
         }
     };
@@ -558,8 +574,10 @@ fn irecv(
     let count = usize::try_from(n)
         .ok()
         .filter(|&n| (1..=MAX_RECVS).contains(&n))
+        // NCCL's Socket plugin refuses `n != 1`, its IB plugin `n` above its most receives,
+        // both with ncclInternalError (src/transport/net_socket.cc, net_ib/p2p.cc).
         .ok_or_else(|| {
-            Error::invalid_argument(format!("irecv of {n} buffers (allowed 1..={MAX_RECVS})"))
+            Error::internal(format!("irecv of {n} buffers (allowed 1..={MAX_RECVS})"))
         })?;
     let data = non_null(data, "data")?;
     let tags = non_null(tags, "tags")?;
@@ -589,6 +607,13 @@ fn irecv(
 /// Reports on a request; `sizes` (may be NULL) gets the size of each of its buffers.
 fn test(request: *mut c_void, done: *mut c_int, sizes: *mut c_int) -> Result<()> {
     let done = non_null(done, "done")?;
+    if request.is_null() {
+        // SAFETY: valid out-pointer (checked non-NULL).
+        unsafe { *done = 0 };
+        // As NCCL's Socket plugin answers it ("test called with NULL request",
+        // src/transport/net_socket.cc).
+        return Err(Error::internal("test called with a NULL request"));
+    }
     // SAFETY: `request` is a slot we handed out from a comm that NCCL has not closed yet (its
     // kind word checked), or another object of at least 8 readable bytes.
     let slot = unsafe { &*checked::<RequestSlot>(request, Kind::Request, "test")? };
@@ -661,7 +686,9 @@ fn reg_mr(
 ) -> Result<()> {
     let mhandle = non_null(mhandle, "mhandle")?;
     if kind != ffi::NCCL_PTR_HOST as c_int {
-        return Err(Error::invalid_argument(format!(
+        // ncclInternalError, as NCCL's Socket plugin answers it (`ncclNetSocketRegMr`,
+        // src/transport/net_socket.cc).
+        return Err(Error::internal(format!(
             "regMr of memory type {kind}: this plugin handles host memory only (NCCL_PTR_HOST)"
         )));
     }
