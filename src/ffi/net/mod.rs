@@ -18,7 +18,7 @@
 use std::ffi::{c_int, c_void, CString};
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 mod adapt;
 
@@ -56,6 +56,10 @@ pub struct NetLibrary {
     handle: *mut c_void,
     path: PathBuf,
     unload: bool,
+    /// Contexts of a v8-v10 table made by [`NetPlugin::init`] and not yet finalized: the
+    /// compat layer's count of NCCL (`src/plugin/net/net_v8.cc` .. `net_v10.cc`), which calls
+    /// the plugin's own `init` only when it is 0.
+    legacy_holds: Mutex<usize>,
 }
 
 // SAFETY: the handle is only passed to dlsym and dlclose, which are thread-safe; the path is
@@ -89,6 +93,7 @@ impl NetLibrary {
             handle,
             path: path.to_path_buf(),
             unload: true,
+            legacy_holds: Mutex::new(0),
         })
     }
 
@@ -96,6 +101,11 @@ impl NetLibrary {
     pub fn keep_loaded(mut self) -> NetLibrary {
         self.unload = false;
         self
+    }
+
+    /// The count of live v8-v10 contexts (a poisoned lock still holds a whole count).
+    fn legacy_holds(&self) -> MutexGuard<'_, usize> {
+        self.legacy_holds.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The path it was opened from.
@@ -172,6 +182,8 @@ pub struct NetContext {
     /// The communicator's traffic class (`NCCL_NET_TRAFFIC_CLASS_UNDEF`: none): v11+ took it
     /// at `init`, v10 gets it at every `connect` in this context.
     traffic_class: c_int,
+    /// A v8-v10 context [`NetPlugin::init`] counted in its library's `legacy_holds`.
+    holds_legacy: bool,
 }
 
 impl NetContext {
@@ -377,6 +389,8 @@ impl NetPlugin {
     /// Calls `init` for a communicator of traffic class `traffic_class` (`None`: none), as
     /// NCCL 2.28+ does: v11+ get it in their `init` config; v10 gets it at every `connect`
     /// made in the returned context (NCCL 2.26-2.27 pass it there); v8 and v9 have none.
+    /// A v8-v10 plugin's `init` runs only when no context of its library made here is live,
+    /// as NCCL's compat layer calls it; [`NetPlugin::finalize`] counts such a context down.
     pub fn init_for_class(
         &self,
         comm_id: u64,
@@ -386,6 +400,25 @@ impl NetPlugin {
     ) -> Result<NetContext> {
         let class = traffic_class.unwrap_or(NCCL_NET_TRAFFIC_CLASS_UNDEF);
         let mut raw: *mut c_void = std::ptr::null_mut();
+        if self.version < 11 {
+            // A v8-v10 plugin is initialised once per process: NCCL's compat layer calls its
+            // `init` only while no communicator holds it (`refCount` in
+            // src/plugin/net/net_v8.cc .. net_v10.cc), and its `finalize` only counts down.
+            let mut holds = self.lib.legacy_holds();
+            if *holds == 0 {
+                // SAFETY: as below.
+                let code = unsafe { self.api.init(&mut raw, comm_id, class, logger, profiler) };
+                self.check(code, "init")?;
+            }
+            *holds += 1;
+            return Ok(NetContext {
+                raw,
+                lib: Arc::clone(&self.lib),
+                version: self.version,
+                traffic_class: class,
+                holds_legacy: true,
+            });
+        }
         // SAFETY: a context out-pointer that outlives the call; `logger` and `profiler` are
         // NCCL's contract for a logger and a profiler callback (function pointers the caller
         // vouches for, or NULL).
@@ -396,6 +429,7 @@ impl NetPlugin {
             lib: Arc::clone(&self.lib),
             version: self.version,
             traffic_class: class,
+            holds_legacy: false,
         })
     }
 
@@ -409,13 +443,18 @@ impl NetPlugin {
             lib: Arc::clone(&self.lib),
             version: self.version,
             traffic_class: traffic_class.unwrap_or(NCCL_NET_TRAFFIC_CLASS_UNDEF),
+            holds_legacy: false,
         })
     }
 
-    /// Calls `finalize(ctx)` (v11+; nothing before). The comms made in `ctx` are no longer
+    /// Calls `finalize(ctx)` (v11+; v8-v10 have none: the context stops holding the plugin). The comms made in `ctx` are no longer
     /// live afterwards, except to be closed.
     pub fn finalize(&self, ctx: NetContext) -> Result<()> {
         let raw = self.check_ctx(&ctx)?;
+        if ctx.holds_legacy {
+            let mut holds = self.lib.legacy_holds();
+            *holds = holds.saturating_sub(1);
+        }
         // SAFETY: the context came from this plugin's init and is consumed here.
         let code = unsafe { self.api.finalize(raw) };
         self.check(code, "finalize")
