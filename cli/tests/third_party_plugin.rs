@@ -271,6 +271,38 @@ fn a_plugin_whose_device_nccl_would_not_use_is_refused_at_init() {
 }
 
 #[test]
+fn init_gets_a_profiler_callback_and_every_post_a_profiler_handle_as_nccl_passes_them() {
+    // NCCL 2.26+ hands a v10+ `init` its profiler callback whether or not a profiler is
+    // loaded (src/plugin/net.cc; the callback then does nothing), and every isend and each
+    // buffer of an irecv a handle of the proxy's (src/transport/net.cc: `&sub->pHandles[..]`).
+    // The harness passed NULL for all three, so a plugin's profiler path, which runs for every
+    // message under NCCL, never ran under it, and a plugin that calls the callback
+    // unconditionally would have crashed only under the harness.
+    let plugin = forward_plugin("profiler-log");
+    let log = plugin.with_file_name("profiler.txt");
+    let _ = std::fs::remove_file(&log);
+    exact_through(
+        plugin,
+        &[(
+            "FORWARD_PLUGIN_PROFILER_LOG",
+            log.to_str().expect("UTF-8 path"),
+        )],
+    );
+    let text = std::fs::read_to_string(&log).expect("the plugin's log of profiler arguments");
+    let mut seen = std::collections::BTreeMap::<&str, usize>::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        assert_eq!(f.len(), 3, "{line}");
+        assert_eq!(f[1], "1", "a NULL profiler argument: {line}");
+        *seen.entry(f[0]).or_default() += 1;
+    }
+    // Both ranks initialise, and both send and receive.
+    assert!(seen.get("init").is_some_and(|&n| n >= 2), "{text}");
+    assert!(seen.get("send").is_some_and(|&n| n >= 2), "{text}");
+    assert!(seen.get("recv").is_some_and(|&n| n >= 2), "{text}");
+}
+
+#[test]
 fn messages_carry_the_ranks_as_tags_as_nccl_posts_them() {
     // NCCL's proxy tags every send with the sender's rank and posts every receive with the
     // peer's (src/transport/net.cc: isend(..., tpRank, ...), irecv tags = tpRemoteRank). The

@@ -261,11 +261,12 @@ pub(super) trait Adapter {
         req: &mut *mut c_void,
     ) -> Code;
 
-    /// `irecv(comm, n, data, sizes, tags, mhandles, phandles = NULL, request)`.
+    /// `irecv(comm, n, data, sizes, tags, mhandles, phandles, request)` (v8 and v9 have no
+    /// `phandles`: they are dropped).
     ///
     /// # Safety
     /// v12's `irecv` contract, with 1 to [`MAX_GROUPED_RECVS`] buffers of at most the
-    /// version's size limit.
+    /// version's size limit; `phandles` holds `n` profiler handles (each NULL or the caller's).
     #[allow(clippy::too_many_arguments)]
     unsafe fn irecv(
         &self,
@@ -275,6 +276,7 @@ pub(super) trait Adapter {
         sizes: *mut usize,
         tags: *mut c_int,
         mhs: *mut *mut c_void,
+        phandles: *mut *mut c_void,
         req: &mut *mut c_void,
     ) -> Code;
 
@@ -417,6 +419,7 @@ impl Adapter for ncclNet_v8_t {
         sizes: *mut usize,
         tags: *mut c_int,
         mhs: *mut *mut c_void,
+        _phandles: *mut *mut c_void,
         req: &mut *mut c_void,
     ) -> Code {
         // SAFETY: the trait's contract: `sizes` has `n` entries, n <= MAX_GROUPED_RECVS.
@@ -469,6 +472,7 @@ impl Adapter for ncclNet_v9_t {
         sizes: *mut usize,
         tags: *mut c_int,
         mhs: *mut *mut c_void,
+        _phandles: *mut *mut c_void,
         req: &mut *mut c_void,
     ) -> Code {
         // SAFETY: the trait's contract; v9 has no profiler handles.
@@ -476,13 +480,7 @@ impl Adapter for ncclNet_v9_t {
     }
 }
 
-/// NULL profiler handles for up to [`MAX_GROUPED_RECVS`] buffers.
-fn no_phandles() -> [*mut c_void; MAX_GROUPED_RECVS] {
-    [std::ptr::null_mut(); MAX_GROUPED_RECVS]
-}
-
-/// `isend`/`irecv` of v10 to v12, which only added profiler handles (the caller's for
-/// `isend`, NULL for `irecv`).
+/// `isend`/`irecv` of v10 to v12, which only added profiler handles (the caller's).
 macro_rules! transfer_v10 {
     () => {
         /// # Safety: the [`Adapter`] method's contract.
@@ -508,23 +506,11 @@ macro_rules! transfer_v10 {
             sizes: *mut usize,
             tags: *mut c_int,
             mhs: *mut *mut c_void,
+            phandles: *mut *mut c_void,
             req: &mut *mut c_void,
         ) -> Code {
-            let mut ph = no_phandles();
-            // SAFETY: the trait's contract, with `n` NULL profiler handles.
-            unsafe {
-                call!(
-                    self.irecv,
-                    comm,
-                    n,
-                    data,
-                    sizes,
-                    tags,
-                    mhs,
-                    ph.as_mut_ptr(),
-                    req
-                )
-            }
+            // SAFETY: the trait's contract; the profiler handles are the caller's.
+            unsafe { call!(self.irecv, comm, n, data, sizes, tags, mhs, phandles, req) }
         }
     };
 }

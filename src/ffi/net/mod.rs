@@ -252,6 +252,9 @@ pub struct NetRecvBuf {
     pub tag: i32,
     /// The buffer's registration with the comm.
     pub mr: NetMr,
+    /// NCCL's profiler handle for this buffer (v10+; NULL: none), which the plugin hands back
+    /// to the profiler callback its `init` got.
+    pub phandle: *mut c_void,
 }
 
 /// A net plugin loaded from a library, its table adapted into the current shape.
@@ -614,7 +617,9 @@ impl NetPlugin {
     /// # Safety
     /// `comm` is a live receive comm of this plugin; each buffer's `data..data + size` is
     /// covered by its registration `mr` on `comm`, stays allocated and is not accessed by
-    /// the caller until the request tests done (or the comm is closed).
+    /// the caller until the request tests done (or the comm is closed); each `phandle` is NULL
+    /// or what the profiler callback handed to this plugin's `init` accepts as a parent handle
+    /// until the request tests done.
     pub unsafe fn irecv(&self, comm: NetComm, bufs: &[NetRecvBuf]) -> Result<Option<NetRequest>> {
         let n = bufs.len();
         if !(1..=MAX_GROUPED_RECVS).contains(&n) {
@@ -626,9 +631,11 @@ impl NetPlugin {
         let mut sizes = [0usize; MAX_GROUPED_RECVS];
         let mut tags = [0 as c_int; MAX_GROUPED_RECVS];
         let mut mhs = [std::ptr::null_mut::<c_void>(); MAX_GROUPED_RECVS];
+        let mut phandles = [std::ptr::null_mut::<c_void>(); MAX_GROUPED_RECVS];
         for (i, b) in bufs.iter().enumerate() {
             self.check_size(b.size, "irecv")?;
             (data[i], sizes[i], tags[i], mhs[i]) = (b.data.cast(), b.size, b.tag, b.mr.0);
+            phandles[i] = b.phandle;
         }
         let mut req: *mut c_void = std::ptr::null_mut();
         // SAFETY: per this function's contract; arrays of `n` entries that outlive the call,
@@ -641,6 +648,7 @@ impl NetPlugin {
                 sizes.as_mut_ptr(),
                 tags.as_mut_ptr(),
                 mhs.as_mut_ptr(),
+                phandles.as_mut_ptr(),
                 &mut req,
             )
         };

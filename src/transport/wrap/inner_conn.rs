@@ -171,6 +171,8 @@ impl InnerConn {
             size,
             tag,
             mr,
+            // The inner plugin got no profiler callback at its `init` (docs/wrap.md).
+            phandle: std::ptr::null_mut(),
         };
         // SAFETY: our live receive comm; the rest per this function's contract.
         unsafe { self.plugin.net.irecv(self.comm, &[buf]) }

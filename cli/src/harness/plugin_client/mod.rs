@@ -11,7 +11,7 @@
 //! This file and [`super::library`] are the only places in the harness with `unsafe`.
 
 use std::cell::{Cell, RefCell};
-use std::ffi::{c_char, c_int, c_ulong, CStr};
+use std::ffi::{c_char, c_int, c_ulong, c_void, CStr};
 use std::io::Write;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -22,12 +22,14 @@ use nccl_net_lossy::ffi::net::{
 };
 pub use nccl_net_lossy::ffi::net::{NetProperties, MAX_GROUPED_RECVS};
 pub use nccl_net_lossy::ffi::HANDLE_BYTES;
-use nccl_net_lossy::ffi::{ncclDebugLogLevel, ncclDebugLogger_t, ncclProfilerCallback_t};
+use nccl_net_lossy::ffi::{
+    ncclDebugLogLevel, ncclDebugLogger_t, ncclProfilerCallback_t, ncclResult_t,
+};
 use nccl_net_lossy::{Error, Result};
 
 mod request;
 
-use request::{posted, Lent, PostedSizes};
+use request::{handle_address, posted, Lent, PostedSizes, ProfilerHandles};
 pub use request::{Posted, Request, RequestFifo};
 
 pub use super::library::{
@@ -136,14 +138,25 @@ pub fn logger() -> ncclDebugLogger_t {
 
 // ---- the client ------------------------------------------------------------------------------
 
+/// The profiler callback NCCL hands a v10+ `init` when no profiler plugin is loaded
+/// (`ncclProfilerCallback`, src/plugin/profiler.cc): it does nothing, leaves the event handle
+/// as it was, and succeeds.
+unsafe extern "C" fn idle_profiler(
+    _event: *mut *mut c_void,
+    _kind: c_int,
+    _parent: *mut c_void,
+    _plugin_id: i64,
+    _data: *mut c_void,
+) -> ncclResult_t {
+    ncclResult_t::ncclSuccess
+}
+
 /// What every object made by a client shares: the adapted plugin and its context.
 struct ClientInner {
     plugin: NetPlugin,
     /// The context from `init`; `None` after `finalize`.
     ctx: RefCell<Option<NetContext>>,
     lib: Rc<PluginLibrary>,
-    /// Made by [`PluginClient::init_profiled`]: v10+ sends carry a profiler handle.
-    profiled: bool,
 }
 
 impl Drop for ClientInner {
@@ -184,29 +197,22 @@ pub struct PluginClient {
 
 impl PluginClient {
     /// Adapts `ncclNetPlugin_v{version}` of `lib` and calls its `init`; `comm_id` is the
-    /// communicator id v11+ receives.
+    /// communicator id v11+ receives. As NCCL 2.26+ with no profiler loaded: a v10+ `init`
+    /// gets a profiler callback that does nothing ([`idle_profiler`]) and every v10+ post
+    /// profiler handles of its own (see [`PluginClient::init_profiled`]).
     pub fn init(lib: &Rc<PluginLibrary>, version: u32, comm_id: u64) -> Result<PluginClient> {
-        Self::init_with(lib, version, comm_id, None, false)
+        Self::init_profiled(lib, version, comm_id, Some(idle_profiler))
     }
 
-    /// As [`PluginClient::init`], as NCCL's proxy does with a profiler: v10+ `init` gets
-    /// `profiler` (NULL allowed) and every v10+ `isend` a non-NULL profiler handle of its own
-    /// ([`Request::profiler_handle`]), valid until the request tests done.
+    /// As [`PluginClient::init`], with `profiler` as the callback (NULL allowed), as NCCL's
+    /// proxy does: every v10+ `isend` and each buffer of a v10+ `irecv` get a non-NULL profiler
+    /// handle of their own ([`Request::profiler_handle`]), valid until the request tests done
+    /// (src/transport/net.cc passes `&sub->pHandles[..]`).
     pub fn init_profiled(
         lib: &Rc<PluginLibrary>,
         version: u32,
         comm_id: u64,
         profiler: ncclProfilerCallback_t,
-    ) -> Result<PluginClient> {
-        Self::init_with(lib, version, comm_id, profiler, true)
-    }
-
-    fn init_with(
-        lib: &Rc<PluginLibrary>,
-        version: u32,
-        comm_id: u64,
-        profiler: ncclProfilerCallback_t,
-        profiled: bool,
     ) -> Result<PluginClient> {
         if !(MIN_VERSION..=MAX_VERSION).contains(&version) {
             return Err(Error::invalid_argument(format!(
@@ -223,7 +229,6 @@ impl PluginClient {
                 plugin,
                 ctx: RefCell::new(Some(ctx)),
                 lib: Rc::clone(lib),
-                profiled,
             }),
         };
         // Dropped on failure, the client finalizes the context, as NCCL does.
@@ -489,6 +494,12 @@ impl CommInner {
         &self.client.plugin
     }
 
+    /// Fresh profiler handles for one post: v10+ takes them, as NCCL's proxy passes them to
+    /// every post (v8 and v9 have none).
+    fn profiler_handles(&self) -> Option<ProfilerHandles> {
+        (self.plugin().version() >= 10).then(|| Box::new([0; MAX_GROUPED_RECVS]))
+    }
+
     /// The comm while it and its context are open (every use below but `close` relies on
     /// this check).
     fn live(&self) -> Result<NetComm> {
@@ -601,11 +612,8 @@ impl SendComm {
         let data = lent
             .lend(buf)
             .ok_or_else(|| Error::internal("a send lends one buffer"))?;
-        let client = &self.inner.client;
-        let mut phandle = (client.profiled && client.plugin.version() >= 10).then(|| Box::new(0));
-        let ph = phandle
-            .as_deref_mut()
-            .map_or(std::ptr::null_mut(), |h| (h as *mut u64).cast());
+        let mut phandles = self.inner.profiler_handles();
+        let ph = handle_address(&mut phandles, 0);
         // SAFETY: a live send comm and its registration (checked); `lent` holds at least
         // `size` bytes we own and keep untouched until test reports the request done; the
         // profiler handle is NULL or boxed memory the request owns (only its address is
@@ -615,7 +623,13 @@ impl SendComm {
                 .plugin()
                 .isend_profiled(raw, data.cast(), size, tag, mr.raw, ph)
         };
-        posted(outcome, &self.inner, lent, phandle, PostedSizes::Send(size))
+        posted(
+            outcome,
+            &self.inner,
+            lent,
+            phandles,
+            PostedSizes::Send(size),
+        )
     }
 
     /// Calls `closeSend`.
@@ -649,7 +663,9 @@ impl RecvComm {
             size: 0,
             tag: 0,
             mr: NetMr::from_addr(0),
+            phandle: std::ptr::null_mut(),
         };
+        let mut phandles = self.inner.profiler_handles();
         let mut bufs = [empty; MAX_GROUPED_RECVS];
         let mut lent = Lent::new();
         for item in items {
@@ -680,6 +696,7 @@ impl RecvComm {
                 size: item.size,
                 tag: item.tag,
                 mr: item.mr.raw,
+                phandle: handle_address(&mut phandles, i),
             };
         }
         if lent.n == 0 {
@@ -695,7 +712,13 @@ impl RecvComm {
         for (to, b) in sizes.iter_mut().zip(&bufs[..lent.n]) {
             *to = b.size;
         }
-        posted(outcome, &self.inner, lent, None, PostedSizes::Recv(sizes))
+        posted(
+            outcome,
+            &self.inner,
+            lent,
+            phandles,
+            PostedSizes::Recv(sizes),
+        )
     }
 
     /// Calls `closeRecv`.

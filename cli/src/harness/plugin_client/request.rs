@@ -2,6 +2,7 @@
 //! `test` that gives them back.
 
 use std::collections::VecDeque;
+use std::ffi::c_void;
 use std::rc::Rc;
 
 use nccl_net_lossy::ffi::net::{NetRequest, MAX_GROUPED_RECVS};
@@ -77,7 +78,7 @@ pub(super) fn posted(
     outcome: Result<Option<NetRequest>>,
     comm: &Rc<CommInner>,
     lent: Lent,
-    phandle: Option<Box<u64>>,
+    phandles: Option<ProfilerHandles>,
     sizes: PostedSizes,
 ) -> Result<Posted> {
     match outcome {
@@ -88,7 +89,7 @@ pub(super) fn posted(
             posted: sizes,
             sizes: None,
             failed: false,
-            phandle,
+            phandles,
         })),
         // SAFETY: no request was started, so the plugin did not take the buffers.
         Ok(None) => Ok(Posted::Busy(unsafe { lent.take_back() }.collect())),
@@ -112,8 +113,20 @@ pub struct Request {
     sizes: Option<[usize; MAX_GROUPED_RECVS]>,
     /// `test` failed: the plugin may have released the request.
     failed: bool,
-    /// The profiler handle `isend` passed (see [`PluginClient::init_profiled`]).
-    phandle: Option<Box<u64>>,
+    /// The profiler handles the post passed, one per buffer (see
+    /// [`PluginClient::init_profiled`]).
+    phandles: Option<ProfilerHandles>,
+}
+
+/// What a post hands the plugin as profiler handles (v10+), one per buffer; a send uses the
+/// first. Only their addresses matter: the plugin gives them back to the profiler callback.
+pub(super) type ProfilerHandles = Box<[u64; MAX_GROUPED_RECVS]>;
+
+/// The address of handle `i` of `handles` (NULL without handles).
+pub(super) fn handle_address(handles: &mut Option<ProfilerHandles>, i: usize) -> *mut c_void {
+    handles
+        .as_deref_mut()
+        .map_or(std::ptr::null_mut(), |h| (&mut h[i] as *mut u64).cast())
 }
 
 impl Request {
@@ -156,10 +169,13 @@ impl Request {
         Ok(self.sizes.as_ref().map(|s| &s[..n]))
     }
 
-    /// The address passed to `isend` as its profiler handle, if any: what the plugin hands
-    /// back to the profiler callback as the parent of the message's event.
+    /// The address passed to `isend` as its profiler handle (of an `irecv`: its first
+    /// buffer's), if any: what the plugin hands back to the profiler callback as the parent
+    /// of the message's event.
     pub fn profiler_handle(&self) -> Option<usize> {
-        self.phandle.as_deref().map(|h| h as *const u64 as usize)
+        self.phandles
+            .as_deref()
+            .map(|h| &h[0] as *const u64 as usize)
     }
 
     /// True once `test` has reported the request done.
