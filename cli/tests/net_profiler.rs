@@ -41,6 +41,9 @@ struct Call {
 static CALLS: Mutex<Vec<Call>> = Mutex::new(Vec::new());
 static NEXT_EVENT: AtomicUsize = AtomicUsize::new(0x1000);
 static FAIL: AtomicBool = AtomicBool::new(false);
+/// START leaves the event handle as it was (NULL), as NCCL's callback does when no profiler
+/// is loaded or the loaded one does not record net plugin events (src/plugin/profiler.cc).
+static NO_EVENT: AtomicBool = AtomicBool::new(false);
 
 /// The test's profiler callback: records each call; at START it copies the descriptor (it
 /// lives only during the call) and gives the event a handle of its own.
@@ -71,8 +74,12 @@ unsafe extern "C" fn record(
             // SAFETY: the union's only member.
             call.message = Some(unsafe { descr.__bindgen_anon_1.message });
         }
-        let event = NEXT_EVENT.fetch_add(1, Ordering::Relaxed);
-        if !e_handle.is_null() {
+        let event = if NO_EVENT.load(Ordering::Relaxed) {
+            0
+        } else {
+            NEXT_EVENT.fetch_add(1, Ordering::Relaxed)
+        };
+        if !e_handle.is_null() && event != 0 {
             // SAFETY: the plugin's event handle slot.
             unsafe { *e_handle = event as *mut c_void };
         }
@@ -143,6 +150,13 @@ fn v8_v9_and_a_null_callback_call_nothing_and_break_nothing() {
     for role in ["quiet-8", "quiet-9", "null-10", "null-12"] {
         run_child(role);
     }
+}
+
+#[test]
+fn an_event_the_profiler_did_not_start_is_not_stopped() {
+    // Under NCCL 2.26+ with no profiler recording net events, START leaves the event handle
+    // NULL: there is no event, and a STOP of NULL per message is a call for nothing.
+    run_child("idle-12");
 }
 
 #[test]
@@ -298,6 +312,7 @@ fn net_profiler_child() {
     let (kind, version) = role.split_once('-').expect("KIND-VERSION");
     let version: u32 = version.parse().expect("version");
     FAIL.store(kind == "failing", Ordering::Relaxed);
+    NO_EVENT.store(kind == "idle", Ordering::Relaxed);
     let lib = PluginLibrary::open(&library()).expect("dlopen");
     let callback = (kind != "null").then_some(record as _);
     let client = PluginClient::init_profiled(&lib, version, COMM_ID, callback).expect("init");
@@ -306,6 +321,13 @@ fn net_profiler_child() {
     match kind {
         "report" | "failing" | "retransmit" => {
             check_reports(version, &handles, &calls, kind == "retransmit")
+        }
+        "idle" => {
+            let starts = calls
+                .iter()
+                .filter(|c| c.kind == NCCL_LOSSY_NET_EVENT_START as c_int);
+            assert_eq!(starts.count(), MESSAGES, "v{version}: {calls:?}");
+            assert_eq!(calls.len(), MESSAGES, "v{version}: no STOP: {calls:?}");
         }
         "quiet" | "null" => {
             assert!(calls.is_empty(), "v{version} {kind}: {calls:?}");

@@ -317,6 +317,8 @@ impl SendComm {
             effect: effect_code(plan.effect),
             retransmit_delay_ns,
         });
+        // An event START left empty (NCCL's callback with no profiler recording net events
+        // leaves the handle NULL) has nothing to stop.
         let profiled = match (&self.profiler, parent) {
             (Some(profiler), Some(parent)) => Some(profiler.start(
                 parent,
@@ -334,7 +336,8 @@ impl SendComm {
                     effect: effect_code(plan.effect),
                     retransmit_delay_ns,
                 },
-            )),
+            ))
+            .filter(|event| event.0 != 0),
             _ => None,
         };
         if let Some(slot) = state.posted_at.get_mut(id as usize) {

@@ -63,6 +63,7 @@ pub trait MessageProfiler: Send + Sync {
     /// Starts the event of one message under NCCL's handle `parent`.
     fn start(&self, parent: ProfilerParent, message: &MessageReport) -> ProfilerEvent;
 
-    /// Stops an event [`MessageProfiler::start`] returned.
+    /// Stops an event [`MessageProfiler::start`] returned (never one it left empty: 0, no
+    /// event, as NCCL's callback leaves it when no profiler records net plugin events).
     fn stop(&self, event: ProfilerEvent);
 }
