@@ -164,3 +164,92 @@ fn the_summary_names_each_override_where_it_came_from() {
         "{summary}"
     );
 }
+
+#[test]
+fn a_malformed_number_is_named_as_malformed_with_its_text_not_as_out_of_range() {
+    // `seed = 0x` (a base prefix with no digit) and `rate = 1e` (an exponent with none) were
+    // reported as "seed = : integer out of range", the value shown empty and the reason wrong.
+    let dir = fresh_dir("validate-malformed-number");
+    for (body, want) in [
+        ("seed = 0x\n", "x.toml:1: seed = 0x: not a valid integer"),
+        ("seed = 0b2\n", "x.toml:1: seed = 0b2: not a valid integer"),
+        // Too large: out of range, shown with its prefix (it read "seed = ffff...").
+        (
+            "seed = 0xffffffffffffffffff\n",
+            "x.toml:1: seed = 0xffffffffffffffffff: integer out of range",
+        ),
+        (
+            "\nmodel = { kind = \"uniform\", rate = 1e }\n",
+            "x.toml:2: model.rate = 1e: not a valid number",
+        ),
+    ] {
+        let file = write(&dir, "x.toml", body);
+        let out = lossy(&["validate", &file], &[]);
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{body}: {stdout}{stderr}");
+        assert!(
+            stderr.contains(want) && (want.contains("range") || !stderr.contains("range")),
+            "{body}: {stderr}"
+        );
+    }
+    for (set, want) in [
+        ("seed=0x", "--set: seed = 0x: not a valid integer"),
+        ("mtu=0o", "--set: mtu = 0o: not a valid integer"),
+    ] {
+        let out = lossy(&["validate", "--set", set], &[]);
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{set}: {stdout}{stderr}");
+        assert!(
+            stderr.contains(want) && !stderr.contains("out of range"),
+            "{set}: {stderr}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn an_override_value_that_opens_a_list_or_table_but_is_not_toml_says_so() {
+    // A value starting with `[` or `{` is meant as TOML; taken as a string instead, a missing
+    // brace read "unknown model kind \"{kind=...\"" and unquoted names in a list read
+    // "unknown collective", and a deep one was echoed whole (120 KB on one line).
+    for (set, want) in [
+        (
+            "model={kind=\"uniform\", rate=0.1",
+            "--set: model = `{kind=\"uniform\", rate=0.1`: not valid TOML",
+        ),
+        (
+            "rules=[{effect=\"zero\"}",
+            "--set: rules = `[{effect=\"zero\"}`: not valid TOML",
+        ),
+        (
+            "rules=[{collective=[AllReduce, Broadcast]}]",
+            "--set: rules = `[{collective=[AllReduce, Broadcast]}]`: not valid TOML: string \
+             values must be quoted, expected literal string (strings inside a list or table \
+             need quotes",
+        ),
+    ] {
+        let out = lossy(&["validate", "--set", set], &[]);
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{set}: {stdout}{stderr}");
+        assert!(
+            stderr.contains(want)
+                && !stderr.contains("unknown model kind")
+                && !stderr.contains("unknown collective"),
+            "{set}: {stderr}"
+        );
+    }
+    let deep = format!("model={}{}", "[".repeat(60_000), "]".repeat(60_000));
+    let out = lossy(&["validate", "--set", &deep], &[]);
+    let (_, stderr) = text(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        &stderr[..stderr.len().min(500)]
+    );
+    assert!(
+        stderr.contains("not valid TOML") && stderr.len() < 1000,
+        "{}",
+        &stderr[..stderr.len().min(500)]
+    );
+}

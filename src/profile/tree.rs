@@ -90,9 +90,12 @@ impl Lines {
 }
 
 /// Converts the parser's values; `lines` is `None` for override values of layer `layer`.
+/// `text` is what the spans point into (the profile, or the override's value), so an
+/// invalid value is shown as written.
 struct Convert<'a> {
     lines: Option<&'a Lines>,
     layer: usize,
+    text: &'a str,
 }
 
 /// A value the tree cannot hold (a number beyond 64 bits): where, its key, and why.
@@ -117,6 +120,14 @@ impl Invalid {
 }
 
 impl Convert<'_> {
+    /// The source text of `span`, or `fallback` when the span does not lie in it.
+    fn written<'t>(&'t self, span: &std::ops::Range<usize>, fallback: &'t str) -> &'t str {
+        match self.text.get(span.clone()) {
+            Some(written) if !written.trim().is_empty() => written.trim(),
+            _ => fallback,
+        }
+    }
+
     fn at(&self, span: std::ops::Range<usize>) -> At {
         match self.lines {
             Some(lines) => At::Line(lines.line(span.start)),
@@ -161,16 +172,33 @@ impl Convert<'_> {
         let val = match value.get_ref() {
             DeValue::String(s) => Val::Str(s.to_string()),
             DeValue::Integer(i) => {
-                Val::Int(i64::from_str_radix(i.as_str(), i.radix()).map_err(|_| {
-                    invalid(
-                        i.as_str(),
-                        "integer out of range: at most 9223372036854775807 (64-bit signed)",
-                    )
+                Val::Int(i64::from_str_radix(i.as_str(), i.radix()).map_err(|e| {
+                    use std::num::IntErrorKind::{NegOverflow, PosOverflow};
+                    // The parser recovers from a malformed literal (`0x`, `0b2`) with no
+                    // digits or stray ones: that is no number at all, not one too large.
+                    match e.kind() {
+                        PosOverflow | NegOverflow => invalid(
+                            self.written(&span, i.as_str()),
+                            "integer out of range: at most 9223372036854775807 (64-bit signed)",
+                        ),
+                        _ => invalid(
+                            self.written(&span, i.as_str()),
+                            "not a valid integer: decimal digits, or 0x, 0o or 0b followed by \
+                             digits of that base",
+                        ),
+                    }
                 })?)
             }
             DeValue::Float(f) => {
                 // A finite literal too large for f64 is out of range, not infinity.
                 let literal = f.as_str();
+                if literal.parse::<f64>().is_err() {
+                    // `1e`, `1.`: recovered from by the parser, but no number.
+                    return Err(invalid(
+                        self.written(&span, literal),
+                        "not a valid number (like 0.01, 1e-3, 5, inf or nan)",
+                    ));
+                }
                 // A literal with a non-zero digit that comes out 0 underflowed.
                 let mantissa = literal.split(['e', 'E']).next().unwrap_or("");
                 let nonzero = mantissa.bytes().any(|b| (b'1'..=b'9').contains(&b));
@@ -224,6 +252,7 @@ pub(super) fn parse(text: &str, origin: &str) -> Result<Node> {
     let convert = Convert {
         lines: Some(&lines),
         layer: 0,
+        text,
     };
     let entries = convert.table_entries(doc.get_ref());
     let syntax = errors.iter().map(|err| {
@@ -283,12 +312,28 @@ pub(super) fn apply_overrides(
         // 64 bits is an error, as in the file.
         let value = match DeValue::parse(raw) {
             Ok(v) => Some(
-                Convert { lines: None, layer }
-                    .value(&v, At::Set(layer))
-                    .map_err(|e| {
-                        Error::invalid_argument(format!("{source}: {}", e.describe(key)))
-                    })?,
+                Convert {
+                    lines: None,
+                    layer,
+                    text: raw,
+                }
+                .value(&v, At::Set(layer))
+                .map_err(|e| Error::invalid_argument(format!("{source}: {}", e.describe(key))))?,
             ),
+            // A value that opens a list or a table is meant as TOML: taken as a string, a
+            // missing bracket would be blamed on the value's content ("unknown model kind").
+            Err(e) if raw.starts_with(['[', '{']) => {
+                let why = e.message().trim_end();
+                let hint = if why.contains("must be quoted") {
+                    " (strings inside a list or table need quotes: [\"AllReduce\", \"Send\"])"
+                } else {
+                    ""
+                };
+                return Err(Error::invalid_argument(format!(
+                    "{source}: {key} = `{}`: not valid TOML: {why}{hint}",
+                    cut(raw, 60)
+                )));
+            }
             Err(_) => None,
         };
         let value = value.unwrap_or_else(|| Node {
