@@ -333,3 +333,54 @@ fn a_per_step_file_of_another_or_no_format_version_is_refused_naming_the_file_an
         );
     }
 }
+
+#[test]
+fn a_statistics_file_whose_steps_or_rules_lose_more_than_they_sent_is_refused() {
+    // The reader checked the totals and the collectives' cells, not `by_step` nor a
+    // connection's `by_rule`: `lossy report --per-step` printed a loss of 200.0000 % for a
+    // hand-edited statistics file, where a per-step file with the same row is refused.
+    let counts = |packets: u64, lost: u64| {
+        serde_json::json!({"messages": 1, "bytes": 8, "packets": packets, "lost_packets": lost,
+            "loss_events": 1, "retransmit_delay_ns": 0, "packets_injection_off": 0})
+    };
+    let stats = StatsFile::new(serde_json::json!({"seed": 1}), vec![]);
+    let base = serde_json::to_value(&stats).expect("JSON");
+    let mut steps = base.clone();
+    steps["by_step"] = serde_json::json!([{"step": 1, "packets": 10, "lost_packets": 1},
+        {"step": 2, "packets": 10, "lost_packets": 20}]);
+    let mut rules = base;
+    let mut by_rule = counts(1, 99);
+    by_rule["rule"] = serde_json::Value::Null;
+    rules["connections"] = serde_json::json!([{"comm_id": 1, "index": 0, "total": counts(1, 0),
+        "by_op": [], "by_rule": [by_rule], "histograms": []}]);
+    for (doc, args, want) in [
+        (
+            steps,
+            &["--per-step"][..],
+            "by_step.1 (step 2): lost_packets = 20 is more than packets = 10",
+        ),
+        (
+            rules,
+            &[][..],
+            "connections.0.by_rule.0: lost_packets = 99 is more than packets = 1",
+        ),
+    ] {
+        let dir = fresh_dir("stats-file-cells");
+        let file = dir.join("lossy-stats-rank0-h-1.json");
+        std::fs::write(&file, doc.to_string()).expect("write");
+        let out = common::output_within_10s(
+            Command::new(lossy_exe())
+                .args(["report", dir.to_str().expect("utf-8")])
+                .args(args),
+            "lossy report",
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{want}: {stdout}{stderr}");
+        assert!(
+            stderr.contains("lossy-stats-rank0-h-1.json") && stderr.contains(want),
+            "{stderr}"
+        );
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

@@ -127,7 +127,8 @@ impl StatsFile {
     }
 
     /// What a file this version wrote always holds: its version, and no count of lost packets
-    /// above the packets sent.
+    /// (or of packets sent with injection off) above the packets sent, in any cell: the
+    /// totals, each connection's collectives and rules, and each step.
     fn check(&self) -> std::result::Result<(), String> {
         if self.format_version != FORMAT_VERSION {
             return Err(format!(
@@ -135,25 +136,32 @@ impl StatsFile {
                 self.format_version
             ));
         }
-        let cells = std::iter::once(("total".to_string(), &self.total)).chain(
-            self.connections.iter().enumerate().flat_map(|(i, c)| {
-                std::iter::once((format!("connections.{i}.total"), &c.total)).chain(
-                    c.by_op
-                        .iter()
-                        .enumerate()
-                        .map(move |(j, o)| (format!("connections.{i}.by_op.{j}"), &o.counts)),
-                )
-            }),
-        );
-        for (at, c) in cells {
-            for (name, part) in [
-                ("lost_packets", c.lost_packets),
-                ("packets_injection_off", c.packets_injection_off),
-            ] {
-                if part > c.packets {
+        let part = |c: &Counts| (c.packets, c.lost_packets, c.packets_injection_off);
+        let cells =
+            std::iter::once(("total".to_string(), part(&self.total)))
+                .chain(self.connections.iter().enumerate().flat_map(|(i, c)| {
+                    let ops =
+                        c.by_op.iter().enumerate().map(move |(j, o)| {
+                            (format!("connections.{i}.by_op.{j}"), part(&o.counts))
+                        });
+                    let rules = c.by_rule.iter().enumerate().map(move |(j, r)| {
+                        (format!("connections.{i}.by_rule.{j}"), part(&r.counts))
+                    });
+                    std::iter::once((format!("connections.{i}.total"), part(&c.total)))
+                        .chain(ops)
+                        .chain(rules)
+                }))
+                .chain(self.by_step.iter().enumerate().map(|(i, s)| {
+                    (
+                        format!("by_step.{i} (step {})", s.step),
+                        (s.packets, s.lost_packets, s.packets_injection_off),
+                    )
+                }));
+        for (at, (packets, lost, off)) in cells {
+            for (name, count) in [("lost_packets", lost), ("packets_injection_off", off)] {
+                if count > packets {
                     return Err(format!(
-                        "{at}: {name} = {part} is more than packets = {}",
-                        c.packets
+                        "{at}: {name} = {count} is more than packets = {packets}"
                     ));
                 }
             }
