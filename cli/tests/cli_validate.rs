@@ -253,3 +253,70 @@ fn an_override_value_that_opens_a_list_or_table_but_is_not_toml_says_so() {
         &stderr[..stderr.len().min(500)]
     );
 }
+
+#[test]
+fn a_rule_an_earlier_rule_always_takes_first_is_warned_about() {
+    // The first matching rule decides: a backward-pass AllReduce rule after a rule for every
+    // AllReduce never decides a message. The profile stays valid (a sweep may produce such
+    // an order on purpose), but nothing said that the condition written is not the one that
+    // will run.
+    let dir = fresh_dir("validate-shadowed");
+    let profile = write(
+        &dir,
+        "shadowed.toml",
+        "[[rules]]\nname = \"all gradients\"\ncollective = \"AllReduce\"\n\
+         model = { kind = \"uniform\", rate = 0.01 }\n\n\
+         [[rules]]\ncollective = \"AllReduce\"\nphase = \"backward\"\n\
+         model = { kind = \"uniform\", rate = 0.05 }\n\n\
+         [[rules]]\ncollective = \"AllGather\"\nmodel = { kind = \"uniform\", rate = 0.05 }\n",
+    );
+    let out = lossy(&["validate", &profile], &[]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("warning")).collect();
+    assert_eq!(warnings.len(), 1, "one rule is shadowed:\n{stderr}");
+    assert!(
+        warnings[0].contains(&format!(
+            "{profile}: rules.1 (collective=AllReduce phase=backward)"
+        )) && warnings[0].contains("never decides a message")
+            && warnings[0].contains("rules.0 \"all gradients\" (collective=AllReduce)"),
+        "{stderr}"
+    );
+    // The same warning where it matters most: before a run starts, and in the plugin's log.
+    let out = lossy(&["run", "--profile", &profile, "--print-env"], &[]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("lossy run: warning: ") && stderr.contains("never decides a message"),
+        "{stderr}"
+    );
+    let out = lossy(
+        &["demo", "--ranks", "2", "--sizes", "4096"],
+        &[("NCCL_LOSSY_PROFILE", &profile)],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert_eq!(
+        stderr
+            .lines()
+            .filter(|l| l.contains("WARN NET/lossy profile") && l.contains("never decides"))
+            .count(),
+        2,
+        "each rank's plugin says so at init:\n{stderr}"
+    );
+    // Reordered (the narrower rule first), nothing to say.
+    let reordered = write(
+        &dir,
+        "reordered.toml",
+        "[[rules]]\ncollective = \"AllReduce\"\nphase = \"backward\"\n\
+         model = { kind = \"uniform\", rate = 0.05 }\n\n\
+         [[rules]]\ncollective = \"AllReduce\"\nmodel = { kind = \"uniform\", rate = 0.01 }\n",
+    );
+    let out = lossy(&["validate", &reordered], &[]);
+    let (stdout, stderr) = text(&out);
+    assert!(
+        out.status.success() && !stderr.contains("warning"),
+        "{stdout}{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

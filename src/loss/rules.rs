@@ -148,6 +148,41 @@ impl Match {
         side_holds && listed(&self.peers, peer)
     }
 
+    /// True when every message `other` matches is matched by `self` too, so that `other`,
+    /// after `self` in a profile, could never decide a message. Sure, not exhaustive: a
+    /// `false` may still hide such a pair (`direction` and `peer` are compared only when both
+    /// rules set the same direction, or `self` sets neither).
+    pub fn covers(&self, other: &Match) -> bool {
+        /// A list criterion: `inner`'s values are all in `outer`'s (no list: every value).
+        fn within<T: PartialEq>(outer: &Option<Vec<T>>, inner: &Option<Vec<T>>) -> bool {
+            match (outer, inner) {
+                (None, _) => true,
+                (Some(_), None) => false,
+                (Some(outer), Some(inner)) => inner.iter().all(|v| outer.contains(v)),
+            }
+        }
+        let side = (self.direction.is_none() && self.peers.is_none())
+            || (self.direction == other.direction && within(&self.peers, &other.peers));
+        let steps = match (self.steps, other.steps) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some((from, until)), Some((other_from, other_until))) => {
+                other_from >= from
+                    && match (until, other_until) {
+                        (None, _) => true,
+                        (Some(_), None) => false,
+                        (Some(u), Some(other_u)) => other_u <= u,
+                    }
+            }
+        };
+        within(&self.collectives, &other.collectives)
+            && within(&self.traffic_classes, &other.traffic_classes)
+            && within(&self.comm_sizes, &other.comm_sizes)
+            && side
+            && (self.phase == Phase::Any || self.phase == other.phase)
+            && steps
+    }
+
     /// Short description of the criteria, for summaries ("all" when there are none).
     pub fn describe(&self) -> String {
         /// `key=a|b|c` for a criterion that is set.
@@ -328,5 +363,143 @@ mod tests {
              peer=1|2 phase=forward steps=[3,5)"
         );
         assert_eq!(Match::default().describe(), "all");
+    }
+
+    #[test]
+    fn a_rule_covers_another_when_it_matches_everything_the_other_does() {
+        use CollectiveId::{AllGather, AllReduce};
+        let all = Match::default();
+        let all_reduce = Match {
+            collectives: Some(vec![AllReduce]),
+            ..Match::default()
+        };
+        let all_reduce_backward = Match {
+            phase: Phase::Backward,
+            ..all_reduce.clone()
+        };
+        let two = Match {
+            collectives: Some(vec![AllReduce, AllGather]),
+            ..Match::default()
+        };
+        let window = |from, until| Match {
+            steps: Some((from, until)),
+            ..Match::default()
+        };
+        let to_peer = |direction, peers: Vec<u32>| Match {
+            direction,
+            peers: Some(peers),
+            ..Match::default()
+        };
+        let cases = [
+            (&all, &all_reduce_backward, true),
+            (&all_reduce, &all_reduce_backward, true),
+            (&all_reduce_backward, &all_reduce, false),
+            (&all_reduce, &all, false),
+            (&two, &all_reduce, true),
+            (&all_reduce, &two, false),
+            (&all_reduce_backward, &all_reduce_backward, true),
+        ];
+        for (i, (a, b, want)) in cases.into_iter().enumerate() {
+            assert_eq!(
+                a.covers(b),
+                want,
+                "case {i}: {} over {}",
+                a.describe(),
+                b.describe()
+            );
+        }
+        assert!(window(0, Some(100)).covers(&window(10, Some(100))));
+        assert!(window(0, None).covers(&window(10, None)));
+        assert!(!window(0, Some(100)).covers(&window(10, None)));
+        assert!(!window(0, Some(100)).covers(&window(50, Some(101))));
+        assert!(!window(10, None).covers(&all));
+        let send = Some(Direction::Send);
+        assert!(to_peer(send, vec![1, 2]).covers(&to_peer(send, vec![2])));
+        assert!(!to_peer(send, vec![2]).covers(&to_peer(send, vec![1, 2])));
+        assert!(!to_peer(send, vec![2]).covers(&to_peer(Some(Direction::Recv), vec![2])));
+        assert!(!to_peer(send, vec![2]).covers(&all));
+    }
+
+    /// Soundness of [`Match::covers`] over every context of a small domain: whenever it says
+    /// one rule covers another, no context matches the other without matching it. 20,000
+    /// random pairs (fixed seed) of criteria drawn from that domain, each against all of its
+    /// 3 x 3 x 3 x 2 x 3 x 3 x 3 x 7 = 30,618 contexts whenever `covers` holds.
+    #[test]
+    fn covers_never_claims_a_rule_that_matches_less() {
+        use rand::rngs::SmallRng;
+        use rand::{Rng, SeedableRng};
+        use CollectiveId::{AllGather, AllReduce, Broadcast};
+        let mut rng = SmallRng::seed_from_u64(0x5eed);
+        fn some_of<T: Copy>(rng: &mut SmallRng, values: &[T]) -> Option<Vec<T>> {
+            rng.gen_bool(0.5).then(|| {
+                let picked: Vec<T> = values
+                    .iter()
+                    .copied()
+                    .filter(|_| rng.gen_bool(0.6))
+                    .collect();
+                if picked.is_empty() {
+                    vec![values[0]]
+                } else {
+                    picked
+                }
+            })
+        }
+        let draw = |rng: &mut SmallRng| Match {
+            collectives: some_of(rng, &[AllReduce, AllGather, Broadcast]),
+            traffic_classes: some_of(rng, &[1, 2]),
+            comm_sizes: some_of(rng, &[4, 8]),
+            direction: [None, Some(Direction::Send), Some(Direction::Recv)][rng.gen_range(0..3)],
+            peers: some_of(rng, &[0, 1]),
+            phase: [Phase::Any, Phase::Forward, Phase::Backward][rng.gen_range(0..3)],
+            steps: rng.gen_bool(0.5).then(|| {
+                let from = rng.gen_range(0..4);
+                (from, rng.gen_bool(0.5).then(|| from + rng.gen_range(1..4)))
+            }),
+        };
+        let mut contexts = Vec::new();
+        for collective in [AllReduce, AllGather, Broadcast] {
+            for traffic_class in [None, Some(1), Some(2)] {
+                for comm_size in [None, Some(4), Some(8)] {
+                    for direction in [Direction::Send, Direction::Recv] {
+                        for peer in [None, Some(0), Some(1)] {
+                            for local_rank in [None, Some(0), Some(1)] {
+                                for phase in [Phase::Any, Phase::Forward, Phase::Backward] {
+                                    for step in 0..7 {
+                                        contexts.push(MatchContext {
+                                            collective,
+                                            traffic_class,
+                                            comm_size,
+                                            direction,
+                                            peer,
+                                            local_rank,
+                                            phase,
+                                            step,
+                                        });
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let mut covered = 0;
+        for _ in 0..20_000 {
+            let (a, b) = (draw(&mut rng), draw(&mut rng));
+            if !a.covers(&b) {
+                continue;
+            }
+            covered += 1;
+            for ctx in &contexts {
+                assert!(
+                    !b.matches(ctx) || a.matches(ctx),
+                    "{} claimed to cover {}, not at {ctx:?}",
+                    a.describe(),
+                    b.describe()
+                );
+            }
+        }
+        // The draw must give the check something to hold: pairs where covering is claimed.
+        assert!(covered > 100, "only {covered} covering pairs drawn");
     }
 }

@@ -358,6 +358,35 @@ impl Profile {
         !self.actions().any(|a| a.model.can_lose())
     }
 
+    /// What is valid but likely not what the author meant, one sentence each: a rule that
+    /// never decides a message because an earlier rule matches every message it matches (the
+    /// first matching rule decides). `lossy validate` and `lossy run` print these, and the
+    /// plugin logs them at init.
+    pub fn warnings(&self) -> Vec<String> {
+        let named = |i: usize, rule: &Rule| match &rule.name {
+            Some(name) => format!("rules.{i} \"{name}\" ({})", rule.when.describe()),
+            None => format!("rules.{i} ({})", rule.when.describe()),
+        };
+        let mut warnings = Vec::new();
+        for (j, later) in self.rules.iter().enumerate() {
+            if let Some((i, earlier)) = self.rules[..j]
+                .iter()
+                .enumerate()
+                .find(|(_, earlier)| earlier.when.covers(&later.when))
+            {
+                warnings.push(format!(
+                    "{}: {} never decides a message: {} comes first and matches every message \
+                     it matches (the first rule that matches decides; put the narrower rule \
+                     first)",
+                    self.origin,
+                    named(j, later),
+                    named(i, earlier)
+                ));
+            }
+        }
+        warnings
+    }
+
     /// One line: origin, seed, mtu, the defaults with their expected loss, then each rule.
     pub fn summary(&self) -> String {
         let mut line = format!(

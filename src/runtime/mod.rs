@@ -453,17 +453,22 @@ fn last_profile() -> serde_json::Value {
 fn build_logged(logger: ncclDebugLogger_t) -> Result<Runtime> {
     let runtime = Runtime::from_env(logger);
     match &runtime {
-        Ok(runtime) => log::info(&format!(
-            "initialised with {} device(s): {}; profile: {}",
-            runtime.devices.len(),
-            runtime
-                .devices
-                .iter()
-                .map(|d| d.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", "),
-            runtime.profile.summary()
-        )),
+        Ok(runtime) => {
+            log::info(&format!(
+                "initialised with {} device(s): {}; profile: {}",
+                runtime.devices.len(),
+                runtime
+                    .devices
+                    .iter()
+                    .map(|d| d.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                runtime.profile.summary()
+            ));
+            for warning in runtime.profile.warnings() {
+                log::warn(&format!("profile {warning}"));
+            }
+        }
         Err(err) => log::loud(&format!("initialisation failed: {err}")),
     }
     runtime

@@ -89,6 +89,9 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
     // at the same `;` into the same overrides: this is the profile it will load.
     let profile =
         Profile::load_layers(profile_path.as_deref(), &layers).map_err(|err| err.to_string())?;
+    for warning in profile.warnings() {
+        eprintln!("lossy run: warning: {warning}");
+    }
     let user_proto = utf8("NCCL_PROTO")?.filter(|p| !p.is_empty());
     check_forced_protocol(&profile, user_proto.as_deref()).map_err(|err| err.to_string())?;
     // Unset, NCCL_PROTO becomes Simple below; a user's value stays, so say what it leaves.

@@ -71,6 +71,9 @@ pub fn run(args: Args) -> ExitCode {
         match Profile::load_layers(file.map(PathBuf::as_path), &layers) {
             Ok(profile) => {
                 println!("{}", profile.summary());
+                for warning in profile.warnings() {
+                    eprintln!("lossy validate: warning: {warning}");
+                }
                 for (from, set) in &applied {
                     println!("  override from {from}: {}", set.trim());
                 }
