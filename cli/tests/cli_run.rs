@@ -93,6 +93,21 @@ fn retransmit_profiles_leave_the_protocol_alone() {
     assert_eq!(get(&env, "NCCL_NET"), Some("lossy"));
 }
 
+/// `lossy run --profile PROFILE -- touch MARKER` with `env` set.
+fn run_touch(profile: &std::path::Path, marker: &std::path::Path, env: &[(&str, &str)]) -> Output {
+    lossy(
+        &[
+            "run",
+            "--profile",
+            profile.to_str().expect("utf-8"),
+            "--",
+            "touch",
+            marker.to_str().expect("utf-8"),
+        ],
+        env,
+    )
+}
+
 #[test]
 fn run_refuses_a_broken_profile_before_starting_anything() {
     let dir = fresh_dir("run-bad");
@@ -103,22 +118,70 @@ fn run_refuses_a_broken_profile_before_starting_anything() {
     )
     .expect("write");
     let marker = dir.join("ran");
-    let out = lossy(
-        &[
-            "run",
-            "--profile",
-            bad.to_str().expect("utf-8"),
-            "--",
-            "touch",
-            marker.to_str().expect("utf-8"),
-        ],
-        &[],
-    );
+    let out = run_touch(&bad, &marker, &[]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("bad.toml"), "{stderr}");
     assert!(stderr.contains("model.rate"), "{stderr}");
     assert!(!marker.exists(), "the command must not run");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn run_refuses_a_plugin_to_wrap_that_cannot_be_loaded_before_starting_anything() {
+    // The plugin's init refuses an inner plugin it cannot load, but `lossy run` started the
+    // job anyway: NCCL then failed each rank at init, after the launch, instead of one clear
+    // refusal before it.
+    let dir = fresh_dir("run-bad-inner");
+    let marker = dir.join("ran");
+    let missing = dir.join("libnccl-net-nothing.so");
+    let cases = [
+        ("/dev/null", "not a regular file"),
+        // A library, but no net plugin: it exports no ncclNetPlugin_v8..v12 table.
+        ("libc.so.6", "ncclNetPlugin_v"),
+    ];
+    for (inner, why) in cases {
+        let profile = dir.join("wrap.toml");
+        std::fs::write(
+            &profile,
+            format!("transport = \"wrap\"\ninner = \"{inner}\"\nmodel = {{ kind = \"none\" }}\n"),
+        )
+        .expect("write");
+        let out = run_touch(&profile, &marker, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{inner}: {stderr}");
+        assert!(
+            stderr.contains(inner) && stderr.contains(why),
+            "{inner}: {stderr}"
+        );
+        assert!(!marker.exists(), "{inner}: the command must not run");
+        // The same plugin named by NCCL_LOSSY_INNER, over a profile without a transport.
+        let plain = repo_file("configs/lossless.toml");
+        let out = run_touch(&plain, &marker, &[("NCCL_LOSSY_INNER", inner)]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "NCCL_LOSSY_INNER={inner}: {stderr}"
+        );
+        assert!(stderr.contains(why), "NCCL_LOSSY_INNER={inner}: {stderr}");
+        assert!(!marker.exists(), "{inner}: the command must not run");
+    }
+    // A plugin that is not on this machine may be on the nodes the job runs on (a launcher
+    // started from another host): a warning, and the command runs.
+    let out = run_touch(
+        &repo_file("configs/lossless.toml"),
+        &marker,
+        &[("NCCL_LOSSY_INNER", missing.to_str().expect("utf-8"))],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning: wrap mode: the plugin to wrap is not on this machine")
+            && stderr.contains("libnccl-net-nothing.so"),
+        "{stderr}"
+    );
+    assert!(marker.exists(), "the command runs");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

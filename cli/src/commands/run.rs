@@ -10,7 +10,10 @@ use std::process::{Command, ExitCode};
 use super::shell_quote_bytes;
 use nccl_net_lossy::profile::{Profile, PROFILE_ENV, SET_ENV};
 use nccl_net_lossy::stats::writer::STATS_DIR_ENV;
-use nccl_net_lossy::{check_forced_protocol, unguarded_ll_warning, PLUGIN_NAME};
+use nccl_net_lossy::transport::wrap::inner::{check_loadable, InnerCheck};
+use nccl_net_lossy::{
+    check_forced_protocol, unguarded_ll_warning, wrap_target, INNER_ENV, PLUGIN_NAME,
+};
 
 /// Arguments of `lossy run`.
 #[derive(clap::Args, Debug)]
@@ -91,6 +94,18 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
         Profile::load_layers(profile_path.as_deref(), &layers).map_err(|err| err.to_string())?;
     for warning in profile.warnings() {
         eprintln!("lossy run: warning: {warning}");
+    }
+    // Wrap mode: a plugin to wrap that is here but does not load would fail every rank at
+    // init, after the launch; one that is not here may be where the job runs.
+    let inner_env = utf8(INNER_ENV)?.filter(|v| !v.trim().is_empty());
+    if let Some(inner) = wrap_target(&profile, inner_env).map_err(|err| err.to_string())? {
+        match check_loadable(&inner).map_err(|err| format!("wrap mode (inner {inner:?}): {err}"))? {
+            InnerCheck::Loads(_) => {}
+            InnerCheck::NotHere(why) => eprintln!(
+                "lossy run: warning: wrap mode: the plugin to wrap is not on this machine \
+                 ({why}); the job's ranks fail at init unless it is where they run"
+            ),
+        }
     }
     let user_proto = utf8("NCCL_PROTO")?.filter(|p| !p.is_empty());
     check_forced_protocol(&profile, user_proto.as_deref()).map_err(|err| err.to_string())?;

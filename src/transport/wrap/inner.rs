@@ -39,6 +39,74 @@ pub fn candidates(spec: &str) -> Vec<String> {
     }
 }
 
+/// Loads the library `spec` names (see [`candidates`]) and reads its newest net table up to
+/// `ncclNetPlugin_v{newest}`, without initialising it; `keep`: the library stays loaded for
+/// good (see [`InnerPlugin`]). Returns the library, the plugin and the file that was loaded.
+fn load(spec: &str, newest: u32, keep: bool) -> Result<(Arc<NetLibrary>, NetPlugin, String)> {
+    let mut tried = Vec::new();
+    let mut loaded = None;
+    for name in candidates(spec) {
+        refuse_special_file(Path::new(&name))?;
+        // SAFETY: the user named this file as the NCCL net plugin to wrap, which NCCL
+        // would load and trust the same way.
+        match unsafe { NetLibrary::open(Path::new(&name)) } {
+            Ok(lib) => {
+                loaded = Some((if keep { lib.keep_loaded() } else { lib }, name));
+                break;
+            }
+            Err(err) => tried.push(err.message),
+        }
+    }
+    let Some((lib, file)) = loaded else {
+        return Err(Error::invalid_argument(format!(
+            "cannot load the inner net plugin {spec:?} (tried {})",
+            tried.join("; ")
+        )));
+    };
+    let lib = Arc::new(lib);
+    let net = NetPlugin::load(Arc::clone(&lib), OLDEST_VERSION..=newest)
+        .map_err(|e| Error::new(e.kind, format!("inner net plugin {}", e.message)))?;
+    Ok((lib, net, file))
+}
+
+/// What [`check_loadable`] found of a plugin to wrap.
+#[derive(Debug, PartialEq, Eq)]
+pub enum InnerCheck {
+    /// It loads and exports a net table: the file that was loaded.
+    Loads(PathBuf),
+    /// No such file here (the message says what was tried). It may still exist where the job
+    /// runs (another node): a launcher warns instead of refusing.
+    NotHere(String),
+}
+
+/// Checks, before a job starts, that the plugin `spec` names would load as the inner plugin
+/// of wrap mode: a regular file the loader opens, exporting a net table of NCCL's v8 to v12.
+/// Loads the library (its initialisers run) but does not initialise the plugin, and unloads
+/// it again. An error: the file is there but is no net plugin this library can wrap.
+pub fn check_loadable(spec: &str) -> Result<InnerCheck> {
+    match load(spec, NEWEST_VERSION, false) {
+        Ok((_lib, _net, file)) => Ok(InnerCheck::Loads(PathBuf::from(file))),
+        Err(err) if absent(spec) => Ok(InnerCheck::NotHere(err.message)),
+        Err(err) => Err(err),
+    }
+}
+
+/// No file `spec` names exists here: a path that is not there, or a name no candidate of
+/// which the loader finds (its error for each says "No such file").
+fn absent(spec: &str) -> bool {
+    candidates(spec).iter().all(|name| {
+        if name.contains('/') {
+            !Path::new(name).exists()
+        } else {
+            // SAFETY: as in `load`: the file the user named as the plugin to wrap.
+            match unsafe { NetLibrary::open(Path::new(name)) } {
+                Ok(_) => false,
+                Err(err) => err.message.contains("No such file"),
+            }
+        }
+    })
+}
+
 /// Refuses a path (one with a `/`, which the loader opens as given) that names something
 /// other than a regular file: `dlopen` opens the file with a blocking `open`, so a FIFO would
 /// hang the caller (NCCL's `init`) forever, and a device or directory is no library either.
@@ -69,29 +137,7 @@ impl InnerPlugin {
     /// As [`InnerPlugin::open`], using no table newer than `ncclNetPlugin_v{newest}` (tests
     /// drive the older version adapters with it).
     pub fn open_up_to(spec: &str, logger: ncclDebugLogger_t, newest: u32) -> Result<InnerPlugin> {
-        let mut tried = Vec::new();
-        let mut loaded = None;
-        for name in candidates(spec) {
-            refuse_special_file(Path::new(&name))?;
-            // SAFETY: the user named this file as the NCCL net plugin to wrap, which NCCL
-            // would load and trust the same way.
-            match unsafe { NetLibrary::open(Path::new(&name)) } {
-                Ok(lib) => {
-                    loaded = Some((lib.keep_loaded(), name));
-                    break;
-                }
-                Err(err) => tried.push(err.message),
-            }
-        }
-        let Some((lib, file)) = loaded else {
-            return Err(Error::invalid_argument(format!(
-                "cannot load the inner net plugin {spec:?} (tried {})",
-                tried.join("; ")
-            )));
-        };
-        let lib = Arc::new(lib);
-        let net = NetPlugin::load(Arc::clone(&lib), OLDEST_VERSION..=newest)
-            .map_err(|e| Error::new(e.kind, format!("inner net plugin {}", e.message)))?;
+        let (lib, net, file) = load(spec, newest, true)?;
         // SAFETY: a copy of this library exports `ncclLossyInnerMode` as
         // `extern "C" fn() -> c_int`; the pointer is used while the library is loaded.
         if let Some(set) = unsafe { lib.function::<extern "C" fn() -> c_int>("ncclLossyInnerMode") }
