@@ -50,6 +50,22 @@ fn demo_under_a_zeroing_profile_marks_damage_as_expected_and_succeeds() {
 }
 
 #[test]
+fn demo_names_the_profile_the_plugin_loaded() {
+    // An empty NCCL_LOSSY_PROFILE is the embedded default to the plugin; the demo printed
+    // "profile: " with nothing after it.
+    let stdout = lossy_env(&["demo", "--sizes", "4096"], &[("NCCL_LOSSY_PROFILE", "")]);
+    assert!(stdout.contains("profile: embedded default\n"), "{stdout}");
+    let stdout = lossy_env(
+        &["demo", "--sizes", "4096"],
+        &[("NCCL_LOSSY_PROFILE", "configs/lossless.toml")],
+    );
+    assert!(
+        stdout.contains("profile: configs/lossless.toml\n"),
+        "{stdout}"
+    );
+}
+
+#[test]
 fn bench_prints_plugin_and_raw_tcp_side_by_side() {
     let out = lossy(&["bench", "--sizes", "small", "--iters", "2", "--lossless"]);
     let rows: Vec<&str> = out.lines().filter(|l| !l.starts_with('#')).collect();

@@ -94,9 +94,19 @@ impl Checker<'_> {
         }
         for (key, node) in table.entries() {
             if !allowed.contains(&key.as_str()) {
+                // Quoted when plain it would read as nothing, or as a dotted path.
+                let plain = !key.is_empty()
+                    && key
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+                let shown = if plain {
+                    key.clone()
+                } else {
+                    format!("{key:?}")
+                };
                 return Err(self.bad_key(
                     node.at,
-                    &join(path, key),
+                    &join(path, &shown),
                     format!("unknown key; allowed: {}", allowed.join(", ")),
                 ));
             }

@@ -155,6 +155,9 @@ fn errors_name_file_line_key_and_what_is_allowed() {
         ("seed = 1\nmodel = { kind = \"uniform\", rate = 1.5 }\n", "configs/x.toml:2: model.rate = 1.5: must be a probability in [0, 1]"),
         ("seed = 1\n\n[[rules]]\nphase = \"backward\"\nmodel = { kind = \"uniform\", rate = -0.1 }\n", "configs/x.toml:5: rules.0.model.rate = -0.1: must be a probability in [0, 1]"),
         ("sed = 1\n", "configs/x.toml:1: sed: unknown key; allowed: description, seed"),
+        // A key that is empty, or that a dotted path would misread, is shown quoted.
+        ("\"\" = 1\n", "configs/x.toml:1: \"\": unknown key; allowed: description, seed"),
+        ("model = { kind = \"none\", \"a.b\" = 1 }\n", "configs/x.toml:1: model.\"a.b\": unknown key"),
         ("[[rules]]\ncolective = \"AllReduce\"\n", "configs/x.toml:2: rules.0.colective: unknown key; allowed: name, collective"),
         ("mtu = \"big\"\n", "configs/x.toml:1: mtu = \"big\": must be an integer"),
         ("mtu = 32\n", "configs/x.toml:1: mtu = 32: must be an integer in [64, 4294967295]"),

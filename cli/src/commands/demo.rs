@@ -12,7 +12,7 @@ use crate::harness::collectives::{Collective, DataType};
 use crate::harness::launch::Launch;
 use crate::harness::scratch::ScratchDir;
 use crate::harness::worker::{Job, LinkKind, RunSpec};
-use nccl_net_lossy::profile::{Profile, PROFILE_ENV};
+use nccl_net_lossy::profile::Profile;
 use nccl_net_lossy::stats::report::{stats_files, summarize_run, RunSummary};
 use nccl_net_lossy::stats::writer::{StatsFile, STATS_DIR_ENV};
 use nccl_net_lossy::Result;
@@ -100,8 +100,10 @@ fn demo(args: &Args) -> Result<bool> {
         .push((STATS_DIR_ENV.to_string(), stats_dir.display().to_string()));
     // A profile whose effects damage data makes "not bit-exact" the expected outcome, not a
     // failure; read it as the plugin will (a broken profile stops the demo here, loudly).
-    let corrupts_data = Profile::from_env()?.corrupts_data();
-    let profile = std::env::var(PROFILE_ENV).unwrap_or_else(|_| "embedded default".into());
+    let loaded = Profile::from_env()?;
+    let corrupts_data = loaded.corrupts_data();
+    // Named as the plugin names it (an unset or empty NCCL_LOSSY_PROFILE: the embedded default).
+    let profile = loaded.origin;
     // A directory kept from an earlier run (`--stats-dir`, `NCCL_LOSSY_STATS`) holds its
     // files: the loss below is this run's alone (they were summed in, without a word).
     let earlier = stats_files_now(&stats_dir);
