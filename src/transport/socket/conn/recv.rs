@@ -305,7 +305,7 @@ impl Drop for SocketRecvConn {
 type Step<T> = std::result::Result<T, Error>;
 
 fn io_error(shared: &Shared<RecvSide>, e: io::Error, what: std::fmt::Arguments<'_>) -> Error {
-    Error::from(e).context(format_args!("{what} with {}", shared.peer))
+    super::shared::peer_io_error(&e).context(format_args!("{what} with {}", shared.peer))
 }
 
 /// Reads what socket `s` has for `buf`, staged bytes first: `Ok(None)` when it would block,

@@ -270,8 +270,8 @@ impl Side for SendSide {
                         receiver_left(shared);
                     } else {
                         let what = format_args!("sending message {seq} on socket {s}");
-                        let err =
-                            Error::from(e).context(format_args!("{what} with {}", shared.peer));
+                        let err = super::shared::peer_io_error(&e)
+                            .context(format_args!("{what} with {}", shared.peer));
                         shared.fail(err, true);
                     }
                     return;

@@ -141,6 +141,15 @@ pub(super) fn peek_arrived(sock: &Socket, buf: &mut [u8]) -> io::Result<usize> {
     sock.recv_with_flags(view, libc::MSG_PEEK | libc::MSG_DONTWAIT)
 }
 
+/// A failed `send`/`recv` on an established connection: the peer's failure (`Remote`),
+/// whatever the errno, as NCCL's Socket transport reports every such error but the transient
+/// ones (`ncclOsSocketProgressOpt` in src/os/linux.cc: `ncclRemoteError`). A peer whose host
+/// stopped answering ends in `ETIMEDOUT` (or `EHOSTUNREACH`), which `Error::from` would call
+/// a `System` error, as if this process had run out of something.
+pub(super) fn peer_io_error(e: &io::Error) -> Error {
+    Error::remote(e.to_string())
+}
+
 /// Connection state guarded by the lock.
 pub(super) struct Locked<S> {
     pub(super) side: S,

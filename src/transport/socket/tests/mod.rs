@@ -18,6 +18,7 @@ mod descriptors;
 mod effects;
 mod handshake;
 mod lifecycle;
+mod peer_errors;
 mod reads;
 mod roundtrip;
 mod streams;
