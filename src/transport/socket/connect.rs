@@ -13,7 +13,8 @@ use super::wire::{Hello, HELLO_SIZE};
 use crate::transport::{Connector, SendConn};
 use crate::{Error, Result};
 
-/// How many times a refused connect is tried again (the listener's backlog may be full).
+/// How many times a refused connect is tried again (the listener's backlog may be full, or
+/// its host not reachable yet).
 /// A timed-out connect already waited minutes in the kernel and is not tried again.
 const CONNECT_RETRIES: u32 = 20;
 
@@ -62,11 +63,19 @@ pub struct SocketConnector {
     finished: bool,
 }
 
+/// A connect the listener's host turned away, or could not be reached yet: tried again (as
+/// NCCL's `socketConnectCheck` does, src/os/linux.cc).
 fn is_refusal(err: &io::Error) -> bool {
     matches!(
         err.raw_os_error(),
-        Some(libc::ECONNREFUSED | libc::ECONNRESET)
+        Some(libc::ECONNREFUSED | libc::ECONNRESET | libc::EHOSTUNREACH)
     )
+}
+
+/// The peer (or its host) did not answer: refused, reset, unreachable or timed out. NCCL
+/// reports these as `ncclRemoteError`, any other errno as `ncclSystemError`.
+fn is_peer_failure(err: &io::Error) -> bool {
+    is_refusal(err) || err.raw_os_error() == Some(libc::ETIMEDOUT)
 }
 
 impl SocketConnector {
@@ -130,7 +139,12 @@ impl SocketConnector {
     }
 
     fn failure(&self, err: io::Error) -> Error {
-        Error::from(err).context(format_args!("connecting to {}", self.addr))
+        let err = if is_peer_failure(&err) {
+            Error::remote(err.to_string())
+        } else {
+            Error::from(err)
+        };
+        err.context(format_args!("connecting to {}", self.addr))
     }
 
     /// Advances one socket; true once its hello is sent.
@@ -236,5 +250,35 @@ impl Connector for SocketConnector {
             self.addr.to_string(),
             self.timeout,
         )?)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// NCCL's connect (`socketConnectCheck`, src/os/linux.cc) takes a refused, unreachable or
+    /// timed-out connect for the peer's failure (`ncclRemoteError` once its retries are
+    /// spent), any other errno for a system error. The unreachable and timed-out cases cannot
+    /// be made on a loopback, so the classification is checked directly.
+    #[test]
+    fn a_connect_the_peer_never_answers_is_the_peers_failure() {
+        let connector = SocketConnector::new("127.0.0.1:9".parse().expect("addr"), &[], None, None);
+        for (errno, kind) in [
+            (libc::ECONNREFUSED, crate::ErrorKind::Remote),
+            (libc::ECONNRESET, crate::ErrorKind::Remote),
+            (libc::ETIMEDOUT, crate::ErrorKind::Remote),
+            (libc::EHOSTUNREACH, crate::ErrorKind::Remote),
+            (libc::ENETUNREACH, crate::ErrorKind::System),
+            (libc::EMFILE, crate::ErrorKind::System),
+        ] {
+            let err = connector.failure(io::Error::from_raw_os_error(errno));
+            assert_eq!(err.kind, kind, "errno {errno}: {err}");
+            assert!(err.message.contains("127.0.0.1:9"), "{err}");
+        }
+        // An unreachable host may answer a moment later (NCCL retries it as a refusal).
+        assert!(is_refusal(&io::Error::from_raw_os_error(
+            libc::EHOSTUNREACH
+        )));
     }
 }
