@@ -294,3 +294,27 @@ def test_a_bug_in_a_replacement_raises(monkeypatch):
     monkeypatch.setattr(patch, "_targets", lambda: [targets[0], bad] + targets[2:])
     with pytest.raises(ZeroDivisionError, match="a bug in a replacement"):
         patch.apply_megatron_core_patch()
+
+
+def test_a_whole_group_of_targets_missing_is_warned_about(monkeypatch, caplog):
+    # Each target may be missing in some megatron-core version (they are patched where they
+    # exist), so a missing one is logged at INFO. But when none of a group's names exists, the
+    # patch does not know this version's layout for that part (its collectives or its
+    # optimizer would run unpatched), and only INFO said so.
+    for module, attribute in patch.patch_targets():
+        if module.startswith("megatron.core.optimizer.distrib_optimizer") or (
+            module == "megatron.core.optimizer" and attribute in ("Adam", "SGD", "USING_PYTORCH_OPTIMIZER")
+        ):
+            monkeypatch.delattr(importlib.import_module(module), attribute, raising=False)
+    with caplog.at_level(logging.INFO, logger="nccl_lossy.megatron"):
+        patch.apply_megatron_core_patch()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "optimizer" in warnings[0] and VERSION in warnings[0], warnings[0]
+    assert "none of its 7 names" in warnings[0], warnings[0]
+
+
+def test_this_version_gets_no_warning(caplog):
+    with caplog.at_level(logging.INFO, logger="nccl_lossy.megatron"):
+        patch.apply_megatron_core_patch()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text

@@ -262,14 +262,43 @@ def apply_megatron_core_patch() -> List[PatchResult]:
             return []
         results: List[PatchResult] = []
         failures: Dict[str, str] = {}
-        for target in _targets():
+        targets = _targets()
+        for target in targets:
             results.append(_apply_one(target, failures))
+        _warn_missing_groups(targets, results)
         counts = patch_summary(results)
         log.info(
             "megatron-core patch: %s",
             ", ".join(f"{counts[status]} {status}" for status in APPLY_STATUSES),
         )
         return results
+
+
+def _warn_missing_groups(targets: List[_Target], results: List[PatchResult]) -> None:
+    """Warns for each group none of whose names this megatron-core has: a single missing name
+    is expected across versions (INFO), a whole group missing means the patch does not know
+    this version's layout for that part, which then runs unpatched."""
+    groups: Dict[str, List[PatchResult]] = {}
+    for target, res in zip(targets, results):
+        groups.setdefault(target.group, []).append(res)
+    version = _megatron_version()
+    for group, members in groups.items():
+        if all(r.status == MISSING for r in members):
+            log.warning(
+                "megatron-core patch: none of its %d names for the %s exists in megatron-core %s "
+                "(%s): this version is laid out in a way the patch does not know, and that part "
+                "of it runs unpatched (the patch was written against megatron-core 0.16.1)",
+                len(members), group, version,
+                ", ".join(f"{r.module}.{r.attribute}" for r in members[:3])
+                + (", ..." if len(members) > 3 else ""),
+            )
+
+
+def _megatron_version() -> str:
+    try:
+        return str(getattr(importlib.import_module("megatron.core"), "__version__", "unknown"))
+    except ImportError:
+        return "unknown"
 
 
 def patch_summary(results: List[PatchResult]) -> Dict[str, int]:
