@@ -227,6 +227,18 @@ impl ConnectionStats {
 
     /// Reads the connection's statistics.
     pub fn snapshot(&self) -> ConnectionSnapshot {
+        // The bursts first: NCCL's progress thread counts a message before it records the
+        // bursts that end in it, and taking the bursts' lock after it released it makes
+        // those counts visible to the reads below. Read the other way round, a snapshot
+        // taken while messages flow could hold a burst whose lost packets it does not count
+        // (bursts on a collective that lost nothing), which the reader refuses.
+        let bursts: Vec<Option<Vec<(u64, u64)>>> = match self.bursts.lock() {
+            Ok(all) => all
+                .iter()
+                .map(|h| h.as_deref().map(histogram_bins))
+                .collect(),
+            Err(_) => Vec::new(),
+        };
         let mut by_op = Vec::new();
         let mut total = Counts::default();
         for (slot, cell) in self.cells.iter().enumerate() {
@@ -241,13 +253,6 @@ impl ConnectionStats {
                 counts,
             });
         }
-        let bursts: Vec<Option<Vec<(u64, u64)>>> = match self.bursts.lock() {
-            Ok(all) => all
-                .iter()
-                .map(|h| h.as_deref().map(histogram_bins))
-                .collect(),
-            Err(_) => Vec::new(),
-        };
         let mut histograms = Vec::new();
         for op in 0..OP_SLOTS {
             let burst_lengths = bursts.get(op).cloned().flatten();
@@ -697,6 +702,31 @@ mod tests {
         // runtime now running) keeps both.
         assert_eq!(by_rule, vec![0, 1]);
         assert!(snaps.iter().all(|s| s.total.messages == 1));
+    }
+
+    #[test]
+    fn a_burst_bin_is_less_than_1_in_128_above_the_lengths_recorded_in_it() {
+        // The reader of statistics files allows burst bins 1/128 above the lost packets
+        // (`writer::check_bursts`): two significant digits keep lengths below 256 exact and
+        // put a length v >= 256 in a bucket of width 2^k with 128·2^k <= v, whose top is
+        // less than 2^k <= v/128 above v. Checked at every length to 2^17 and around every
+        // power of two (where the bucket width doubles) to the clamp.
+        let mut lengths: Vec<u64> = (1..=1 << 17).collect();
+        for shift in 17..=24 {
+            let p = 1u64 << shift;
+            lengths.extend((p - 300..=p + 300).filter(|&v| v <= BURST_MAX));
+        }
+        for v in lengths {
+            let mut h = new_burst_histogram();
+            h.saturating_record(v);
+            let bins = histogram_bins(&h);
+            assert_eq!(bins.len(), 1);
+            let top = bins[0].0;
+            assert!(
+                top >= v && u128::from(top) * 128 < u128::from(v) * 129,
+                "{v}: {top}"
+            );
+        }
     }
 
     #[test]

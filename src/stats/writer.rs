@@ -126,9 +126,10 @@ impl StatsFile {
         Ok(file)
     }
 
-    /// What a file this version wrote always holds: its version, and no count of lost packets
-    /// (or of packets sent with injection off) above the packets sent, in any cell: the
-    /// totals, each connection's collectives and rules, and each step.
+    /// What a file this version wrote always holds: its version, no count of lost packets
+    /// (or of packets sent with injection off) above the packets sent, in any cell (the
+    /// totals, each connection's collectives and rules, and each step), and burst-length
+    /// histograms that fit the lost packets ([`check_bursts`]).
     fn check(&self) -> std::result::Result<(), String> {
         if self.format_version != FORMAT_VERSION {
             return Err(format!(
@@ -166,8 +167,67 @@ impl StatsFile {
                 }
             }
         }
+        for (i, conn) in self.connections.iter().enumerate() {
+            check_bursts(i, conn)?;
+        }
         Ok(())
     }
+}
+
+/// What the burst-length histograms of connection `i` always hold, as the plugin records
+/// them: bursts of at least one packet; per collective, no more bursts than the packets it
+/// lost on the connection (a burst is counted under the collective of the message it ends
+/// in, which lost at least its last packet); and in all no more lost packets than the
+/// connection lost. The bins are those of a histogram of two significant digits, whose
+/// values are the top of their bucket, less than 1/128 above the lengths recorded in them
+/// ([`super::tests`] checks the bound), hence the allowance of 1/128.
+fn check_bursts(i: usize, conn: &ConnectionSnapshot) -> std::result::Result<(), String> {
+    let lost_by = |op: &str| {
+        conn.by_op
+            .iter()
+            .filter(|cell| cell.op == op)
+            .fold(0u64, |sum, cell| {
+                sum.saturating_add(cell.counts.lost_packets)
+            })
+    };
+    let lost = conn.by_op.iter().fold(0u64, |sum, cell| {
+        sum.saturating_add(cell.counts.lost_packets)
+    });
+    let mut burst_packets = 0u128;
+    for (j, h) in conn.histograms.iter().enumerate() {
+        let at = format!("connections.{i}.histograms.{j} ({})", h.op);
+        if let Some(&(_, n)) = h.burst_lengths.iter().find(|(len, _)| *len == 0) {
+            return Err(format!(
+                "{at}: burst_lengths holds a burst of length 0 ({n} of them): a burst is at \
+                 least one lost packet"
+            ));
+        }
+        // Every histogram of the collective: a file edited by hand may list it twice.
+        let bursts = conn
+            .histograms
+            .iter()
+            .filter(|other| other.op == h.op)
+            .flat_map(|other| &other.burst_lengths)
+            .fold(0u64, |sum, &(_, n)| sum.saturating_add(n));
+        let op_lost = lost_by(&h.op);
+        if bursts > op_lost {
+            return Err(format!(
+                "{at}: {bursts} bursts, but {} lost {op_lost} packets on this connection \
+                 (connections.{i}.by_op): each burst holds at least one of them",
+                h.op
+            ));
+        }
+        for &(len, n) in &h.burst_lengths {
+            burst_packets = burst_packets.saturating_add(u128::from(len) * u128::from(n));
+        }
+    }
+    if burst_packets.saturating_mul(128) > u128::from(lost) * 129 {
+        return Err(format!(
+            "connections.{i}.histograms: bursts of {burst_packets} packets in all, but the \
+             connection lost {lost} packets (connections.{i}.by_op)"
+        ));
+    }
+    Ok(())
 }
 
 /// The rank the launcher gave this process, if any.
