@@ -96,31 +96,44 @@ pub fn loss_rate_injecting(packets: u64, lost: u64, off: u64) -> Option<f64> {
 }
 
 impl Cell {
+    /// Adds a message. The counts go up in the order `read` reads them backwards, each with
+    /// release: a snapshot taken while messages flow never reads a part above its whole
+    /// (lost packets above packets, loss events above lost packets, packets sent with
+    /// injection off above packets), which `lossy report` would refuse the file for.
     fn add(&self, record: &MessageRecord) {
-        self.messages.fetch_add(1, Ordering::Relaxed);
-        self.bytes.fetch_add(record.bytes, Ordering::Relaxed);
-        self.packets.fetch_add(record.packets, Ordering::Relaxed);
+        self.messages.fetch_add(1, Ordering::Release);
+        self.bytes.fetch_add(record.bytes, Ordering::Release);
+        self.packets.fetch_add(record.packets, Ordering::Release);
         self.lost_packets
-            .fetch_add(record.lost_packets, Ordering::Relaxed);
+            .fetch_add(record.lost_packets, Ordering::Release);
         self.loss_events
-            .fetch_add(record.loss_events, Ordering::Relaxed);
+            .fetch_add(record.loss_events, Ordering::Release);
         self.retransmit_delay_ns
-            .fetch_add(record.retransmit_delay_ns, Ordering::Relaxed);
+            .fetch_add(record.retransmit_delay_ns, Ordering::Release);
         if record.packets_injection_off > 0 {
             self.packets_injection_off
-                .fetch_add(record.packets_injection_off, Ordering::Relaxed);
+                .fetch_add(record.packets_injection_off, Ordering::Release);
         }
     }
 
+    /// Reads the counts, the last one [`Cell::add`] adds first, each with acquire: what a
+    /// count read includes, every count read after it includes too (the whole of its part).
     fn read(&self) -> Counts {
+        let packets_injection_off = self.packets_injection_off.load(Ordering::Acquire);
+        let retransmit_delay_ns = self.retransmit_delay_ns.load(Ordering::Acquire);
+        let loss_events = self.loss_events.load(Ordering::Acquire);
+        let lost_packets = self.lost_packets.load(Ordering::Acquire);
+        let packets = self.packets.load(Ordering::Acquire);
+        let bytes = self.bytes.load(Ordering::Acquire);
+        let messages = self.messages.load(Ordering::Acquire);
         Counts {
-            messages: self.messages.load(Ordering::Relaxed),
-            bytes: self.bytes.load(Ordering::Relaxed),
-            packets: self.packets.load(Ordering::Relaxed),
-            lost_packets: self.lost_packets.load(Ordering::Relaxed),
-            loss_events: self.loss_events.load(Ordering::Relaxed),
-            retransmit_delay_ns: self.retransmit_delay_ns.load(Ordering::Relaxed),
-            packets_injection_off: self.packets_injection_off.load(Ordering::Relaxed),
+            messages,
+            bytes,
+            packets,
+            lost_packets,
+            loss_events,
+            retransmit_delay_ns,
+            packets_injection_off,
         }
     }
 }
@@ -482,13 +495,17 @@ impl StepSeries {
 
     /// Adds a message's packets to `step` (steps past [`STEP_SLOTS`] are not kept per step),
     /// all of them also as sent with injection off when `injection_off`.
+    ///
+    /// The packets go up first, then the parts of them, with release; [`Self::snapshot`]
+    /// reads the parts first, with acquire, so it never reads one above the packets (as
+    /// [`Cell`] does).
     pub fn record(&self, step: u64, packets: u64, lost: u64, injection_off: bool) {
         if let Ok(i) = usize::try_from(step) {
             if i < STEP_SLOTS {
-                self.packets[i].fetch_add(packets, Ordering::Relaxed);
-                self.lost[i].fetch_add(lost, Ordering::Relaxed);
+                self.packets[i].fetch_add(packets, Ordering::Release);
+                self.lost[i].fetch_add(lost, Ordering::Release);
                 if injection_off {
-                    self.off[i].fetch_add(packets, Ordering::Relaxed);
+                    self.off[i].fetch_add(packets, Ordering::Release);
                 }
             }
         }
@@ -498,12 +515,16 @@ impl StepSeries {
     pub fn snapshot(&self) -> Vec<StepCounts> {
         (0..STEP_SLOTS)
             .filter_map(|i| {
-                let packets = self.packets[i].load(Ordering::Relaxed);
-                (packets > 0).then(|| StepCounts {
+                if self.packets[i].load(Ordering::Relaxed) == 0 {
+                    return None;
+                }
+                let packets_injection_off = self.off[i].load(Ordering::Acquire);
+                let lost_packets = self.lost[i].load(Ordering::Acquire);
+                Some(StepCounts {
                     step: i as u64,
-                    packets,
-                    lost_packets: self.lost[i].load(Ordering::Relaxed),
-                    packets_injection_off: self.off[i].load(Ordering::Relaxed),
+                    packets: self.packets[i].load(Ordering::Acquire),
+                    lost_packets,
+                    packets_injection_off,
                 })
             })
             .collect()

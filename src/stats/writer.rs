@@ -454,6 +454,59 @@ mod tests {
     }
 
     #[test]
+    fn a_snapshot_taken_while_messages_flow_passes_the_readers_checks() {
+        // `lossy report` refuses a cell losing more packets than it sent, and bursts holding
+        // packets their collective's cells do not count. A periodic write snapshots the
+        // counters while NCCL's progress thread adds to them: every snapshot must pass, or a
+        // run's own file is refused. Each message here loses its one packet (100 % loss: the
+        // lost count equals the packets, so a lost count read newer than the packets count
+        // breaks the check at once), and ends a burst, as the data path records it.
+        use std::sync::atomic::{AtomicBool, Ordering};
+        const MESSAGES: u64 = 2_000_000;
+        let stats = ConnectionStats::new(3, 0);
+        let steps = crate::stats::StepSeries::new();
+        let done = AtomicBool::new(false);
+        let (snapshots, failures) = std::thread::scope(|s| {
+            s.spawn(|| {
+                for _ in 0..MESSAGES {
+                    stats.record_message(&MessageRecord {
+                        op: 5,
+                        bytes: 64,
+                        packets: 1,
+                        lost_packets: 1,
+                        loss_events: 1,
+                        packets_injection_off: 1,
+                        ..MessageRecord::default()
+                    });
+                    steps.record(7, 1, 1, true);
+                    stats.record_burst(5, 1);
+                }
+                done.store(true, Ordering::Release);
+            });
+            let mut snapshots = 0u64;
+            let mut failures = Vec::new();
+            while !done.load(Ordering::Acquire) {
+                // The step series is 65,536 slots long: read it once for 64 connection reads.
+                for i in 0..64 {
+                    let mut file = StatsFile::new(serde_json::json!({}), vec![stats.snapshot()]);
+                    file.by_step = if i == 0 { steps.snapshot() } else { Vec::new() };
+                    snapshots += 1;
+                    if let Err(why) = file.check() {
+                        failures.push(why);
+                    }
+                }
+            }
+            (snapshots, failures)
+        });
+        assert!(
+            failures.is_empty(),
+            "{} of {snapshots} snapshots refused: {:?}",
+            failures.len(),
+            failures
+        );
+    }
+
+    #[test]
     fn a_failed_write_removes_its_temporary_and_names_the_file() {
         let dir = std::env::temp_dir().join(format!("lossy-stats-fail-{}", std::process::id()));
         fs::remove_dir_all(&dir).ok();
