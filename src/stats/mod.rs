@@ -9,8 +9,13 @@
 mod latency;
 pub mod periodic;
 pub mod report;
+mod steps;
 pub mod timeline;
 pub mod writer;
+
+pub use self::steps::{
+    record_step, step_snapshot, steps_beyond, StepCounts, StepSeries, STEP_SLOTS,
+};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -450,103 +455,6 @@ pub fn registry() -> &'static Registry {
     REGISTRY.get_or_init(Registry::default)
 }
 
-/// Steps the per-step series keeps exactly; later steps are not broken down by step.
-pub const STEP_SLOTS: usize = 1 << 16;
-
-/// Packets and lost packets per training step, process-wide (steps set through the control
-/// API). Two atomics per step, allocated on the first message of a step above 0, so the data
-/// path neither locks nor allocates per message after that.
-pub struct StepSeries {
-    packets: Box<[AtomicU64]>,
-    lost: Box<[AtomicU64]>,
-    off: Box<[AtomicU64]>,
-}
-
-/// Packets and lost packets of one training step, summed over this process's connections.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StepCounts {
-    /// The training step.
-    pub step: u64,
-    /// Packets sent during the step.
-    pub packets: u64,
-    /// Packets lost during the step.
-    pub lost_packets: u64,
-    /// Of `packets`, those sent with injection switched off (see
-    /// [`Counts::packets_injection_off`]); 0 in files written before it was counted.
-    #[serde(default)]
-    pub packets_injection_off: u64,
-}
-
-impl StepCounts {
-    /// Lost packets over the step's packets sent with injection on (None when none was).
-    pub fn loss_rate_injecting(&self) -> Option<f64> {
-        loss_rate_injecting(self.packets, self.lost_packets, self.packets_injection_off)
-    }
-}
-
-impl StepSeries {
-    fn new() -> Self {
-        StepSeries {
-            packets: (0..STEP_SLOTS).map(|_| AtomicU64::new(0)).collect(),
-            lost: (0..STEP_SLOTS).map(|_| AtomicU64::new(0)).collect(),
-            off: (0..STEP_SLOTS).map(|_| AtomicU64::new(0)).collect(),
-        }
-    }
-
-    /// Adds a message's packets to `step` (steps past [`STEP_SLOTS`] are not kept per step),
-    /// all of them also as sent with injection off when `injection_off`.
-    ///
-    /// The packets go up first, then the parts of them, with release; [`Self::snapshot`]
-    /// reads the parts first, with acquire, so it never reads one above the packets (as
-    /// [`Cell`] does).
-    pub fn record(&self, step: u64, packets: u64, lost: u64, injection_off: bool) {
-        if let Ok(i) = usize::try_from(step) {
-            if i < STEP_SLOTS {
-                self.packets[i].fetch_add(packets, Ordering::Release);
-                self.lost[i].fetch_add(lost, Ordering::Release);
-                if injection_off {
-                    self.off[i].fetch_add(packets, Ordering::Release);
-                }
-            }
-        }
-    }
-
-    /// The steps that saw traffic, in order.
-    pub fn snapshot(&self) -> Vec<StepCounts> {
-        (0..STEP_SLOTS)
-            .filter_map(|i| {
-                if self.packets[i].load(Ordering::Relaxed) == 0 {
-                    return None;
-                }
-                let packets_injection_off = self.off[i].load(Ordering::Acquire);
-                let lost_packets = self.lost[i].load(Ordering::Acquire);
-                Some(StepCounts {
-                    step: i as u64,
-                    packets: self.packets[i].load(Ordering::Acquire),
-                    lost_packets,
-                    packets_injection_off,
-                })
-            })
-            .collect()
-    }
-}
-
-static STEPS: std::sync::OnceLock<StepSeries> = std::sync::OnceLock::new();
-
-/// Counts a message towards training step `step`; step 0 (never set) is not broken down.
-pub fn record_step(step: u64, packets: u64, lost: u64, injection_off: bool) {
-    if step > 0 {
-        STEPS
-            .get_or_init(StepSeries::new)
-            .record(step, packets, lost, injection_off);
-    }
-}
-
-/// Per-step packet counts of this process (empty when no step was ever set).
-pub fn step_snapshot() -> Vec<StepCounts> {
-    STEPS.get().map(StepSeries::snapshot).unwrap_or_default()
-}
-
 /// Joins lost-packet runs into bursts across message boundaries: a run that reaches the last
 /// packet of a message continues into a run that starts at packet 0 of the next message on the
 /// same connection, as it would on a wire.
@@ -607,25 +515,6 @@ impl BurstTracker {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn step_series_keeps_steps_apart_and_drops_out_of_range() {
-        let series = StepSeries::new();
-        series.record(3, 10, 1, false);
-        series.record(3, 5, 0, true);
-        series.record(9, 4, 4, false);
-        series.record(STEP_SLOTS as u64, 100, 100, false);
-        let step = |step, packets, lost_packets, packets_injection_off| StepCounts {
-            step,
-            packets,
-            lost_packets,
-            packets_injection_off,
-        };
-        assert_eq!(series.snapshot(), vec![step(3, 15, 1, 5), step(9, 4, 4, 0)]);
-        // The rate to hold against the model leaves the 5 packets sent with injection off out.
-        assert_eq!(series.snapshot()[0].loss_rate_injecting(), Some(0.1));
-        assert_eq!(step(4, 7, 0, 7).loss_rate_injecting(), None);
-    }
 
     #[test]
     fn messages_accumulate_per_op_and_phase() {

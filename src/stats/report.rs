@@ -53,6 +53,10 @@ pub struct RunSummary {
     pub expected: Option<ModelExpectation>,
     /// Packets and losses per training step, summed over ranks (empty when no step was set).
     pub by_step: Vec<StepCounts>,
+    /// Packets and losses at the steps past the plugin's per-step series, summed over ranks
+    /// (`step`: the first of them), which `by_step` leaves out; None when there were none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steps_beyond: Option<StepCounts>,
     /// Per rule of the profile (in its order, then its defaults), the messages it decided:
     /// every rule the profile has, those that matched nothing too (empty when the files
     /// predate this breakdown).
@@ -284,6 +288,17 @@ pub fn summarize_run(name: &str, files: &[StatsFile]) -> RunSummary {
             bump(&mut acc.packets_injection_off, step.packets_injection_off);
         }
     }
+    let mut steps_beyond: Option<StepCounts> = None;
+    for beyond in files.iter().filter_map(|f| f.steps_beyond.as_ref()) {
+        let acc = steps_beyond.get_or_insert(StepCounts {
+            step: beyond.step,
+            ..StepCounts::default()
+        });
+        acc.step = acc.step.min(beyond.step);
+        bump(&mut acc.packets, beyond.packets);
+        bump(&mut acc.lost_packets, beyond.lost_packets);
+        bump(&mut acc.packets_injection_off, beyond.packets_injection_off);
+    }
     let profile = files
         .first()
         .map_or(serde_json::Value::Null, |f| f.profile.clone());
@@ -297,6 +312,7 @@ pub fn summarize_run(name: &str, files: &[StatsFile]) -> RunSummary {
         by_rule: rule_summaries(files, &profile),
         profile,
         by_step: by_step.into_values().collect(),
+        steps_beyond,
         total: total.finish("all"),
         by_op: per_op
             .into_iter()

@@ -46,6 +46,11 @@ pub struct StatsFile {
     /// Packets and losses per training step (when the training script sets steps).
     #[serde(default)]
     pub by_step: Vec<StepCounts>,
+    /// Packets and losses at the steps past the per-step series (from
+    /// [`super::STEP_SLOTS`] on), summed: `step` is the first of them. Absent when there
+    /// were none (and in files written before it was counted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steps_beyond: Option<StepCounts>,
 }
 
 impl StatsFile {
@@ -68,6 +73,7 @@ impl StatsFile {
             total,
             connections,
             by_step: super::step_snapshot(),
+            steps_beyond: super::steps_beyond(),
         }
     }
 
@@ -155,6 +161,12 @@ impl StatsFile {
                 .chain(self.by_step.iter().enumerate().map(|(i, s)| {
                     (
                         format!("by_step.{i} (step {})", s.step),
+                        (s.packets, s.lost_packets, s.packets_injection_off),
+                    )
+                }))
+                .chain(self.steps_beyond.iter().map(|s| {
+                    (
+                        format!("steps_beyond (steps from {} on)", s.step),
                         (s.packets, s.lost_packets, s.packets_injection_off),
                     )
                 }));

@@ -14,9 +14,9 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use nccl_net_lossy::files::read_regular_file;
-use nccl_net_lossy::stats::loss_rate_injecting;
 use nccl_net_lossy::stats::report::{bump, load_run};
 use nccl_net_lossy::stats::writer::MAX_STATS_FILE_BYTES;
+use nccl_net_lossy::stats::{loss_rate_injecting, StepCounts};
 
 /// The per-step files of the Python integration.
 const STEP_FILE_PREFIX: &str = "lossy-steps-rank";
@@ -65,6 +65,10 @@ pub struct RunSteps {
     /// is the string `"inf"`, `"-inf"` or `"nan"`, as the training monitor writes it.
     #[serde(serialize_with = "metric_as_json")]
     pub metric: BTreeMap<u64, f64>,
+    /// With rows from `by_step`: what the statistics files count at the steps past the
+    /// plugin's per-step series (`step`: the first of them), which no row shows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steps_beyond: Option<StepCounts>,
 }
 
 /// `metric` with the values that are not finite as strings (JSON numbers cannot be).
@@ -209,6 +213,8 @@ pub fn load_run_steps(dir: &Path) -> Result<RunSteps, String> {
     Ok(RunSteps {
         run: summary.run,
         source,
+        // The per-step files of the integration keep every step.
+        steps_beyond: summary.steps_beyond.filter(|_| step_files.is_empty()),
         rows,
         metric: BTreeMap::new(),
     })
@@ -527,6 +533,15 @@ pub fn notes(runs: &[RunSteps], metric: &str) -> Vec<String> {
                  writes the per-step files; the plugin keeps by_step once the training script \
                  sets steps (nccl_lossy.set_step, or the integration)",
                 run.run
+            ));
+        }
+        if let Some(beyond) = &run.steps_beyond {
+            out.push(format!(
+                "run {}: {} packets ({} lost) were sent at steps from {} on, which the \
+                 plugin's per-step series does not break down: no row shows them; they are \
+                 in the totals of `lossy report` (the Python integration's per-step files, \
+                 stats_dir, keep every step)",
+                run.run, beyond.packets, beyond.lost_packets, beyond.step
             ));
         }
         let odd: Vec<String> = run
