@@ -134,8 +134,9 @@ impl StatsFile {
 
     /// What a file this version wrote always holds: its version, no count of lost packets
     /// (or of packets sent with injection off) above the packets sent, in any cell (the
-    /// totals, each connection's collectives and rules, and each step), and burst-length
-    /// histograms that fit the lost packets ([`check_bursts`]).
+    /// totals, each connection's collectives and rules, and each step), no more loss events
+    /// than lost packets, and burst-length histograms that fit the lost packets
+    /// ([`check_bursts`]).
     fn check(&self) -> std::result::Result<(), String> {
         if self.format_version != FORMAT_VERSION {
             return Err(format!(
@@ -143,41 +144,64 @@ impl StatsFile {
                 self.format_version
             ));
         }
-        let part = |c: &Counts| (c.packets, c.lost_packets, c.packets_injection_off);
-        let cells =
-            std::iter::once(("total".to_string(), part(&self.total)))
-                .chain(self.connections.iter().enumerate().flat_map(|(i, c)| {
-                    let ops =
-                        c.by_op.iter().enumerate().map(move |(j, o)| {
-                            (format!("connections.{i}.by_op.{j}"), part(&o.counts))
-                        });
-                    let rules = c.by_rule.iter().enumerate().map(move |(j, r)| {
-                        (format!("connections.{i}.by_rule.{j}"), part(&r.counts))
-                    });
-                    std::iter::once((format!("connections.{i}.total"), part(&c.total)))
-                        .chain(ops)
-                        .chain(rules)
-                }))
-                .chain(self.by_step.iter().enumerate().map(|(i, s)| {
-                    (
-                        format!("by_step.{i} (step {})", s.step),
-                        (s.packets, s.lost_packets, s.packets_injection_off),
-                    )
-                }))
-                .chain(self.steps_beyond.iter().map(|s| {
-                    (
-                        format!("steps_beyond (steps from {} on)", s.step),
-                        (s.packets, s.lost_packets, s.packets_injection_off),
-                    )
-                }));
-        for (at, (packets, lost, off)) in cells {
-            for (name, count) in [("lost_packets", lost), ("packets_injection_off", off)] {
-                if count > packets {
-                    return Err(format!(
-                        "{at}: {name} = {count} is more than packets = {packets}"
-                    ));
-                }
-            }
+        // Every cell of counters: the totals, each connection's and its collectives' and rules'.
+        let counters = std::iter::once(("total".to_string(), &self.total)).chain(
+            self.connections.iter().enumerate().flat_map(|(i, c)| {
+                let ops = c
+                    .by_op
+                    .iter()
+                    .enumerate()
+                    .map(move |(j, o)| (format!("connections.{i}.by_op.{j}"), &o.counts));
+                let rules = c
+                    .by_rule
+                    .iter()
+                    .enumerate()
+                    .map(move |(j, r)| (format!("connections.{i}.by_rule.{j}"), &r.counts));
+                std::iter::once((format!("connections.{i}.total"), &c.total))
+                    .chain(ops)
+                    .chain(rules)
+            }),
+        );
+        let steps = self
+            .by_step
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (format!("by_step.{i} (step {})", s.step), s))
+            .chain(
+                self.steps_beyond
+                    .iter()
+                    .map(|s| (format!("steps_beyond (steps from {} on)", s.step), s)),
+            );
+        let more_than = |at: &str, parts: &[(&str, u64)], whole: (&str, u64)| match parts
+            .iter()
+            .find(|(_, count)| *count > whole.1)
+        {
+            Some((name, count)) => Err(format!(
+                "{at}: {name} = {count} is more than {} = {}",
+                whole.0, whole.1
+            )),
+            None => Ok(()),
+        };
+        for (at, c) in counters {
+            let parts = [
+                ("lost_packets", c.lost_packets),
+                ("packets_injection_off", c.packets_injection_off),
+            ];
+            more_than(&at, &parts, ("packets", c.packets))?;
+            // Loss events are runs of lost packets within a message: never more than those
+            // (a live snapshot reads the events before the lost packets they are runs of).
+            more_than(
+                &at,
+                &[("loss_events", c.loss_events)],
+                ("lost_packets", c.lost_packets),
+            )?;
+        }
+        for (at, s) in steps {
+            let parts = [
+                ("lost_packets", s.lost_packets),
+                ("packets_injection_off", s.packets_injection_off),
+            ];
+            more_than(&at, &parts, ("packets", s.packets))?;
         }
         for (i, conn) in self.connections.iter().enumerate() {
             check_bursts(i, conn)?;
@@ -579,6 +603,15 @@ mod tests {
             err.contains(
                 "connections.0.by_op.0: packets_injection_off = 3 is more than packets = 2"
             ),
+            "{err}"
+        );
+        // Loss events are runs of lost packets within a message: never more than those.
+        let err = edit(&|v| {
+            v["connections"][0]["by_op"][0]["lost_packets"] = 1.into();
+            v["connections"][0]["by_op"][0]["loss_events"] = 2.into();
+        });
+        assert!(
+            err.contains("connections.0.by_op.0: loss_events = 2 is more than lost_packets = 1"),
             "{err}"
         );
         let err = edit(&|v| v["total"]["lost_packets"] = u64::MAX.into());
