@@ -172,6 +172,26 @@ def test_the_plugins_own_file_is_read_as_it_was_written(tmp_path):
     assert [(b["burst_length"], b["count"]) for b in bursts] == [(1, 3), (4, 1)]
 
 
+def test_steps_the_plugin_does_not_break_down_are_named_not_dropped(tmp_path):
+    # The plugin keeps 65,536 steps one by one and sums the traffic of later ones in
+    # steps_beyond; the steps table ended at step 65,535 without a word.
+    name = "lossy-stats-rank0-h-1.json"
+    doc = _plugin_doc(GOOD_CELL, by_step=[{"step": 2, "packets": 10, "lost_packets": 2}])
+    doc["steps_beyond"] = {"step": 65536, "packets": 40, "lost_packets": 3, "packets_injection_off": 0}
+    (tmp_path / name).write_text(json.dumps(doc))
+    with pytest.warns(UserWarning, match=r"40 packets \(3 lost\) at steps from 65536 on"):
+        rows = nccl_lossy.read_stats(tmp_path, table="steps")
+    assert [r["step"] for r in rows] == [2]
+    # None there (or none counted): nothing to say.
+    doc["steps_beyond"]["packets"] = 0
+    doc["steps_beyond"]["lost_packets"] = 0
+    (tmp_path / name).write_text(json.dumps(doc))
+    import warnings as w
+    with w.catch_warnings():
+        w.simplefilter("error")
+        nccl_lossy.read_stats(tmp_path, table="steps")
+
+
 UNREADABLE = r"""
 import os, sys
 import nccl_lossy

@@ -369,6 +369,24 @@ def _warn_mixed_runs(path: Union[str, Path], docs: List[Dict[str, Any]], profile
             )
 
 
+def _warn_steps_beyond(doc: Dict[str, Any]) -> None:
+    """Warns when the plugin summed traffic of steps it does not keep one by one (65,536 and
+    later) in ``steps_beyond``: the ``steps`` table has no rows for them."""
+    beyond = doc.get("steps_beyond")
+    if not isinstance(beyond, dict):
+        return
+    name, where = doc["file"], "steps_beyond"
+    counts = _counters(beyond, ("packets", "lost_packets"), name, where)
+    if counts["packets"] > 0:
+        first = beyond.get("step", "?")
+        warnings.warn(
+            f"{name}: {counts['packets']} packets ({counts['lost_packets']} lost) at steps from "
+            f"{first} on are not broken down by step (the plugin keeps that many steps one by "
+            "one and sums the rest in steps_beyond): the steps table has no rows for them",
+            stacklevel=3,
+        )
+
+
 def read_stats(path: Union[str, Path], dataframe: Union[bool, str] = False, table: str = "ops") -> Any:
     """A run's statistics as the rows of ``table`` (one of :data:`TABLES`, columns in order).
 
@@ -393,6 +411,7 @@ def read_stats(path: Union[str, Path], dataframe: Union[bool, str] = False, tabl
                 rows.extend(rows_from_stats(doc, doc["file"]))
             elif table == "steps":
                 rows.extend(step_rows_from_stats(doc, doc["file"]))
+                _warn_steps_beyond(doc)
             else:
                 rows.extend(histogram_rows_from_stats(doc, table, doc["file"]))
     return as_table(rows, TABLES[table], dataframe)
