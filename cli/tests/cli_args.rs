@@ -141,6 +141,27 @@ fn demo_counts_only_its_own_statistics_in_a_reused_directory() {
 }
 
 #[test]
+fn demo_takes_a_blank_stats_variable_as_unset() {
+    // The plugin reads a blank NCCL_LOSSY_STATS as unset; the demo took it as a directory
+    // named by the spaces: it made that folder where it ran, the plugin wrote no file there,
+    // and the loss table said "no statistics files were written".
+    let cwd = fresh_dir("demo-blank-stats");
+    let mut cmd = Command::new(lossy_exe());
+    cmd.args(["demo", "--ranks", "2", "--sizes", "4K"])
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .env("NCCL_LOSSY_STATS", "  ")
+        .env_remove("NCCL_LOSSY_SET")
+        .env_remove("NCCL_LOSSY_PROFILE")
+        .current_dir(&cwd);
+    let out = common::output_within_10s(&mut cmd, "lossy demo with a blank NCCL_LOSSY_STATS");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert_eq!(demo_total(&stdout).len(), 3, "{stdout}");
+    let made: Vec<_> = std::fs::read_dir(&cwd).expect("dir").collect();
+    assert!(made.is_empty(), "the demo made {made:?}");
+}
+
+#[test]
 fn run_print_env_with_a_command_is_refused() {
     // `--print-env -- train.py` printed the exports and exited 0 without running anything.
     let out = lossy_str(&["run", "--print-env", "--", "true"]);

@@ -14,7 +14,7 @@ use super::Runtime;
 use crate::profile::{Profile, MAX_TRACE_EVENTS};
 use crate::stats::periodic::PeriodicWriter;
 use crate::stats::timeline::{self, DEFAULT_CAPACITY, TRACE_DIR_ENV, TRACE_EVENTS_ENV};
-use crate::stats::writer::{check_output_dir, StatsFile, STATS_DIR_ENV};
+use crate::stats::writer::{check_output_dir, dir_setting, StatsFile, STATS_DIR_ENV};
 use crate::switches;
 use crate::{log, stats, Result};
 
@@ -99,13 +99,7 @@ fn stats_dir() -> Option<std::ffi::OsString> {
         // The outer copy writes this rank's statistics; a second file would clobber them.
         return None;
     }
-    set_dir(std::env::var_os(STATS_DIR_ENV))
-}
-
-/// A directory variable's value, None when unset or blank (as `NCCL_LOSSY_TRACE` and the
-/// launchers read a blank one: not a directory named by spaces).
-fn set_dir(value: Option<std::ffi::OsString>) -> Option<std::ffi::OsString> {
-    value.filter(|dir| !dir.to_string_lossy().trim().is_empty())
+    dir_setting(std::env::var_os(STATS_DIR_ENV))
 }
 
 /// Whole writes of the statistics file, snapshot included, one at a time (the trace has its
@@ -262,10 +256,10 @@ mod tests {
     #[test]
     fn a_blank_statistics_directory_is_no_directory() {
         for blank in ["", " ", " \t "] {
-            assert_eq!(set_dir(Some(blank.into())), None, "{blank:?}");
+            assert_eq!(dir_setting(Some(blank.into())), None, "{blank:?}");
         }
-        assert_eq!(set_dir(Some(" d ".into())), Some(" d ".into()));
-        assert_eq!(set_dir(None), None);
+        assert_eq!(dir_setting(Some(" d ".into())), Some(" d ".into()));
+        assert_eq!(dir_setting(None), None);
     }
 
     #[test]

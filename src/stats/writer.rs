@@ -24,6 +24,13 @@ pub const MAX_STATS_FILE_BYTES: u64 = 256 << 20;
 /// Environment variable naming the directory statistics files go to.
 pub const STATS_DIR_ENV: &str = "NCCL_LOSSY_STATS";
 
+/// A directory variable's value, None when unset or blank (as `NCCL_LOSSY_TRACE` and the
+/// launchers read a blank one: not a directory named by spaces). The plugin and the `lossy`
+/// commands read `NCCL_LOSSY_STATS` through this, so they agree on whether it is set.
+pub fn dir_setting(value: Option<std::ffi::OsString>) -> Option<std::ffi::OsString> {
+    value.filter(|dir| !dir.to_string_lossy().trim().is_empty())
+}
+
 /// The content of one rank's statistics file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StatsFile {

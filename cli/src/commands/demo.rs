@@ -14,7 +14,7 @@ use crate::harness::scratch::ScratchDir;
 use crate::harness::worker::{Job, LinkKind, RunSpec};
 use nccl_net_lossy::profile::Profile;
 use nccl_net_lossy::stats::report::{stats_files, summarize_run, RunSummary};
-use nccl_net_lossy::stats::writer::{StatsFile, STATS_DIR_ENV};
+use nccl_net_lossy::stats::writer::{dir_setting, StatsFile, STATS_DIR_ENV};
 use nccl_net_lossy::Result;
 
 /// Arguments of `lossy demo`.
@@ -73,9 +73,8 @@ fn demo(args: &Args) -> Result<bool> {
         }
     }
     // Under `lossy run --stats DIR` (a sweep) the statistics belong in the run's directory.
-    let inherited = std::env::var_os(STATS_DIR_ENV)
-        .filter(|dir| !dir.is_empty())
-        .map(PathBuf::from);
+    // A blank value is unset, as the plugin reads it.
+    let inherited = dir_setting(std::env::var_os(STATS_DIR_ENV)).map(PathBuf::from);
     // A temporary directory goes when the demo ends, whichever way it ends.
     let (stats_dir, scratch) = match args.stats_dir.clone().or(inherited) {
         Some(dir) => {

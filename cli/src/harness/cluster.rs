@@ -21,7 +21,7 @@ use super::plugin_client::PluginClient;
 use super::scratch::ScratchDir;
 use super::worker::{run_job, Job, WorkerReport};
 use nccl_net_lossy::stats::report::load_run;
-use nccl_net_lossy::stats::writer::STATS_DIR_ENV;
+use nccl_net_lossy::stats::writer::{dir_setting, STATS_DIR_ENV};
 use nccl_net_lossy::transport::socket::Handle;
 use nccl_net_lossy::transport::{WireHandle, HANDLE_WIRE_SIZE};
 use nccl_net_lossy::{Error, Result};
@@ -332,8 +332,8 @@ pub fn run_member(
     on_abort: impl FnOnce(Error) + Send + 'static,
 ) -> Result<Option<Vec<RankReport>>> {
     // The statistics this rank reports (set before any thread of ours starts).
-    let temporary = std::env::var_os(STATS_DIR_ENV)
-        .filter(|d| !d.is_empty())
+    // A blank value is unset, as the plugin reads it.
+    let temporary = dir_setting(std::env::var_os(STATS_DIR_ENV))
         .is_none()
         .then(|| ScratchDir::new("lossy-rank"))
         .transpose()?;
