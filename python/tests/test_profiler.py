@@ -342,3 +342,33 @@ def test_load_trace_refuses_a_fifo_a_device_and_bad_bytes_naming_the_file(tmp_pa
     assert lines[1].startswith("TraceFormatError") and "a character device" in lines[1], lines[1]
     assert lines[2].startswith("TraceFormatError") and str(latin) in lines[2], lines[2]
     assert "UTF-8" in lines[2], lines[2]
+
+
+# Two profilers one after the other in one process, into one directory (a profile early in
+# training and another later): each keeps its own files.
+TWICE_SCRIPT = r"""
+import json, sys
+import torch
+from nccl_lossy.profiler import LossyProfiler
+
+written = []
+for name in ("first window", "second window"):
+    prof = LossyProfiler(output_dir=sys.argv[1], activities=("cpu",), wait=0, warmup=0,
+                         active=1, repeat=1)
+    prof.start()
+    with torch.profiler.record_function(name):
+        torch.ones(4).sum()
+    prof.step()
+    prof.stop()
+    written += [str(p) for p in prof.written["torch"]]
+print(json.dumps(written))
+"""
+
+
+def test_a_second_profiler_in_the_process_keeps_the_first_ones_trace(tmp_path):
+    proc = run_python(TWICE_SCRIPT, env=clean_env(RANK=0), args=(str(tmp_path),))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    written = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(written) == 2 and len(set(written)) == 2
+    names = [{e.get("name") for e in load_trace(p)["traceEvents"]} for p in written]
+    assert "first window" in names[0] and "second window" in names[1]

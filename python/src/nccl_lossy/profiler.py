@@ -155,12 +155,22 @@ class LossyProfiler:
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
+    def _next_tag(self) -> str:
+        """``rank{R}-{host}-{pid}-{n}`` with the next cycle number ``n`` whose files are not
+        there yet: another profiler of this process (an earlier profiling window) may have
+        written into the same directory, and its files are kept."""
+        while True:
+            self._cycles += 1
+            tag = f"{_file_tag()}-{self._cycles}"
+            if not any((self.output_dir / f"{kind}-trace-{tag}.json").exists()
+                       for kind in ("torch", "merged")):
+                return tag
+
     def _on_trace_ready(self, prof: Any) -> None:
-        self._cycles += 1
-        tag = f"{_file_tag()}-{self._cycles}"
         cfg = self.config
         if not (cfg.export_chrome_trace or cfg.export_tensorboard or cfg.merge):
             return
+        tag = self._next_tag()
         # torch exports a trace once: export it here, copy it where TensorBoard looks.
         torch_path = self.output_dir / f"torch-trace-{tag}.json"
         prof.export_chrome_trace(str(torch_path))
