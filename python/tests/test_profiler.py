@@ -372,3 +372,90 @@ def test_a_second_profiler_in_the_process_keeps_the_first_ones_trace(tmp_path):
     assert len(written) == 2 and len(set(written)) == 2
     names = [{e.get("name") for e in load_trace(p)["traceEvents"]} for p in written]
     assert "first window" in names[0] and "second window" in names[1]
+
+
+# Tracing on, connections open while the profiler exports (as in training, where NCCL keeps
+# its connections until the process group is destroyed): the plugin has not written its trace
+# file yet (no stats_interval), so no merge is possible, which must not pass unseen.
+NO_FILE_SCRIPT = r"""
+import json, sys, warnings
+sys.path.insert(0, sys.argv[1])
+import torch
+import nccl_lossy
+from nccl_lossy.profiler import LossyProfiler
+from net_harness import Link
+
+integ = nccl_lossy.LossyMegatronIntegration(set={"mtu": 512}, patch_megatron=False)
+integ.enable()
+link = Link(1 << 16)
+prof = LossyProfiler(output_dir=sys.argv[2], trace_dir=sys.argv[3], activities=("cpu",),
+                     wait=0, warmup=0, active=1, repeat=1)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    prof.start()
+    link.send()
+    prof.step()
+    prof.stop()
+link.close()
+integ.disable()
+print(json.dumps({"merged": [str(p) for p in prof.written["merged"]],
+                  "warnings": [str(w.message) for w in caught]}))
+"""
+
+
+def test_an_export_without_the_plugins_trace_file_says_why_there_is_no_merge(tmp_path):
+    trace_dir = tmp_path / "trace"
+    proc = run_python(NO_FILE_SCRIPT, env=clean_env(NCCL_SOCKET_IFNAME="lo", RANK=0,
+                                                    NCCL_LOSSY_TRACE=str(trace_dir)),
+                      args=(str(TESTS), str(tmp_path / "prof"), str(trace_dir)))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["merged"] == []
+    (warning,) = [w for w in out["warnings"] if "lossy-trace-" in w]
+    assert str(trace_dir) in warning and "stats_interval" in warning
+
+
+# The plugin's file was written (a first connection closed), then more messages went out in
+# the profiled window: the merged trace lacks them, and says so.
+STALE_SCRIPT = r"""
+import json, sys, warnings
+sys.path.insert(0, sys.argv[1])
+import torch
+import nccl_lossy
+from nccl_lossy.profiler import LossyProfiler
+from net_harness import Link
+
+integ = nccl_lossy.LossyMegatronIntegration(set={"mtu": 512}, patch_megatron=False)
+integ.enable()
+first = Link(1 << 16)
+first.send()
+first.close()                      # the plugin writes its trace file: one message
+second = Link(1 << 16)
+prof = LossyProfiler(output_dir=sys.argv[2], trace_dir=sys.argv[3], activities=("cpu",),
+                     wait=0, warmup=0, active=1, repeat=1)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    prof.start()
+    second.send()
+    second.send()
+    prof.step()
+    prof.stop()
+second.close()
+integ.disable()
+print(json.dumps({"merged": [str(p) for p in prof.written["merged"]],
+                  "warnings": [str(w.message) for w in caught]}))
+"""
+
+
+def test_a_merge_from_a_trace_file_older_than_the_window_says_what_it_lacks(tmp_path):
+    trace_dir = tmp_path / "trace"
+    proc = run_python(STALE_SCRIPT, env=clean_env(NCCL_SOCKET_IFNAME="lo", RANK=0,
+                                                  NCCL_LOSSY_TRACE=str(trace_dir)),
+                      args=(str(TESTS), str(tmp_path / "prof"), str(trace_dir)))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    (merged,) = out["merged"]
+    sends = [e for e in load_trace(merged)["traceEvents"] if e.get("cat") == "lossy" and e["ph"] == "X"]
+    assert len(sends) == 1
+    (warning,) = [w for w in out["warnings"] if "lacks" in w]
+    assert merged in warning and "last 2 sent message(s)" in warning and "stats_interval" in warning

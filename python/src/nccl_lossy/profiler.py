@@ -25,6 +25,7 @@ import shutil
 import socket
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -183,13 +184,29 @@ class LossyProfiler:
             self.written["torch"].append(torch_path)
         if self.config.merge:
             plugin = self.plugin_trace_path()
-            if plugin is not None and plugin.is_file():
+            if plugin is None:
+                log.info("profiler: no trace directory (trace_dir, %s), no merge", TRACE_DIR_ENV)
+            elif not plugin.is_file():
+                later = (f" (or merge later: merge_trace_files({str(torch_path)!r}, "
+                         f"{str(plugin)!r}, OUT))" if cfg.export_chrome_trace else "")
+                _warn(f"profiler: the plugin's trace file of this process, {plugin}, is not there "
+                      f"at this export, so no merged trace is written: the plugin writes it "
+                      f"every stats_interval (profile key; none by default), soon after its "
+                      f"connections close and at the end of the run; set stats_interval{later}, "
+                      f"and check that {TRACE_DIR_ENV} is set for the training processes")
+            else:
+                torch_trace, plugin_trace = load_trace(torch_path), load_trace(plugin)
                 merged = self.output_dir / f"merged-trace-{tag}.json"
-                merge_trace_files(torch_path, plugin, merged)
+                write_atomically(merged, json.dumps(merge_traces(torch_trace, plugin_trace)))
                 self.written["merged"].append(merged)
                 log.info("profiler: wrote %s (torch + plugin trace %s)", merged, plugin)
-            else:
-                log.info("profiler: no plugin trace file for this process (%s), no merge", plugin)
+                missing = messages_not_in_trace(plugin_trace)
+                if missing is not None and missing > 0:
+                    _warn(f"profiler: {merged} lacks the plugin's last {missing} sent "
+                          f"message(s): its trace file {plugin} was written before they "
+                          f"completed. The plugin writes its trace every stats_interval "
+                          f"(profile key; none by default), soon after its connections close "
+                          f"and at the end of the run; a shorter stats_interval narrows the gap")
         if not self.config.export_chrome_trace:
             torch_path.unlink()
 
@@ -199,6 +216,29 @@ class LossyProfiler:
         if not directory:
             return None
         return Path(directory) / f"lossy-trace-{_file_tag()}.json"
+
+
+def _warn(message: str) -> None:
+    """Says ``message`` through :mod:`warnings` (shown by default) and the log."""
+    log.warning("%s", message)
+    warnings.warn(message, stacklevel=2)
+
+
+def messages_not_in_trace(plugin_trace: Dict[str, Any]) -> Optional[int]:
+    """How many messages this process's plugin has sent (its live counters) that the trace
+    file does not hold (its ``recorded``): those sent after the file was written, and any
+    still in flight then. None when the live counters cannot be read."""
+    from . import control as _control
+
+    recorded = (plugin_trace.get(PLUGIN_META_KEY) or {}).get("recorded")
+    try:
+        sent = _control.control().stats()["total"]["messages"]
+    except (_control.ControlError, OSError, KeyError, TypeError) as err:
+        log.debug("profiler: no live counters to compare the trace file with: %s", err)
+        return None
+    if not isinstance(recorded, int) or not isinstance(sent, int):
+        return None
+    return sent - recorded
 
 
 def _file_tag() -> str:
