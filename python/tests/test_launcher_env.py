@@ -295,3 +295,48 @@ def test_a_refused_step_leaves_the_integration_as_it_was():
     lines = proc.stdout.splitlines()
     assert lines[:4] == ["refused 18446744073709551616", "refused 1.5", "refused True", "refused -1"]
     assert lines[4:] == ["5", "enabled again at 5"], proc.stdout
+
+
+# The environment's paths as the plugin reads them: it does not expand "~" (only a shell
+# does, and not in quotes or in an env dict a Python launcher builds); relative paths count
+# from the process's working directory.
+TILDE = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+import nccl_lossy
+from net_harness import Link
+try:
+    net = nccl_lossy.LossyNetwork().resolved()
+except nccl_lossy.LossyConfigError as err:
+    print(json.dumps({"error": str(err)}))
+    sys.exit(0)
+integ = nccl_lossy.LossyMegatronIntegration(patch_megatron=False)
+integ.enable()
+link = Link(1 << 16)
+link.send()
+link.close()
+print(json.dumps({"stats_dir": str(net.stats_dir), "integ_stats_dir": str(integ.stats_dir()),
+                  "rows": len(nccl_lossy.read_stats(integ.stats_dir()))}))
+"""
+
+
+def test_environment_paths_with_a_tilde_are_read_as_the_plugin_reads_them(tmp_path):
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    (home / "p.toml").write_text(ZERO_1PCT)
+
+    def run(**env):
+        proc = subprocess.run([sys.executable, "-c", TILDE, str(TESTS)], cwd=work,
+                              env=clean_env(HOME=home, NCCL_SOCKET_IFNAME="lo", **env),
+                              capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    # the plugin would look for ./~/p.toml: refused here, naming the variable
+    out = run(NCCL_LOSSY_PROFILE="~/p.toml")
+    assert "NCCL_LOSSY_PROFILE=~/p.toml" in out.get("error", ""), out
+    # the plugin writes into ./~/stats: that is the directory the integration reads
+    out = run(NCCL_LOSSY_STATS="~/stats")
+    assert out["stats_dir"] == out["integ_stats_dir"] == str(work / "~" / "stats"), out
+    assert out["rows"] >= 1

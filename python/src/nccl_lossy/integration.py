@@ -514,7 +514,7 @@ class LossyMegatronIntegration:
         if self.network.stats_dir is not None:
             return self.network.stats_dir
         from_env = os.environ.get("NCCL_LOSSY_STATS", "")
-        return Path(from_env).expanduser().resolve() if from_env.strip() else None
+        return Path(from_env).resolve() if from_env.strip() else None
 
     def write_stats(self) -> Optional[Path]:
         """Asks the plugin to write its statistics file into the statistics directory now and
@@ -535,7 +535,7 @@ class LossyMegatronIntegration:
                 "starts, or leave apply_env on",
                 stacklevel=2,
             )
-        elif _same_file(plugin_dir) != _same_file(stats_dir):
+        elif Path(plugin_dir).resolve() != _same_file(stats_dir):
             warnings.warn(
                 f"nccl_lossy: the plugin wrote its statistics file into NCCL_LOSSY_STATS={plugin_dir}, "
                 f"the per-step file goes to stats_dir {stats_dir}: read_all() on one directory "

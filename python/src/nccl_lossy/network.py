@@ -353,13 +353,14 @@ class LossyNetwork:
 
         profile = _from_env(base, "NCCL_LOSSY_PROFILE")
         if profile is not None:
-            path = Path(profile).expanduser().resolve()
+            path = Path(profile).resolve()  # as the plugin reads it: no "~"
             if self.profile is None:
                 if not path.is_file():
+                    tilde = " (the plugin does not expand '~')" if profile.startswith("~") else ""
                     raise LossyConfigError(
-                        f"NCCL_LOSSY_PROFILE={profile} (in the environment) does not name a file; "
-                        "allowed: the path of a TOML profile; unset NCCL_LOSSY_PROFILE for the "
-                        "plugin's embedded default"
+                        f"NCCL_LOSSY_PROFILE={profile} (in the environment) does not name a file"
+                        f"{tilde}; allowed: the path of a TOML profile; unset NCCL_LOSSY_PROFILE "
+                        "for the plugin's embedded default"
                     )
                 net.profile, changed = path, True
             elif path != self.profile:
@@ -375,7 +376,7 @@ class LossyNetwork:
 
         stats = _from_env(base, "NCCL_LOSSY_STATS")
         if stats is not None:
-            path = Path(stats).expanduser().resolve()
+            path = Path(stats).resolve()  # as the plugin reads it: no "~"
             if self.stats_dir is None:
                 net.stats_dir = path
             elif path != self.stats_dir:
