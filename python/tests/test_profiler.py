@@ -459,3 +459,33 @@ def test_a_merge_from_a_trace_file_older_than_the_window_says_what_it_lacks(tmp_
     assert len(sends) == 1
     (warning,) = [w for w in out["warnings"] if "lacks" in w]
     assert merged in warning and "last 2 sent message(s)" in warning and "stats_interval" in warning
+
+
+# The plugin takes the first rank variable holding an unsigned integer (Rust's u64 parse);
+# the profiler must find the file under the same name, whatever the variables hold.
+NAME_SCRIPT = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+import nccl_lossy
+from nccl_lossy.profiler import LossyProfiler
+from net_harness import Link
+os.environ["NCCL_NET_PLUGIN"] = str(nccl_lossy.library_path())
+link = Link(1 << 12)
+link.send()
+link.close()
+print(json.dumps({"expected": str(LossyProfiler(trace_dir=sys.argv[2]).plugin_trace_path()),
+                  "written": sorted(os.listdir(sys.argv[2]))}))
+"""
+
+
+@pytest.mark.parametrize("rank", ["-1", "1_0", "\u0663"])
+def test_the_profiler_names_the_plugins_trace_file_as_the_plugin_does(tmp_path, rank):
+    trace_dir = tmp_path / "trace"
+    proc = run_python(NAME_SCRIPT, env=clean_env(NCCL_SOCKET_IFNAME="lo", RANK=rank,
+                                                 OMPI_COMM_WORLD_RANK=5,
+                                                 NCCL_LOSSY_TRACE=str(trace_dir)),
+                      args=(str(TESTS), str(trace_dir)))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    traces = [n for n in out["written"] if n.startswith("lossy-trace-")]
+    assert [str(trace_dir / n) for n in traces] == [out["expected"]]

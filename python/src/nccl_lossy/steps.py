@@ -91,8 +91,21 @@ class StepRecorder:
 def launcher_rank() -> Optional[int]:
     """The rank the launcher gave this process (as the plugin reads it), if any."""
     for name in _RANK_VARIABLES:
-        try:
-            return int(os.environ[name].strip())
-        except (KeyError, ValueError):
-            continue
+        rank = _unsigned(os.environ.get(name))
+        if rank is not None:
+            return rank
     return None
+
+
+def _unsigned(value: Optional[str]) -> Optional[int]:
+    """``value`` as the plugin's Rust ``u64`` parse of the trimmed text reads it: an optional
+    ``+`` and ASCII digits, at most 2**64 - 1 (Python's ``int()`` also takes ``-1``, ``1_0``
+    and non-ASCII digits, which the plugin skips for the next variable)."""
+    if value is None:
+        return None
+    text = value.strip()
+    digits = text[1:] if text.startswith("+") else text
+    if not digits or not digits.isascii() or not digits.isdigit():
+        return None
+    number = int(digits)
+    return number if number < 1 << 64 else None
