@@ -489,3 +489,46 @@ def test_the_profiler_names_the_plugins_trace_file_as_the_plugin_does(tmp_path, 
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     traces = [n for n in out["written"] if n.startswith("lossy-trace-")]
     assert [str(trace_dir / n) for n in traces] == [out["expected"]]
+
+
+# A plugin trace file the profiler cannot read (cut short: a copy still being made, a full
+# disk) costs the merge of that export, not the training run that called prof.step().
+CUT_SCRIPT = r"""
+import json, os, sys, warnings
+sys.path.insert(0, sys.argv[1])
+import torch
+import nccl_lossy
+from nccl_lossy.profiler import LossyProfiler
+from net_harness import Link
+
+os.environ["NCCL_NET_PLUGIN"] = str(nccl_lossy.library_path())
+link = Link(1 << 12)
+link.send()
+link.close()                       # the plugin writes its trace file
+prof = LossyProfiler(output_dir=sys.argv[2], trace_dir=sys.argv[3], activities=("cpu",),
+                     wait=0, warmup=0, active=1, repeat=1)
+path = prof.plugin_trace_path()
+data = path.read_bytes()
+path.write_bytes(data[: len(data) // 2])
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    prof.start()
+    torch.ones(3).sum()
+    prof.step()
+    prof.stop()
+print(json.dumps({"torch": [str(p) for p in prof.written["torch"]],
+                  "merged": [str(p) for p in prof.written["merged"]],
+                  "warnings": [str(w.message) for w in caught]}))
+"""
+
+
+def test_an_unreadable_plugin_trace_file_is_a_warning_not_a_crash(tmp_path):
+    trace_dir = tmp_path / "trace"
+    proc = run_python(CUT_SCRIPT, env=clean_env(NCCL_SOCKET_IFNAME="lo", RANK=0,
+                                                NCCL_LOSSY_TRACE=str(trace_dir)),
+                      args=(str(TESTS), str(tmp_path / "prof"), str(trace_dir)))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(out["torch"]) == 1 and out["merged"] == []
+    (warning,) = [w for w in out["warnings"] if "no merged trace" in w]
+    assert "lossy-trace-rank0-" in warning and "not valid UTF-8 JSON" in warning

@@ -195,20 +195,31 @@ class LossyProfiler:
                       f"connections close and at the end of the run; set stats_interval{later}, "
                       f"and check that {TRACE_DIR_ENV} is set for the training processes")
             else:
-                torch_trace, plugin_trace = load_trace(torch_path), load_trace(plugin)
-                merged = self.output_dir / f"merged-trace-{tag}.json"
-                write_atomically(merged, json.dumps(merge_traces(torch_trace, plugin_trace)))
-                self.written["merged"].append(merged)
-                log.info("profiler: wrote %s (torch + plugin trace %s)", merged, plugin)
-                missing = messages_not_in_trace(plugin_trace)
-                if missing is not None and missing > 0:
-                    _warn(f"profiler: {merged} lacks the plugin's last {missing} sent "
-                          f"message(s): its trace file {plugin} was written before they "
-                          f"completed. The plugin writes its trace every stats_interval "
-                          f"(profile key; none by default), soon after its connections close "
-                          f"and at the end of the run; a shorter stats_interval narrows the gap")
+                self._merge(torch_path, plugin, tag)
         if not self.config.export_chrome_trace:
             torch_path.unlink()
+
+    def _merge(self, torch_path: Path, plugin: Path, tag: str) -> None:
+        """Writes the merged trace of one export; a plugin file it cannot read (cut short,
+        another layout) is a warning: it costs this merge, not the run calling ``step()``."""
+        try:
+            plugin_trace = load_trace(plugin)
+            plugin_epoch_offset_ns(plugin_trace)  # its metadata, as merge_traces reads it
+        except TraceFormatError as err:
+            _warn(f"profiler: no merged trace for this export, the plugin's trace file {plugin} "
+                  f"cannot be read: {err}")
+            return
+        merged = self.output_dir / f"merged-trace-{tag}.json"
+        write_atomically(merged, json.dumps(merge_traces(load_trace(torch_path), plugin_trace)))
+        self.written["merged"].append(merged)
+        log.info("profiler: wrote %s (torch + plugin trace %s)", merged, plugin)
+        missing = messages_not_in_trace(plugin_trace)
+        if missing is not None and missing > 0:
+            _warn(f"profiler: {merged} lacks the plugin's last {missing} sent message(s): its "
+                  f"trace file {plugin} was written before they completed. The plugin writes "
+                  f"its trace every stats_interval (profile key; none by default), soon after "
+                  f"its connections close and at the end of the run; a shorter stats_interval "
+                  f"narrows the gap")
 
     def plugin_trace_path(self) -> Optional[Path]:
         """The plugin trace file of this process (it may not exist yet)."""
