@@ -532,3 +532,28 @@ def test_an_unreadable_plugin_trace_file_is_a_warning_not_a_crash(tmp_path):
     assert len(out["torch"]) == 1 and out["merged"] == []
     (warning,) = [w for w in out["warnings"] if "no merged trace" in w]
     assert "lossy-trace-rank0-" in warning and "not valid UTF-8 JSON" in warning
+
+
+def test_the_profiler_names_the_trace_file_of_a_non_ascii_host_as_the_plugin_does(tmp_path):
+    # A host name of its own in a UTS namespace (root only): the plugin keeps ASCII letters
+    # and digits, '-', '_', '.' and writes '_' for any other character.
+    import shutil
+    import subprocess
+    import sys
+
+    unshare = shutil.which("unshare")
+    probe = unshare and subprocess.run([unshare, "--uts", "true"], capture_output=True)
+    if not probe or probe.returncode != 0:
+        pytest.skip("needs unshare --uts (root)")
+    trace_dir = tmp_path / "trace"
+    proc = subprocess.run(
+        [unshare, "--uts", "sh", "-c",
+         'printf "n\\303\\251ud-7" > /proc/sys/kernel/hostname && exec "$@"', "sh",
+         sys.executable, "-c", NAME_SCRIPT, str(TESTS), str(trace_dir)],
+        env=clean_env(NCCL_SOCKET_IFNAME="lo", RANK=0, NCCL_LOSSY_TRACE=str(trace_dir)),
+        capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    traces = [n for n in out["written"] if n.startswith("lossy-trace-")]
+    assert len(traces) == 1 and traces[0].startswith("lossy-trace-rank0-n_ud-7-")
+    assert [str(trace_dir / n) for n in traces] == [out["expected"]]

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ._files import read_regular_file, write_atomically
-from .steps import launcher_rank
+from .steps import file_name_host, launcher_rank
 
 log = logging.getLogger("nccl_lossy")
 
@@ -255,7 +255,7 @@ def messages_not_in_trace(plugin_trace: Dict[str, Any]) -> Optional[int]:
 def _file_tag() -> str:
     """``rank{R}-{host}-{pid}``, as the plugin names its files."""
     rank = launcher_rank()
-    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in socket.gethostname())
+    host = file_name_host(socket.gethostname())
     return f"rank{'x' if rank is None else rank}-{host}-{os.getpid()}"
 
 

@@ -81,11 +81,17 @@ class StepRecorder:
         """Writes ``lossy-steps-rank{R}-{host}-{pid}.json`` into ``directory`` (atomically)."""
         doc = self.document()
         rank = "x" if doc["rank"] is None else str(doc["rank"])
-        host = "".join(c if c.isalnum() or c in "-_." else "_" for c in doc["host"])
+        host = file_name_host(doc["host"])
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"lossy-steps-rank{rank}-{host}-{doc['pid']}.json"
         write_atomically(path, json.dumps(doc, indent=1))
         return path
+
+
+def file_name_host(host: str) -> str:
+    """``host`` as the plugin writes it in file names: ASCII letters and digits, ``-``, ``_``
+    and ``.`` kept, every other character (``str.isalnum`` also takes non-ASCII letters) ``_``."""
+    return "".join(c if (c.isascii() and c.isalnum()) or c in "-_." else "_" for c in host)
 
 
 def launcher_rank() -> Optional[int]:
