@@ -86,6 +86,28 @@ fn run_sets_the_plugin_the_network_the_profile_and_the_guard() {
 }
 
 #[test]
+fn run_sends_the_traffic_between_gpus_of_one_node_through_the_plugin_unless_told_not_to() {
+    // NCCL moves the traffic between GPUs of one node over P2P (NVLink, PCIe), shared memory
+    // or NVLS, never through a net plugin: `lossy run -- torchrun --nproc-per-node 8 ...` on
+    // one node injected no loss at all, without a word.
+    let intra = ["NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_NVLS_ENABLE"];
+    let env = env_under_run(&[]);
+    let got: Vec<Option<&str>> = intra.iter().map(|k| get(&env, k)).collect();
+    assert_eq!(got, [Some("1"), Some("1"), Some("0")], "{env:?}");
+    // Multi-node jobs may keep it on the GPUs' own links (only the network drops packets).
+    let env = env_under_run(&["--intra-node", "native"]);
+    assert!(intra.iter().all(|k| get(&env, k).is_none()), "{env:?}");
+    // A value the user chose is kept.
+    let out = lossy(&["run", "--print-env"], &[("NCCL_P2P_DISABLE", "0")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        !stdout.contains("NCCL_P2P_DISABLE") && stdout.contains("export NCCL_SHM_DISABLE=1"),
+        "{stdout}"
+    );
+}
+
+#[test]
 fn retransmit_profiles_leave_the_protocol_alone() {
     let profile = repo_file("configs/retransmit-1pct.toml");
     let env = env_under_run(&["--profile", profile.to_str().expect("utf-8 path")]);

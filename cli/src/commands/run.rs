@@ -30,6 +30,13 @@ pub struct Args {
     /// The plugin library to load (default: the one installed or built with this command).
     #[arg(long)]
     pub library: Option<PathBuf>,
+    /// Traffic between GPUs of one node: `net` sends it through the plugin too
+    /// (NCCL_P2P_DISABLE=1, NCCL_SHM_DISABLE=1, NCCL_NVLS_ENABLE=0), so a job on one node meets
+    /// the loss; `native` leaves it on NVLink, PCIe and shared memory, which the loss never
+    /// touches (only the network between nodes drops packets). A value set in the environment
+    /// for one of these variables is kept.
+    #[arg(long, value_enum, default_value_t = IntraNode::Net)]
+    pub intra_node: IntraNode,
     /// Print the environment as `export` lines instead of running anything.
     #[arg(long)]
     pub print_env: bool,
@@ -37,6 +44,24 @@ pub struct Args {
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<OsString>,
 }
+
+/// Where NCCL moves the traffic between GPUs of one node.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IntraNode {
+    /// Through the network plugin, and so through the loss.
+    Net,
+    /// NCCL's own choice: P2P (NVLink, PCIe), shared memory, NVLS; no loss there.
+    Native,
+}
+
+/// The settings that make NCCL send the traffic between GPUs of one node through the network
+/// plugin: without P2P, shared-memory and NVLS transports, NCCL connects local ranks over its
+/// network as it does remote ones.
+const INTRA_NODE_THROUGH_NET: [(&str, &str); 3] = [
+    ("NCCL_P2P_DISABLE", "1"),
+    ("NCCL_SHM_DISABLE", "1"),
+    ("NCCL_NVLS_ENABLE", "0"),
+];
 
 /// Runs `lossy run`.
 pub fn run(args: Args) -> ExitCode {
@@ -145,6 +170,14 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
         // As the plugin checks it at init: created, and a file can be written in it.
         nccl_net_lossy::stats::writer::check_output_dir(dir, "stats").map_err(|e| e.message)?;
         env.push((STATS_DIR_ENV.into(), absolute(dir)?.into_os_string()));
+    }
+    if args.intra_node == IntraNode::Net {
+        for (key, value) in INTRA_NODE_THROUGH_NET {
+            // The user's own choice stands (as NCCL_PROTO's below).
+            if utf8(key)?.filter(|v| !v.is_empty()).is_none() {
+                env.push((key.into(), value.into()));
+            }
+        }
     }
     // The tuner in our library already rules LL/LL128 out, but only when NCCL loads it
     // (a user's NCCL_TUNER_PLUGIN wins): pin Simple as well unless the user chose.
