@@ -15,6 +15,9 @@ from nccl_lossy.network import (
 from conftest import clean_env, run_harness, run_python
 
 
+INTRA_NODE = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NVLS_ENABLE": "0"}
+
+
 def profile(tmp_path, text, name="p.toml"):
     path = tmp_path / name
     path.write_text(textwrap.dedent(text))
@@ -31,15 +34,30 @@ def test_env_contents(tmp_path, lib_path):
         "NCCL_LOSSY_PROFILE": str(prof.resolve()),
         "NCCL_LOSSY_SET": "model.rate=0.05;seed=7",
         "NCCL_LOSSY_STATS": str((tmp_path / "run").resolve()),
+        **INTRA_NODE,
     }
     assert os.path.isabs(env["NCCL_NET_PLUGIN"]) and os.path.isfile(env["NCCL_NET_PLUGIN"])
 
 
 def test_default_profile_needs_no_guard():
-    assert LossyNetwork().env(base={}) == {
+    assert LossyNetwork(intra_node="native").env(base={}) == {
         "NCCL_NET_PLUGIN": str(nccl_lossy.library_path()),
         "NCCL_NET": "lossy",
     }
+
+
+
+def test_traffic_between_gpus_of_one_node_goes_through_the_plugin_unless_told_not_to():
+    # NCCL never sends the traffic between GPUs of one node through a net plugin (P2P, shared
+    # memory, NVLS): a torchrun job on one node met no loss at all, as `lossy run` now says.
+    env = LossyNetwork().env(base={})
+    assert {k: env.get(k) for k in INTRA_NODE} == INTRA_NODE
+    assert not set(INTRA_NODE) & set(LossyNetwork(intra_node="native").env(base={}))
+    # A value the user chose stands.
+    env = LossyNetwork().env(base={"NCCL_P2P_DISABLE": "0"})
+    assert "NCCL_P2P_DISABLE" not in env and env["NCCL_SHM_DISABLE"] == "1"
+    with pytest.raises(LossyConfigError, match=r"intra_node='nvlink'.*allowed: 'net', 'native'"):
+        LossyNetwork(intra_node="nvlink")
 
 
 UNIFORM = 'model = { kind = "uniform", rate = 0.01 }\n'

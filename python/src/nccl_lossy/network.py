@@ -6,6 +6,7 @@ import copy
 import json
 import logging
 import os
+import warnings
 import subprocess
 import sys
 from pathlib import Path
@@ -236,6 +237,15 @@ def allowed_protocols(nccl_proto: str) -> Set[str]:
     return allowed
 
 
+#: ``intra_node`` choices: ``"net"`` sends the traffic between GPUs of one node through the
+#: plugin too (NCCL never sends it through a net plugin otherwise: P2P, shared memory, NVLS);
+#: ``"native"`` leaves NCCL's own transports, which the loss never touches.
+INTRA_NODE_CHOICES = ("net", "native")
+#: What ``intra_node="net"`` sets (a value the environment already holds is kept), as ``lossy
+#: run`` does.
+INTRA_NODE_THROUGH_NET = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NVLS_ENABLE": "0"}
+
+
 class LossyNetwork:
     """The environment a launcher needs to run NCCL through the lossy plugin.
 
@@ -245,7 +255,11 @@ class LossyNetwork:
     ``loss_rate`` / ``burst_length``: the default loss model, as a fraction of packets lost in
     bursts of that many packets on average (1, or None: independent loss; see
     :func:`nccl_lossy.config.loss_overrides`); ``effect``: what a lost packet does
-    (``"zero"``, ``"stale"``, ``"retransmit"``, ``"bitflip"``).
+    (``"zero"``, ``"stale"``, ``"retransmit"``, ``"bitflip"``); ``intra_node``: ``"net"`` (the
+    default) sends the traffic between GPUs of one node through the plugin, and so through the
+    loss, by turning NCCL's P2P, shared-memory and NVLS transports off (a value the environment
+    already holds is kept); ``"native"`` leaves them, for multi-node jobs where only the network
+    between nodes should drop packets.
 
     Everything is checked here, by the plugin library itself (:meth:`check`): a wrong value
     raises :class:`LossyConfigError` naming the key, the value and what is allowed.
@@ -261,7 +275,13 @@ class LossyNetwork:
         loss_rate: Optional[float] = None,
         burst_length: Optional[float] = None,
         effect: Optional[str] = None,
+        intra_node: str = "net",
     ):
+        if intra_node not in INTRA_NODE_CHOICES:
+            raise LossyConfigError(
+                f"intra_node={intra_node!r}: allowed: {', '.join(map(repr, INTRA_NODE_CHOICES))}"
+            )
+        self.intra_node = intra_node
         for keyword, value in (("profile", profile), ("stats_dir", stats_dir), ("library", library)):
             if value is not None and not isinstance(value, (str, os.PathLike)):
                 raise LossyConfigError(f"{keyword}={value!r}: allowed: a path (str or os.PathLike) or None")
@@ -317,6 +337,10 @@ class LossyNetwork:
             env["NCCL_LOSSY_SET"] = self.overrides
         if self.stats_dir is not None:
             env["NCCL_LOSSY_STATS"] = str(self.stats_dir)
+        if self.intra_node == "net":
+            for key, value in INTRA_NODE_THROUGH_NET.items():
+                if not base.get(key, "").strip():  # the user's own choice stands
+                    env[key] = value
         if self.corrupts_data:
             user_proto = base.get("NCCL_PROTO")
             if user_proto is None or not user_proto.strip():
@@ -432,8 +456,21 @@ class LossyNetwork:
         net = self.resolved(os.environ)
         wanted = net.env(os.environ)
         missing = {k: v for k, v in wanted.items() if not os.environ.get(k, "").strip()}
+        reason = nccl_started_reason() if missing else None
+        if reason and not set(missing) - set(INTRA_NODE_THROUGH_NET):
+            # Only the intra-node settings are missing and NCCL already chose its transports:
+            # the loss still applies between nodes; say what it does not reach.
+            warnings.warn(
+                f"NCCL is already running here ({reason}) without "
+                f"{' '.join(f'{k}={v}' for k, v in missing.items())}: the traffic between GPUs "
+                "of one node goes over NCCL's own transports, which the loss never touches (set "
+                "them before torch.distributed starts NCCL, or pass intra_node='native')",
+                stacklevel=2,
+            )
+            for key in missing:
+                wanted.pop(key)
+            missing = {}
         if missing:
-            reason = nccl_started_reason()
             if reason:
                 raise NcclAlreadyInitializedError(
                     f"cannot switch NCCL to the lossy plugin: {reason}, and the environment "
