@@ -1,7 +1,8 @@
 //! `lossy bench` as one rank of a multi-process job: separate `lossy bench` processes with
 //! torchrun-, Open MPI- and Slurm-style variables set by hand, the failures a cluster job
-//! meets (wrong job id, a rank that never comes, a rank killed mid-run), and, as root with
-//! `ip`, ranks in network namespaces of their own joined by a veth pair.
+//! meets (wrong job id, a rank that never comes, a rank killed mid-run, strangers at the
+//! rendezvous port), and, as root with `ip`, ranks in network namespaces of their own joined
+//! by a veth pair.
 
 mod common;
 
@@ -320,6 +321,43 @@ fn a_rank_that_never_comes_is_named_within_the_timeout() {
             "rank {rank}: {err}"
         );
     }
+}
+
+/// Connects to `addr`, retrying until something listens there (at most `limit`).
+fn connect_within(addr: &str, limit: Duration) -> std::net::TcpStream {
+    let start = Instant::now();
+    loop {
+        match std::net::TcpStream::connect(addr) {
+            Ok(stream) => return stream,
+            Err(e) if start.elapsed() > limit => panic!("nothing listens at {addr}: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+#[test]
+fn strangers_at_the_rendezvous_port_neither_stall_nor_fail_the_job() {
+    use std::io::Write;
+    let rendezvous = format!("127.0.0.1:{}", free_port());
+    let opts = vec!["--rendezvous-timeout", "20"];
+    let mut children = explicit(2, &[(0, opts.clone())], &rendezvous);
+    // Before rank 1 starts: a port scanner that connects and says nothing, and a client
+    // of another protocol (an HTTP health check). Neither is a rank of the job.
+    let silent = connect_within(&rendezvous, Duration::from_secs(10));
+    let mut http = connect_within(&rendezvous, Duration::from_secs(10));
+    let _ = http.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    children.extend(explicit(2, &[(1, opts)], &rendezvous));
+    let (outputs, took) = wait_all(children, Duration::from_secs(60));
+    drop((silent, http));
+    for (rank, out) in outputs.iter().enumerate() {
+        assert!(
+            out.status.success(),
+            "rank {rank} failed: {}",
+            text(&out.stderr)
+        );
+    }
+    assert!(took < Duration::from_secs(15), "took {took:?}");
+    assert_table(&outputs, 2);
 }
 
 #[test]

@@ -4,7 +4,8 @@
 //! The server runs on a thread of whoever starts the ranks (the launcher, a test that is a
 //! rank itself, or rank 0 of a multi-process job), on loopback or on the address asked for.
 //! Every rank connects and says who it is: protocol version, rank, world size and job id; a
-//! hello that differs is answered with an error frame and fails the run for everyone. Then,
+//! hello that differs is answered with an error frame and fails the run for everyone; a
+//! connection that does not speak the rendezvous at all is dropped and the run goes on. Then,
 //! round after round, each rank sends one blob and receives all of them in rank order. A rank
 //! that disconnects ends the server, which makes every other rank's next call fail instead of
 //! hang; with watch connections ([`Watch`]) the others hear at once which rank left.
@@ -43,7 +44,7 @@ const KIND_WATCH: u32 = 1;
 /// What a watch connection sends when its rank finished normally.
 const WATCH_DONE: u8 = 1;
 
-fn read_u32(stream: &mut TcpStream) -> Result<u32> {
+fn read_u32(stream: &mut impl Read) -> Result<u32> {
     let mut b = [0u8; 4];
     stream.read_exact(&mut b)?;
     Ok(u32::from_le_bytes(b))
@@ -202,7 +203,7 @@ struct RankHello {
 
 /// Reads a hello and checks it against the server's job; the error says what differs.
 fn read_hello(
-    stream: &mut TcpStream,
+    stream: &mut impl Read,
     options: &ServerOptions,
     from: SocketAddr,
 ) -> Result<RankHello> {
@@ -253,6 +254,59 @@ fn read_hello(
     Ok(hello)
 }
 
+/// Bytes of a hello before its job id: magic, version, kind, rank, world size, id length.
+const HELLO_HEAD: usize = 24;
+
+/// A connection whose hello is still arriving. Hellos are read without blocking, so a peer
+/// that connects and says nothing (a port scanner) holds up no rank.
+struct Pending {
+    stream: TcpStream,
+    from: SocketAddr,
+    hello: Vec<u8>,
+}
+
+impl Pending {
+    /// Bytes of the whole hello, as far as what arrived tells.
+    fn wanted(&self) -> usize {
+        match self.hello.get(20..HELLO_HEAD) {
+            Some(len) => {
+                let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+                // A job id too long is refused by `read_hello` before it reads the id.
+                HELLO_HEAD + if len > MAX_JOB_ID { 0 } else { len }
+            }
+            None => HELLO_HEAD,
+        }
+    }
+
+    /// Reads what has arrived: `Some(true)` once the hello is whole, `Some(false)` while
+    /// more is to come, `None` for a peer that is no rank (it closed before its hello was
+    /// whole, or its first bytes are not the rendezvous' magic: another protocol).
+    fn poll(&mut self) -> Option<bool> {
+        let mut buf = [0u8; 64];
+        loop {
+            let want = self.wanted();
+            if self.hello.len() >= want {
+                return Some(true);
+            }
+            let take = (want - self.hello.len()).min(buf.len());
+            match self.stream.read(&mut buf[..take]) {
+                Ok(0) => return None,
+                Ok(k) => {
+                    self.hello.extend_from_slice(&buf[..k]);
+                    let magic = MAGIC.to_le_bytes();
+                    let seen = self.hello.len().min(magic.len());
+                    if self.hello[..seen] != magic[..seen] {
+                        return None;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Some(false),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return None,
+            }
+        }
+    }
+}
+
 /// The connections of every rank.
 struct Joined {
     data: Vec<Option<TcpStream>>,
@@ -260,11 +314,16 @@ struct Joined {
 }
 
 impl Joined {
-    /// Tells every connected rank, and every connection still waiting in `listener`'s
-    /// queue (a rank's second connection), why the run ends, then closes them gently.
-    fn fail(&mut self, listener: &TcpListener, refused: Option<TcpStream>, err: Error) -> Error {
+    /// Tells every connected rank, every connection whose hello was still arriving
+    /// (`refused` holds them and the refused one), and every connection still waiting in
+    /// `listener`'s queue (a rank's second connection), why the run ends, then closes them
+    /// gently.
+    fn fail(&mut self, listener: &TcpListener, refused: Vec<TcpStream>, err: Error) -> Error {
         let text = err.to_string();
-        let mut all: Vec<TcpStream> = refused.into_iter().collect();
+        let mut all = refused;
+        for stream in &all {
+            let _ = stream.set_nonblocking(false);
+        }
         // Rank 0 last: in a multi-process job its process hosts this server.
         for slots in [&mut self.data, &mut self.watch] {
             all.extend(slots.iter_mut().skip(1).filter_map(Option::take));
@@ -306,62 +365,108 @@ fn serve(listener: TcpListener, addr: SocketAddr, options: ServerOptions) -> Res
         data: (0..nranks).map(|_| None).collect(),
         watch: (0..nranks).map(|_| None).collect(),
     };
+    // Connections whose hello is still arriving, and how many were no rank (dropped).
+    let mut pending: Vec<Pending> = Vec::new();
+    let mut strangers = 0usize;
+    let pending_streams = |pending: Vec<Pending>| pending.into_iter().map(|p| p.stream);
     loop {
         let missing = joined.missing(options.watch);
         if missing.is_empty() {
             break;
         }
+        let mut progressed = false;
         match listener.accept() {
-            Ok((mut stream, from)) => {
-                stream.set_nonblocking(false)?;
-                stream.set_read_timeout(Some(options.connect_timeout))?;
+            Ok((stream, from)) => {
+                stream.set_nonblocking(true)?;
                 stream.set_nodelay(true)?;
-                let hello = match read_hello(&mut stream, &options, from) {
-                    Ok(hello) => hello,
-                    Err(err) => {
-                        return Err(joined.fail(&listener, Some(stream), err));
-                    }
-                };
-                stream.set_read_timeout(Some(options.round_timeout))?;
-                let slots = if hello.kind == KIND_DATA {
-                    &mut joined.data
-                } else {
-                    &mut joined.watch
-                };
-                match &mut slots[hello.rank] {
-                    slot @ None => {
-                        // The welcome: an empty frame (a refused hello gets an error frame).
-                        stream.write_all(&0u64.to_le_bytes())?;
-                        *slot = Some(stream);
-                    }
-                    Some(_) => {
-                        let err = Error::remote(format!(
-                            "two processes (the second from {from}) claim rank {} of job `{}`",
-                            hello.rank, hello.job_id
-                        ));
-                        return Err(joined.fail(&listener, Some(stream), err));
+                pending.push(Pending {
+                    stream,
+                    from,
+                    hello: Vec::with_capacity(HELLO_HEAD),
+                });
+                progressed = true;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => {
+                let streams = pending_streams(pending).collect();
+                return Err(joined.fail(&listener, streams, e.into()));
+            }
+        }
+        let mut i = 0;
+        while i < pending.len() {
+            match pending[i].poll() {
+                Some(false) => i += 1,
+                None => {
+                    // Not a rank of any lossy job: the job goes on without it.
+                    pending.swap_remove(i);
+                    strangers += 1;
+                    progressed = true;
+                }
+                Some(true) => {
+                    progressed = true;
+                    let Pending {
+                        mut stream,
+                        from,
+                        hello,
+                    } = pending.swap_remove(i);
+                    stream.set_nonblocking(false)?;
+                    let hello = match read_hello(&mut &hello[..], &options, from) {
+                        Ok(hello) => hello,
+                        Err(err) => {
+                            let mut streams: Vec<TcpStream> = pending_streams(pending).collect();
+                            streams.insert(0, stream);
+                            return Err(joined.fail(&listener, streams, err));
+                        }
+                    };
+                    stream.set_read_timeout(Some(options.round_timeout))?;
+                    let slots = if hello.kind == KIND_DATA {
+                        &mut joined.data
+                    } else {
+                        &mut joined.watch
+                    };
+                    match &mut slots[hello.rank] {
+                        slot @ None => {
+                            // The welcome: an empty frame (a refused hello gets an error frame).
+                            stream.write_all(&0u64.to_le_bytes())?;
+                            *slot = Some(stream);
+                        }
+                        Some(_) => {
+                            let err = Error::remote(format!(
+                                "two processes (the second from {from}) claim rank {} of job `{}`",
+                                hello.rank, hello.job_id
+                            ));
+                            let mut streams: Vec<TcpStream> = pending_streams(pending).collect();
+                            streams.insert(0, stream);
+                            return Err(joined.fail(&listener, streams, err));
+                        }
                     }
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() > deadline {
-                    let err = Error::remote(format!(
-                        "rank(s) {} of {nranks} did not reach the rendezvous at {addr} within \
-                         {:?}",
-                        missing
-                            .iter()
-                            .map(|r| r.to_string())
-                            .collect::<Vec<_>>()
-                            .join(", "),
-                        options.connect_timeout
-                    ));
-                    return Err(joined.fail(&listener, None, err));
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            Err(e) => return Err(joined.fail(&listener, None, e.into())),
+        }
+        if Instant::now() > deadline {
+            let ignored = match strangers {
+                0 => String::new(),
+                k => format!(
+                    " ({k} connection(s) that did not speak the lossy rendezvous were ignored)"
+                ),
+            };
+            let err = Error::remote(format!(
+                "rank(s) {} of {nranks} did not reach the rendezvous at {addr} within {:?}{ignored}",
+                missing
+                    .iter()
+                    .map(|r| r.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                options.connect_timeout
+            ));
+            let streams = pending_streams(pending).collect();
+            return Err(joined.fail(&listener, streams, err));
+        }
+        if !progressed {
+            std::thread::sleep(Duration::from_millis(2));
         }
     }
+    drop(pending);
     let watchers = if options.watch {
         watch_ranks(joined.watch.drain(..).flatten().collect())?
     } else {
