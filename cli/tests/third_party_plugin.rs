@@ -10,8 +10,8 @@ mod common;
 use std::path::PathBuf;
 
 use common::{every, launch_env, library};
-use lossy_cli::harness::collectives::DataType;
-use lossy_cli::harness::worker::{Job, LinkKind};
+use lossy_cli::harness::collectives::{Collective, DataType};
+use lossy_cli::harness::worker::{Job, LinkKind, RunSpec};
 
 /// Builds the forwarding plugin into a fresh folder of its own for test `test` (tests of this
 /// file run in parallel: a shared folder would be wiped under another test's ranks).
@@ -45,6 +45,28 @@ fn exact_through(
         assert!(report.results.iter().all(|r| r.ok), "{report:?}");
     }
     reports
+}
+
+#[test]
+fn data_that_comes_out_wrong_in_an_early_iteration_fails_the_check() {
+    // The first message a rank sends is damaged, in the first of three timed iterations;
+    // the later iterations come out right. The run must not say bit-exact.
+    let runs = vec![RunSpec {
+        collective: Collective::AllReduce,
+        dtype: DataType::F32,
+        bytes: 4096,
+        iters: 3,
+        warmup: 0,
+    }];
+    let job = Job::collectives(forward_plugin("corrupt-once"), vec![LinkKind::Plugin], runs);
+    let mut env = env();
+    env.push(("FORWARD_PLUGIN_CORRUPT_SEND".to_string(), "1".to_string()));
+    env.push(("NCCL_LOSSY_SET".to_string(), "model.rate=0".to_string()));
+    let reports = launch_env(2, job, env).unwrap_or_else(|e| panic!("the job failed: {e}"));
+    assert!(
+        reports.iter().any(|r| r.results.iter().any(|x| !x.ok)),
+        "a wrong first iteration passed the check: {reports:?}"
+    );
 }
 
 #[test]
