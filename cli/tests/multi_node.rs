@@ -1,8 +1,8 @@
 //! `lossy bench` as one rank of a multi-process job: separate `lossy bench` processes with
 //! torchrun-, Open MPI- and Slurm-style variables set by hand, the failures a cluster job
 //! meets (wrong job id, a rank that never comes, a rank killed mid-run, strangers at the
-//! rendezvous port), and, as root with `ip`, ranks in network namespaces of their own joined
-//! by a veth pair.
+//! rendezvous port, ranks given other work), and, as root with `ip`, ranks in network
+//! namespaces of their own joined by a veth pair.
 
 mod common;
 
@@ -358,6 +358,32 @@ fn strangers_at_the_rendezvous_port_neither_stall_nor_fail_the_job() {
     }
     assert!(took < Duration::from_secs(15), "took {took:?}");
     assert_table(&outputs, 2);
+}
+
+#[test]
+fn ranks_given_different_work_fail_naming_what_differs() {
+    // Each rank reads its own command line: one given other sizes ran another all-reduce
+    // than its peers, which rank 0 reported as data that was not bit-exact (and the other
+    // rank as a success).
+    let rendezvous = format!("127.0.0.1:{}", free_port());
+    let children = explicit(
+        2,
+        &[
+            (0, vec!["--sizes", "64K", "--iters", "2"]),
+            (1, vec!["--sizes", "1M", "--iters", "2"]),
+        ],
+        &rendezvous,
+    );
+    let (outputs, took) = wait_all(children, Duration::from_secs(60));
+    assert!(took < Duration::from_secs(15), "took {took:?}");
+    for (rank, out) in outputs.iter().enumerate() {
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "rank {rank} succeeded: {err}");
+        assert!(
+            err.contains("rank 1") && err.contains("--sizes") && !err.contains("bit-exact"),
+            "rank {rank}: {err}"
+        );
+    }
 }
 
 #[test]

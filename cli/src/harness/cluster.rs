@@ -19,7 +19,7 @@ use super::launch::{self, Launch};
 use super::library::PluginLibrary;
 use super::plugin_client::PluginClient;
 use super::scratch::ScratchDir;
-use super::worker::{run_job, Job, WorkerReport};
+use super::worker::{check_same_work, run_job, Job, WorkerReport};
 use nccl_net_lossy::stats::report::load_run;
 use nccl_net_lossy::stats::writer::{dir_setting, STATS_DIR_ENV};
 use nccl_net_lossy::transport::socket::Handle;
@@ -382,6 +382,7 @@ pub fn run_member(
         boot.set_timeout(timeout + Duration::from_secs(5))?;
         boot.barrier()?;
         boot.set_timeout(job.timeout())?;
+        check_same_work(job, &mut boot)?;
         let outcome = run_job(job, &mut boot).and_then(|report| rank_report(job, report));
         let stats_dir = std::env::var_os(STATS_DIR_ENV).map(PathBuf::from);
         let mine = outcome.map(|mut mine| {

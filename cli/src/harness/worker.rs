@@ -276,6 +276,71 @@ pub struct WorkerReport {
     pub stress: StressCounts,
 }
 
+/// What every rank of a job must be given alike, each with the options that set it.
+fn agreed(job: &Job) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    match &job.task {
+        Task::Collectives { links, runs } => {
+            let list =
+                |f: &dyn Fn(&RunSpec) -> String| runs.iter().map(f).collect::<Vec<_>>().join(", ");
+            out.push((
+                "--sizes, --dtype",
+                list(&|r| format!("{} {} B {}", r.collective, r.bytes, r.dtype)),
+            ));
+            out.push((
+                "--iters, --warmup",
+                list(&|r| format!("{}+{}", r.iters, r.warmup)),
+            ));
+            out.push((
+                "the links (--vs-lossless, --vs-library)",
+                format!("{links:?}"),
+            ));
+        }
+        other => out.push(("the task", serde_json::to_string(other).unwrap_or_default())),
+    }
+    out.push(("--chunk", job.chunk.to_string()));
+    out.push(("--comms", job.comms.to_string()));
+    out.push((
+        "--raw-streams (else NCCL_LOSSY_NSOCKS)",
+        job.raw_streams.to_string(),
+    ));
+    out.push(("--lossless", job.lossless.to_string()));
+    out.push(("requests in flight", job.in_flight.to_string()));
+    out
+}
+
+/// Fails, on every rank alike, unless every rank of a multi-process job was given the same
+/// work: each reads its own command line, and ranks that ran different collectives met in
+/// the ring anyway, the result reading as data that was not bit-exact on rank 0 and as a
+/// success on the others. The error names the first rank and the options that differ.
+pub fn check_same_work(job: &Job, boot: &mut Bootstrap) -> Result<()> {
+    let mine = agreed(job);
+    let values: Vec<&String> = mine.iter().map(|(_, v)| v).collect();
+    let blob = serde_json::to_vec(&values)
+        .map_err(|e| Error::internal(format!("cannot encode the job: {e}")))?;
+    let all = boot.all_gather(&blob)?;
+    let decode = |b: &[u8]| serde_json::from_slice::<Vec<String>>(b).unwrap_or_default();
+    let first = decode(&all[0]);
+    for (rank, blob) in all.iter().enumerate().skip(1) {
+        let theirs = decode(blob);
+        if theirs == first {
+            continue;
+        }
+        let (what, a, b) = mine
+            .iter()
+            .zip(first.iter().zip(&theirs))
+            .find(|(_, (a, b))| a != b)
+            .map_or(("the job", "?", "?"), |((what, _), (a, b))| {
+                (*what, a.as_str(), b.as_str())
+            });
+        return Err(Error::invalid_argument(format!(
+            "rank {rank} was given other work than rank 0 (every rank needs the same \
+             options): {what}: rank 0 `{a}`, rank {rank} `{b}`"
+        )));
+    }
+    Ok(())
+}
+
 /// Runs `job` as `rank` of the run whose bootstrap is `boot`.
 pub fn run_job(job: &Job, boot: &mut Bootstrap) -> Result<WorkerReport> {
     let lib = PluginLibrary::open(&job.library)?;
