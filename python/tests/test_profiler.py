@@ -377,7 +377,10 @@ def test_a_second_profiler_in_the_process_keeps_the_first_ones_trace(tmp_path):
 # Tracing on, connections open while the profiler exports (as in training, where NCCL keeps
 # its connections until the process group is destroyed): the plugin has not written its trace
 # file yet (no stats_interval), so no merge is possible, which must not pass unseen.
-NO_FILE_SCRIPT = r"""
+# A profiled window of a process whose plugin trace file is missing at export ("none": no
+# connection closed yet) or behind it ("stale": a first connection closed after one message,
+# then the window sent two more): the export says what the merge lacks.
+WINDOW_SCRIPT = r"""
 import json, sys, warnings
 sys.path.insert(0, sys.argv[1])
 import torch
@@ -387,13 +390,18 @@ from net_harness import Link
 
 integ = nccl_lossy.LossyMegatronIntegration(set={"mtu": 512}, patch_megatron=False)
 integ.enable()
+if sys.argv[4] == "stale":
+    first = Link(1 << 16)
+    first.send()
+    first.close()                      # the plugin writes its trace file: one message
 link = Link(1 << 16)
 prof = LossyProfiler(output_dir=sys.argv[2], trace_dir=sys.argv[3], activities=("cpu",),
                      wait=0, warmup=0, active=1, repeat=1)
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     prof.start()
-    link.send()
+    for _ in range(2 if sys.argv[4] == "stale" else 1):
+        link.send()
     prof.step()
     prof.stop()
 link.close()
@@ -403,57 +411,24 @@ print(json.dumps({"merged": [str(p) for p in prof.written["merged"]],
 """
 
 
-def test_an_export_without_the_plugins_trace_file_says_why_there_is_no_merge(tmp_path):
+def run_window(tmp_path, kind):
     trace_dir = tmp_path / "trace"
-    proc = run_python(NO_FILE_SCRIPT, env=clean_env(NCCL_SOCKET_IFNAME="lo", RANK=0,
-                                                    NCCL_LOSSY_TRACE=str(trace_dir)),
-                      args=(str(TESTS), str(tmp_path / "prof"), str(trace_dir)))
+    proc = run_python(WINDOW_SCRIPT, env=clean_env(NCCL_SOCKET_IFNAME="lo", RANK=0,
+                                                   NCCL_LOSSY_TRACE=str(trace_dir)),
+                      args=(str(TESTS), str(tmp_path / "prof"), str(trace_dir), kind))
     assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return trace_dir, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_an_export_without_the_plugins_trace_file_says_why_there_is_no_merge(tmp_path):
+    trace_dir, out = run_window(tmp_path, "none")
     assert out["merged"] == []
     (warning,) = [w for w in out["warnings"] if "lossy-trace-" in w]
     assert str(trace_dir) in warning and "stats_interval" in warning
 
 
-# The plugin's file was written (a first connection closed), then more messages went out in
-# the profiled window: the merged trace lacks them, and says so.
-STALE_SCRIPT = r"""
-import json, sys, warnings
-sys.path.insert(0, sys.argv[1])
-import torch
-import nccl_lossy
-from nccl_lossy.profiler import LossyProfiler
-from net_harness import Link
-
-integ = nccl_lossy.LossyMegatronIntegration(set={"mtu": 512}, patch_megatron=False)
-integ.enable()
-first = Link(1 << 16)
-first.send()
-first.close()                      # the plugin writes its trace file: one message
-second = Link(1 << 16)
-prof = LossyProfiler(output_dir=sys.argv[2], trace_dir=sys.argv[3], activities=("cpu",),
-                     wait=0, warmup=0, active=1, repeat=1)
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    prof.start()
-    second.send()
-    second.send()
-    prof.step()
-    prof.stop()
-second.close()
-integ.disable()
-print(json.dumps({"merged": [str(p) for p in prof.written["merged"]],
-                  "warnings": [str(w.message) for w in caught]}))
-"""
-
-
 def test_a_merge_from_a_trace_file_older_than_the_window_says_what_it_lacks(tmp_path):
-    trace_dir = tmp_path / "trace"
-    proc = run_python(STALE_SCRIPT, env=clean_env(NCCL_SOCKET_IFNAME="lo", RANK=0,
-                                                  NCCL_LOSSY_TRACE=str(trace_dir)),
-                      args=(str(TESTS), str(tmp_path / "prof"), str(trace_dir)))
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    _, out = run_window(tmp_path, "stale")
     (merged,) = out["merged"]
     sends = [e for e in load_trace(merged)["traceEvents"] if e.get("cat") == "lossy" and e["ph"] == "X"]
     assert len(sends) == 1
