@@ -17,7 +17,7 @@ extern "C" {
 #endif
 
 /* Version of this control API; bumped when a function changes. */
-#define NCCL_LOSSY_CONTROL_VERSION 2
+#define NCCL_LOSSY_CONTROL_VERSION 3
 
 /* Training phases that profile rules can match (`phase = "forward"` ...). */
 #define NCCL_LOSSY_PHASE_ANY 0
@@ -56,6 +56,13 @@ int ncclLossyInnerMode(void);
  * "profile"} or {"ok": false, "error": "<file:line: key: what is allowed>"}. Lets launchers
  * decide the protocol guard without parsing profiles themselves. Added in version 2. */
 int64_t ncclLossyCheckProfile(const char* path, const char* overrides, char* buf, size_t cap);
+
+/* Writes this process's trace file now (the messages recorded so far; NCCL_LOSSY_TRACE or the
+ * profile's `trace` names the directory) and its path, NUL-terminated, into buf, like
+ * ncclLossyStatsJson. Returns the path's length without the NUL, 0 when this process traces
+ * nothing (no trace directory, or no communicator made yet), -1 on error (logged). Lets a
+ * profiler merge the trace of a window while NCCL's connections stay open. Added in version 3. */
+int64_t ncclLossyWriteTrace(char* buf, size_t cap);
 
 #ifdef __cplusplus
 }

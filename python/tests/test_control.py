@@ -13,7 +13,7 @@ import nccl_lossy
 from nccl_lossy import control as c
 ctl = c.control()
 assert ctl.source == "package", ctl.source
-assert ctl.version() == c.CONTROL_VERSION == 2
+assert ctl.version() == c.CONTROL_VERSION == 3
 ctl.set_enabled(False); ctl.set_enabled(True)
 for phase in ("forward", "backward", "any", 1, 2, 0):
     ctl.set_phase(phase)

@@ -374,12 +374,13 @@ def test_a_second_profiler_in_the_process_keeps_the_first_ones_trace(tmp_path):
     assert "first window" in names[0] and "second window" in names[1]
 
 
-# Tracing on, connections open while the profiler exports (as in training, where NCCL keeps
-# its connections until the process group is destroyed): the plugin has not written its trace
-# file yet (no stats_interval), so no merge is possible, which must not pass unseen.
-# A profiled window of a process whose plugin trace file is missing at export ("none": no
-# connection closed yet) or behind it ("stale": a first connection closed after one message,
-# then the window sent two more): the export says what the merge lacks.
+# A profiled window while the plugin's connections stay open (as in training, where NCCL keeps
+# them until the process group is destroyed): at export the profiler asks the plugin in this
+# process to write its trace file now, so the merge holds every message sent so far.
+# "open": no connection closed yet; "stale": a first connection closed after one message (the
+# plugin wrote its file then), the window sent two more; "profile": the trace directory comes
+# from the profile's own `trace` key, not NCCL_LOSSY_TRACE, and the profiler is given none;
+# "off": the plugin traces nothing, yet the profiler was given a trace directory.
 WINDOW_SCRIPT = r"""
 import json, sys, warnings
 sys.path.insert(0, sys.argv[1])
@@ -388,19 +389,20 @@ import nccl_lossy
 from nccl_lossy.profiler import LossyProfiler
 from net_harness import Link
 
+kind = sys.argv[4]
 integ = nccl_lossy.LossyMegatronIntegration(set={"mtu": 512}, patch_megatron=False)
 integ.enable()
-if sys.argv[4] == "stale":
+if kind == "stale":
     first = Link(1 << 16)
     first.send()
     first.close()                      # the plugin writes its trace file: one message
 link = Link(1 << 16)
-prof = LossyProfiler(output_dir=sys.argv[2], trace_dir=sys.argv[3], activities=("cpu",),
-                     wait=0, warmup=0, active=1, repeat=1)
+prof = LossyProfiler(output_dir=sys.argv[2], trace_dir=None if kind == "profile" else sys.argv[3],
+                     activities=("cpu",), wait=0, warmup=0, active=1, repeat=1)
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     prof.start()
-    for _ in range(2 if sys.argv[4] == "stale" else 1):
+    for _ in range(2 if kind == "stale" else 1):
         link.send()
     prof.step()
     prof.stop()
@@ -413,27 +415,37 @@ print(json.dumps({"merged": [str(p) for p in prof.written["merged"]],
 
 def run_window(tmp_path, kind):
     trace_dir = tmp_path / "trace"
-    proc = run_python(WINDOW_SCRIPT, env=clean_env(NCCL_SOCKET_IFNAME="lo", RANK=0,
-                                                   NCCL_LOSSY_TRACE=str(trace_dir)),
+    env = clean_env(NCCL_SOCKET_IFNAME="lo", RANK=0)
+    if kind == "profile":
+        profile = tmp_path / "traced.toml"
+        profile.write_text(f'trace = "{trace_dir}"\n')
+        env["NCCL_LOSSY_PROFILE"] = str(profile)
+    elif kind != "off":
+        env["NCCL_LOSSY_TRACE"] = str(trace_dir)
+    proc = run_python(WINDOW_SCRIPT, env=env,
                       args=(str(TESTS), str(tmp_path / "prof"), str(trace_dir), kind))
     assert proc.returncode == 0, proc.stderr[-4000:]
     return trace_dir, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_an_export_without_the_plugins_trace_file_says_why_there_is_no_merge(tmp_path):
-    trace_dir, out = run_window(tmp_path, "none")
-    assert out["merged"] == []
-    (warning,) = [w for w in out["warnings"] if "lossy-trace-" in w]
-    assert str(trace_dir) in warning and "stats_interval" in warning
+def _sends(merged):
+    return [e for e in load_trace(merged)["traceEvents"] if e.get("cat") == "lossy" and e["ph"] == "X"]
 
 
-def test_a_merge_from_a_trace_file_older_than_the_window_says_what_it_lacks(tmp_path):
-    _, out = run_window(tmp_path, "stale")
+@pytest.mark.parametrize("kind,sends", [("open", 1), ("stale", 3), ("profile", 1)])
+def test_an_export_merges_every_message_the_plugin_sent_so_far(tmp_path, kind, sends):
+    _, out = run_window(tmp_path, kind)
     (merged,) = out["merged"]
-    sends = [e for e in load_trace(merged)["traceEvents"] if e.get("cat") == "lossy" and e["ph"] == "X"]
-    assert len(sends) == 1
-    (warning,) = [w for w in out["warnings"] if "lacks" in w]
-    assert merged in warning and "last 2 sent message(s)" in warning and "stats_interval" in warning
+    assert len(_sends(merged)) == sends
+    assert [w for w in out["warnings"] if "trace" in w] == []
+
+
+def test_an_export_whose_plugin_traces_nothing_says_how_to_turn_tracing_on(tmp_path):
+    trace_dir, out = run_window(tmp_path, "off")
+    assert out["merged"] == []
+    (warning,) = [w for w in out["warnings"] if "trace" in w]
+    assert "traces nothing" in warning and "NCCL_LOSSY_TRACE" in warning
+    assert str(trace_dir) in warning
 
 
 # The plugin takes the first rank variable holding an unsigned integer (Rust's u64 parse);
@@ -466,10 +478,10 @@ def test_the_profiler_names_the_plugins_trace_file_as_the_plugin_does(tmp_path, 
     assert [str(trace_dir / n) for n in traces] == [out["expected"]]
 
 
-# A plugin trace file the profiler cannot read (cut short: a copy still being made, a full
-# disk) costs the merge of that export, not the training run that called prof.step().
+# The plugin cannot write its trace file at export (its directory was replaced by a file):
+# that costs the merge of that export, not the training run that called prof.step().
 CUT_SCRIPT = r"""
-import json, os, sys, warnings
+import json, os, shutil, sys, warnings
 sys.path.insert(0, sys.argv[1])
 import torch
 import nccl_lossy
@@ -480,11 +492,10 @@ os.environ["NCCL_NET_PLUGIN"] = str(nccl_lossy.library_path())
 link = Link(1 << 12)
 link.send()
 link.close()                       # the plugin writes its trace file
+shutil.rmtree(sys.argv[3])
+open(sys.argv[3], "w").close()
 prof = LossyProfiler(output_dir=sys.argv[2], trace_dir=sys.argv[3], activities=("cpu",),
                      wait=0, warmup=0, active=1, repeat=1)
-path = prof.plugin_trace_path()
-data = path.read_bytes()
-path.write_bytes(data[: len(data) // 2])
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     prof.start()
@@ -497,7 +508,7 @@ print(json.dumps({"torch": [str(p) for p in prof.written["torch"]],
 """
 
 
-def test_an_unreadable_plugin_trace_file_is_a_warning_not_a_crash(tmp_path):
+def test_a_plugin_that_cannot_write_its_trace_at_export_is_a_warning_not_a_crash(tmp_path):
     trace_dir = tmp_path / "trace"
     proc = run_python(CUT_SCRIPT, env=clean_env(NCCL_SOCKET_IFNAME="lo", RANK=0,
                                                 NCCL_LOSSY_TRACE=str(trace_dir)),
@@ -505,8 +516,9 @@ def test_an_unreadable_plugin_trace_file_is_a_warning_not_a_crash(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(out["torch"]) == 1 and out["merged"] == []
-    (warning,) = [w for w in out["warnings"] if "no merged trace" in w]
-    assert "lossy-trace-rank0-" in warning and "not valid UTF-8 JSON" in warning
+    (warning,) = [w for w in out["warnings"] if "could not write its trace" in w]
+    assert "ncclLossyWriteTrace" in warning
+    assert "cannot create trace directory" in proc.stderr
 
 
 def test_the_profiler_names_the_trace_file_of_a_non_ascii_host_as_the_plugin_does(tmp_path):

@@ -9,7 +9,7 @@ use crate::switches::{self, Phase};
 use crate::{log, runtime};
 
 /// Version of the control API (`NCCL_LOSSY_CONTROL_VERSION`).
-pub const CONTROL_VERSION: c_int = 2;
+pub const CONTROL_VERSION: c_int = 3;
 
 /// Runs a control call, turning a panic into `on_panic` instead of unwinding into the caller.
 fn shielded<T>(what: &str, on_panic: T, body: impl FnOnce() -> T) -> T {
@@ -80,7 +80,7 @@ pub unsafe extern "C" fn ncclLossyStatsJson(buf: *mut c_char, cap: usize) -> i64
             }
         };
         // SAFETY: the caller's contract is ours (NULL or `cap` writable bytes).
-        unsafe { copy_out(&json, buf, cap) }
+        unsafe { copy_out(json.as_bytes(), buf, cap) }
     })
 }
 
@@ -88,7 +88,7 @@ pub unsafe extern "C" fn ncclLossyStatsJson(buf: *mut c_char, cap: usize) -> i64
 ///
 /// # Safety
 /// `buf` must be NULL or point to `cap` writable bytes.
-unsafe fn copy_out(text: &str, buf: *mut c_char, cap: usize) -> i64 {
+unsafe fn copy_out(text: &[u8], buf: *mut c_char, cap: usize) -> i64 {
     if !buf.is_null() && cap > 0 {
         let n = text.len().min(cap - 1);
         // SAFETY: the caller gives `cap` writable bytes at `buf`; we write n + 1 <= cap.
@@ -153,7 +153,7 @@ pub unsafe extern "C" fn ncclLossyCheckProfile(
             Err(err) => serde_json::json!({ "ok": false, "error": err }),
         };
         // SAFETY: the caller's contract is ours (NULL or `cap` writable bytes).
-        unsafe { copy_out(&answer.to_string(), buf, cap) }
+        unsafe { copy_out(answer.to_string().as_bytes(), buf, cap) }
     })
 }
 
@@ -165,6 +165,26 @@ pub extern "C" fn ncclLossyWriteStats() -> c_int {
         Ok(None) => 1,
         Err(err) => {
             log::warn(&format!("ncclLossyWriteStats: {err}"));
+            -1
+        }
+    })
+}
+
+/// Writes the trace file now (the messages recorded so far) and copies its path, NUL-terminated,
+/// into `buf`; returns the path's length (0: this process traces nothing), or -1 on error.
+///
+/// # Safety
+/// `buf` must be NULL or point to `cap` writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn ncclLossyWriteTrace(buf: *mut c_char, cap: usize) -> i64 {
+    shielded("ncclLossyWriteTrace", -1, || match runtime::write_trace() {
+        Ok(path) => {
+            let path = path.unwrap_or_default();
+            // SAFETY: the caller's contract is ours (NULL or `cap` writable bytes).
+            unsafe { copy_out(path.as_os_str().as_encoded_bytes(), buf, cap) }
+        }
+        Err(err) => {
+            log::warn(&format!("ncclLossyWriteTrace: {err}"));
             -1
         }
     })
@@ -227,7 +247,7 @@ mod tests {
     fn a_short_buffer_gets_a_terminated_prefix_and_the_full_length() {
         let mut buf = [1 as c_char; 8];
         // SAFETY: `buf` holds 8 writable bytes.
-        let n = unsafe { copy_out("0123456789", buf.as_mut_ptr(), buf.len()) };
+        let n = unsafe { copy_out(b"0123456789", buf.as_mut_ptr(), buf.len()) };
         assert_eq!(n, 10);
         assert_eq!(buf[7], 0);
         // SAFETY: NUL-terminated just above.

@@ -43,7 +43,7 @@ pub use comms::{Connecting, ListenComm, RecvComm, SendComm};
 pub use context::{Context, PendingKey};
 pub use environment::{check_forced_protocol, unguarded_ll_warning, wrap_target, INNER_ENV};
 pub use net_profiler::{MessageProfiler, MessageReport, ProfilerEvent, ProfilerParent};
-pub use output::{stats_file, write_stats};
+pub use output::{stats_file, write_stats, write_trace};
 
 use crate::ffi::{ncclDebugLogger_t, ncclNetAttr_v11_t};
 use crate::loss::engine::{LossEngine, StreamKey};

@@ -240,7 +240,7 @@ pub(super) fn start_trace(
 }
 
 /// Writes the trace file into the trace directory; `Ok(None)` when tracing is off.
-pub(super) fn write_trace() -> Result<Option<PathBuf>> {
+pub fn write_trace() -> Result<Option<PathBuf>> {
     let (Some(dir), Some(ring)) = (trace_dir(), timeline::ring()) else {
         return Ok(None);
     };

@@ -23,6 +23,7 @@ import logging
 import operator
 import os
 import threading
+from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 from ._library import (
@@ -37,7 +38,7 @@ from ._library import (
 log = logging.getLogger("nccl_lossy")
 
 #: Version of the control API this module speaks (``NCCL_LOSSY_CONTROL_VERSION``).
-CONTROL_VERSION = 2
+CONTROL_VERSION = 3
 
 PHASE_ANY = 0
 PHASE_FORWARD = 1
@@ -130,6 +131,8 @@ class Control:
                 f"{path} speaks control API version {version}; this package speaks "
                 f"{CONTROL_VERSION}: install matching versions"
             )
+        lib.ncclLossyWriteTrace.restype = ctypes.c_int64
+        lib.ncclLossyWriteTrace.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
 
     def version(self) -> int:
         return int(self.lib.ncclLossyControlVersion())
@@ -171,6 +174,18 @@ class Control:
         where = os.environ.get("NCCL_LOSSY_STATS", "")
         self._check("ncclLossyWriteStats", rc, f"NCCL_LOSSY_STATS={where}; the plugin's reason is on stderr")
         return True
+
+    def write_trace(self) -> Optional[Path]:
+        """Writes this process's trace file now (the messages recorded so far) and returns its
+        path, wherever ``NCCL_LOSSY_TRACE`` or the profile's ``trace`` put it; None when this
+        process traces nothing (no trace directory, or NCCL has made no communicator yet)."""
+        buf = ctypes.create_string_buffer(4096)
+        n = int(self.lib.ncclLossyWriteTrace(buf, len(buf)))
+        if n >= len(buf):
+            buf = ctypes.create_string_buffer(n + 1)
+            n = int(self.lib.ncclLossyWriteTrace(buf, len(buf)))
+        self._check("ncclLossyWriteTrace", min(n, 0), "the plugin's reason is on stderr")
+        return Path(os.fsdecode(buf.raw[:n])) if n > 0 else None
 
     @staticmethod
     def _check(name: str, rc: int, what: str = "") -> None:

@@ -69,8 +69,9 @@ class ProfilerConfig:
     with_stack: bool = False
     export_chrome_trace: bool = True
     export_tensorboard: bool = False
-    #: Where the plugin's trace files are (default: ``NCCL_LOSSY_TRACE``); None and unset: no
-    #: merge.
+    #: Where to read the plugin's trace file when the plugin in this process cannot be asked
+    #: to write it at export (default: ``NCCL_LOSSY_TRACE``); a plugin that can be asked says
+    #: where it writes.
     trace_dir: Optional[Union[str, Path]] = None
     #: Write the merged trace when the plugin's trace file of this process is there.
     merge: bool = True
@@ -183,8 +184,19 @@ class LossyProfiler:
         if self.config.export_chrome_trace:
             self.written["torch"].append(torch_path)
         if self.config.merge:
-            plugin = self.plugin_trace_path()
-            if plugin is None:
+            plugin, traces_nothing = self._plugin_trace_now()
+            if traces_nothing:
+                given = self.plugin_trace_path()
+                if given is not None:
+                    _warn(f"profiler: the plugin in this process traces nothing, so no merged "
+                          f"trace is written (trace_dir names {given.parent}, but the plugin "
+                          f"writes trace files only where {TRACE_DIR_ENV} or the profile's "
+                          f"`trace` key tells it): set {TRACE_DIR_ENV} for the training "
+                          f"processes before NCCL starts")
+                else:
+                    log.info("profiler: the plugin traces nothing (%s, profile key `trace`), "
+                             "no merge", TRACE_DIR_ENV)
+            elif plugin is None:
                 log.info("profiler: no trace directory (trace_dir, %s), no merge", TRACE_DIR_ENV)
             elif not plugin.is_file():
                 later = (f" (or merge later: merge_trace_files({str(torch_path)!r}, "
@@ -220,6 +232,26 @@ class LossyProfiler:
                   f"its trace every stats_interval (profile key; none by default), soon after "
                   f"its connections close and at the end of the run; a shorter stats_interval "
                   f"narrows the gap")
+
+    def _plugin_trace_now(self) -> Tuple[Optional[Path], bool]:
+        """The plugin's trace file of this process, which the plugin in this process is asked
+        to write now (so that it holds every message sent so far, wherever the profile or
+        ``NCCL_LOSSY_TRACE`` put it), and whether the plugin answered that it traces nothing.
+        When the plugin cannot be asked, the file :meth:`plugin_trace_path` names, as it is."""
+        from . import control as _control
+
+        try:
+            plugin = _control.control()
+        except (_control.ControlError, OSError) as err:
+            log.debug("profiler: the plugin cannot be asked for its trace now: %s", err)
+            return self.plugin_trace_path(), False
+        try:
+            written = plugin.write_trace()
+        except _control.ControlError as err:
+            _warn(f"profiler: the plugin could not write its trace file now ({err}); merging "
+                  f"what its last write left, if anything")
+            return self.plugin_trace_path(), False
+        return written, written is None
 
     def plugin_trace_path(self) -> Optional[Path]:
         """The plugin trace file of this process (it may not exist yet)."""
