@@ -193,6 +193,31 @@ fn jsonl_training_log_takes_python_nan_and_infinity_tokens_and_null_as_no_value(
 }
 
 #[test]
+fn a_training_log_all_ranks_append_to_gives_each_step_the_lowest_ranks_value() {
+    // `performance_monitor` in every rank of a job appends to one file, each line with its
+    // rank, in whatever order the ranks finish; the lowest rank's value is the step's,
+    // whichever line came last. Lines without a rank keep the last one.
+    let dir = fresh_dir("steps-jsonl-ranks");
+    let log = dir.join("perf.jsonl");
+    std::fs::write(
+        &log,
+        concat!(
+            "{\"step\": 0, \"rank\": 0, \"loss\": 1.0}\n",
+            "{\"step\": 0, \"rank\": 1, \"loss\": 9.0}\n",
+            "{\"step\": 1, \"rank\": 1, \"loss\": 8.0}\n",
+            "{\"step\": 1, \"rank\": 0, \"loss\": 2.0}\n",
+            "{\"step\": 2, \"rank\": 1, \"loss\": 7.0}\n",
+            "{\"step\": 3, \"loss\": 4.0}\n",
+            "{\"step\": 3, \"loss\": 3.0}\n",
+        ),
+    )
+    .expect("write");
+    let got = read_train_log(&log, "loss").expect("a training log");
+    let want = BTreeMap::from([(0, 1.0), (1, 2.0), (2, 7.0), (3, 3.0)]);
+    assert_eq!(got, want);
+}
+
+#[test]
 fn a_run_directory_without_a_usable_training_log_says_why_each_file_was_not_one() {
     let dir = fresh_dir("steps-jsonl-broken");
     std::fs::write(dir.join("perf.jsonl"), "{\"step\": 1, \"loss\": nope}\n").expect("write");

@@ -70,3 +70,29 @@ def test_a_monitor_without_plugin_counters_or_its_sinks_says_so_where_it_is_seen
     assert "no plugin counters" in proc.stderr and "NCCL_NET_PLUGIN=" in proc.stderr
     assert proc.stderr.count("no plugin counters") == 1  # once, not at every step
     assert "wandb" in proc.stderr
+
+
+@pytest.mark.parametrize("env, rank", [({"RANK": "3"}, 3), ({}, None)])
+def test_records_carry_the_launcher_rank_so_ranks_sharing_one_file_stay_apart(tmp_path, monkeypatch,
+                                                                            env, rank):
+    # Every rank of a torchrun job runs the decorated step and appends to the same file; the
+    # plugin's counters in a record are that rank's, so the record says whose they are.
+    from nccl_lossy.steps import _RANK_VARIABLES
+
+    for name in _RANK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    counts = {"packets": 0, "lost_packets": 0, "messages": 0}
+    stats = {"connections": [{"by_op": [dict(op="AllReduce", phase="any", **counts)]}]}
+    out = tmp_path / "perf.jsonl"
+    monitor = PerformanceMonitor(out, stats_source=lambda: stats)
+
+    @monitor
+    def step():
+        return 1.0
+
+    step()
+    (line,) = out.read_text(encoding="utf-8").splitlines()
+    assert json.loads(line)["rank"] == rank
+    assert monitor.records[0]["rank"] == rank

@@ -221,8 +221,10 @@ pub fn load_run_steps(dir: &Path) -> Result<RunSteps, String> {
 }
 
 /// `metric` by step from a training log: JSON lines (objects with `step` and `metric`) or CSV
-/// with a header naming both columns. Lines without the metric (or with `null`) are skipped; a
-/// later line for the same step wins. Values that are not finite are kept: CSV's `inf` and
+/// with a header naming both columns. Lines without the metric (or with `null`) are skipped.
+/// Of several lines for one step the lowest `rank`'s wins (every rank's `performance_monitor`
+/// may append to one file, in the order the ranks finish), and among lines of one rank, or
+/// without one, the later. Values that are not finite are kept: CSV's `inf` and
 /// `nan`; in JSON, the strings `"inf"`, `"-inf"`, `"nan"` (as the training monitor writes
 /// them) and the bare `Infinity`, `-Infinity`, `NaN` of Python's `json.dumps`.
 pub fn read_train_log(path: &Path, metric: &str) -> Result<BTreeMap<u64, f64>, String> {
@@ -230,7 +232,14 @@ pub fn read_train_log(path: &Path, metric: &str) -> Result<BTreeMap<u64, f64>, S
     let is_csv = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("csv"));
-    let mut out = BTreeMap::new();
+    // Per step: the value and the rank of the line it came from (none: after every rank).
+    let mut by_step: BTreeMap<u64, (u64, f64)> = BTreeMap::new();
+    let mut keep = |step: u64, rank: Option<u64>, value: f64| {
+        let rank = rank.unwrap_or(u64::MAX);
+        if by_step.get(&step).map_or(true, |&(kept, _)| rank <= kept) {
+            by_step.insert(step, (rank, value));
+        }
+    };
     let bad = |line: usize, what: &str| format!("{}:{line}: {what}", path.display());
     if is_csv {
         let mut lines = text
@@ -246,14 +255,14 @@ pub fn read_train_log(path: &Path, metric: &str) -> Result<BTreeMap<u64, f64>, S
                 .ok_or_else(|| bad(1, &format!("no column {name:?} in the header")))
         };
         let (step_col, metric_col) = (column("step")?, column(metric)?);
+        let rank_col = names.iter().position(|n| *n == "rank");
         for (i, line) in lines {
             let fields: Vec<&str> = line.split(',').map(str::trim).collect();
             let step = fields.get(step_col).and_then(|s| s.parse::<u64>().ok());
             let value = fields.get(metric_col).and_then(|s| s.parse::<f64>().ok());
+            let rank = rank_col.and_then(|c| fields.get(c)?.parse::<u64>().ok());
             match (step, value) {
-                (Some(step), Some(value)) => {
-                    out.insert(step, value);
-                }
+                (Some(step), Some(value)) => keep(step, rank, value),
                 (None, _) => return Err(bad(i + 1, "no integer step")),
                 (Some(_), None) => {}
             }
@@ -270,10 +279,15 @@ pub fn read_train_log(path: &Path, metric: &str) -> Result<BTreeMap<u64, f64>, S
                 .and_then(serde_json::Value::as_u64)
                 .ok_or_else(|| bad(i + 1, "no integer step"))?;
             if let Some(value) = row.get(metric).and_then(metric_value) {
-                out.insert(step, value);
+                let rank = row.get("rank").and_then(serde_json::Value::as_u64);
+                keep(step, rank, value);
             }
         }
     }
+    let out: BTreeMap<u64, f64> = by_step
+        .into_iter()
+        .map(|(step, (_, value))| (step, value))
+        .collect();
     if out.is_empty() {
         return Err(format!(
             "{}: no step has a {metric:?} value",

@@ -7,8 +7,9 @@
         ...
         return loss
 
-Each call appends one JSON line (:data:`RECORD_KEYS`): the step, wall time, samples/s and
-tokens/s (when told the batch size), the plugin's packets and lost packets during the call by
+Each call appends one JSON line (:data:`RECORD_KEYS`): the step, the launcher's rank (every
+rank of a job may append to one file; ``lossy report`` takes the lowest rank's metric), wall
+time, samples/s and tokens/s (when told the batch size), the plugin's packets and lost packets during the call by
 collective and phase (from its live counters, :func:`nccl_lossy.stats`), the FLOP count
 (``count_flops=True``, ``torch.utils.flop_counter``) and the training loss when the step
 returns it (a number, a one-element tensor, or a dict with ``"loss"``). The JSONL is a
@@ -34,13 +35,14 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Union
 
 from . import control as _control
-from .steps import cell_totals
+from .steps import cell_totals, launcher_rank
 
 log = logging.getLogger("nccl_lossy")
 
 #: Keys of every JSONL record, in order.
 RECORD_KEYS = (
     "step",
+    "rank",
     "wall_s",
     "samples_per_s",
     "tokens_per_s",
@@ -59,7 +61,8 @@ class PerformanceMonitor:
     ``batch_size`` (samples per step) and ``seq_length`` (tokens per sample): throughput.
     ``integration``: a :class:`~nccl_lossy.LossyMegatronIntegration` whose step numbers the
     records carry (else ``first_step``, ``first_step + 1``, ...). ``profiler``: stepped after
-    each call. ``count_flops``: count with ``torch.utils.flop_counter.FlopCounterMode``.
+    each call. ``count_flops``: count with ``torch.utils.flop_counter.FlopCounterMode`` (the
+    step then runs under it: its ``wall_s`` and throughput include the counting).
     ``tensorboard_dir``, ``use_wandb``: optional sinks. ``stats_source``: where the plugin's
     statistics document comes from (default: the live counters of this process)."""
 
@@ -85,6 +88,9 @@ class PerformanceMonitor:
         self.count_flops = count_flops
         self._read = stats_source or (lambda: _control.control().stats())
         self._next_step = first_step
+        #: The launcher's rank of this process (None: not launched with one), in every record:
+        #: the ranks of a job may all append to one file, each with its own counters.
+        self.rank = launcher_rank()
         self._stats_ok = True
         #: Every record written, in order.
         self.records: List[Dict[str, Any]] = []
@@ -148,7 +154,7 @@ class PerformanceMonitor:
 
     def _record(self, step: int, wall: float, before: Any, after: Any, flops: Optional[int],
                 result: Any) -> None:
-        record: Dict[str, Any] = {"step": step, "wall_s": wall}
+        record: Dict[str, Any] = {"step": step, "rank": self.rank, "wall_s": wall}
         samples = self.batch_size
         record["samples_per_s"] = samples / wall if samples and wall > 0 else None
         tokens = samples * self.seq_length if samples and self.seq_length else None
