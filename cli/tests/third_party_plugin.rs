@@ -51,21 +51,33 @@ fn exact_through(
 fn data_that_comes_out_wrong_in_an_early_iteration_fails_the_check() {
     // The first message a rank sends is damaged, in the first of three timed iterations;
     // the later iterations come out right. The run must not say bit-exact.
+    corrupt_first_send(0, "corrupt-once");
+}
+
+#[test]
+fn data_that_comes_out_wrong_in_a_warm_up_iteration_fails_the_check() {
+    // The same damage in the one warm-up iteration: it is the plugin's result too.
+    corrupt_first_send(1, "corrupt-warm-up");
+}
+
+/// Runs 3 timed iterations after `warmup` warm-up ones through a plugin that damages the first
+/// message each rank sends, and asserts that the run is not said to be bit-exact.
+fn corrupt_first_send(warmup: usize, test: &str) {
     let runs = vec![RunSpec {
         collective: Collective::AllReduce,
         dtype: DataType::F32,
         bytes: 4096,
         iters: 3,
-        warmup: 0,
+        warmup,
     }];
-    let job = Job::collectives(forward_plugin("corrupt-once"), vec![LinkKind::Plugin], runs);
+    let job = Job::collectives(forward_plugin(test), vec![LinkKind::Plugin], runs);
     let mut env = env();
     env.push(("FORWARD_PLUGIN_CORRUPT_SEND".to_string(), "1".to_string()));
     env.push(("NCCL_LOSSY_SET".to_string(), "model.rate=0".to_string()));
     let reports = launch_env(2, job, env).unwrap_or_else(|e| panic!("the job failed: {e}"));
     assert!(
         reports.iter().any(|r| r.results.iter().any(|x| !x.ok)),
-        "a wrong first iteration passed the check: {reports:?}"
+        "a wrong first iteration ({warmup} warm-up) passed the check: {reports:?}"
     );
 }
 

@@ -522,17 +522,29 @@ fn run_collectives(
                 .collect();
             collectives::run_channels(&mut refs, &mut staging, &spec, rank, n, &input, output)
         };
-        for (kind, set, _) in opened.iter_mut() {
+        // The worst iteration's verdict is the link's, warm-up iterations included: their
+        // result is the plugin's as much as a timed one's.
+        let mut verdicts = vec![collectives::Verdict::default(); opened.len()];
+        let worst = |verdict: &mut collectives::Verdict, v: collectives::Verdict| {
+            if !v.ok() && v.mismatches >= verdict.mismatches {
+                *verdict = v;
+            }
+        };
+        for (i, (kind, set, _)) in opened.iter_mut().enumerate() {
             lib.set_loss_enabled(loss_on(job, *kind))?;
             for _ in 0..run.warmup {
+                output.fill(0);
                 run_once(set, &mut output)?;
+                if job.verify {
+                    let v = collectives::verify_channels(&spec, set.len(), rank, n, &output);
+                    worst(&mut verdicts[i], v);
+                }
             }
         }
         // Iterations alternate between the links, each after a barrier, so a noisy neighbour
         // on a shared machine slows both alike and the ratio stays meaningful.
         let iters = run.iters.max(1);
         let mut samples = vec![Vec::with_capacity(iters); opened.len()];
-        let mut verdicts = vec![collectives::Verdict::default(); opened.len()];
         let nlinks = opened.len();
         // Every timed iteration is checked (only the last was: a result that came out wrong
         // in an earlier one passed): the first in full, the others by comparing them with
@@ -565,10 +577,7 @@ fn run_collectives(
                                 (channels, copy)
                             });
                         }
-                        // The worst iteration's verdict is the link's.
-                        if !v.ok() && v.mismatches >= verdicts[i].mismatches {
-                            verdicts[i] = v;
-                        }
+                        worst(&mut verdicts[i], v);
                     }
                 }
             }
