@@ -257,6 +257,11 @@ fn read_hello(
 /// Bytes of a hello before its job id: magic, version, kind, rank, world size, id length.
 const HELLO_HEAD: usize = 24;
 
+/// Connections whose hello has not arrived that the server keeps; beyond them the oldest is
+/// dropped. A rank's hello follows its connect at once, so only silent peers are dropped, and
+/// a flood of them cannot take the server's file descriptors.
+const MAX_PENDING: usize = 128;
+
 /// A connection whose hello is still arriving. Hellos are read without blocking, so a peer
 /// that connects and says nothing (a port scanner) holds up no rank.
 struct Pending {
@@ -365,7 +370,8 @@ fn serve(listener: TcpListener, addr: SocketAddr, options: ServerOptions) -> Res
         data: (0..nranks).map(|_| None).collect(),
         watch: (0..nranks).map(|_| None).collect(),
     };
-    // Connections whose hello is still arriving, and how many were no rank (dropped).
+    // Connections whose hello is still arriving, oldest first, and how many were no rank
+    // (dropped).
     let mut pending: Vec<Pending> = Vec::new();
     let mut strangers = 0usize;
     let pending_streams = |pending: Vec<Pending>| pending.into_iter().map(|p| p.stream);
@@ -379,6 +385,11 @@ fn serve(listener: TcpListener, addr: SocketAddr, options: ServerOptions) -> Res
             Ok((stream, from)) => {
                 stream.set_nonblocking(true)?;
                 stream.set_nodelay(true)?;
+                if pending.len() >= MAX_PENDING {
+                    // The oldest has been silent the longest: not a rank.
+                    pending.remove(0);
+                    strangers += 1;
+                }
                 pending.push(Pending {
                     stream,
                     from,
@@ -398,7 +409,7 @@ fn serve(listener: TcpListener, addr: SocketAddr, options: ServerOptions) -> Res
                 Some(false) => i += 1,
                 None => {
                     // Not a rank of any lossy job: the job goes on without it.
-                    pending.swap_remove(i);
+                    pending.remove(i);
                     strangers += 1;
                     progressed = true;
                 }
@@ -408,7 +419,7 @@ fn serve(listener: TcpListener, addr: SocketAddr, options: ServerOptions) -> Res
                         mut stream,
                         from,
                         hello,
-                    } = pending.swap_remove(i);
+                    } = pending.remove(i);
                     stream.set_nonblocking(false)?;
                     let hello = match read_hello(&mut &hello[..], &options, from) {
                         Ok(hello) => hello,
@@ -739,61 +750,5 @@ impl Watch {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ranks_gather_blobs_in_rank_order_and_the_server_ends_with_them() {
-        let server = BootstrapServer::start(3, Duration::from_secs(10)).expect("server");
-        let addr = server.addr();
-        let threads: Vec<_> = (0..3)
-            .map(|rank| {
-                std::thread::spawn(move || {
-                    let mut b =
-                        Bootstrap::connect(addr, rank, 3, Duration::from_secs(10)).expect("join");
-                    let all = b.all_gather(&[rank as u8; 5][..rank + 1]).expect("gather");
-                    b.barrier().expect("barrier");
-                    all
-                })
-            })
-            .collect();
-        for t in threads {
-            let all = t.join().expect("rank thread");
-            assert_eq!(all, vec![vec![0u8], vec![1, 1], vec![2, 2, 2]]);
-        }
-        server.join().expect("server ends cleanly");
-    }
-
-    #[test]
-    fn a_rank_that_never_comes_fails_the_server_in_time() {
-        let server = BootstrapServer::start(2, Duration::from_millis(300)).expect("server");
-        let _only = Bootstrap::connect(server.addr(), 0, 2, Duration::from_secs(5)).expect("join");
-        let err = server.join().expect_err("missing rank");
-        assert!(err.message.contains("1 of 2"), "{err}");
-    }
-
-    #[test]
-    fn a_rank_of_another_job_is_refused_on_both_sides() {
-        let server = BootstrapServer::start_with(ServerOptions {
-            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
-            nranks: 2,
-            connect_timeout: Duration::from_secs(5),
-            round_timeout: Duration::from_secs(5),
-            job_id: "job-a".into(),
-            watch: false,
-        })
-        .expect("server");
-        let t = Duration::from_secs(5);
-        let mut first = Bootstrap::connect_job(server.addr(), 0, 2, "job-a", t).expect("join");
-        let err = Bootstrap::connect_job(server.addr(), 1, 2, "job-b", t)
-            .err()
-            .expect("refused");
-        assert!(
-            err.message.contains("job-a") && err.message.contains("job-b"),
-            "{err}"
-        );
-        let err = first.barrier().expect_err("the run is over");
-        assert!(err.message.contains("job-b"), "{err}");
-        assert!(server.join().is_err());
-    }
-}
+#[path = "bootstrap_tests.rs"]
+mod tests;
