@@ -297,6 +297,12 @@ fn a_rank_of_another_job_is_refused_on_both_sides() {
             err.contains("train-a") && err.contains("train-b") && err.contains("job id"),
             "rank {rank}: {err}"
         );
+        // Said once: rank 0 hosts the rendezvous, whose reason its own error already holds.
+        assert_eq!(
+            err.matches("belongs to job id").count(),
+            1,
+            "rank {rank}: {err}"
+        );
     }
 }
 

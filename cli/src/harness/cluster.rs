@@ -402,8 +402,11 @@ pub fn run_member(
     // A rank that failed on its own reports that, with what the rendezvous said if it did
     // (which rank left: this rank's own error, a reset connection, may not name it).
     let outcome = outcome.map_err(|err| match fate.own_error(REASON_WAIT) {
-        Some(why) => Error::new(err.kind, format!("{err} (the rendezvous says: {why})")),
-        None => err,
+        // Said once: this rank's error often carries the rendezvous's reason already.
+        Some(why) if !err.to_string().contains(&why.to_string()) => {
+            Error::new(err.kind, format!("{err} (the rendezvous says: {why})"))
+        }
+        _ => err,
     });
     let Some(server) = server else {
         return outcome.map(|_| None);
@@ -417,6 +420,7 @@ pub fn run_member(
         // ranks why the job ends, and reports the server's reason (which names the rank).
         Err(err) => {
             return Err(match server.join_within(Duration::from_secs(2)) {
+                Some(Err(why)) if err.to_string().contains(&why.to_string()) => why,
                 Some(Err(why)) => Error::remote(format!("{why} (rank 0: {err})")),
                 _ => err,
             })
