@@ -38,5 +38,5 @@ pub(crate) mod test_child;
 pub use error::{Error, ErrorKind, Result};
 pub use runtime::{
     check_forced_protocol, unguarded_ll_warning, wrap_target, CARGO_LIBRARY_NAME, INNER_ENV,
-    NCCL_LIBRARY_NAME, PLUGIN_NAME,
+    INTRA_NODE_THROUGH_NET, NCCL_LIBRARY_NAME, PLUGIN_NAME,
 };

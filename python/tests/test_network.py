@@ -52,6 +52,8 @@ def test_traffic_between_gpus_of_one_node_goes_through_the_plugin_unless_told_no
     # memory, NVLS): a torchrun job on one node met no loss at all, as `lossy run` now says.
     env = LossyNetwork().env(base={})
     assert {k: env.get(k) for k in INTRA_NODE} == INTRA_NODE
+    # the list is the plugin library's, the one `lossy run` sets
+    assert LossyNetwork().check()["intra_node_through_net"] == INTRA_NODE
     assert not set(INTRA_NODE) & set(LossyNetwork(intra_node="native").env(base={}))
     # A value the user chose stands.
     env = LossyNetwork().env(base={"NCCL_P2P_DISABLE": "0"})

@@ -126,6 +126,10 @@ pub fn check_profile_json(path: Option<&str>, overrides: &str) -> serde_json::Va
             "corrupts_data": profile.corrupts_data(),
             "lossless": profile.is_lossless(),
             "profile": profile.to_json(),
+            "intra_node_through_net": runtime::INTRA_NODE_THROUGH_NET
+                .iter()
+                .map(|&(key, value)| (key.to_string(), serde_json::Value::from(value)))
+                .collect::<serde_json::Map<_, _>>(),
         }),
         Err(err) => serde_json::json!({ "ok": false, "error": err.to_string() }),
     }

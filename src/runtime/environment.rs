@@ -8,6 +8,16 @@ use crate::{Error, Result};
 /// Environment variable naming the net plugin to wrap; overrides the profile's `inner`.
 pub const INNER_ENV: &str = "NCCL_LOSSY_INNER";
 
+/// The settings that make NCCL send the traffic between GPUs of one node through the network
+/// plugin: without P2P, shared-memory and NVLS transports, NCCL connects local ranks over its
+/// network as it does remote ones. Launchers set each one the user has not (`lossy run`, and
+/// the Python helper, which reads them from `ncclLossyCheckProfile`'s answer).
+pub const INTRA_NODE_THROUGH_NET: [(&str, &str); 3] = [
+    ("NCCL_P2P_DISABLE", "1"),
+    ("NCCL_SHM_DISABLE", "1"),
+    ("NCCL_NVLS_ENABLE", "0"),
+];
+
 /// The plugin to wrap, if any: `NCCL_LOSSY_INNER` (`inner_env`) wins over the profile's
 /// `inner`; `transport = "wrap"` without either, or `transport = "socket"` with
 /// `NCCL_LOSSY_INNER`, is an error.

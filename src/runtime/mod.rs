@@ -41,7 +41,9 @@ use std::time::Duration;
 
 pub use comms::{Connecting, ListenComm, RecvComm, SendComm};
 pub use context::{Context, PendingKey};
-pub use environment::{check_forced_protocol, unguarded_ll_warning, wrap_target, INNER_ENV};
+pub use environment::{
+    check_forced_protocol, unguarded_ll_warning, wrap_target, INNER_ENV, INTRA_NODE_THROUGH_NET,
+};
 pub use net_profiler::{MessageProfiler, MessageReport, ProfilerEvent, ProfilerParent};
 pub use output::{stats_file, write_stats, write_trace};
 

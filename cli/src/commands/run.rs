@@ -12,7 +12,8 @@ use nccl_net_lossy::profile::{Profile, PROFILE_ENV, SET_ENV};
 use nccl_net_lossy::stats::writer::STATS_DIR_ENV;
 use nccl_net_lossy::transport::wrap::inner::{check_loadable, InnerCheck};
 use nccl_net_lossy::{
-    check_forced_protocol, unguarded_ll_warning, wrap_target, INNER_ENV, PLUGIN_NAME,
+    check_forced_protocol, unguarded_ll_warning, wrap_target, INNER_ENV, INTRA_NODE_THROUGH_NET,
+    PLUGIN_NAME,
 };
 
 /// Arguments of `lossy run`.
@@ -53,15 +54,6 @@ pub enum IntraNode {
     /// NCCL's own choice: P2P (NVLink, PCIe), shared memory, NVLS; no loss there.
     Native,
 }
-
-/// The settings that make NCCL send the traffic between GPUs of one node through the network
-/// plugin: without P2P, shared-memory and NVLS transports, NCCL connects local ranks over its
-/// network as it does remote ones.
-const INTRA_NODE_THROUGH_NET: [(&str, &str); 3] = [
-    ("NCCL_P2P_DISABLE", "1"),
-    ("NCCL_SHM_DISABLE", "1"),
-    ("NCCL_NVLS_ENABLE", "0"),
-];
 
 /// Runs `lossy run`.
 pub fn run(args: Args) -> ExitCode {

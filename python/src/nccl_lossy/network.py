@@ -241,9 +241,6 @@ def allowed_protocols(nccl_proto: str) -> Set[str]:
 #: plugin too (NCCL never sends it through a net plugin otherwise: P2P, shared memory, NVLS);
 #: ``"native"`` leaves NCCL's own transports, which the loss never touches.
 INTRA_NODE_CHOICES = ("net", "native")
-#: What ``intra_node="net"`` sets (a value the environment already holds is kept), as ``lossy
-#: run`` does.
-INTRA_NODE_THROUGH_NET = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NVLS_ENABLE": "0"}
 
 
 class LossyNetwork:
@@ -319,6 +316,16 @@ class LossyNetwork:
         return self._checked
 
     @property
+    def intra_node_through_net(self) -> Dict[str, str]:
+        """What ``intra_node="net"`` sets (a value the environment already holds is kept): the
+        plugin library's own list, the one ``lossy run`` sets."""
+        listed = self.check().get("intra_node_through_net")
+        if not isinstance(listed, dict):
+            raise LossyConfigError(f"{self.library or library_path()} predates the intra-node "
+                                   "settings of ncclLossyCheckProfile: install matching versions")
+        return {str(k): str(v) for k, v in listed.items()}
+
+    @property
     def corrupts_data(self) -> bool:
         """True when the profile can corrupt data (the protocol guard applies)."""
         return bool(self.check()["corrupts_data"])
@@ -338,7 +345,7 @@ class LossyNetwork:
         if self.stats_dir is not None:
             env["NCCL_LOSSY_STATS"] = str(self.stats_dir)
         if self.intra_node == "net":
-            for key, value in INTRA_NODE_THROUGH_NET.items():
+            for key, value in self.intra_node_through_net.items():
                 if not base.get(key, "").strip():  # the user's own choice stands
                     env[key] = value
         if self.corrupts_data:
@@ -457,7 +464,7 @@ class LossyNetwork:
         wanted = net.env(os.environ)
         missing = {k: v for k, v in wanted.items() if not os.environ.get(k, "").strip()}
         reason = nccl_started_reason() if missing else None
-        if reason and not set(missing) - set(INTRA_NODE_THROUGH_NET):
+        if reason and not set(missing) - set(net.intra_node_through_net):
             # Only the intra-node settings are missing and NCCL already chose its transports:
             # the loss still applies between nodes; say what it does not reach.
             warnings.warn(
