@@ -25,6 +25,8 @@ const CHILD: &str = "net_profiler_child";
 const MESSAGES: usize = 24;
 const SIZE: usize = 64 * 1024;
 const COMM_ID: u64 = 0x7e57;
+/// The plugin id of the events the forwarding fixture reports (`FORWARD_PROFILER_ID`).
+const FORWARD_PROFILER_ID: u32 = 0x4657;
 
 /// One call of the callback.
 #[derive(Clone, Copy, Debug)]
@@ -106,6 +108,11 @@ fn run_child(role: &str) -> String {
 
 /// Runs `role` in a fresh process with `NCCL_LOSSY_SET=set`; returns its stderr.
 fn run_child_with(role: &str, set: &str) -> String {
+    run_child_env(role, set, &[])
+}
+
+/// As [`run_child_with`], with `env` set too.
+fn run_child_env(role: &str, set: &str, env: &[(&str, &str)]) -> String {
     let exe = std::env::current_exe().expect("test binary");
     let out = Command::new(exe)
         .args([
@@ -118,6 +125,7 @@ fn run_child_with(role: &str, set: &str) -> String {
         .env(common::ROLE_ENV, role)
         .env("NCCL_SOCKET_IFNAME", "lo")
         .env("NCCL_LOSSY_SET", set)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .output()
         .expect("run the child");
@@ -172,6 +180,142 @@ fn a_failing_callback_is_warned_about_once_and_ignored() {
     );
 }
 
+#[test]
+fn a_wrapped_plugin_gets_the_profiler_callback_and_each_messages_handle_as_under_nccl() {
+    // NCCL hands a v10+ plugin's `init` its profiler callback and every post a handle of the
+    // proxy's (src/plugin/net.cc, src/transport/net.cc); its IB and Socket plugins call the
+    // callback with that handle for each of their own events, unchecked
+    // (src/transport/net_ib/p2p.cc, src/transport/net_socket.cc), and NCCL's callback reads
+    // the handle as its own (src/plugin/profiler.cc). Wrapped, the inner plugin (the
+    // forwarding fixture, which logs what it gets, in front of a copy of this library, which
+    // reports an event per post, in front of the calibration plugin) must get the same, its
+    // events must reach NCCL's callback under NCCL's handles, and nothing else may reach it
+    // (a side message has no NCCL handle).
+    let fixture = common::build_fixture("profiler-wrap", "forward_plugin.c");
+    let target = common::build_fixture("profiler-wrap-target", "inline_tcp_plugin.c");
+    let dir = fixture
+        .parent()
+        .expect("the fixture's folder")
+        .to_path_buf();
+    for version in [10, 12] {
+        let log = dir.join(format!("inner-profiler-v{version}.txt"));
+        let _ = std::fs::remove_file(&log);
+        run_child_env(
+            &format!("wrap-{version}"),
+            LOSSY,
+            &[
+                ("NCCL_LOSSY_INNER", fixture.to_str().expect("UTF-8")),
+                ("FORWARD_PLUGIN_TARGET", target.to_str().expect("UTF-8")),
+                ("FORWARD_PLUGIN_PROFILER_LOG", log.to_str().expect("UTF-8")),
+            ],
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(target.parent().expect("the target's folder"));
+}
+
+/// Checks a wrapped run: the inner plugin's log of its profiler arguments and the calls
+/// that reached the callback.
+fn check_wrapped(version: u32, sends: &[Option<usize>], recvs: &[Option<usize>], calls: &[Call]) {
+    let log = std::env::var("FORWARD_PLUGIN_PROFILER_LOG").expect("the fixture's log");
+    let text = std::fs::read_to_string(&log).expect("the fixture's log of profiler arguments");
+    let sends: Vec<usize> = sends.iter().map(|h| h.expect("a send handle")).collect();
+    let recvs: Vec<usize> = recvs.iter().map(|h| h.expect("a receive handle")).collect();
+    let mut given: HashMap<(&str, usize), usize> = HashMap::new();
+    for line in text.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        assert_eq!(f.len(), 4, "{line}");
+        assert_eq!(
+            f[1], "1",
+            "v{version}: the inner plugin got a NULL: {line}\n{text}"
+        );
+        *given
+            .entry((f[0], f[3].parse().expect("an address")))
+            .or_default() += 1;
+    }
+    assert!(given.keys().any(|(what, _)| *what == "init"), "{text}");
+    // Each message's own handle reached the inner plugin with its data, once (a handle's
+    // memory may serve several messages, one after the other).
+    let mut expected: HashMap<(&str, usize), usize> = HashMap::new();
+    for (what, handles) in [("send", &sends), ("recv", &recvs)] {
+        for h in handles.iter() {
+            *expected.entry((what, *h)).or_default() += 1;
+        }
+    }
+    for (key, n) in &expected {
+        assert_eq!(
+            given.get(key),
+            Some(n),
+            "v{version}: {key:?} not passed on once per message:\n{text}"
+        );
+    }
+    // Every event the callback saw is under a handle it gave: the inner plugin's events for
+    // the side messages never reach it.
+    let ours: std::collections::HashSet<usize> = sends.iter().chain(&recvs).copied().collect();
+    let starts: Vec<&Call> = calls
+        .iter()
+        .filter(|c| c.kind == NCCL_LOSSY_NET_EVENT_START as c_int)
+        .collect();
+    for start in &starts {
+        assert!(
+            ours.contains(&start.parent),
+            "v{version}: an event under a handle NCCL never gave: {start:?}"
+        );
+    }
+    // The inner plugin's event for each message NCCL posted, and ours for each sent one, each
+    // under that message's handle.
+    let mut uses: HashMap<usize, (usize, usize)> = HashMap::new();
+    for ((what, h), n) in &expected {
+        let (all, sent) = uses.entry(*h).or_default();
+        *all += n;
+        if *what == "send" {
+            *sent += n;
+        }
+    }
+    for (h, (all, sent)) in &uses {
+        let count = |id: u32| {
+            starts
+                .iter()
+                .filter(|c| c.parent == *h && c.plugin_id == i64::from(id))
+                .count()
+        };
+        assert_eq!(
+            count(FORWARD_PROFILER_ID),
+            *all,
+            "v{version}: inner events under {h:#x}"
+        );
+        assert_eq!(
+            count(NCCL_LOSSY_PROFILER_NET_ID),
+            *sent,
+            "v{version}: ours under {h:#x}"
+        );
+    }
+    let stops = calls
+        .iter()
+        .filter(|c| c.kind == NCCL_LOSSY_NET_EVENT_STOP as c_int)
+        .count();
+    assert_eq!(
+        stops,
+        starts.len(),
+        "v{version}: every event stopped: {calls:?}"
+    );
+    // Ours still add up to this rank's statistics.
+    let stats = connection_stats();
+    let lost: u64 = starts
+        .iter()
+        .filter_map(|c| c.message)
+        .map(|m| m.lostPackets)
+        .sum();
+    assert!(
+        stats[2] > 0,
+        "the profile lost nothing: the check proves little"
+    );
+    assert_eq!(
+        lost, stats[2],
+        "v{version}: lost packets of the events vs statistics"
+    );
+}
+
 /// The plugin's statistics of this process: (messages, packets, lost packets, loss events,
 /// bytes, retransmit delay) of its only sending connection.
 fn connection_stats() -> [u64; 6] {
@@ -206,22 +350,25 @@ fn connection_stats() -> [u64; 6] {
     .map(|k| t[k].as_u64().unwrap_or_else(|| panic!("total.{k}: {doc}")))
 }
 
-/// Sends [`MESSAGES`] messages to itself; returns each send's profiler handle.
-fn send_to_self(client: &PluginClient) -> Vec<Option<usize>> {
+/// Sends [`MESSAGES`] messages to itself; returns each send's and each receive's profiler
+/// handle.
+fn send_to_self(client: &PluginClient) -> (Vec<Option<usize>>, Vec<Option<usize>>) {
     let (send, recv) = client
         .local_pair(0, Duration::from_secs(20))
         .expect("local pair");
     let mut handles = Vec::new();
+    let mut recv_handles = Vec::new();
     for i in 0..MESSAGES {
         let mut r = post_recv(&recv, SIZE, i as i32).expect("irecv");
         let mut s = post_send(&send, vec![3u8; SIZE], i as i32).expect("isend");
         handles.push(s.profiler_handle());
+        recv_handles.push(r.profiler_handle());
         wait_request(&mut s, Duration::from_secs(20)).expect("send");
         wait_request(&mut r, Duration::from_secs(20)).expect("recv");
     }
     send.close().expect("close send");
     recv.close().expect("close recv");
-    handles
+    (handles, recv_handles)
 }
 
 /// Checks the calls of a run that reported: a START with the documented payload under the
@@ -316,7 +463,7 @@ fn net_profiler_child() {
     let lib = PluginLibrary::open(&library()).expect("dlopen");
     let callback = (kind != "null").then_some(record as _);
     let client = PluginClient::init_profiled(&lib, version, COMM_ID, callback).expect("init");
-    let handles = send_to_self(&client);
+    let (handles, recv_handles) = send_to_self(&client);
     let calls = CALLS.lock().expect("calls").clone();
     match kind {
         "report" | "failing" | "retransmit" => {
@@ -329,6 +476,7 @@ fn net_profiler_child() {
             assert_eq!(starts.count(), MESSAGES, "v{version}: {calls:?}");
             assert_eq!(calls.len(), MESSAGES, "v{version}: no STOP: {calls:?}");
         }
+        "wrap" => check_wrapped(version, &handles, &recv_handles, &calls),
         "quiet" | "null" => {
             assert!(calls.is_empty(), "v{version} {kind}: {calls:?}");
             assert_eq!(handles.iter().all(Option::is_some), version >= 10);

@@ -326,7 +326,7 @@ fn init_gets_a_profiler_callback_and_every_post_a_profiler_handle_as_nccl_passes
     let mut seen = std::collections::BTreeMap::<&str, usize>::new();
     for line in text.lines() {
         let f: Vec<&str> = line.split(' ').collect();
-        assert_eq!(f.len(), 3, "{line}");
+        assert_eq!(f.len(), 4, "{line}");
         assert_eq!(f[1], "1", "a NULL profiler argument: {line}");
         *seen.entry(f[0]).or_default() += 1;
     }

@@ -120,6 +120,7 @@ fn init_legacy(logger: ncclDebugLogger_t, profiler: Option<ncclProfilerCallback_
     install_logger(logger);
     Runtime::acquire(Hold::UntilUnload, logger)?.note_legacy_api();
     if let Some(profiler) = profiler {
+        crate::ffi::net::profiler::set_nccl_callback(profiler);
         Context::implicit().set_profiler(net_profiler::from_callback(profiler));
     }
     Ok(())
@@ -171,6 +172,7 @@ fn init_context(
     let runtime = Runtime::acquire(Hold::Counted, logger)?;
     let number = runtime.number_context();
     let ctx = Context::new(comm_id, number, traffic_class, runtime.takes_net_attr());
+    crate::ffi::net::profiler::set_nccl_callback(profiler);
     ctx.set_profiler(net_profiler::from_callback(profiler));
     let ptr = Box::into_raw(Box::new(AbiContext {
         kind: Kind::Context,
@@ -558,7 +560,9 @@ fn isend(
 }
 
 /// Posts a receive of `n` buffers; `size_of(i)` reads the i-th posted size from NCCL's array
-/// (whose integer width depends on the version).
+/// (whose integer width depends on the version); `phandles`: NCCL's profiler handles (v10+,
+/// `n` of them), or NULL.
+#[allow(clippy::too_many_arguments)]
 fn irecv(
     recv_comm: *mut c_void,
     n: c_int,
@@ -566,6 +570,7 @@ fn irecv(
     size_of: impl Fn(usize) -> usize,
     tags: *mut c_int,
     mhandles: *mut *mut c_void,
+    phandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> Result<()> {
     let request = non_null(request, "request")?;
@@ -583,6 +588,7 @@ fn irecv(
     let tags = non_null(tags, "tags")?;
     let mut bufs = [HostBuf::EMPTY; MAX_RECVS];
     let mut tag_values = [0i32; MAX_RECVS];
+    let mut parents = [None; MAX_RECVS];
     for i in 0..count {
         // SAFETY: NCCL passes arrays of `n` entries for data, sizes and tags.
         let (ptr, tag) = unsafe { (*data.add(i), *tags.add(i)) };
@@ -599,8 +605,15 @@ fn irecv(
         // SAFETY: NCCL lends `size` bytes at `ptr` until `test` reports the request done.
         bufs[i] = unsafe { HostBuf::new(ptr.cast(), size) }.with_mr(mr);
         tag_values[i] = tag;
+        if !phandles.is_null() {
+            // SAFETY: a non-NULL phandles array (v10+) has `n` entries, like data; NCCL's
+            // profiler handles are only handed on, never read here.
+            parents[i] = ProfilerParent::new(unsafe { *phandles.add(i) } as usize);
+        }
     }
-    let id = comm.comm.irecv(&bufs[..count], &tag_values[..count])?;
+    let id = comm
+        .comm
+        .irecv(&bufs[..count], &tag_values[..count], &parents[..count])?;
     hand_out(&comm.slots, id, request)
 }
 

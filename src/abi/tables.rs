@@ -311,6 +311,7 @@ extern "C" fn irecv_v8(
             |i| int_size(sizes, i),
             tags,
             mhandles,
+            std::ptr::null_mut(),
             request,
         )
     })
@@ -334,6 +335,7 @@ extern "C" fn irecv_v9(
             |i| size_t_size(sizes, i),
             tags,
             mhandles,
+            std::ptr::null_mut(),
             request,
         )
     })
@@ -347,11 +349,24 @@ extern "C" fn irecv_v10(
     sizes: *mut usize,
     tags: *mut c_int,
     mhandles: *mut *mut c_void,
-    _phandles: *mut *mut c_void,
+    phandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
-    // v10 only adds profiler handles, which receives do not report (sends do).
-    irecv_v9(recv_comm, n, data, sizes, tags, mhandles, request)
+    // v10 adds profiler handles: our receives report no events, but a wrapped plugin gets
+    // them (see `crate::ffi::net::profiler`).
+    guard("irecv", || {
+        let sizes = non_null(sizes, "sizes")?;
+        super::irecv(
+            recv_comm,
+            n,
+            data,
+            |i| size_t_size(sizes, i),
+            tags,
+            mhandles,
+            phandles,
+            request,
+        )
+    })
 }
 
 // ---- v11 and v12: one context per communicator ---------------------------------------------

@@ -265,7 +265,7 @@ impl SendComm {
                 state.loss.lossless_plan(&matching, &mut state.plan)
             };
         }
-        let Some(id) = self.conn.isend(buf, tag, &state.plan)? else {
+        let Some(id) = self.conn.isend_profiled(buf, tag, &state.plan, parent)? else {
             state.pending = Some(Attribution {
                 len: buf.len(),
                 op_bits,
@@ -413,16 +413,22 @@ pub struct RecvComm {
 }
 
 impl RecvComm {
-    /// Posts a (possibly grouped) receive; `Ok(None)` asks NCCL to retry later.
-    pub fn irecv(&self, bufs: &[HostBuf], tags: &[i32]) -> Result<Option<RequestId>> {
-        if bufs.len() != tags.len() || bufs.is_empty() {
+    /// Posts a (possibly grouped) receive; `Ok(None)` asks NCCL to retry later. `parents`:
+    /// NCCL's profiler handle of each buffer (v10+), handed on to a wrapped plugin.
+    pub fn irecv(
+        &self,
+        bufs: &[HostBuf],
+        tags: &[i32],
+        parents: &[Option<ProfilerParent>],
+    ) -> Result<Option<RequestId>> {
+        if bufs.len() != tags.len() || bufs.len() != parents.len() || bufs.is_empty() {
             return Err(Error::invalid_argument(format!(
                 "irecv with {} buffers and {} tags",
                 bufs.len(),
                 tags.len()
             )));
         }
-        self.conn.irecv(bufs, tags)
+        self.conn.irecv_profiled(bufs, tags, parents)
     }
 
     /// Reports whether request `id` is done and the size each buffer got.

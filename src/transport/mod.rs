@@ -11,6 +11,7 @@ pub mod wrap;
 
 use crate::ffi::ncclNetAttr_v11_t;
 use crate::loss::plan::LossPlan;
+use crate::runtime::ProfilerParent;
 use crate::Result;
 
 pub use buffer::HostBuf;
@@ -159,6 +160,19 @@ pub trait SendConn: Send + Sync {
     /// `Ok(None)` means every request slot is busy: the caller retries later.
     fn isend(&self, buf: HostBuf, tag: i32, plan: &LossPlan) -> Result<Option<RequestId>>;
 
+    /// As [`SendConn::isend`], with NCCL's profiler handle for the message (v10+ `phandle`),
+    /// which a transport that hands the message to another net plugin passes on; the default
+    /// has no use for it.
+    fn isend_profiled(
+        &self,
+        buf: HostBuf,
+        tag: i32,
+        plan: &LossPlan,
+        _parent: Option<ProfilerParent>,
+    ) -> Result<Option<RequestId>> {
+        self.isend(buf, tag, plan)
+    }
+
     /// Registers host memory that later sends use (NCCL's `regMr`); the default needs none.
     fn register(&self, _buf: HostBuf) -> Result<MrHandle> {
         Ok(NO_REGISTRATION)
@@ -185,6 +199,18 @@ pub trait RecvConn: Send + Sync {
     /// Posts a (possibly grouped) receive: message `i` with tag `tags[i]` lands in `bufs[i]`.
     /// `Ok(None)` means every request slot is busy: the caller retries later.
     fn irecv(&self, bufs: &[HostBuf], tags: &[i32]) -> Result<Option<RequestId>>;
+
+    /// As [`RecvConn::irecv`], with NCCL's profiler handle for each buffer (v10+
+    /// `phandles`), which a transport that hands the receive to another net plugin passes
+    /// on; the default has no use for them.
+    fn irecv_profiled(
+        &self,
+        bufs: &[HostBuf],
+        tags: &[i32],
+        _parents: &[Option<ProfilerParent>],
+    ) -> Result<Option<RequestId>> {
+        self.irecv(bufs, tags)
+    }
 
     /// Registers host memory that later receives use (NCCL's `regMr`); the default needs none.
     fn register(&self, _buf: HostBuf) -> Result<MrHandle> {

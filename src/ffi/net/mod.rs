@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 mod adapt;
+pub mod profiler;
 
 pub use adapt::NetProperties;
 

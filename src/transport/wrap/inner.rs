@@ -7,7 +7,9 @@ use std::ffi::c_int;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::ffi::net::{NetComm, NetContext, NetLibrary, NetPlugin, NEWEST_VERSION, OLDEST_VERSION};
+use crate::ffi::net::{
+    profiler, NetComm, NetContext, NetLibrary, NetPlugin, NEWEST_VERSION, OLDEST_VERSION,
+};
 use crate::ffi::{ncclDebugLogger_t, ncclNetAttr_v11_t, HANDLE_BYTES};
 use crate::{log, Error, Result};
 
@@ -144,7 +146,9 @@ impl InnerPlugin {
         {
             set();
         }
-        let ctx = net.init(0, logger)?;
+        // NCCL hands a v10+ plugin's `init` its profiler callback, never NULL: the inner
+        // plugin gets one that relays to NCCL's (crate::ffi::net::profiler).
+        let ctx = net.init_profiled(0, logger, profiler::relay())?;
         Ok(InnerPlugin {
             net,
             contexts: Mutex::new(vec![Arc::new(ctx)]),
@@ -178,7 +182,7 @@ impl InnerPlugin {
             Some(ctx) => ctx,
             None => self
                 .net
-                .init_for_class(0, traffic_class, self.logger, None)?,
+                .init_for_class(0, traffic_class, self.logger, profiler::relay())?,
         };
         let ctx = Arc::new(ctx);
         contexts.push(Arc::clone(&ctx));

@@ -7,7 +7,10 @@ use std::sync::Arc;
 
 use super::inner::InnerPlugin;
 use super::side;
-use crate::ffi::net::{NetComm, NetMr, NetRecvBuf, NetRequest};
+use std::ffi::c_void;
+
+use crate::ffi::net::{profiler, NetComm, NetMr, NetRecvBuf, NetRequest};
+use crate::runtime::ProfilerParent;
 use crate::transport::{HostBuf, MrHandle};
 use crate::{log, Error, Result};
 
@@ -138,23 +141,32 @@ impl InnerConn {
         unsafe { self.plugin.net.dereg_mr(self.comm, NetMr::from_addr(mr)) }
     }
 
-    /// Posts a send of `len` bytes at `data` registered by `mr`.
+    /// Posts a send of `len` bytes at `data` registered by `mr`, with the profiler handle
+    /// `parent` (NCCL's for the message; `None`: [`profiler::unprofiled`]).
     ///
     /// # Safety
     /// As [`crate::ffi::net::NetPlugin::isend`]: the memory stays as it is until the request
-    /// tests done.
+    /// tests done, and so does NCCL's profiler handle.
     pub(super) unsafe fn isend(
         &self,
         data: *mut u8,
         len: usize,
         tag: i32,
         mr: NetMr,
+        parent: Option<ProfilerParent>,
     ) -> Result<Option<NetRequest>> {
-        // SAFETY: our live send comm; the rest per this function's contract.
-        unsafe { self.plugin.net.isend(self.comm, data, len, tag, mr) }
+        // SAFETY: our live send comm; the handle is NCCL's for this message (valid until it
+        // tests done, which the inner request precedes) or the relay's own; the rest per
+        // this function's contract.
+        unsafe {
+            self.plugin
+                .net
+                .isend_profiled(self.comm, data, len, tag, mr, phandle(parent))
+        }
     }
 
-    /// Posts a receive of one buffer.
+    /// Posts a receive of one buffer, with the profiler handle `parent` (as for
+    /// [`InnerConn::isend`]).
     ///
     /// # Safety
     /// As [`crate::ffi::net::NetPlugin::irecv`]: the memory is left to the plugin until the
@@ -165,18 +177,25 @@ impl InnerConn {
         size: usize,
         tag: i32,
         mr: NetMr,
+        parent: Option<ProfilerParent>,
     ) -> Result<Option<NetRequest>> {
         let buf = NetRecvBuf {
             data,
             size,
             tag,
             mr,
-            // The inner plugin got no profiler callback at its `init` (docs/wrap.md).
-            phandle: std::ptr::null_mut(),
+            phandle: phandle(parent),
         };
         // SAFETY: our live receive comm; the rest per this function's contract.
         unsafe { self.plugin.net.irecv(self.comm, &[buf]) }
     }
+}
+
+/// The profiler handle an inner post gets: NCCL's for the message, or, for a message NCCL
+/// posted none for (a side message), one whose events the relay keeps from NCCL's callback.
+/// Never NULL, as NCCL gives none (`crate::ffi::net::profiler`).
+fn phandle(parent: Option<ProfilerParent>) -> *mut c_void {
+    parent.map_or_else(profiler::unprofiled, |p| p.address() as *mut c_void)
 }
 
 impl Drop for InnerConn {

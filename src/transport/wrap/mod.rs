@@ -15,6 +15,7 @@ use crate::ffi::net::{NetComm, NetMr};
 use crate::ffi::{ncclDebugLogger_t, ncclNetAttr_v11_t, NCCL_PTR_HOST};
 use crate::loss::effect::{flip_lost, lost_ranges, zero_lost};
 use crate::loss::plan::{Effect, LossPlan, PacketRun};
+use crate::runtime::ProfilerParent;
 use crate::transport::{
     Completion, Connector, DeviceProps, HostBuf, Listener, MrHandle, RecvConn, RequestId, SendConn,
     Transport, WireHandle, HANDLE_SIZE, HANDLE_WIRE_SIZE, MAX_REQUESTS,
@@ -357,6 +358,18 @@ fn locked<T>(m: &Mutex<T>) -> Result<MutexGuard<'_, T>> {
 
 impl SendConn for WrapSendConn {
     fn isend(&self, buf: HostBuf, tag: i32, plan: &LossPlan) -> Result<Option<RequestId>> {
+        self.isend_profiled(buf, tag, plan, None)
+    }
+
+    /// The data message goes to the inner plugin with NCCL's profiler handle, the side
+    /// message with none of NCCL's (see `crate::ffi::net::profiler`).
+    fn isend_profiled(
+        &self,
+        buf: HostBuf,
+        tag: i32,
+        plan: &LossPlan,
+        parent: Option<ProfilerParent>,
+    ) -> Result<Option<RequestId>> {
         let mut state = locked(&self.state)?;
         let state = &mut *state;
         let id = match state.half_posted {
@@ -380,7 +393,8 @@ impl SendConn for WrapSendConn {
                 let len = side::encode(plan, buf.len() as u64, tag, state.seq, bytes)?;
                 // SAFETY: the slot's side buffer is registered by `side.mr` and untouched until
                 // the slot is free again, which waits for this request to test done.
-                let Some(req) = (unsafe { self.conn.isend(ptr, len, tag, self.conn.side.mr)? })
+                let Some(req) =
+                    (unsafe { self.conn.isend(ptr, len, tag, self.conn.side.mr, None)? })
                 else {
                     return Ok(None);
                 };
@@ -404,7 +418,7 @@ impl SendConn for WrapSendConn {
         };
         let mr = NetMr::from_addr(buf.mr());
         // SAFETY: NCCL lends the registered buffer until this request tests done.
-        match unsafe { self.conn.isend(buf.as_ptr(), buf.len(), tag, mr)? } {
+        match unsafe { self.conn.isend(buf.as_ptr(), buf.len(), tag, mr, parent)? } {
             Some(req) => {
                 state.slots[id].data = Half::Pending(req);
                 state.in_flight.posted(id, Part::Data);
@@ -501,7 +515,18 @@ struct WrapRecvConn {
 
 impl RecvConn for WrapRecvConn {
     fn irecv(&self, bufs: &[HostBuf], tags: &[i32]) -> Result<Option<RequestId>> {
-        let (&[buf], &[tag]) = (bufs, tags) else {
+        self.irecv_profiled(bufs, tags, &vec![None; bufs.len()])
+    }
+
+    /// The data receive goes to the inner plugin with NCCL's profiler handle, the side
+    /// receive with none of NCCL's (see `crate::ffi::net::profiler`).
+    fn irecv_profiled(
+        &self,
+        bufs: &[HostBuf],
+        tags: &[i32],
+        parents: &[Option<ProfilerParent>],
+    ) -> Result<Option<RequestId>> {
+        let (&[buf], &[tag], &[parent]) = (bufs, tags, parents) else {
             return Err(Error::invalid_usage(format!(
                 "wrap mode receives one buffer at a time (maxRecvs = 1), got {}",
                 bufs.len()
@@ -522,7 +547,7 @@ impl RecvConn for WrapRecvConn {
                 // this request tested done.
                 let Some(req) = (unsafe {
                     self.conn
-                        .irecv(ptr, side::CAPACITY, tag, self.conn.side.mr)?
+                        .irecv(ptr, side::CAPACITY, tag, self.conn.side.mr, None)?
                 }) else {
                     return Ok(None);
                 };
@@ -549,7 +574,7 @@ impl RecvConn for WrapRecvConn {
         }
         let mr = NetMr::from_addr(buf.mr());
         // SAFETY: NCCL lends the registered buffer until this request tests done.
-        match unsafe { self.conn.irecv(buf.as_ptr(), buf.len(), tag, mr)? } {
+        match unsafe { self.conn.irecv(buf.as_ptr(), buf.len(), tag, mr, parent)? } {
             Some(req) => {
                 slot.data = Half::Pending(req);
                 state.in_flight.posted(id, Part::Data);
