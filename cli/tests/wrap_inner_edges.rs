@@ -131,6 +131,21 @@ fn inner_posts_answered_not_yet_are_retried_and_counted_once() {
     assert!(passed, "{text}");
 }
 
+#[test]
+fn a_grouped_receive_is_refused_as_nccls_plugins_refuse_one_beyond_max_recvs() {
+    // Wrapped devices report maxRecvs = 1, so NCCL never groups receives; a receive of more
+    // buffers than a device's maxRecvs is refused by NCCL's Socket and IB plugins with
+    // ncclInternalError (src/transport/net_socket.cc, net_ib/p2p.cc), as by our own sockets.
+    let (inner, target) = forward_to_calibration("edge-grouped-recv");
+    let (passed, text) = run_case(
+        "grouped_recv",
+        12,
+        &inner,
+        &[("FORWARD_PLUGIN_TARGET", &target)],
+    );
+    assert!(passed, "{text}");
+}
+
 /// Every table version an inner plugin may export alone (v8 to v12), under every version NCCL
 /// may speak to us: lossless collectives on 2 ranks, bit-exact.
 #[test]
@@ -286,6 +301,36 @@ fn null_posts() {
     );
 }
 
+fn grouped_recv() {
+    let (lib, version) = client();
+    let client = PluginClient::init(&lib, version, 1).expect("init");
+    let (send, recv) = client.local_pair(0, HANG).expect("connect");
+    let items = (0..2).map(|_| {
+        let mut buf = vec![0u8; 4096].into_boxed_slice();
+        let mr = recv.reg_mr(&mut buf).expect("regMr");
+        RecvItem {
+            buf,
+            size: 4096,
+            tag: 1,
+            mr,
+        }
+    });
+    let err = recv
+        .irecv(items.collect::<Vec<_>>())
+        .err()
+        .expect("a receive of 2 buffers was accepted with maxRecvs = 1");
+    assert_eq!(err.kind, ErrorKind::Internal, "{err}");
+    // The refusal left the connection as it was.
+    let data = common::message_bytes(3000, 5);
+    let mut r = post_recv(&recv, 4096, 1).expect("irecv");
+    let mut s = post_send(&send, data.clone(), 1).expect("isend");
+    wait_request(&mut s, HANG).expect("send");
+    wait_request(&mut r, HANG).expect("recv");
+    let (bufs, sizes) = r.finish().expect("finish");
+    assert_eq!(sizes, vec![data.len()]);
+    assert!(bufs[0][..data.len()] == data[..], "the message changed");
+}
+
 /// The child process of the tests above.
 #[test]
 #[ignore = "the child process of this binary's tests, started by them"]
@@ -298,6 +343,7 @@ fn child() {
         "close_fails" => close_fails(),
         "test_fails" => test_fails(),
         "null_posts" => null_posts(),
+        "grouped_recv" => grouped_recv(),
         other => panic!("unknown case {other}"),
     }
     println!("CASE PASSED");

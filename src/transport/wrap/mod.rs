@@ -527,7 +527,9 @@ impl RecvConn for WrapRecvConn {
         parents: &[Option<ProfilerParent>],
     ) -> Result<Option<RequestId>> {
         let (&[buf], &[tag], &[parent]) = (bufs, tags, parents) else {
-            return Err(Error::invalid_usage(format!(
+            // As NCCL's Socket and IB plugins refuse more buffers than their maxRecvs
+            // (src/transport/net_socket.cc, net_ib/p2p.cc).
+            return Err(Error::internal(format!(
                 "wrap mode receives one buffer at a time (maxRecvs = 1), got {}",
                 bufs.len()
             )));
