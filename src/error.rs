@@ -16,6 +16,9 @@ pub enum ErrorKind {
     InvalidUsage,
     /// The peer misbehaved or went away.
     Remote,
+    /// A CUDA call failed (`ncclUnhandledCudaError`): this plugin makes none, but a wrapped
+    /// plugin may, and NCCL then tells the user so.
+    Cuda,
 }
 
 /// A failure with a message meant for a person reading NCCL's log.

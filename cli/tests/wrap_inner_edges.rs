@@ -117,6 +117,25 @@ fn an_inner_test_that_fails_fails_our_test_with_its_code() {
 }
 
 #[test]
+fn an_inner_test_that_fails_with_a_cuda_error_fails_ours_with_that_code() {
+    // Every code NCCL's headers have named since net v8 reaches NCCL as the inner plugin
+    // returned it: NCCL tells the user "unhandled cuda error" for this one, not "internal
+    // error".
+    let (inner, target) = forward_to_calibration("edge-test-fail-cuda");
+    let (passed, text) = run_case(
+        "test_fails",
+        12,
+        &inner,
+        &[
+            ("FORWARD_PLUGIN_TARGET", &target),
+            ("FORWARD_PLUGIN_TEST_FAIL_AFTER", "9"),
+            ("FORWARD_PLUGIN_TEST_FAIL_CODE", "1"),
+        ],
+    );
+    assert!(passed, "{text}");
+}
+
+#[test]
 fn inner_posts_answered_not_yet_are_retried_and_counted_once() {
     let (inner, target) = forward_to_calibration("edge-null-posts");
     let (passed, text) = run_case(
@@ -245,7 +264,16 @@ fn test_fails() {
         }
     }
     let err = failed.expect("no test failed");
-    assert_eq!(err.kind, ErrorKind::System, "{err}");
+    // The inner plugin's code, as our `test` returned it to the client.
+    let (kind, name) = match std::env::var("FORWARD_PLUGIN_TEST_FAIL_CODE").as_deref() {
+        Ok("1") => (ErrorKind::Cuda, "ncclUnhandledCudaError"),
+        _ => (ErrorKind::System, "ncclSystemError"),
+    };
+    assert!(
+        err.message.contains(&format!("test returned {name}")),
+        "{err}"
+    );
+    assert_eq!(err.kind, kind, "{err}");
 }
 
 /// Posts `data` as a send, again and again while the plugin answers "not yet", as NCCL's

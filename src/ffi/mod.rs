@@ -28,14 +28,17 @@ pub fn result_code(kind: ErrorKind) -> ncclResult_t {
         ErrorKind::InvalidArgument => ncclResult_t::ncclInvalidArgument,
         ErrorKind::InvalidUsage => ncclResult_t::ncclInvalidUsage,
         ErrorKind::Remote => ncclResult_t::ncclRemoteError,
+        ErrorKind::Cuda => ncclResult_t::ncclUnhandledCudaError,
     }
 }
 
 /// The error class of a code a net plugin returned (`None`: success); the inverse of
 /// [`result_code`]. `ncclInProgress` is no error either: NCCL's `NCCLCHECK` lets it through
-/// and goes on with what the call returned. Any other code, one NCCL added later
-/// (`ncclTimeout`, 8, in 2.30) or a stray value, is an error: the code is a plain integer
-/// here, so no value a plugin returns is undefined behaviour.
+/// and goes on with what the call returned. Every code NCCL has named since net v8 keeps its
+/// class, so a wrapped plugin's error reaches NCCL with its own code. Any other code, one NCCL
+/// added later (`ncclTimeout`, 8, in 2.30, which an older NCCL driving us would not know) or a
+/// stray value, is an internal error: the code is a plain integer here, so no value a plugin
+/// returns is undefined behaviour.
 pub fn error_kind(code: ncclResult_t) -> Option<ErrorKind> {
     Some(match code {
         ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress => return None,
@@ -43,6 +46,7 @@ pub fn error_kind(code: ncclResult_t) -> Option<ErrorKind> {
         ncclResult_t::ncclInvalidArgument => ErrorKind::InvalidArgument,
         ncclResult_t::ncclInvalidUsage => ErrorKind::InvalidUsage,
         ncclResult_t::ncclRemoteError => ErrorKind::Remote,
+        ncclResult_t::ncclUnhandledCudaError => ErrorKind::Cuda,
         _ => ErrorKind::Internal,
     })
 }
@@ -100,12 +104,13 @@ mod tests {
             ErrorKind::InvalidArgument,
             ErrorKind::InvalidUsage,
             ErrorKind::Remote,
+            ErrorKind::Cuda,
         ] {
             assert_eq!(error_kind(result_code(kind)), Some(kind));
         }
         assert_eq!(error_kind(ncclResult_t::ncclSuccess), None);
         assert_eq!(
-            error_kind(ncclResult_t::ncclUnhandledCudaError),
+            error_kind(ncclResult_t(8)), // ncclTimeout, NCCL 2.30+
             Some(ErrorKind::Internal)
         );
     }
