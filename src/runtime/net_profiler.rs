@@ -5,23 +5,7 @@
 //! event at `isend` and stops it when `test` sees the message done. The ABI edge implements
 //! [`MessageProfiler`] over the C callback (payload layout: `nccl_headers/nccl_lossy_profiler.h`).
 
-/// NCCL's profiler handle for one message (the `phandle` of a v10+ `isend`). Opaque here:
-/// only its address is kept, and handed back to the profiler as the parent of the message's
-/// event.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ProfilerParent(usize);
-
-impl ProfilerParent {
-    /// The handle at `address`; `None` for NULL (no profiling of this message).
-    pub fn new(address: usize) -> Option<ProfilerParent> {
-        (address != 0).then_some(ProfilerParent(address))
-    }
-
-    /// The handle's address.
-    pub fn address(self) -> usize {
-        self.0
-    }
-}
+pub use crate::ffi::net::profiler::ProfilerParent;
 
 /// The profiler's handle of one message's event (what it wrote at the start), given back when
 /// the event stops.

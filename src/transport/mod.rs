@@ -10,8 +10,8 @@ pub mod socket;
 pub mod wrap;
 
 use crate::ffi::ncclNetAttr_v11_t;
+use crate::ffi::net::profiler::ProfilerParent;
 use crate::loss::plan::LossPlan;
-use crate::runtime::ProfilerParent;
 use crate::Result;
 
 pub use buffer::HostBuf;

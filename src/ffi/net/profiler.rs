@@ -18,6 +18,24 @@ use std::sync::OnceLock;
 
 use super::super::{ncclProfilerCallback_t, ncclResult_t};
 
+/// NCCL's profiler handle for one message (the `phandle` of a v10+ `isend`). Opaque here:
+/// only its address is kept, and handed back to the profiler as the parent of the message's
+/// event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProfilerParent(usize);
+
+impl ProfilerParent {
+    /// The handle at `address`; `None` for NULL (no profiling of this message).
+    pub fn new(address: usize) -> Option<ProfilerParent> {
+        (address != 0).then_some(ProfilerParent(address))
+    }
+
+    /// The handle's address.
+    pub fn address(self) -> usize {
+        self.0
+    }
+}
+
 /// The callback's `type` for the start of an event (NCCL's `ncclProfilerNetEventStart`).
 const EVENT_START: c_int = 0;
 

@@ -9,8 +9,8 @@ use super::inner::InnerPlugin;
 use super::side;
 use std::ffi::c_void;
 
+use crate::ffi::net::profiler::ProfilerParent;
 use crate::ffi::net::{profiler, NetComm, NetMr, NetRecvBuf, NetRequest};
-use crate::runtime::ProfilerParent;
 use crate::transport::{HostBuf, MrHandle};
 use crate::{log, Error, Result};
 

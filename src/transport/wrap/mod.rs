@@ -11,11 +11,11 @@ pub mod side;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::ffi::net::profiler::ProfilerParent;
 use crate::ffi::net::{NetComm, NetMr};
 use crate::ffi::{ncclDebugLogger_t, ncclNetAttr_v11_t, NCCL_PTR_HOST};
 use crate::loss::effect::{flip_lost, lost_ranges, zero_lost};
 use crate::loss::plan::{Effect, LossPlan, PacketRun};
-use crate::runtime::ProfilerParent;
 use crate::transport::{
     Completion, Connector, DeviceProps, HostBuf, Listener, MrHandle, RecvConn, RequestId, SendConn,
     Transport, WireHandle, HANDLE_SIZE, HANDLE_WIRE_SIZE, MAX_REQUESTS,
