@@ -101,9 +101,11 @@ impl Handle {
         put(out, 40, &self.nonce);
     }
 
-    /// Reads a handle, rejecting anything a listener of ours could not have written.
+    /// Reads a handle, rejecting anything a listener of ours could not have written with
+    /// `ncclInternalError`, the code NCCL's Socket plugin gives `connect` for a handle whose
+    /// address is neither IPv4 nor IPv6 (`ncclSocketInit`, src/misc/socket.cc).
     pub fn decode(b: &WireHandle) -> Result<Handle> {
-        let bad = |why: &str| Error::invalid_argument(format!("bad connection handle: {why}"));
+        let bad = |why: &str| Error::internal(format!("bad connection handle: {why}"));
         if get_u64(b, 0) != HANDLE_MAGIC {
             return Err(bad("wrong magic (not from this plugin's socket transport)"));
         }
@@ -400,7 +402,7 @@ mod tests {
                 w[13] = 0;
             }
             let err = Handle::decode(&w).expect_err("corrupted handle must not decode");
-            assert_eq!(err.kind, crate::ErrorKind::InvalidArgument);
+            assert_eq!(err.kind, crate::ErrorKind::Internal);
         }
     }
 

@@ -1,0 +1,191 @@
+//! Call sequences NCCL's proxy makes, or a hostile peer or handle forces on it, that the
+//! other ABI tests leave out: `connect` given a handle none of our listeners wrote (NCCL
+//! ships the 128 bytes through its bootstrap; a rank of another build or a corrupted
+//! exchange hands over anything), `connect` to a listener that is gone, and `test` of a
+//! request already reported done. Each is an error, never a hang or a crash, leaves no
+//! socket behind, and the plugin goes on working.
+
+mod common;
+
+use std::ffi::{c_int, c_void};
+use std::ptr::null_mut;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use lossy_cli::harness::plugin_client::{establish, ConnHandle, PluginClient, PluginLibrary};
+use nccl_net_lossy::ffi::{ncclNet_v12_t, ncclResult_t};
+use nccl_net_lossy::ErrorKind;
+
+/// Longer than any of these sequences takes; reaching it is a hang.
+const HANG: Duration = Duration::from_secs(30);
+
+/// Taken by every test here: they count the sockets of the process, which the others open.
+static ALONE: Mutex<()> = Mutex::new(());
+
+fn alone() -> MutexGuard<'static, ()> {
+    ALONE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Sockets this process holds.
+fn sockets() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("read /proc/self/fd")
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().starts_with("socket:"))
+        .count()
+}
+
+/// Polls `connect` until it fails, as NCCL's proxy calls it again while it returns no comm.
+fn connect_error(client: &PluginClient, handle: &ConnHandle, what: &str) -> nccl_net_lossy::Error {
+    let mut connecting = client.connect(0, handle);
+    let start = Instant::now();
+    loop {
+        match connecting.poll() {
+            Err(err) => return err,
+            Ok(Some(_)) => panic!("{what}: connect made a comm"),
+            Ok(None) => assert!(start.elapsed() < HANG, "{what}: connect never ended"),
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// NCCL's Socket plugin fails `connect` with `ncclInternalError` when the handle's address
+/// is neither IPv4 nor IPv6 (`ncclSocketInit`, src/misc/socket.cc, called from
+/// `ncclNetSocketConnect`): a handle none of our listeners wrote gets that code at every
+/// table version, each time NCCL would ask, and costs no socket.
+#[test]
+fn a_handle_no_listener_of_ours_wrote_fails_connect_with_nccls_code_at_every_version() {
+    let _alone = alone();
+    let lib = PluginLibrary::open(&common::library()).expect("dlopen");
+    for version in 8..=12 {
+        let client = PluginClient::init(&lib, version, 0xbad0 + u64::from(version)).expect("init");
+        let (real, mut listen) = client.listen(0).expect("listen");
+        let mut family = real;
+        family[10] = 9;
+        let mut reserved = real;
+        reserved[60] = 1;
+        let mut no_port = real;
+        no_port[12..14].fill(0);
+        let cases = [
+            ("zeros", [0u8; 128]),
+            ("0xab bytes", [0xabu8; 128]),
+            ("address family 9", family),
+            ("a reserved byte set", reserved),
+            ("port 0", no_port),
+        ];
+        let before = sockets();
+        for (what, handle) in cases {
+            for attempt in 0..3 {
+                let what = format!("v{version}, {what}, attempt {attempt}");
+                let err = connect_error(&client, &handle, &what);
+                assert_eq!(err.kind, ErrorKind::Internal, "{what}: {err}");
+            }
+        }
+        assert_eq!(
+            sockets(),
+            before,
+            "v{version}: sockets left by failed connects"
+        );
+        let (send, recv) =
+            establish(client.connect(0, &real), &mut listen, HANG).expect("the real handle");
+        listen.close().expect("closeListen");
+        send.close().expect("closeSend");
+        recv.close().expect("closeRecv");
+        client.finalize().expect("finalize");
+    }
+}
+
+/// A handle of a listener that was closed: nobody answers at its address. NCCL's Socket
+/// plugin tries a refused connect again a number of times, then fails it with
+/// `ncclRemoteError` (`socketConnectCheck`, src/os/linux.cc); so does ours, with no socket
+/// left behind.
+#[test]
+fn a_handle_of_a_closed_listener_fails_connect_as_a_remote_error() {
+    let _alone = alone();
+    let lib = PluginLibrary::open(&common::library()).expect("dlopen");
+    let client = PluginClient::init(&lib, 12, 0xc105ed).expect("init");
+    let (handle, listen) = client.listen(0).expect("listen");
+    listen.close().expect("closeListen");
+    let before = sockets();
+    let err = connect_error(&client, &handle, "closed listener");
+    assert_eq!(err.kind, ErrorKind::Remote, "{err}");
+    assert_eq!(sockets(), before, "sockets left by the failed connect");
+    client.finalize().expect("finalize");
+}
+
+/// `test` of a request `test` already reported done (its slot free again): an error, with
+/// `*done` 0, where NCCL's Socket plugin answers "not done" for ever (its request is unused
+/// again) and the proxy would wait for ever; the comms go on working.
+#[test]
+fn testing_a_request_already_reported_done_is_an_error_not_a_wait() {
+    let _alone = alone();
+    // SAFETY: ncclNetPlugin_v12 is a ncclNet_v12_t in our headers.
+    let t: &ncclNet_v12_t = unsafe { common::library_table("ncclNetPlugin_v12") };
+    let ctx = common::raw_context(t, 0x7e57, None);
+    let (sc, rc, lc) = common::raw_connected(t, ctx);
+    let mut data = vec![7u8; 1000];
+    let mut into = vec![0u8; 1000];
+    let (mut sreq, mut rreq): (*mut c_void, *mut c_void) = (null_mut(), null_mut());
+    let start = Instant::now();
+    // SAFETY: live comms of `t`; buffers lent until their requests test done.
+    unsafe {
+        while rreq.is_null() {
+            rreq = common::raw_irecv(t, rc, &mut into, 1, null_mut());
+        }
+        while sreq.is_null() {
+            let code = t.isend.expect("isend")(
+                sc,
+                data.as_mut_ptr().cast(),
+                data.len(),
+                1,
+                null_mut(),
+                null_mut(),
+                &mut sreq,
+            );
+            assert_eq!(code, ncclResult_t::ncclSuccess, "isend");
+        }
+        let test = t.test.expect("test");
+        for req in [sreq, rreq] {
+            let mut done: c_int = 0;
+            let mut size: c_int = -1;
+            while done == 0 {
+                assert!(start.elapsed() < HANG, "the message never arrived");
+                assert_eq!(test(req, &mut done, &mut size), ncclResult_t::ncclSuccess);
+            }
+            assert_eq!(size, 1000);
+            let mut again: c_int = 1;
+            let code = test(req, &mut again, &mut size);
+            assert_eq!(
+                code,
+                ncclResult_t::ncclInvalidArgument,
+                "test of a finished request"
+            );
+            assert_eq!(again, 0, "a finished request reported done twice");
+        }
+    }
+    assert_eq!(into, data);
+    let mut more: Vec<u8> = (0..70_000u32).map(|i| i as u8).collect();
+    assert!(
+        common::raw_transfer(t, sc, rc, &mut more) == more,
+        "the next message"
+    );
+    // SAFETY: live comms and context, each closed or finalized once.
+    unsafe {
+        assert_eq!(
+            t.closeSend.expect("closeSend")(sc),
+            ncclResult_t::ncclSuccess
+        );
+        assert_eq!(
+            t.closeRecv.expect("closeRecv")(rc),
+            ncclResult_t::ncclSuccess
+        );
+        assert_eq!(
+            t.closeListen.expect("closeListen")(lc),
+            ncclResult_t::ncclSuccess
+        );
+        assert_eq!(
+            t.finalize.expect("finalize")(ctx),
+            ncclResult_t::ncclSuccess
+        );
+    }
+}
