@@ -377,3 +377,45 @@ fn messages_carry_the_ranks_as_tags_as_nccl_posts_them() {
     senders.sort_unstable();
     assert_eq!(senders, vec![0, 1], "{text}");
 }
+
+#[test]
+fn set_net_attr_comes_as_nccls_proxy_sends_it_at_connect_and_per_collective_with_flows() {
+    // NCCL's proxy calls setNetAttr before each connect and accept call with the
+    // connection's hints (`populateCommNetAttrs`: op NCCL_NET_ATTR_UNDEF for a collective
+    // connection, at least one peer and one flow per peer), and before a collective's
+    // transfers with its op and the op's peers and channels (`setXferNetAttrs`,
+    // src/transport/net.cc): never zero flows. The harness sent only the per-collective
+    // call, with zero peers and flows, so a plugin that sizes its flows from them got what
+    // no NCCL run gives.
+    let plugin = common::build_fixture("inline-net-attr", "inline_tcp_plugin.c");
+    let log = plugin.with_file_name("attrs.txt");
+    let runs = every(&[4096], &[DataType::F32]);
+    let job = Job::collectives(plugin, vec![LinkKind::Plugin], runs);
+    let env = vec![("INLINE_TCP_LOG".to_string(), log.display().to_string())];
+    let reports = launch_env(2, job, env).unwrap_or_else(|e| panic!("the job failed: {e}"));
+    assert!(
+        reports.iter().all(|r| r.results.iter().all(|x| x.ok)),
+        "{reports:?}"
+    );
+    let text = std::fs::read_to_string(&log).expect("the plugin's log of attributes");
+    let attrs: Vec<&str> = text.lines().filter(|l| l.starts_with("attr ")).collect();
+    let undef = format!("op {} ", u32::MAX);
+    assert!(
+        attrs.first().is_some_and(|l| l.contains(&undef)),
+        "no connection hints before the first collective's:\n{text}"
+    );
+    for line in &attrs {
+        let flows: i32 = line
+            .rsplit(' ')
+            .next()
+            .and_then(|f| f.parse().ok())
+            .expect("flows");
+        assert!(flows >= 1, "setNetAttr with {flows} flows: {line}\n{text}");
+    }
+    for op in [1u32 << 2, 1 << 3, 1 << 4] {
+        assert!(
+            attrs.iter().any(|l| l.contains(&format!("op {op} "))),
+            "no setNetAttr for op {op}:\n{text}"
+        );
+    }
+}

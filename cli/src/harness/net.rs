@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use super::bootstrap::Bootstrap;
 use super::plugin_client::{
-    establish, HostBuffer, MrHandle, PluginClient, PluginLibrary, Posted, RecvComm, RecvItem,
-    Request, SendComm, HANDLE_BYTES,
+    establish, CommShape, HostBuffer, MrHandle, PluginClient, PluginLibrary, Posted, RecvComm,
+    RecvItem, Request, SendComm, HANDLE_BYTES,
 };
 use nccl_net_lossy::{Error, Result};
 
@@ -103,6 +103,10 @@ impl PluginLink {
             return Err(Error::system("the plugin reports no devices"));
         }
         let (rank, nranks) = (boot.rank(), boot.nranks());
+        client.set_shape(CommShape {
+            ranks: nranks,
+            channels: channels.max(1),
+        });
         let tag = |r: usize| {
             i32::try_from(r).map_err(|_| Error::invalid_argument(format!("rank {r} as a tag")))
         };

@@ -721,18 +721,6 @@ impl NetPlugin {
         self.check(code, "closeListen")
     }
 
-    /// Tells the plugin which collective, algorithm and protocol come next (v11+
-    /// `setNetAttr`); `Ok(false)` when the plugin has no such call.
-    pub fn set_net_attr(&self, ctx: &NetContext, op: u32, algo: u32, proto: u32) -> Result<bool> {
-        let attr = ncclNetAttr_v11_t {
-            op,
-            algo,
-            proto,
-            ..Default::default()
-        };
-        self.set_net_attributes(ctx, &attr)
-    }
-
     /// Calls `setNetAttr(ctx, attr)` with the whole of `attr` (the communicators' send and
     /// receive attributes too, as NCCL fills them); `Ok(false)` when the plugin has no such
     /// call.

@@ -27,8 +27,10 @@ use nccl_net_lossy::ffi::{
 };
 use nccl_net_lossy::{Error, Result};
 
+mod net_attr;
 mod request;
 
+pub use net_attr::CommShape;
 use request::{handle_address, posted, Lent, PostedSizes, ProfilerHandles};
 pub use request::{Posted, Request, RequestFifo};
 
@@ -157,6 +159,8 @@ struct ClientInner {
     /// The context from `init`; `None` after `finalize`.
     ctx: RefCell<Option<NetContext>>,
     lib: Rc<PluginLibrary>,
+    /// What the `setNetAttr` hints describe ([`PluginClient::set_shape`]).
+    shape: Cell<CommShape>,
 }
 
 impl Drop for ClientInner {
@@ -171,6 +175,14 @@ fn finalize_inner(inner: &ClientInner) -> Result<()> {
         Some(ctx) => inner.plugin.finalize(ctx),
         None => Ok(()),
     }
+}
+
+/// Gives the plugin the connection's `setNetAttr` hints (v11+), as NCCL's proxy does at the
+/// start of every `connect` and `accept` call (`sendProxyConnect`/`recvProxyConnect`,
+/// src/transport/net.cc); fails after `finalize`.
+fn hint_connection(inner: &ClientInner) -> Result<()> {
+    let attr = net_attr::connection(inner.shape.get());
+    with_ctx(inner, |ctx| inner.plugin.set_net_attributes(ctx, &attr)).map(|_| ())
 }
 
 /// Runs `f` with the live context, or fails after `finalize`.
@@ -229,6 +241,7 @@ impl PluginClient {
                 plugin,
                 ctx: RefCell::new(Some(ctx)),
                 lib: Rc::clone(lib),
+                shape: Cell::new(CommShape::default()),
             }),
         };
         // Dropped on failure, the client finalizes the context, as NCCL does.
@@ -312,13 +325,20 @@ impl PluginClient {
     }
 
     /// Tells the plugin which collective is being posted next (v11+ `setNetAttr`, with the
-    /// ring algorithm and Simple protocol); `Ok(false)` on older versions, which have no such
-    /// call.
+    /// ring algorithm, Simple protocol, one peer each way and the shape's channels, as
+    /// NCCL's `setXferNetAttrs` gives them); `Ok(false)` on older versions, which have no
+    /// such call.
     pub fn set_net_attr(&self, op_bits: u32) -> Result<bool> {
+        let attr = net_attr::transfer(self.inner.shape.get(), op_bits);
         with_ctx(&self.inner, |ctx| {
-            let plugin = &self.inner.plugin;
-            plugin.set_net_attr(ctx, op_bits, ALGO_RING_BIT, PROTO_SIMPLE_BIT)
+            self.inner.plugin.set_net_attributes(ctx, &attr)
         })
+    }
+
+    /// Says what the communicator this client stands for looks like (its ranks, its
+    /// channels), for the `setNetAttr` hints; a pair of ranks over one channel until told.
+    pub fn set_shape(&self, shape: CommShape) {
+        self.inner.shape.set(shape);
     }
 
     /// Calls `finalize(ctx)` (v11+) now instead of when the last object made by this client
@@ -346,7 +366,7 @@ impl ListenComm {
         let raw = self
             .raw
             .ok_or_else(|| Error::invalid_usage("accept on a closed listen comm"))?;
-        with_ctx(&self.client, |_| Ok(()))?;
+        hint_connection(&self.client)?;
         // SAFETY: this plugin's listen comm, live until `close_now` takes it, in a context not
         // finalized (checked).
         let comm = unsafe { self.client.plugin.accept(raw)? };
@@ -404,6 +424,7 @@ impl Connecting {
     pub fn poll(&mut self) -> Result<Option<SendComm>> {
         let dev = device(self.dev)?;
         let handle = &mut self.handle;
+        hint_connection(&self.client)?;
         let comm = with_ctx(&self.client, |ctx| {
             // SAFETY: the handle is boxed memory this object owns, the same on every call of
             // this connection, changed only by the plugin.

@@ -13,8 +13,8 @@ use super::{Job, PacketCensus, StressCounts, WorkerReport};
 use crate::harness::bootstrap::Bootstrap;
 use crate::harness::net::ring_comms;
 use crate::harness::plugin_client::{
-    establish, op, HostBuffer, MrHandle, PluginClient, PluginLibrary, Posted, RecvComm, RecvItem,
-    Request, SendComm, HANDLE_BYTES,
+    establish, op, CommShape, HostBuffer, MrHandle, PluginClient, PluginLibrary, Posted, RecvComm,
+    RecvItem, Request, SendComm, HANDLE_BYTES,
 };
 use nccl_net_lossy::{Error, Result};
 
@@ -128,6 +128,10 @@ pub(super) fn grouped(
         )));
     }
     let client = PluginClient::init(lib, job.version, 0x6209)?;
+    client.set_shape(CommShape {
+        ranks: n,
+        channels: 1,
+    });
     report.plugin = client.name();
     let max_recvs = client.properties(0)?.max_recvs;
     let group = count > 1 && usize::try_from(max_recvs).is_ok_and(|m| m >= count);
@@ -281,6 +285,10 @@ pub(super) fn messages(
     let (rank, n) = (boot.rank(), boot.nranks());
     let prev = (rank + n - 1) % n;
     let client = PluginClient::init(lib, job.version, 0x3e55)?;
+    client.set_shape(CommShape {
+        ranks: n,
+        channels: 1,
+    });
     report.plugin = client.name();
     let (send, recv) = ring_comms(&client, boot, job.timeout())?;
     client.set_net_attr(shape.op_bits)?;
@@ -428,6 +436,12 @@ pub(super) fn stress(
     let clients = (0..shape.comms)
         .map(|c| PluginClient::init(lib, job.version, 0x5700 + c as u64))
         .collect::<Result<Vec<_>>>()?;
+    for client in &clients {
+        client.set_shape(CommShape {
+            ranks: n,
+            channels: 1,
+        });
+    }
     let mut max_recvs = 1;
     if let Some(first) = clients.first() {
         report.plugin = first.name();
