@@ -419,3 +419,28 @@ fn set_net_attr_comes_as_nccls_proxy_sends_it_at_connect_and_per_collective_with
         );
     }
 }
+
+#[test]
+fn a_plugin_whose_set_net_attr_fails_runs_as_under_nccl() {
+    // NCCL's proxy discards what setNetAttr returns (`setNetAttrs`, src/transport/net.cc):
+    // a plugin that fails it still runs. The harness failed the job at the first call.
+    let plugin = common::build_fixture("inline-attr-fails", "inline_tcp_plugin.c");
+    let log = plugin.with_file_name("attrs.txt");
+    let runs = every(&[4096], &[DataType::F32]);
+    let n = runs.len();
+    let job = Job::collectives(plugin, vec![LinkKind::Plugin], runs);
+    let env = vec![
+        ("INLINE_TCP_LOG".to_string(), log.display().to_string()),
+        ("INLINE_TCP_ATTR_FAILS".to_string(), "1".to_string()),
+    ];
+    let reports = launch_env(2, job, env).unwrap_or_else(|e| panic!("the job failed: {e}"));
+    for report in &reports {
+        assert_eq!(report.results.len(), n, "{report:?}");
+        assert!(report.results.iter().all(|r| r.ok), "{report:?}");
+    }
+    let text = std::fs::read_to_string(&log).expect("the plugin's log of attributes");
+    assert!(
+        text.lines().any(|l| l.starts_with("attr ")),
+        "setNetAttr never called:\n{text}"
+    );
+}

@@ -23,7 +23,7 @@ use nccl_net_lossy::ffi::net::{
 pub use nccl_net_lossy::ffi::net::{NetProperties, MAX_GROUPED_RECVS};
 pub use nccl_net_lossy::ffi::HANDLE_BYTES;
 use nccl_net_lossy::ffi::{
-    ncclDebugLogLevel, ncclDebugLogger_t, ncclProfilerCallback_t, ncclResult_t,
+    ncclDebugLogLevel, ncclDebugLogger_t, ncclNetAttr_v11_t, ncclProfilerCallback_t, ncclResult_t,
 };
 use nccl_net_lossy::{Error, Result};
 
@@ -181,8 +181,27 @@ fn finalize_inner(inner: &ClientInner) -> Result<()> {
 /// start of every `connect` and `accept` call (`sendProxyConnect`/`recvProxyConnect`,
 /// src/transport/net.cc); fails after `finalize`.
 fn hint_connection(inner: &ClientInner) -> Result<()> {
-    let attr = net_attr::connection(inner.shape.get());
-    with_ctx(inner, |ctx| inner.plugin.set_net_attributes(ctx, &attr)).map(|_| ())
+    hint(inner, &net_attr::connection(inner.shape.get())).map(|_| ())
+}
+
+/// Calls `setNetAttr(ctx, attr)` (v11+): whether the plugin has it. What it returns is
+/// printed as a warning and otherwise ignored, as NCCL's proxy ignores it (`setNetAttrs`,
+/// src/transport/net.cc); fails only after `finalize`.
+fn hint(inner: &ClientInner, attr: &ncclNetAttr_v11_t) -> Result<bool> {
+    with_ctx(inner, |ctx| {
+        match inner.plugin.set_net_attributes(ctx, attr) {
+            Ok(has) => Ok(has),
+            Err(err) => {
+                // Not `eprintln!`, which panics when stderr cannot be written.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "[pid {}] WARN {err} (ignored, as NCCL does)",
+                    std::process::id()
+                );
+                Ok(true)
+            }
+        }
+    })
 }
 
 /// Runs `f` with the live context, or fails after `finalize`.
@@ -329,10 +348,10 @@ impl PluginClient {
     /// NCCL's `setXferNetAttrs` gives them); `Ok(false)` on older versions, which have no
     /// such call.
     pub fn set_net_attr(&self, op_bits: u32) -> Result<bool> {
-        let attr = net_attr::transfer(self.inner.shape.get(), op_bits);
-        with_ctx(&self.inner, |ctx| {
-            self.inner.plugin.set_net_attributes(ctx, &attr)
-        })
+        hint(
+            &self.inner,
+            &net_attr::transfer(self.inner.shape.get(), op_bits),
+        )
     }
 
     /// Says what the communicator this client stands for looks like (its ranks, its
