@@ -1,9 +1,10 @@
 //! Call sequences NCCL's proxy makes, or a hostile peer or handle forces on it, that the
 //! other ABI tests leave out: `connect` given a handle none of our listeners wrote (NCCL
 //! ships the 128 bytes through its bootstrap; a rank of another build or a corrupted
-//! exchange hands over anything), `connect` to a listener that is gone, and `test` of a
-//! request already reported done. Each is an error, never a hang or a crash, leaves no
-//! socket behind, and the plugin goes on working.
+//! exchange hands over anything), `connect` to a listener that is gone, `test` of a request
+//! already reported done, a receive posted after the sender closed, and comms closed after
+//! the last `finalize`. Each failure is an error, never a hang or a crash, leaves no socket
+//! behind, and the plugin goes on working.
 
 mod common;
 
@@ -175,6 +176,138 @@ fn testing_a_request_already_reported_done_is_an_error_not_a_wait() {
             t.closeSend.expect("closeSend")(sc),
             ncclResult_t::ncclSuccess
         );
+        assert_eq!(
+            t.closeRecv.expect("closeRecv")(rc),
+            ncclResult_t::ncclSuccess
+        );
+        assert_eq!(
+            t.closeListen.expect("closeListen")(lc),
+            ncclResult_t::ncclSuccess
+        );
+        assert_eq!(
+            t.finalize.expect("finalize")(ctx),
+            ncclResult_t::ncclSuccess
+        );
+    }
+}
+
+/// NCCL closes a communicator's comms before it finalizes the context, but a comm closed
+/// after the last `finalize` (the runtime released) must still close cleanly and leave no
+/// socket, and a communicator made after that works.
+#[test]
+fn comms_closed_after_the_last_finalize_close_cleanly_and_leave_no_socket() {
+    let _alone = alone();
+    // SAFETY: ncclNetPlugin_v12 is a ncclNet_v12_t in our headers.
+    let t: &ncclNet_v12_t = unsafe { common::library_table("ncclNetPlugin_v12") };
+    let before = sockets();
+    let ctx = common::raw_context(t, 0xaf7e, None);
+    let (sc, rc, lc) = common::raw_connected(t, ctx);
+    let mut data = vec![3u8; 5000];
+    assert!(
+        common::raw_transfer(t, sc, rc, &mut data) == data,
+        "before finalize"
+    );
+    // SAFETY: live comms and context, each closed or finalized once.
+    unsafe {
+        assert_eq!(
+            t.finalize.expect("finalize")(ctx),
+            ncclResult_t::ncclSuccess
+        );
+        assert_eq!(
+            t.closeListen.expect("closeListen")(lc),
+            ncclResult_t::ncclSuccess
+        );
+        assert_eq!(
+            t.closeSend.expect("closeSend")(sc),
+            ncclResult_t::ncclSuccess
+        );
+        assert_eq!(
+            t.closeRecv.expect("closeRecv")(rc),
+            ncclResult_t::ncclSuccess
+        );
+    }
+    let start = Instant::now();
+    while sockets() != before {
+        assert!(
+            start.elapsed() < HANG,
+            "sockets left: {} of {before}",
+            sockets()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let ctx = common::raw_context(t, 0xaf7f, None);
+    let (sc, rc, lc) = common::raw_connected(t, ctx);
+    assert!(
+        common::raw_transfer(t, sc, rc, &mut data) == data,
+        "a later communicator"
+    );
+    // SAFETY: live comms and context, each closed or finalized once.
+    unsafe {
+        assert_eq!(
+            t.closeSend.expect("closeSend")(sc),
+            ncclResult_t::ncclSuccess
+        );
+        assert_eq!(
+            t.closeRecv.expect("closeRecv")(rc),
+            ncclResult_t::ncclSuccess
+        );
+        assert_eq!(
+            t.closeListen.expect("closeListen")(lc),
+            ncclResult_t::ncclSuccess
+        );
+        assert_eq!(
+            t.finalize.expect("finalize")(ctx),
+            ncclResult_t::ncclSuccess
+        );
+    }
+}
+
+/// A receive posted after the sender closed its comm (orderly, between messages) can never
+/// be satisfied: NCCL's Socket plugin fails its `test` with `ncclRemoteError` ("Connection
+/// closed by remote peer", src/misc/socket.cc) as soon as it reads the end of the stream;
+/// it must fail so here too, not stay pending for ever.
+#[test]
+fn a_receive_posted_after_the_senders_close_fails_at_test_as_a_remote_error() {
+    let _alone = alone();
+    // SAFETY: ncclNetPlugin_v12 is a ncclNet_v12_t in our headers.
+    let t: &ncclNet_v12_t = unsafe { common::library_table("ncclNetPlugin_v12") };
+    let ctx = common::raw_context(t, 0xc105e, None);
+    let (sc, rc, lc) = common::raw_connected(t, ctx);
+    let mut data = vec![9u8; 3000];
+    assert!(
+        common::raw_transfer(t, sc, rc, &mut data) == data,
+        "the last message"
+    );
+    // SAFETY: a live sendComm, closed once.
+    assert_eq!(
+        unsafe { t.closeSend.expect("closeSend")(sc) },
+        ncclResult_t::ncclSuccess
+    );
+    let mut into = vec![0u8; 3000];
+    let start = Instant::now();
+    // SAFETY: a live recvComm of `t`; the buffer outlives the request.
+    let code = unsafe {
+        let mut req: *mut c_void = null_mut();
+        while req.is_null() {
+            req = common::raw_irecv(t, rc, &mut into, 1, null_mut());
+        }
+        let mut done: c_int = 0;
+        let mut size: c_int = 0;
+        loop {
+            let code = t.test.expect("test")(req, &mut done, &mut size);
+            if code != ncclResult_t::ncclSuccess || done != 0 {
+                break code;
+            }
+            assert!(
+                start.elapsed() < HANG,
+                "the receive stayed pending after the close"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    assert_eq!(code, ncclResult_t::ncclRemoteError);
+    // SAFETY: live comms and context, each closed or finalized once.
+    unsafe {
         assert_eq!(
             t.closeRecv.expect("closeRecv")(rc),
             ncclResult_t::ncclSuccess
