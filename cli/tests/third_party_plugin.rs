@@ -444,3 +444,37 @@ fn a_plugin_whose_set_net_attr_fails_runs_as_under_nccl() {
         "setNetAttr never called:\n{text}"
     );
 }
+
+#[test]
+fn a_comm_a_failed_connect_handed_out_is_closed_as_nccl_closes_it() {
+    // NCCL's proxy closes the sendComm a failed `connect` left in its out-pointer
+    // (`sendProxyConnect`, src/transport/net.cc) before it reports the error; the harness
+    // dropped it, so the plugin's connection stayed open.
+    let plugin = forward_plugin("connect-fails-with-comm");
+    let log = plugin.with_file_name("connects.txt");
+    let job = Job::collectives(
+        plugin,
+        vec![LinkKind::Plugin],
+        every(&[4096], &[DataType::F32]),
+    );
+    let mut env = env();
+    env.push((
+        "FORWARD_PLUGIN_CONNECT_FAIL_LOG".to_string(),
+        log.display().to_string(),
+    ));
+    let err = launch_env(2, job, env).expect_err("a job whose connects fail");
+    assert!(err.message.contains("connect"), "{err}");
+    let text = std::fs::read_to_string(&log).expect("the plugin's log of connects");
+    let handed: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("handed "))
+        .collect();
+    assert!(!handed.is_empty(), "no connect handed out a comm:\n{text}");
+    for comm in handed {
+        assert!(
+            text.lines()
+                .any(|l| l.strip_prefix("closed ") == Some(comm)),
+            "comm {comm} was never closed:\n{text}"
+        );
+    }
+}

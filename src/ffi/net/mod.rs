@@ -525,7 +525,16 @@ impl NetPlugin {
         let d = c_int::try_from(dev).map_err(|_| Error::invalid_argument("device index"))?;
         // SAFETY: a live context, and the handle per this function's contract.
         let (code, comm) = unsafe { self.api.connect(ctx, d, handle.as_mut_ptr().cast(), class) };
-        self.check(code, "connect")?;
+        if let Err(err) = self.check(code, "connect") {
+            if !comm.is_null() {
+                // A comm the failed call handed out all the same is closed, as NCCL's proxy
+                // closes it (`sendProxyConnect`, src/transport/net.cc); the error is the
+                // connect's.
+                // SAFETY: the sendComm the plugin just wrote, used nowhere else.
+                let _ = unsafe { (self.shared.close_send)(comm) };
+            }
+            return Err(err);
+        }
         Ok((!comm.is_null()).then_some(NetComm(comm)))
     }
 
