@@ -23,7 +23,7 @@ use nccl_net_lossy::ffi::net::{
 pub use nccl_net_lossy::ffi::net::{NetProperties, MAX_GROUPED_RECVS};
 pub use nccl_net_lossy::ffi::HANDLE_BYTES;
 use nccl_net_lossy::ffi::{
-    ncclDebugLogLevel, ncclDebugLogger_t, ncclNetAttr_v11_t, ncclProfilerCallback_t, ncclResult_t,
+    ncclDebugLogLevel, ncclDebugLogger_t, ncclProfilerCallback_t, ncclResult_t,
 };
 use nccl_net_lossy::{Error, Result};
 
@@ -177,33 +177,6 @@ fn finalize_inner(inner: &ClientInner) -> Result<()> {
     }
 }
 
-/// Gives the plugin the connection's `setNetAttr` hints (v11+), as NCCL's proxy does at the
-/// start of every `connect` and `accept` call (`sendProxyConnect`/`recvProxyConnect`,
-/// src/transport/net.cc); fails after `finalize`.
-fn hint_connection(inner: &ClientInner) -> Result<()> {
-    hint(inner, &net_attr::connection(inner.shape.get())).map(|_| ())
-}
-
-/// Calls `setNetAttr(ctx, attr)` (v11+): whether the plugin has it. What it returns is
-/// printed as a warning and otherwise ignored, as NCCL's proxy ignores it (`setNetAttrs`,
-/// src/transport/net.cc); fails only after `finalize`.
-fn hint(inner: &ClientInner, attr: &ncclNetAttr_v11_t) -> Result<bool> {
-    with_ctx(inner, |ctx| {
-        match inner.plugin.set_net_attributes(ctx, attr) {
-            Ok(has) => Ok(has),
-            Err(err) => {
-                // Not `eprintln!`, which panics when stderr cannot be written.
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "[pid {}] WARN {err} (ignored, as NCCL does)",
-                    std::process::id()
-                );
-                Ok(true)
-            }
-        }
-    })
-}
-
 /// Runs `f` with the live context, or fails after `finalize`.
 fn with_ctx<T>(inner: &ClientInner, f: impl FnOnce(&NetContext) -> Result<T>) -> Result<T> {
     match inner.ctx.borrow().as_ref() {
@@ -348,7 +321,7 @@ impl PluginClient {
     /// NCCL's `setXferNetAttrs` gives them); `Ok(false)` on older versions, which have no
     /// such call.
     pub fn set_net_attr(&self, op_bits: u32) -> Result<bool> {
-        hint(
+        net_attr::hint(
             &self.inner,
             &net_attr::transfer(self.inner.shape.get(), op_bits),
         )
@@ -385,7 +358,7 @@ impl ListenComm {
         let raw = self
             .raw
             .ok_or_else(|| Error::invalid_usage("accept on a closed listen comm"))?;
-        hint_connection(&self.client)?;
+        net_attr::hint_connection(&self.client)?;
         // SAFETY: this plugin's listen comm, live until `close_now` takes it, in a context not
         // finalized (checked).
         let comm = unsafe { self.client.plugin.accept(raw)? };
@@ -443,7 +416,7 @@ impl Connecting {
     pub fn poll(&mut self) -> Result<Option<SendComm>> {
         let dev = device(self.dev)?;
         let handle = &mut self.handle;
-        hint_connection(&self.client)?;
+        net_attr::hint_connection(&self.client)?;
         let comm = with_ctx(&self.client, |ctx| {
             // SAFETY: the handle is boxed memory this object owns, the same on every call of
             // this connection, changed only by the plugin.

@@ -6,9 +6,12 @@
 //! operation (`setXferNetAttrs`: a ring has one peer each way, over the collective's
 //! channels). No NCCL run passes zero peers or flows.
 
-use nccl_net_lossy::ffi::{ncclNetAttr_v11_t, ncclNetCommAttr_v11_t};
+use std::io::Write;
 
-use super::{ALGO_RING_BIT, PROTO_SIMPLE_BIT};
+use nccl_net_lossy::ffi::{ncclNetAttr_v11_t, ncclNetCommAttr_v11_t};
+use nccl_net_lossy::Result;
+
+use super::{with_ctx, ClientInner, ALGO_RING_BIT, PROTO_SIMPLE_BIT};
 
 /// `NCCL_NET_ATTR_UNDEF` as NCCL stores it in the unsigned fields.
 const UNDEF: u32 = u32::MAX;
@@ -78,4 +81,31 @@ pub(super) fn transfer(shape: CommShape, op: u32) -> ncclNetAttr_v11_t {
         algo: ALGO_RING_BIT,
         proto: PROTO_SIMPLE_BIT,
     }
+}
+
+/// Gives the plugin the connection's `setNetAttr` hints (v11+), as NCCL's proxy does at the
+/// start of every `connect` and `accept` call (`sendProxyConnect`/`recvProxyConnect`,
+/// src/transport/net.cc); fails after `finalize`.
+pub(super) fn hint_connection(inner: &ClientInner) -> Result<()> {
+    hint(inner, &connection(inner.shape.get())).map(|_| ())
+}
+
+/// Calls `setNetAttr(ctx, attr)` (v11+): whether the plugin has it. What it returns is
+/// printed as a warning and otherwise ignored, as NCCL's proxy ignores it (`setNetAttrs`,
+/// src/transport/net.cc); fails only after `finalize`.
+pub(super) fn hint(inner: &ClientInner, attr: &ncclNetAttr_v11_t) -> Result<bool> {
+    with_ctx(inner, |ctx| {
+        match inner.plugin.set_net_attributes(ctx, attr) {
+            Ok(has) => Ok(has),
+            Err(err) => {
+                // Not `eprintln!`, which panics when stderr cannot be written.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "[pid {}] WARN {err} (ignored, as NCCL does)",
+                    std::process::id()
+                );
+                Ok(true)
+            }
+        }
+    })
 }
