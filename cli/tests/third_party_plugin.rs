@@ -478,3 +478,26 @@ fn a_comm_a_failed_connect_handed_out_is_closed_as_nccl_closes_it() {
         );
     }
 }
+
+#[test]
+fn a_plugin_whose_max_p2p_bytes_nccl_refuses_gets_no_connection() {
+    // NCCL sets up no connection of a plugin whose device reports maxP2pBytes outside
+    // (0, 1 TiB]: sendProxySetup and recvProxySetup fail with ncclInternalError ("net plugin
+    // returned invalid value for maxP2pBytes", src/transport/net.cc). The harness ran it.
+    let run = |test: &str, bytes: &str| {
+        let job = Job::collectives(
+            forward_plugin(test),
+            vec![LinkKind::Plugin],
+            every(&[4096], &[DataType::F32]),
+        );
+        let mut env = env();
+        env.push(("FORWARD_PLUGIN_MAX_P2P_BYTES".into(), bytes.into()));
+        env.push(("NCCL_LOSSY_SET".into(), "model.rate=0".into()));
+        launch_env(2, job, env).map(|_| ())
+    };
+    for (test, bytes) in [("max-p2p-zero", "0"), ("max-p2p-over-1t", "0x10000000001")] {
+        let err = run(test, bytes).expect_err(bytes);
+        assert!(err.message.contains("maxP2pBytes"), "{bytes}: {err}");
+    }
+    run("max-p2p-1t", "0x10000000000").expect("1 TiB, NCCL's largest");
+}

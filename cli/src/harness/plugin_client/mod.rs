@@ -177,6 +177,24 @@ fn finalize_inner(inner: &ClientInner) -> Result<()> {
     }
 }
 
+/// NCCL's most bytes per point-to-point message (`NCCL_MAX_NET_SIZE_BYTES`, 1 TiB).
+const MAX_NET_SIZE_BYTES: usize = 1 << 40;
+
+/// What NCCL's proxy checks of device `dev` before it listens or connects on it
+/// (`recvProxySetup`/`sendProxySetup`, src/transport/net.cc): `maxP2pBytes` in (0, 1 TiB],
+/// else `ncclInternalError` and no connection.
+fn check_setup(inner: &ClientInner, dev: i32) -> Result<()> {
+    let max = inner.plugin.properties(device(dev)?)?.max_p2p_bytes;
+    if max == 0 || max > MAX_NET_SIZE_BYTES {
+        return Err(Error::internal(format!(
+            "net plugin {}: device {dev} reports maxP2pBytes {max}, outside the (0, \
+             {MAX_NET_SIZE_BYTES}] NCCL sets up connections with",
+            inner.plugin.name()
+        )));
+    }
+    Ok(())
+}
+
 /// Runs `f` with the live context, or fails after `finalize`.
 fn with_ctx<T>(inner: &ClientInner, f: impl FnOnce(&NetContext) -> Result<T>) -> Result<T> {
     match inner.ctx.borrow().as_ref() {
@@ -285,6 +303,7 @@ impl PluginClient {
     /// Starts listening on `dev`: the handle to ship to the peer, and the listening comm.
     pub fn listen(&self, dev: i32) -> Result<(ConnHandle, ListenComm)> {
         let mut handle: ConnHandle = [0; HANDLE_BYTES];
+        check_setup(&self.inner, dev)?;
         let comm = with_ctx(&self.inner, |ctx| {
             self.inner.plugin.listen(ctx, device(dev)?, &mut handle)
         })?;
@@ -313,6 +332,7 @@ impl PluginClient {
             handle: Box::new(*handle),
             dev,
             client: Rc::clone(&self.inner),
+            set_up: false,
         }
     }
 
@@ -409,12 +429,18 @@ pub struct Connecting {
     handle: Box<ConnHandle>,
     dev: i32,
     client: Rc<ClientInner>,
+    /// Whether [`check_setup`] passed (NCCL checks once, before its first `connect`).
+    set_up: bool,
 }
 
 impl Connecting {
     /// Calls `connect` once: `Ok(None)` while the connection is not ready.
     pub fn poll(&mut self) -> Result<Option<SendComm>> {
         let dev = device(self.dev)?;
+        if !self.set_up {
+            check_setup(&self.client, self.dev)?;
+            self.set_up = true;
+        }
         let handle = &mut self.handle;
         net_attr::hint_connection(&self.client)?;
         let comm = with_ctx(&self.client, |ctx| {
