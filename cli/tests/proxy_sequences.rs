@@ -2,8 +2,8 @@
 //! other ABI tests leave out: `connect` given a handle none of our listeners wrote (NCCL
 //! ships the 128 bytes through its bootstrap; a rank of another build or a corrupted
 //! exchange hands over anything), `connect` to a listener that is gone, `test` of a request
-//! already reported done, a receive posted after the sender closed, and comms closed after
-//! the last `finalize`. Each failure is an error, never a hang or a crash, leaves no socket
+//! already reported done, a receive posted after the sender closed, comms closed after the
+//! last `finalize`, and `irecv` over NCCL's 0x1 preset with every request slot busy. Each failure is an error, never a hang or a crash, leaves no socket
 //! behind, and the plugin goes on working.
 
 mod common;
@@ -308,6 +308,70 @@ fn a_receive_posted_after_the_senders_close_fails_at_test_as_a_remote_error() {
     assert_eq!(code, ncclResult_t::ncclRemoteError);
     // SAFETY: live comms and context, each closed or finalized once.
     unsafe {
+        assert_eq!(
+            t.closeRecv.expect("closeRecv")(rc),
+            ncclResult_t::ncclSuccess
+        );
+        assert_eq!(
+            t.closeListen.expect("closeListen")(lc),
+            ncclResult_t::ncclSuccess
+        );
+        assert_eq!(
+            t.finalize.expect("finalize")(ctx),
+            ncclResult_t::ncclSuccess
+        );
+    }
+}
+
+/// NCCL presets `*request` to `NCCL_NET_OPTIONAL_RECV_COMPLETION` (0x1) before an LL/LL128
+/// `irecv` of one buffer (`recvProxyProgress`, src/transport/net.cc) and, for v9+ plugins,
+/// passes it on unchanged: `irecv` must overwrite it both with a request and with the NULL
+/// that means "not yet" (every one of the comm's `NCCL_NET_MAX_REQUESTS` slots busy), or
+/// NCCL takes 0x1 for a request.
+#[test]
+fn irecv_overwrites_nccls_optional_completion_preset_whether_it_posts_or_not() {
+    let _alone = alone();
+    // SAFETY: ncclNetPlugin_v12 is a ncclNet_v12_t in our headers.
+    let t: &ncclNet_v12_t = unsafe { common::library_table("ncclNetPlugin_v12") };
+    let ctx = common::raw_context(t, 0x0971, None);
+    let (sc, rc, lc) = common::raw_connected(t, ctx);
+    let optional = 1usize as *mut c_void;
+    let mut bufs = vec![[0u8; 8]; 33];
+    let mut posted = 0;
+    for buf in &mut bufs {
+        let mut ptr: *mut c_void = buf.as_mut_ptr().cast();
+        let (mut size, mut tag, mut mr) = (8usize, 1 as c_int, null_mut());
+        let mut request = optional;
+        // SAFETY: a live recvComm; arrays of one entry; the buffer outlives the comm.
+        let code = unsafe {
+            t.irecv.expect("irecv")(
+                rc,
+                1,
+                &mut ptr,
+                &mut size,
+                &mut tag,
+                &mut mr,
+                null_mut(),
+                &mut request,
+            )
+        };
+        assert_eq!(code, ncclResult_t::ncclSuccess);
+        assert_ne!(
+            request, optional,
+            "irecv {posted} left NCCL's preset in place"
+        );
+        if request.is_null() {
+            break;
+        }
+        posted += 1;
+    }
+    assert_eq!(posted, 32, "receives posted before the slots ran out");
+    // SAFETY: live comms and context (the pending receives go with their comm).
+    unsafe {
+        assert_eq!(
+            t.closeSend.expect("closeSend")(sc),
+            ncclResult_t::ncclSuccess
+        );
         assert_eq!(
             t.closeRecv.expect("closeRecv")(rc),
             ncclResult_t::ncclSuccess
