@@ -65,6 +65,33 @@ fn demo_names_the_profile_the_plugin_loaded() {
     );
 }
 
+/// `lossy demo | head -1`, `lossy validate ... | head -1`: a reader that closes the pipe early
+/// stops the command quietly, as it does `lossy report`, with no panic and backtrace.
+#[test]
+fn commands_stop_quietly_when_the_reader_closes_the_pipe() {
+    let runs: [&[&str]; 3] = [
+        &["demo", "--ranks", "2", "--sizes", "4096"],
+        &["validate", "configs/uniform-1pct.toml"],
+        &["simulate", "configs/uniform-1pct.toml", "--packets", "1000"],
+    ];
+    for args in runs {
+        let mut child = Command::new(lossy_exe())
+            .args(args)
+            .env_remove("NCCL_LOSSY_PROFILE")
+            .env_remove("NCCL_LOSSY_SET")
+            .env_remove("NCCL_LOSSY_STATS")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run lossy");
+        // Close the reading end before the command writes anything.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("wait for lossy");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
+
 #[test]
 fn bench_prints_plugin_and_raw_tcp_side_by_side() {
     let out = lossy(&["bench", "--sizes", "small", "--iters", "2", "--lossless"]);

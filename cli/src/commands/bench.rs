@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use crate::harness::cluster::{print_ranks, run_ranks, ClusterArgs, Ranks};
+use crate::harness::cluster::{rank_lines, run_ranks, ClusterArgs, Ranks};
 use crate::harness::collectives::{Collective, DataType};
 use crate::harness::launch::Launch;
 use crate::harness::plugin_client::default_library_path;
@@ -453,7 +453,7 @@ fn bench(args: &Args) -> Result<()> {
         );
     }
     if let Some(members) = &members {
-        print_ranks(members);
+        print!("{}", rank_lines(members));
     }
     println!(
         "# plugin: {} send comms per rank",

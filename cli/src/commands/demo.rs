@@ -2,12 +2,13 @@
 //! all-reduce, all-gather and reduce-scatter through the plugin (under the embedded default
 //! profile unless `NCCL_LOSSY_PROFILE` says otherwise) and print what happened.
 
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::SystemTime;
 
 use super::bench::{element_bytes, fmt_bytes, parse_sizes, plugin_library, slowest, Check};
-use crate::harness::cluster::{print_ranks, run_ranks, ClusterArgs, Ranks};
+use crate::harness::cluster::{rank_lines, run_ranks, ClusterArgs, Ranks};
 use crate::harness::collectives::{Collective, DataType};
 use crate::harness::launch::Launch;
 use crate::harness::scratch::ScratchDir;
@@ -113,14 +114,19 @@ fn demo(args: &Args) -> Result<bool> {
         return Ok(true);
     };
     let n = reports.len();
-    println!(
+    // One text, written at the end: a reader that closed the pipe (`lossy demo | head`)
+    // ends the output quietly, as `lossy report`'s.
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
         "lossy demo: {n} {}ranks, ring collectives through the plugin, profile: {profile}",
         if members.is_some() { "" } else { "local " }
     );
     if let Some(members) = &members {
-        print_ranks(members);
+        out += &rank_lines(members);
     }
-    println!(
+    let _ = writeln!(
+        out,
         "{:<15} {:>9} {:>10} {:>8} {:>8}  {:<9}",
         "collective", "size", "time (us)", "algbw", "busbw", "result"
     );
@@ -137,7 +143,8 @@ fn demo(args: &Args) -> Result<bool> {
         } else {
             0.0
         };
-        println!(
+        let _ = writeln!(
+            out,
             "{:<15} {:>9} {:>10.1} {:>8.2} {:>8.2}  {:<9}",
             run.collective.to_string(),
             fmt_bytes(run.bytes),
@@ -151,14 +158,22 @@ fn demo(args: &Args) -> Result<bool> {
             }
         );
     }
-    println!("(GB/s; busbw as nccl-tests computes it)");
+    let _ = writeln!(out, "(GB/s; busbw as nccl-tests computes it)");
     if corrupts_data {
-        println!("(\"damaged\": the profile's effect changed data, as it is meant to)");
+        let _ = writeln!(
+            out,
+            "(\"damaged\": the profile's effect changed data, as it is meant to)"
+        );
     }
     if members.is_some() {
-        println!("(the loss below is rank 0's own; the rank lines above give every rank's)");
+        let _ = writeln!(
+            out,
+            "(the loss below is rank 0's own; the rank lines above give every rank's)"
+        );
     }
-    print_losses(stats.as_ref());
+    out += &loss_lines(stats.as_ref());
+    super::write_stdout(&out)
+        .map_err(|e| nccl_net_lossy::Error::system(format!("cannot write the table: {e}")))?;
     Ok(all_ok)
 }
 
@@ -198,17 +213,19 @@ fn load_own_stats(
 }
 
 /// The loss each collective saw, from the statistics files the ranks wrote.
-fn print_losses(stats: Option<&(RunSummary, usize)>) {
+fn loss_lines(stats: Option<&(RunSummary, usize)>) -> String {
+    let mut out = String::new();
     let Some((run, left_out)) = stats else {
-        println!("no statistics files were written, so no loss counts");
-        return;
+        return "no statistics files were written, so no loss counts\n".to_string();
     };
-    println!(
+    let _ = writeln!(
+        out,
         "\n{:<15} {:>10} {:>12} {:>12} {:>9}",
         "collective", "messages", "packets", "lost", "loss"
     );
     for op in run.by_op.iter().chain(std::iter::once(&run.total)) {
-        println!(
+        let _ = writeln!(
+            out,
             "{:<15} {:>10} {:>12} {:>12} {:>8.3}%",
             op.op,
             op.counts.messages,
@@ -218,12 +235,15 @@ fn print_losses(stats: Option<&(RunSummary, usize)>) {
         );
     }
     if *left_out > 0 {
-        println!(
-            "(this run's {} statistics files only: {left_out} from earlier runs in {} left out)",
+        let _ = writeln!(
+            out,
+            "(this run's {} statistics files only: {left_out} from earlier runs in {} left \
+             out)",
             run.files, run.run
         );
     }
     for warning in &run.warnings {
-        println!("warning: {warning}");
+        let _ = writeln!(out, "warning: {warning}");
     }
+    out
 }

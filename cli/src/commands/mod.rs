@@ -47,6 +47,17 @@ pub(crate) fn shell_quote_bytes(value: &[u8]) -> Vec<u8> {
     }
 }
 
+/// Writes `text` to stdout; a reader that closed the pipe early (`lossy report RUN | head`,
+/// `lossy demo | head`) is not an error: what it did not read is simply not written.
+pub(crate) fn write_stdout(text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other,
+    }
+}
+
 /// Command-line interface of `lossy`.
 #[derive(Parser, Debug)]
 #[command(

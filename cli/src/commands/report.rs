@@ -90,7 +90,7 @@ fn emit<T: serde::Serialize>(
     } else {
         table()
     };
-    if let Err(err) = write_stdout(&text) {
+    if let Err(err) = super::write_stdout(&text) {
         eprintln!("lossy report: cannot write the report: {err}");
         return ExitCode::FAILURE;
     }
@@ -102,17 +102,6 @@ fn emit<T: serde::Serialize>(
         eprintln!("lossy report: wrote {}", path.display());
     }
     ExitCode::SUCCESS
-}
-
-/// Writes `text` to stdout; a reader that closed the pipe early (`lossy report RUN | head`) is
-/// not an error: what it did not read is simply not written.
-fn write_stdout(text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        other => other,
-    }
 }
 
 /// `lossy report --per-step`.

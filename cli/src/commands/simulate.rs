@@ -1,6 +1,7 @@
 //! `lossy simulate`: run a profile's models offline and set what they did next to what their
 //! closed forms say they should do in the long run.
 
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -216,29 +217,32 @@ pub fn run(args: Args) -> ExitCode {
             .collect();
         // The profile's JSON names the overrides it was read with.
         let out = json!({"profile": profile.to_json(), "packets": packets, "rules": rules});
-        println!("{out}");
-        return ExitCode::SUCCESS;
+        return finish(format!("{out}\n"));
     }
-    println!("{}", profile.summary());
+    let mut out = String::new();
+    let _ = writeln!(out, "{}", profile.summary());
     for (from, set) in &applied {
-        println!("  override from {from}: {}", set.trim());
+        let _ = writeln!(out, "  override from {from}: {}", set.trim());
     }
     for (label, name, action, m) in &results {
         let name = name
             .as_ref()
             .map(|n| format!(" \"{n}\""))
             .unwrap_or_default();
-        println!(
+        let _ = writeln!(
+            out,
             "{label}{name}: {} packets of {}",
             m.packets,
             action.model.describe()
         );
-        println!(
+        let _ = writeln!(
+            out,
             "  loss rate  {:>10}   expected {}",
             short(m.loss_rate()),
             short(action.model.expected_loss_rate())
         );
-        println!(
+        let _ = writeln!(
+            out,
             "  mean burst {:>10}   expected {}",
             short(m.mean_burst()),
             short(action.model.expected_mean_burst())
@@ -251,10 +255,22 @@ pub fn run(args: Args) -> ExitCode {
                 .filter(|(_, &c)| c > 0)
                 .map(|(i, &c)| format!("{}: {}", bin_label(i), c))
                 .collect();
-            println!("  bursts     {} ({})", m.bursts, bins.join(", "));
+            let _ = writeln!(out, "  bursts     {} ({})", m.bursts, bins.join(", "));
         }
     }
-    ExitCode::SUCCESS
+    finish(out)
+}
+
+/// Writes the result; a reader that closed the pipe (`lossy simulate P | head`) ends it
+/// quietly.
+fn finish(out: String) -> ExitCode {
+    match super::write_stdout(&out) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("lossy simulate: cannot write the result: {err}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 #[cfg(test)]

@@ -70,12 +70,18 @@ pub fn run(args: Args) -> ExitCode {
     for file in files {
         match Profile::load_layers(file.map(PathBuf::as_path), &layers) {
             Ok(profile) => {
-                println!("{}", profile.summary());
+                // A reader that closed the pipe (`lossy validate P | head -1`) ends the
+                // output quietly; the exit status still says whether every file is valid.
+                let mut out = format!("{}\n", profile.summary());
+                for (from, set) in &applied {
+                    out += &format!("  override from {from}: {}\n", set.trim());
+                }
+                if let Err(err) = super::write_stdout(&out) {
+                    eprintln!("lossy validate: cannot write the summary: {err}");
+                    failed = true;
+                }
                 for warning in profile.warnings() {
                     eprintln!("lossy validate: warning: {warning}");
-                }
-                for (from, set) in &applied {
-                    println!("  override from {from}: {}", set.trim());
                 }
             }
             Err(err) => {

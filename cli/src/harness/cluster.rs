@@ -663,9 +663,12 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-/// Prints the per-rank lines of rank 0's table: host, interface, address, loss.
-pub fn print_ranks(reports: &[RankReport]) {
-    println!(
+/// The per-rank lines of rank 0's table: host, interface, address, loss.
+pub fn rank_lines(reports: &[RankReport]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
         "# {:>4} {:<16} {:<10} {:<24} {:>12} {:>12} {:>8}",
         "rank", "host", "interface", "plugin address", "packets", "lost", "loss"
     );
@@ -675,7 +678,8 @@ pub fn print_ranks(reports: &[RankReport]) {
             (Some(p), Some(l)) if p > 0 => format!("{:.3}%", 100.0 * l as f64 / p as f64),
             _ => "-".into(),
         };
-        println!(
+        let _ = writeln!(
+            out,
             "# {:>4} {:<16} {:<10} {:<24} {:>12} {:>12} {:>8}",
             rank,
             r.host,
@@ -686,6 +690,7 @@ pub fn print_ranks(reports: &[RankReport]) {
             rate
         );
     }
+    out
 }
 
 #[cfg(test)]
