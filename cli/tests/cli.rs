@@ -65,6 +65,25 @@ fn demo_names_the_profile_the_plugin_loaded() {
     );
 }
 
+#[test]
+fn demo_names_the_overrides_it_ran_with() {
+    // NCCL_LOSSY_SET=model.rate=0.05 on a 1% profile: the demo's header said only
+    // "profile: configs/uniform-1pct.toml", the condition the user did not run, while
+    // `lossy validate` and `lossy report` named the override.
+    let stdout = lossy_env(
+        &["demo", "--ranks", "2", "--sizes", "4096"],
+        &[
+            ("NCCL_LOSSY_PROFILE", "configs/uniform-1pct.toml"),
+            ("NCCL_LOSSY_SET", "model.rate=0.05"),
+        ],
+    );
+    let header = stdout.lines().next().unwrap_or_default();
+    assert!(
+        header.ends_with("profile: configs/uniform-1pct.toml (NCCL_LOSSY_SET: model.rate=0.05)"),
+        "{stdout}"
+    );
+}
+
 /// `lossy demo | head -1`, `lossy validate ... | head -1`: a reader that closes the pipe early
 /// stops the command quietly, as it does `lossy report`, with no panic and backtrace.
 #[test]

@@ -102,8 +102,13 @@ fn demo(args: &Args) -> Result<bool> {
     // failure; read it as the plugin will (a broken profile stops the demo here, loudly).
     let loaded = Profile::from_env()?;
     let corrupts_data = loaded.corrupts_data();
-    // Named as the plugin names it (an unset or empty NCCL_LOSSY_PROFILE: the embedded default).
-    let profile = loaded.origin;
+    // Named as the plugin names it (an unset or empty NCCL_LOSSY_PROFILE: the embedded
+    // default), with the overrides it ran under, as `lossy validate` and `lossy report` say.
+    let profile = if loaded.overrides_shown.is_empty() {
+        loaded.origin
+    } else {
+        format!("{} ({})", loaded.origin, loaded.overrides_shown)
+    };
     // A directory kept from an earlier run (`--stats-dir`, `NCCL_LOSSY_STATS`) holds its
     // files: the loss below is this run's alone (they were summed in, without a word).
     let earlier = stats_files_now(&stats_dir);
