@@ -300,3 +300,22 @@ def test_summarize_groups_by_the_columns_named_and_refuses_one_no_row_has():
     with pytest.raises(ValueError, match=r"'phse'.*allowed:.*\bphase\b"):
         nccl_lossy.summarize(rows, by=("op", "phse"))
     assert nccl_lossy.summarize([], by=("anything",)) == []
+
+
+def test_a_directory_without_statistics_files_is_a_warning_not_an_empty_run(tmp_path, recwarn):
+    # read_stats() on a directory the run never wrote to (a typo, another working directory,
+    # NCCL_LOSSY_STATS not set) returned [] without a word, which summarize() turned into an
+    # empty table, as if nothing had been sent; `lossy report` refuses such a directory.
+    (tmp_path / "notes.txt").write_text("not a statistics file")
+    for table in ("ops", "steps", "step_ops", "bursts", "latency"):
+        with pytest.warns(UserWarning, match="holds no statistics files") as caught:
+            assert nccl_lossy.read_stats(tmp_path, table=table) == []
+        text = str(caught[0].message)
+        assert str(tmp_path) in text and "lossy-stats-rank*.json" in text, text
+        assert "lossy-steps-rank*.json" in text and "NCCL_LOSSY_STATS" in text, text
+    # A run of the plugin's files only has no per-step rows, and says nothing about it.
+    (tmp_path / "lossy-stats-rank0-h-1.json").write_text(json.dumps(PLUGIN_DOC))
+    recwarn.clear()
+    assert nccl_lossy.read_stats(tmp_path, table="step_ops") == []
+    assert nccl_lossy.read_stats(tmp_path) == []
+    assert not [w for w in recwarn if "holds no statistics files" in str(w.message)]

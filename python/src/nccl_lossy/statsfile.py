@@ -387,6 +387,19 @@ def _warn_steps_beyond(doc: Dict[str, Any]) -> None:
         )
 
 
+def _warn_no_files(path: Union[str, Path]) -> None:
+    """A directory holding neither the plugin's files nor the per-step files is no run: say so
+    (as ``lossy report`` refuses it) instead of returning tables as empty as a run that sent
+    nothing."""
+    if Path(path).is_dir() and not stats_files(path) and not stats_files(path, STEP_FILE_GLOB):
+        warnings.warn(
+            f"{path} holds no statistics files ({FILE_GLOB}, {STEP_FILE_GLOB}): was "
+            "NCCL_LOSSY_STATS (lossy run --stats DIR, LossyNetwork(stats_dir=...)) set for the "
+            "run, and is this the directory it named?",
+            stacklevel=3,
+        )
+
+
 def read_stats(path: Union[str, Path], dataframe: Union[bool, str] = False, table: str = "ops") -> Any:
     """A run's statistics as the rows of ``table`` (one of :data:`TABLES`, columns in order).
 
@@ -395,6 +408,7 @@ def read_stats(path: Union[str, Path], dataframe: Union[bool, str] = False, tabl
     is installed and the list of row dicts otherwise, False the list."""
     if table not in TABLES:
         raise ValueError(f"table={table!r}: allowed: {', '.join(TABLES)}")
+    _warn_no_files(path)
     rows: List[Dict[str, Any]] = []
     if table == "step_ops":
         step_docs = []
