@@ -14,7 +14,8 @@ fn lossy(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(lossy_exe());
     cmd.args(args)
         .env_remove("NCCL_LOSSY_SET")
-        .env_remove("NCCL_LOSSY_PROFILE");
+        .env_remove("NCCL_LOSSY_PROFILE")
+        .env_remove("NCCL_LOSSY_INNER");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -319,4 +320,49 @@ fn a_rule_an_earlier_rule_always_takes_first_is_warned_about() {
         "{stdout}{stderr}"
     );
     std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn validate_refuses_the_wrap_settings_the_plugin_and_lossy_run_refuse() {
+    // `transport = "wrap"` without `inner` and without NCCL_LOSSY_INNER: the plugin fails at
+    // init and `lossy run` refuses it, but validate printed the summary and exited 0; so did
+    // `transport = "socket"` under NCCL_LOSSY_INNER, which the plugin refuses too.
+    let dir = fresh_dir("validate-wrap");
+    let wrap = write(
+        &dir,
+        "wrap.toml",
+        "transport = \"wrap\"\nmodel = \"none\"\n",
+    );
+    let socket = write(
+        &dir,
+        "socket.toml",
+        "transport = \"socket\"\nmodel = \"none\"\n",
+    );
+    let out = lossy(&["validate", &wrap], &[]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{stdout}{stderr}");
+    assert!(
+        stderr.contains(&wrap)
+            && stderr.contains("transport = \"wrap\" but names no plugin to wrap")
+            && stderr.contains("NCCL_LOSSY_INNER"),
+        "{stderr}"
+    );
+    // the same words as `lossy run`'s refusal
+    let run = lossy(&["run", "--profile", &wrap, "--", "true"], &[]);
+    let (_, run_err) = text(&run);
+    assert_eq!(run.status.code(), Some(2), "{run_err}");
+    let reason = |s: &str| s.split_once(": ").map(|(_, r)| r.trim().to_string());
+    assert_eq!(reason(&stderr), reason(&run_err), "{stderr}\n{run_err}");
+    // with the plugin to wrap named in the environment the profile is fine
+    let out = lossy(&["validate", &wrap], &[("NCCL_LOSSY_INNER", "ofi")]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    let out = lossy(&["validate", &socket], &[("NCCL_LOSSY_INNER", "ofi")]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("NCCL_LOSSY_INNER=ofi") && stderr.contains("transport = \"socket\""),
+        "{stderr}"
+    );
+    assert!(lossy(&["validate", &socket], &[]).status.success());
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -3,12 +3,14 @@
 //! It checks what the plugin will load: the profile (the files given, or else the one
 //! `NCCL_LOSSY_PROFILE` names, or else the embedded default) with `NCCL_LOSSY_SET` applied,
 //! then each `--set` on top (later overrides win, as they do within `NCCL_LOSSY_SET`). The
-//! overrides it applied are printed below each summary with where they came from.
+//! overrides it applied are printed below each summary with where they came from. Wrap mode
+//! is checked against `NCCL_LOSSY_INNER` as the plugin checks it at init.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use nccl_net_lossy::profile::{Profile, SET_ENV};
+use nccl_net_lossy::{wrap_target, INNER_ENV};
 
 /// Arguments of `lossy validate`.
 #[derive(clap::Args, Debug)]
@@ -67,8 +69,20 @@ pub fn run(args: Args) -> ExitCode {
     } else {
         args.files.iter().map(Some).collect()
     };
+    // Wrap mode takes the plugin to wrap from the profile or NCCL_LOSSY_INNER, as at init.
+    let inner_env = match nccl_net_lossy::env::var(INNER_ENV) {
+        Ok(inner) => inner.filter(|v| !v.trim().is_empty()),
+        Err(err) => {
+            eprintln!("lossy validate: {err}");
+            return ExitCode::from(2);
+        }
+    };
     for file in files {
-        match Profile::load_layers(file.map(PathBuf::as_path), &layers) {
+        // What the plugin refuses at init besides the profile itself: wrap mode without a
+        // plugin to wrap, or NCCL_LOSSY_INNER under `transport = "socket"` (as `lossy run`).
+        let loaded = Profile::load_layers(file.map(PathBuf::as_path), &layers)
+            .and_then(|profile| wrap_target(&profile, inner_env.clone()).map(|_| profile));
+        match loaded {
             Ok(profile) => {
                 // A reader that closed the pipe (`lossy validate P | head -1`) ends the
                 // output quietly; the exit status still says whether every file is valid.
