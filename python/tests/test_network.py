@@ -322,3 +322,20 @@ def test_reading_a_directory_two_runs_wrote_into_says_so(tmp_path):
         warnings.simplefilter("error")
         assert len(nccl_lossy.read_stats(single, table="steps")) == 0
         assert len({r["rank"] for r in nccl_lossy.read_stats(single)}) == 2
+
+
+def test_wrap_mode_without_a_plugin_to_wrap_is_refused_as_the_plugin_and_lossy_run_refuse(tmp_path):
+    # transport = "wrap" with no `inner` and no NCCL_LOSSY_INNER: every rank's plugin fails at
+    # init and `lossy run` refuses it, but env() and apply() gave the environment without a word;
+    # so they did for NCCL_LOSSY_INNER under transport = "socket".
+    wrap = profile(tmp_path, 'transport = "wrap"\nmodel = "none"\n', "wrap.toml")
+    with pytest.raises(LossyConfigError, match=r'transport = "wrap" but names no plugin to wrap.*NCCL_LOSSY_INNER'):
+        LossyNetwork(profile=wrap).env(base={})
+    with pytest.raises(LossyConfigError, match="wrap.toml"):
+        LossyNetwork(profile=wrap).env(base={"NCCL_LOSSY_INNER": " "})
+    assert LossyNetwork(profile=wrap).env(base={"NCCL_LOSSY_INNER": "ofi"})["NCCL_LOSSY_PROFILE"] == str(wrap.resolve())
+    assert LossyNetwork(profile=wrap, set={"inner": "ofi"}).env(base={})["NCCL_LOSSY_SET"] == "inner=ofi"
+    socket = profile(tmp_path, 'transport = "socket"\nmodel = "none"\n', "socket.toml")
+    with pytest.raises(LossyConfigError, match=r'NCCL_LOSSY_INNER=ofi .*transport = "socket"'):
+        LossyNetwork(profile=socket).env(base={"NCCL_LOSSY_INNER": "ofi"})
+    assert "NCCL_LOSSY_PROFILE" in LossyNetwork(profile=socket).env(base={})

@@ -348,6 +348,7 @@ class LossyNetwork:
             for key, value in self.intra_node_through_net.items():
                 if not base.get(key, "").strip():  # the user's own choice stands
                     env[key] = value
+        self._check_wrap(base)
         if self.corrupts_data:
             user_proto = base.get("NCCL_PROTO")
             if user_proto is None or not user_proto.strip():
@@ -361,6 +362,25 @@ class LossyNetwork:
                         f"{user_proto} allows it: unset NCCL_PROTO or set it to Simple"
                     )
         return env
+
+    def _check_wrap(self, base: Mapping[str, str]) -> None:
+        """Refuses what the plugin refuses at init in wrap mode, as ``lossy run`` does: a
+        profile with ``transport = "wrap"`` that names no ``inner`` while ``base`` has no
+        ``NCCL_LOSSY_INNER``, or ``NCCL_LOSSY_INNER`` under ``transport = "socket"``."""
+        resolved = self.check()
+        transport = resolved["profile"].get("transport")
+        inner_env = (base.get("NCCL_LOSSY_INNER") or "").strip()
+        if transport == "socket" and inner_env:
+            raise LossyConfigError(
+                f"NCCL_LOSSY_INNER={inner_env} asks to wrap a net plugin, but the profile "
+                f'({resolved["origin"]}) says transport = "socket"; unset one of them'
+            )
+        if transport == "wrap" and not inner_env and not resolved["profile"].get("inner"):
+            raise LossyConfigError(
+                f'the profile ({resolved["origin"]}) says transport = "wrap" but names no plugin '
+                "to wrap: set `inner` in the profile (or set={'inner': ...}) or NCCL_LOSSY_INNER "
+                '(a path, or a name like "ib")'
+            )
 
     def resolved(self, base: Optional[Mapping[str, str]] = None) -> "LossyNetwork":
         """The network NCCL will see once :meth:`apply` has run in ``base`` (``os.environ`` by
