@@ -108,6 +108,33 @@ fn run_sends_the_traffic_between_gpus_of_one_node_through_the_plugin_unless_told
 }
 
 #[test]
+fn run_says_when_a_kept_setting_leaves_traffic_of_one_node_outside_the_loss() {
+    // NCCL_SHM_DISABLE=0 inherited from a cluster's defaults: `lossy run` (intra-node `net`,
+    // the default) kept it without a word, and a one-node job's traffic went over shared
+    // memory, which the loss never touches, while the user believed it crossed the plugin.
+    let out = lossy(
+        &["run", "--", "true"],
+        &[("NCCL_SHM_DISABLE", "0"), ("NCCL_P2P_DISABLE", "1")],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let notes: Vec<&str> = stderr.lines().filter(|l| l.contains(" is kept")).collect();
+    assert_eq!(notes.len(), 1, "{stderr}");
+    assert!(
+        notes[0].contains("NCCL_SHM_DISABLE=0")
+            && notes[0].contains("shared memory")
+            && notes[0].contains("--intra-node net sets 1"),
+        "{stderr}"
+    );
+    // A value that agrees with ours, or `--intra-node native`, says nothing.
+    let out = lossy(
+        &["run", "--intra-node", "native", "--", "true"],
+        &[("NCCL_SHM_DISABLE", "0")],
+    );
+    assert!(!String::from_utf8_lossy(&out.stderr).contains(" is kept"));
+}
+
+#[test]
 fn retransmit_profiles_leave_the_protocol_alone() {
     let profile = repo_file("configs/retransmit-1pct.toml");
     let env = env_under_run(&["--profile", profile.to_str().expect("utf-8 path")]);

@@ -55,6 +55,15 @@ pub enum IntraNode {
     Native,
 }
 
+/// What each of [`INTRA_NODE_THROUGH_NET`]'s variables leaves on when a user's value keeps it.
+fn intra_node_transport(key: &str) -> &'static str {
+    match key {
+        "NCCL_P2P_DISABLE" => "P2P (NVLink, PCIe)",
+        "NCCL_SHM_DISABLE" => "shared memory",
+        _ => "NVLS",
+    }
+}
+
 /// Runs `lossy run`.
 pub fn run(args: Args) -> ExitCode {
     match prepare(&args) {
@@ -165,9 +174,17 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
     }
     if args.intra_node == IntraNode::Net {
         for (key, value) in INTRA_NODE_THROUGH_NET {
-            // The user's own choice stands (as NCCL_PROTO's below).
-            if utf8(key)?.filter(|v| !v.is_empty()).is_none() {
-                env.push((key.into(), value.into()));
+            // The user's own choice stands (as NCCL_PROTO's below); one that leaves NCCL's
+            // own transport on is said, since that traffic never meets the loss.
+            match utf8(key)?.filter(|v| !v.is_empty()) {
+                None => env.push((key.into(), value.into())),
+                Some(kept) if kept.trim() != value => eprintln!(
+                    "lossy run: note: {key}={kept} is kept (--intra-node net sets {value}): \
+                     NCCL may move the traffic between GPUs of one node over {}, which the \
+                     loss never touches; unset it to send that traffic through the plugin",
+                    intra_node_transport(key)
+                ),
+                Some(_) => {}
             }
         }
     }
