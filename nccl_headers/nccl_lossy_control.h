@@ -53,7 +53,7 @@ int ncclLossyInnerMode(void);
 /* Loads a profile exactly as the plugin would (path NULL: the embedded default; overrides
  * NULL or NCCL_LOSSY_SET text) and writes a NUL-terminated JSON answer into buf, like
  * ncclLossyStatsJson: {"ok": true, "origin", "summary", "corrupts_data", "lossless",
- * "profile", "intra_node_through_net"} or {"ok": false, "error": "<file:line: key: what is
+ * "profile", "intra_node_through_net", "intra_node_transports"} or {"ok": false, "error": "<file:line: key: what is
  * allowed>"}. Lets launchers decide the protocol guard without parsing profiles themselves,
  * and names the NCCL variables that send the traffic between GPUs of one node through the
  * plugin (version 3). Added in version 2. */

@@ -56,7 +56,8 @@ def test_traffic_between_gpus_of_one_node_goes_through_the_plugin_unless_told_no
     assert LossyNetwork().check()["intra_node_through_net"] == INTRA_NODE
     assert not set(INTRA_NODE) & set(LossyNetwork(intra_node="native").env(base={}))
     # A value the user chose stands.
-    env = LossyNetwork().env(base={"NCCL_P2P_DISABLE": "0"})
+    with pytest.warns(UserWarning, match="NCCL_P2P_DISABLE=0 is kept"):
+        env = LossyNetwork().env(base={"NCCL_P2P_DISABLE": "0"})
     assert "NCCL_P2P_DISABLE" not in env and env["NCCL_SHM_DISABLE"] == "1"
     with pytest.raises(LossyConfigError, match=r"intra_node='nvlink'.*allowed: 'net', 'native'"):
         LossyNetwork(intra_node="nvlink")
@@ -339,3 +340,18 @@ def test_wrap_mode_without_a_plugin_to_wrap_is_refused_as_the_plugin_and_lossy_r
     with pytest.raises(LossyConfigError, match=r'NCCL_LOSSY_INNER=ofi .*transport = "socket"'):
         LossyNetwork(profile=socket).env(base={"NCCL_LOSSY_INNER": "ofi"})
     assert "NCCL_LOSSY_PROFILE" in LossyNetwork(profile=socket).env(base={})
+
+
+def test_a_kept_setting_that_leaves_traffic_of_one_node_outside_the_loss_is_a_warning():
+    # An inherited NCCL_SHM_DISABLE=0 was kept without a word: a one-node job's traffic went
+    # over shared memory, which the loss never touches (`lossy run` notes it the same way).
+    with pytest.warns(UserWarning, match=r"NCCL_SHM_DISABLE=0 is kept.*shared memory") as caught:
+        env = LossyNetwork().env(base={"NCCL_SHM_DISABLE": "0", "NCCL_P2P_DISABLE": "1"})
+    assert "NCCL_SHM_DISABLE" not in env and env["NCCL_NVLS_ENABLE"] == "0"
+    assert len([w for w in caught if " is kept" in str(w.message)]) == 1
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        LossyNetwork(intra_node="native").env(base={"NCCL_SHM_DISABLE": "0"})
+        LossyNetwork().env(base={"NCCL_SHM_DISABLE": "1"})

@@ -128,7 +128,11 @@ pub fn check_profile_json(path: Option<&str>, overrides: &str) -> serde_json::Va
             "profile": profile.to_json(),
             "intra_node_through_net": runtime::INTRA_NODE_THROUGH_NET
                 .iter()
-                .map(|&(key, value)| (key.to_string(), serde_json::Value::from(value)))
+                .map(|&(key, value, _)| (key.to_string(), serde_json::Value::from(value)))
+                .collect::<serde_json::Map<_, _>>(),
+            "intra_node_transports": runtime::INTRA_NODE_THROUGH_NET
+                .iter()
+                .map(|&(key, _, kept_on)| (key.to_string(), serde_json::Value::from(kept_on)))
                 .collect::<serde_json::Map<_, _>>(),
         }),
         Err(err) => serde_json::json!({ "ok": false, "error": err.to_string() }),

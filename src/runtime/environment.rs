@@ -10,12 +10,14 @@ pub const INNER_ENV: &str = "NCCL_LOSSY_INNER";
 
 /// The settings that make NCCL send the traffic between GPUs of one node through the network
 /// plugin: without P2P, shared-memory and NVLS transports, NCCL connects local ranks over its
-/// network as it does remote ones. Launchers set each one the user has not (`lossy run`, and
-/// the Python helper, which reads them from `ncclLossyCheckProfile`'s answer).
-pub const INTRA_NODE_THROUGH_NET: [(&str, &str); 3] = [
-    ("NCCL_P2P_DISABLE", "1"),
-    ("NCCL_SHM_DISABLE", "1"),
-    ("NCCL_NVLS_ENABLE", "0"),
+/// network as it does remote ones. Each is (variable, value, NCCL's own transport another
+/// value leaves on). Launchers set each one the user has not and say when a user's value keeps
+/// a transport on (`lossy run`, and the Python helper, which reads them from
+/// `ncclLossyCheckProfile`'s answer).
+pub const INTRA_NODE_THROUGH_NET: [(&str, &str, &str); 3] = [
+    ("NCCL_P2P_DISABLE", "1", "P2P (NVLink, PCIe)"),
+    ("NCCL_SHM_DISABLE", "1", "shared memory"),
+    ("NCCL_NVLS_ENABLE", "0", "NVLS"),
 ];
 
 /// The plugin to wrap, if any: `NCCL_LOSSY_INNER` (`inner_env`) wins over the profile's

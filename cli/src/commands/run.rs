@@ -55,15 +55,6 @@ pub enum IntraNode {
     Native,
 }
 
-/// What each of [`INTRA_NODE_THROUGH_NET`]'s variables leaves on when a user's value keeps it.
-fn intra_node_transport(key: &str) -> &'static str {
-    match key {
-        "NCCL_P2P_DISABLE" => "P2P (NVLink, PCIe)",
-        "NCCL_SHM_DISABLE" => "shared memory",
-        _ => "NVLS",
-    }
-}
-
 /// Runs `lossy run`.
 pub fn run(args: Args) -> ExitCode {
     match prepare(&args) {
@@ -173,7 +164,7 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
         env.push((STATS_DIR_ENV.into(), absolute(dir)?.into_os_string()));
     }
     if args.intra_node == IntraNode::Net {
-        for (key, value) in INTRA_NODE_THROUGH_NET {
+        for (key, value, kept_on) in INTRA_NODE_THROUGH_NET {
             // The user's own choice stands (as NCCL_PROTO's below); one that leaves NCCL's
             // own transport on is said, since that traffic never meets the loss.
             match utf8(key)?.filter(|v| !v.is_empty()) {
@@ -182,7 +173,7 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
                     "lossy run: note: {key}={kept} is kept (--intra-node net sets {value}): \
                      NCCL may move the traffic between GPUs of one node over {}, which the \
                      loss never touches; unset it to send that traffic through the plugin",
-                    intra_node_transport(key)
+                    kept_on
                 ),
                 Some(_) => {}
             }

@@ -326,6 +326,16 @@ class LossyNetwork:
         return {str(k): str(v) for k, v in listed.items()}
 
     @property
+    def intra_node_transports(self) -> Dict[str, str]:
+        """NCCL's own transport each of :attr:`intra_node_through_net`'s variables leaves on
+        when the environment keeps another value (the library's list, as ``lossy run`` says)."""
+        listed = self.check().get("intra_node_transports")
+        if not isinstance(listed, dict):
+            raise LossyConfigError(f"{self.library or library_path()} predates the intra-node "
+                                   "settings of ncclLossyCheckProfile: install matching versions")
+        return {str(k): str(v) for k, v in listed.items()}
+
+    @property
     def corrupts_data(self) -> bool:
         """True when the profile can corrupt data (the protocol guard applies)."""
         return bool(self.check()["corrupts_data"])
@@ -345,9 +355,21 @@ class LossyNetwork:
         if self.stats_dir is not None:
             env["NCCL_LOSSY_STATS"] = str(self.stats_dir)
         if self.intra_node == "net":
+            transports = self.intra_node_transports
             for key, value in self.intra_node_through_net.items():
-                if not base.get(key, "").strip():  # the user's own choice stands
+                kept = base.get(key, "").strip()
+                if not kept:
                     env[key] = value
+                elif kept != value:
+                    # The user's own choice stands; one that leaves NCCL's own transport on is
+                    # said, since that traffic never meets the loss (as `lossy run` notes).
+                    warnings.warn(
+                        f"{key}={kept} is kept (intra_node='net' sets {value}): NCCL may move the "
+                        f"traffic between GPUs of one node over {transports[key]}, "
+                        "which the loss never touches; unset it to send that traffic through "
+                        "the plugin",
+                        stacklevel=2,
+                    )
         self._check_wrap(base)
         if self.corrupts_data:
             user_proto = base.get("NCCL_PROTO")
