@@ -84,6 +84,32 @@ fn demo_names_the_overrides_it_ran_with() {
     );
 }
 
+#[test]
+fn demo_says_which_rules_matched_nothing() {
+    // configs/allreduce-only.toml's rule needs phase = "backward", which the demo never sets:
+    // the demo printed 0.000% loss everywhere and nothing else, so the user took it for the
+    // rule's condition having run without loss.
+    let stdout = lossy_env(
+        &["demo", "--ranks", "2", "--sizes", "64K"],
+        &[("NCCL_LOSSY_PROFILE", "configs/allreduce-only.toml")],
+    );
+    let notes: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains("matched no message"))
+        .collect();
+    assert_eq!(notes.len(), 1, "{stdout}");
+    assert!(
+        notes[0].contains("rules.0 gradient all-reduce") && notes[0].contains("phase"),
+        "{stdout}"
+    );
+    // A rule that decided messages is not named.
+    let stdout = lossy_env(
+        &["demo", "--ranks", "2", "--sizes", "64K"],
+        &[("NCCL_LOSSY_PROFILE", "configs/one-collective.toml")],
+    );
+    assert!(!stdout.contains("matched no message"), "{stdout}");
+}
+
 /// `lossy demo | head -1`, `lossy validate ... | head -1`: a reader that closes the pipe early
 /// stops the command quietly, as it does `lossy report`, with no panic and backtrace.
 #[test]

@@ -247,6 +247,18 @@ fn loss_lines(stats: Option<&(RunSummary, usize)>) -> String {
             run.files, run.run
         );
     }
+    // A rule that decided no message set a condition that never ran (`lossy report` shows it
+    // as 0 messages); the demo moves collectives only, with no training phase or step.
+    for rule in run.by_rule.iter().filter(|r| r.rule.is_some()) {
+        if rule.counts.messages == 0 {
+            let _ = writeln!(
+                out,
+                "note: {} matched no message, so the condition it sets never ran (the demo \
+                 sets no training phase or step)",
+                rule.label()
+            );
+        }
+    }
     for warning in &run.warnings {
         let _ = writeln!(out, "warning: {warning}");
     }
