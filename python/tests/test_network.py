@@ -355,3 +355,18 @@ def test_a_kept_setting_that_leaves_traffic_of_one_node_outside_the_loss_is_a_wa
         warnings.simplefilter("error")
         LossyNetwork(intra_node="native").env(base={"NCCL_SHM_DISABLE": "0"})
         LossyNetwork().env(base={"NCCL_SHM_DISABLE": "1"})
+
+
+def test_a_statistics_directory_that_cannot_be_written_is_refused_before_the_launch(tmp_path):
+    # `lossy run --stats DIR` refuses a directory that cannot be created or written before
+    # anything starts; env() handed it to every rank, whose plugin then failed at init.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("in the way")
+    with pytest.raises(LossyConfigError, match=r"stats_dir=.*a-file.*not a directory"):
+        LossyNetwork(stats_dir=blocker).env(base={})
+    with pytest.raises(LossyConfigError, match=r"stats_dir=.*a-file/run"):
+        LossyNetwork(stats_dir=blocker / "run").env(base={})
+    # A directory that can be made is made, as `lossy run` makes it, and nothing is left in it.
+    fine = tmp_path / "runs" / "one"
+    assert LossyNetwork(stats_dir=fine).env(base={})["NCCL_LOSSY_STATS"] == str(fine.resolve())
+    assert fine.is_dir() and not list(fine.iterdir())

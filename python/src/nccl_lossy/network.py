@@ -243,6 +243,28 @@ def allowed_protocols(nccl_proto: str) -> Set[str]:
 INTRA_NODE_CHOICES = ("net", "native")
 
 
+def _check_stats_dir(path: Path) -> None:
+    """Creates the statistics directory and checks that a file can be written in it (a probe,
+    removed again), as ``lossy run --stats`` and the plugin's init do: a directory that cannot
+    keep the statistics is refused before the launch, not by every rank's init."""
+    allowed = ("allowed: a directory this user can create and write (the plugin refuses "
+               "NCCL_LOSSY_STATS at init otherwise)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        why = "not a directory" if path.exists() and not path.is_dir() else err.strerror or str(err)
+        raise LossyConfigError(f"stats_dir={path}: cannot create the statistics directory: {why}; "
+                               f"{allowed}") from err
+    probe = path / f".lossy-stats-probe-{os.getpid()}.tmp"
+    try:
+        with open(probe, "x"):
+            pass
+        os.remove(probe)
+    except OSError as err:
+        raise LossyConfigError(f"stats_dir={path}: cannot write a file in it: "
+                               f"{err.strerror or err}; {allowed}") from err
+
+
 class LossyNetwork:
     """The environment a launcher needs to run NCCL through the lossy plugin.
 
@@ -353,6 +375,7 @@ class LossyNetwork:
         if self.overrides:
             env["NCCL_LOSSY_SET"] = self.overrides
         if self.stats_dir is not None:
+            _check_stats_dir(self.stats_dir)
             env["NCCL_LOSSY_STATS"] = str(self.stats_dir)
         if self.intra_node == "net":
             transports = self.intra_node_transports
