@@ -366,3 +366,36 @@ fn validate_refuses_the_wrap_settings_the_plugin_and_lossy_run_refuse() {
     assert!(lossy(&["validate", &socket], &[]).status.success());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn validate_names_the_plugin_to_wrap_that_nccl_lossy_inner_names() {
+    // NCCL_LOSSY_INNER puts any profile in wrap mode over that plugin, but the summary of a
+    // profile without `transport` said nothing of it: the run wraps `ofi`, validate showed sockets.
+    let dir = fresh_dir("validate-inner-env");
+    let plain = write(&dir, "plain.toml", "model = \"none\"\n");
+    let out = lossy(&["validate", &plain], &[("NCCL_LOSSY_INNER", "ofi")]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.trim() == "wrap mode: inner ofi (from NCCL_LOSSY_INNER)"),
+        "{stdout}"
+    );
+    // the profile's own `inner` loses to the environment's, as at init
+    let wrap = write(
+        &dir,
+        "wrap.toml",
+        "transport = \"wrap\"\ninner = \"ib\"\nmodel = \"none\"\n",
+    );
+    let out = lossy(&["validate", &wrap], &[("NCCL_LOSSY_INNER", "ofi")]);
+    let (stdout, _) = text(&out);
+    assert!(
+        stdout.contains("wrap mode: inner ofi (from NCCL_LOSSY_INNER)"),
+        "{stdout}"
+    );
+    // without it, nothing is added
+    let out = lossy(&["validate", &wrap], &[]);
+    assert!(!text(&out).0.contains("wrap mode:"), "{:?}", text(&out));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -90,6 +90,11 @@ pub fn run(args: Args) -> ExitCode {
                 for (from, set) in &applied {
                     out += &format!("  override from {from}: {}\n", set.trim());
                 }
+                // NCCL_LOSSY_INNER puts the run in wrap mode over its plugin whatever the
+                // profile says of it (a `transport = "socket"` was refused above).
+                if let Some(inner) = &inner_env {
+                    out += &format!("  wrap mode: inner {inner} (from {INNER_ENV})\n");
+                }
                 if let Err(err) = super::write_stdout(&out) {
                     eprintln!("lossy validate: cannot write the summary: {err}");
                     failed = true;
