@@ -114,8 +114,18 @@ fn demo_says_which_rules_matched_nothing() {
 /// stops the command quietly, as it does `lossy report`, with no panic and backtrace.
 #[test]
 fn commands_stop_quietly_when_the_reader_closes_the_pipe() {
-    let runs: [&[&str]; 3] = [
+    let runs: [&[&str]; 4] = [
         &["demo", "--ranks", "2", "--sizes", "4096"],
+        &[
+            "bench",
+            "--ranks",
+            "2",
+            "--sizes",
+            "4096",
+            "--iters",
+            "2",
+            "--lossless",
+        ],
         &["validate", "configs/uniform-1pct.toml"],
         &["simulate", "configs/uniform-1pct.toml", "--packets", "1000"],
     ];

@@ -426,13 +426,22 @@ fn bench(args: &Args) -> Result<()> {
     };
     let n = reports.len();
     let factor = Collective::AllReduce.bus_factor(n);
+    // The table goes out in one write: a reader that closed the pipe (`lossy bench | head`)
+    // takes what it read, and the command ends as it would have.
+    let mut out = String::new();
+    macro_rules! say {
+        ($($arg:tt)*) => {{
+            out.push_str(&format!($($arg)*));
+            out.push('\n');
+        }};
+    }
     let opened = |k: usize| reports.first().and_then(|r| r.results.get(k));
-    println!(
+    say!(
         "# all_reduce, {n} ranks, {dtype}, chunk {}, loss {}",
         fmt_bytes(chunk),
         if args.lossless { "off" } else { "as profiled" }
     );
-    println!(
+    say!(
         "# plugin {} from {}",
         reports.first().map_or("?", |r| r.plugin.as_str()),
         library.display()
@@ -443,7 +452,7 @@ fn bench(args: &Args) -> Result<()> {
         n => (1..=n).map(|i| format!("peer{i}")).collect(),
     };
     for (i, (peer, name)) in peer_libraries.iter().zip(&peer_names).enumerate() {
-        println!(
+        say!(
             "# {name} {} from {}",
             reports
                 .first()
@@ -453,22 +462,22 @@ fn bench(args: &Args) -> Result<()> {
         );
     }
     if let Some(members) = &members {
-        print!("{}", rank_lines(members));
+        out.push_str(&rank_lines(members));
     }
-    println!(
+    say!(
         "# plugin: {} send comms per rank",
         opened(0).map_or(0, |r| r.comms)
     );
-    println!(
+    say!(
         "# raw TCP: {} comms x {} streams per rank, inline non-blocking",
         opened(1).map_or(0, |r| r.comms),
         opened(1).map_or(0, |r| r.streams)
     );
-    println!(
+    say!(
         "# TCP congestion control on this host: {}",
         congestion_control()
     );
-    println!(
+    say!(
         "# times: mean of the slowest rank; p50/p99 over iterations of the slowest rank per \
          iteration (nearest rank: p99 of under 100 iterations is the maximum)"
     );
@@ -491,13 +500,21 @@ fn bench(args: &Args) -> Result<()> {
         extra_head += &format!(" | {h} {:>8}", "vs");
         extra_units += &format!(" | {u} {name:>8}");
     }
-    println!(
+    say!(
         "# {:>10} {:>10} {:>5} | {plugin_head} | {raw_head} | {:>6}{extra_head} | {:>5}",
-        "size", "count", "iters", "ratio", "check"
+        "size",
+        "count",
+        "iters",
+        "ratio",
+        "check"
     );
-    println!(
+    say!(
         "# {:>10} {:>10} {:>5} | {plugin_units} | {raw_units} | {:>6}{extra_units} | {:>5}",
-        "(B)", "(elems)", "", "vs raw", ""
+        "(B)",
+        "(elems)",
+        "",
+        "vs raw",
+        ""
     );
     let mut all_ok = true;
     for (i, run) in runs.iter().enumerate() {
@@ -533,7 +550,7 @@ fn bench(args: &Args) -> Result<()> {
                 )
             })
             .collect();
-        println!(
+        say!(
             "  {:>10} {:>10} {:>5} | {} | {} | {:>5.0}%{extra} | {:>5}",
             bytes,
             bytes / dtype.size(),
@@ -549,8 +566,10 @@ fn bench(args: &Args) -> Result<()> {
         );
     }
     if corrupts_data {
-        println!("# dmg: the profile's effect changed data, as it is meant to");
+        say!("# dmg: the profile's effect changed data, as it is meant to");
     }
+    super::write_stdout(&out)
+        .map_err(|e| nccl_net_lossy::Error::system(format!("cannot write the table: {e}")))?;
     // After the table, so a file that cannot be written costs the samples, not the run.
     if let Some(path) = &args.samples {
         // The table's links, in result order: the plugin, raw TCP, then the compared ones.
