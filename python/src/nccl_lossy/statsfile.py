@@ -125,12 +125,12 @@ def _check_version(doc: Dict[str, Any], where: str, known: int) -> None:
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise StatsFormatError(f"{where}: bad format_version {version!r}")
     if version > known:
-        log.warning(
-            "%s has format %d, newer than this package's %d: reading the fields it knows",
-            where,
-            version,
-            known,
-        )
+        # Said where it is seen: this package's logger has no handler unless the application
+        # adds one (`lossy report` refuses such a file; this reads the fields it knows).
+        message = (f"{where} has format {version}, newer than this package's {known}: reading "
+                   "the fields it knows (install matching versions)")
+        log.warning("%s", message)
+        warnings.warn(message, stacklevel=3)
 
 
 _COUNT_ALLOWED = "allowed: an integer >= 0"
