@@ -370,3 +370,22 @@ def test_a_statistics_directory_that_cannot_be_written_is_refused_before_the_lau
     fine = tmp_path / "runs" / "one"
     assert LossyNetwork(stats_dir=fine).env(base={})["NCCL_LOSSY_STATS"] == str(fine.resolve())
     assert fine.is_dir() and not list(fine.iterdir())
+
+
+BURSTY = 'model = { kind = "gilbert_elliott", rate = 0.01, mean_burst = 8 }\n'
+
+
+def test_a_loss_rate_without_a_burst_length_over_a_bursty_profile_says_the_bursts_are_gone(tmp_path):
+    # loss_rate alone makes the default model uniform (documented), which over a profile whose
+    # default model loses packets in bursts silently ran another condition than the file's.
+    bursty = profile(tmp_path, BURSTY)
+    with pytest.warns(UserWarning, match=r"gilbert_elliott.*uniform.*burst_length"):
+        net = LossyNetwork(profile=bursty, loss_rate=0.02)
+    assert net.check()["profile"]["defaults"]["model"]["kind"] == "uniform"
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        LossyNetwork(profile=bursty, loss_rate=0.02, burst_length=8)  # bursts kept: no word
+        LossyNetwork(profile=profile(tmp_path, UNIFORM, "u.toml"), loss_rate=0.02)
+        LossyNetwork(profile=bursty, loss_rate=0.0)  # none: no bursts to lose

@@ -324,6 +324,23 @@ class LossyNetwork:
             raise LossyConfigError(f"profile {self.profile} does not exist")
         self._checked: Optional[Dict[str, Any]] = None
         self.check()
+        if loss_rate and burst_length in (None, 1):
+            self._warn_bursts_replaced(format_overrides(set))
+
+    def _warn_bursts_replaced(self, user_overrides: str) -> None:
+        """``loss_rate`` without ``burst_length`` makes the default model uniform (documented);
+        over a profile whose own default model loses packets in runs (Gilbert-Elliott, markov4,
+        a trace), that is another condition than the file's, which is said."""
+        own = check_profile(self.profile, user_overrides, self.library)
+        model = ((own.get("profile") or {}).get("defaults") or {}).get("model") or {}
+        kind = model.get("kind")
+        if kind not in (None, "none", "uniform"):
+            warnings.warn(
+                f"loss_rate={self.loss_rate} replaces the default model of {own.get('origin')} "
+                f"({kind}, losses that come in runs) with uniform loss (each packet on its "
+                f"own); pass burst_length=... for losses in bursts",
+                stacklevel=3,
+            )
 
     def __repr__(self) -> str:
         return (
