@@ -296,3 +296,28 @@ fn run_checks_each_set_as_validate_does_and_names_it() {
     let out = common::output_within_10s(&mut cmd, "lossy run");
     assert_refused(&out, 2, &["NCCL_LOSSY_SET", "model.rate = 3"]);
 }
+
+#[test]
+fn demo_says_why_a_statistics_file_of_its_run_cannot_be_read() {
+    // A statistics file the demo cannot read (here a link to nothing, under the plugin's file
+    // name) hid its reason: the loss table said "no statistics files were written".
+    let dir = fresh_dir("demo-unreadable-stats");
+    let ghost = dir.join("lossy-stats-rank7-ghost-1.json");
+    std::os::unix::fs::symlink(dir.join("gone"), &ghost).expect("link");
+    let mut cmd = Command::new(lossy_exe());
+    cmd.args(["demo", "--ranks", "2", "--sizes", "4K"])
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .env("NCCL_LOSSY_STATS", &dir)
+        .env_remove("NCCL_LOSSY_SET")
+        .env_remove("NCCL_LOSSY_PROFILE");
+    let out = common::output_within_10s(&mut cmd, "lossy demo with an unreadable statistics file");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !stdout.contains("no statistics files were written"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("lossy-stats-rank7-ghost-1.json") && stdout.contains("cannot"),
+        "{stdout}"
+    );
+}

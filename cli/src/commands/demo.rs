@@ -195,33 +195,34 @@ fn stats_files_now(dir: &Path) -> Vec<(PathBuf, Option<SystemTime>)> {
 }
 
 /// The summary of the statistics files in `dir` that are not among `earlier` (or were
-/// written again since), with how many earlier ones were left out; `None` when this run
-/// wrote none that can be read.
+/// written again since), with how many earlier ones were left out; why there is none when
+/// this run wrote none, or one that cannot be read.
 fn load_own_stats(
     dir: &Path,
     earlier: &[(PathBuf, Option<SystemTime>)],
-) -> Option<(RunSummary, usize)> {
+) -> std::result::Result<(RunSummary, usize), String> {
     let now = stats_files_now(dir);
     let (old, own): (Vec<_>, Vec<_>) = now
         .into_iter()
         .partition(|file| earlier.iter().any(|e| e == file && e.1.is_some()));
     if own.is_empty() {
-        return None;
+        return Err("no statistics files were written".to_string());
     }
     let files = own
         .iter()
         .map(|(path, _)| StatsFile::read(path))
         .collect::<Result<Vec<_>>>()
-        .ok()?;
+        .map_err(|err| format!("a statistics file cannot be read ({err})"))?;
     let name = dir.display().to_string();
-    Some((summarize_run(&name, &files), old.len()))
+    Ok((summarize_run(&name, &files), old.len()))
 }
 
 /// The loss each collective saw, from the statistics files the ranks wrote.
-fn loss_lines(stats: Option<&(RunSummary, usize)>) -> String {
+fn loss_lines(stats: std::result::Result<&(RunSummary, usize), &String>) -> String {
     let mut out = String::new();
-    let Some((run, left_out)) = stats else {
-        return "no statistics files were written, so no loss counts\n".to_string();
+    let (run, left_out) = match stats {
+        Ok(stats) => stats,
+        Err(why) => return format!("{why}, so no loss counts\n"),
     };
     let _ = writeln!(
         out,
