@@ -4,11 +4,12 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use super::conn::{prepare, SocketSendConn};
+use super::conn::{prepare, Pool, SocketSendConn};
 use super::wire::{Hello, HELLO_SIZE};
 use crate::transport::{Connector, SendConn};
 use crate::{Error, Result};
@@ -61,6 +62,10 @@ pub struct SocketConnector {
     deadline: Instant,
     conns: Vec<Conn>,
     finished: bool,
+    /// The process's I/O pool, taken before any socket opens, so a pool that cannot start
+    /// refuses the connect before the peer's listener sees a socket (else its accept would
+    /// complete a connection this side then drops, and the peer fail later, at `test`).
+    pool: Option<Arc<Pool>>,
 }
 
 /// A connect the listener's host turned away, or could not be reached yet: tried again (as
@@ -87,6 +92,7 @@ impl SocketConnector {
         hellos: &[Hello],
         sockbuf: Option<usize>,
         timeout: Option<Duration>,
+        pool: Option<Arc<Pool>>,
     ) -> Self {
         let now = Instant::now();
         SocketConnector {
@@ -104,6 +110,7 @@ impl SocketConnector {
                 })
                 .collect(),
             finished: false,
+            pool,
         }
     }
 
@@ -249,6 +256,7 @@ impl Connector for SocketConnector {
             socks,
             self.addr.to_string(),
             self.timeout,
+            self.pool.take(),
         )?)))
     }
 }
@@ -263,7 +271,8 @@ mod tests {
     /// be made on a loopback, so the classification is checked directly.
     #[test]
     fn a_connect_the_peer_never_answers_is_the_peers_failure() {
-        let connector = SocketConnector::new("127.0.0.1:9".parse().expect("addr"), &[], None, None);
+        let connector =
+            SocketConnector::new("127.0.0.1:9".parse().expect("addr"), &[], None, None, None);
         for (errno, kind) in [
             (libc::ECONNREFUSED, crate::ErrorKind::Remote),
             (libc::ECONNRESET, crate::ErrorKind::Remote),

@@ -369,6 +369,9 @@ impl SocketTransport {
         let h = Handle::decode(handle)?;
         let conn_id = u64::from_le_bytes(random_bytes::<8>()?);
         let count = self.config.nsocks.clamp(1, MAX_SOCKETS) as u16;
+        // The I/O pool first (the first connection starts it): refused, nothing was opened,
+        // and its descriptors count as in use in the check that follows.
+        let pool = conn::Pool::shared()?;
         fds::check(usize::from(count), "connecting")?;
         let hellos: Vec<Hello> = (0..count)
             .map(|index| Hello {
@@ -383,6 +386,7 @@ impl SocketTransport {
             &hellos,
             self.config.sockbuf,
             self.config.timeout,
+            pool,
         ))
     }
 }

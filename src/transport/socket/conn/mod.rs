@@ -37,6 +37,7 @@ use std::ops::Range;
 
 use socket2::Socket;
 
+pub(crate) use pool::Pool;
 pub use pool::MAX_IO_THREADS;
 pub use recv::SocketRecvConn;
 #[cfg(test)]

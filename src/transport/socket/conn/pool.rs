@@ -297,7 +297,7 @@ pub fn io_threads() -> usize {
 
 impl Pool {
     /// The process's pool, started if no connection uses one yet; `None` with 0 threads.
-    pub(super) fn shared() -> Result<Option<Arc<Pool>>> {
+    pub(crate) fn shared() -> Result<Option<Arc<Pool>>> {
         let n = io_threads();
         if n == 0 {
             return Ok(None);

@@ -97,12 +97,14 @@ pub struct SocketSendConn {
 }
 
 impl SocketSendConn {
-    /// Takes over connected `sockets` (index order = socket order); with `timeout`, requests
-    /// fail when no byte moves for that long.
+    /// Takes over connected `sockets` (index order = socket order), served by `pool` (the
+    /// process's I/O pool, taken before the sockets were opened: see `SocketConnector`); with
+    /// `timeout`, requests fail when no byte moves for that long.
     pub(crate) fn start(
         sockets: Vec<Socket>,
         peer: String,
         timeout: Option<Duration>,
+        pool: Option<Arc<Pool>>,
     ) -> Result<Self> {
         let side = SendSide {
             slots: (0..MAX_REQUESTS)
@@ -131,7 +133,6 @@ impl SocketSendConn {
                 spare: Vec::new(),
             })
             .collect();
-        let pool = Pool::shared()?;
         let shared = Shared::start(sockets, states, peer, side, timeout, pool.as_deref())?;
         Ok(SocketSendConn {
             shared,

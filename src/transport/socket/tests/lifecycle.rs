@@ -513,35 +513,48 @@ fn pool_fds_child() {
     close_inherited_fds();
     let t = loopback(1);
     let mut handle = [0u8; HANDLE_WIRE_SIZE];
-    let mut listener = t.listen(0, None, &mut handle).expect("listen");
-    // Room for the connector's socket and one more descriptor: the sending side starts first
-    // (before the accept) and makes the process's I/O pool, whose epoll instance and eventfd
-    // then do not both fit.
+    let mut listener = t.listen_socket(0, &mut handle).expect("listen");
+    // Room for the connector's socket: the sending side starts first (before the accept) and
+    // makes the process's I/O pool, whose epoll instance and eventfd do not both fit.
     let first_free = fd_numbers().len() as i32;
     let limit = libc::rlimit {
-        rlim_cur: first_free as u64 + 2,
-        rlim_max: first_free as u64 + 2,
+        rlim_cur: first_free as u64 + 1,
+        rlim_max: first_free as u64 + 64,
     };
     // SAFETY: setrlimit reads the struct we pass and nothing else.
     assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
-    let mut connector = t.connect(0, None, &handle).expect("connect");
-    let start = Instant::now();
-    let err = loop {
-        match (connector.poll(), listener.poll_accept()) {
-            (Err(e), _) | (_, Err(e)) => break e,
-            (Ok(Some(_)), Ok(Some(_))) => panic!("both ends started with no descriptor left"),
-            _ => {}
-        }
-        assert!(
-            start.elapsed() < PATIENCE,
-            "the connection neither failed nor completed"
-        );
-        std::thread::sleep(Duration::from_micros(200));
+    // The connect is refused before any of its sockets reaches the peer: a peer whose
+    // accept completed a connection we then dropped would fail later, mid-run, at its `test`.
+    let err = match t.connect(0, None, &handle) {
+        Err(e) => e,
+        Ok(mut connector) => wait("the refused connect", || {
+            connector.poll().map(|c| c.map(drop))
+        })
+        .expect_err("connected with no room for the I/O pool"),
     };
     let text = err.to_string();
     assert_eq!(err.kind, ErrorKind::System, "{text}");
     assert!(text.contains("`ulimit -n`"), "{text}");
     assert!(text.contains("NCCL_LOSSY_IO_THREADS"), "{text}");
+    let roomy = libc::rlimit {
+        rlim_cur: first_free as u64 + 64,
+        rlim_max: first_free as u64 + 64,
+    };
+    // SAFETY: setrlimit reads the struct we pass and nothing else.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &roomy) }, 0);
+    for _ in 0..20 {
+        let accepted = listener.poll_accept_socket().expect("accept");
+        assert!(
+            accepted.is_none(),
+            "the listener accepted a connection whose connect had failed"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        listener.pending(),
+        0,
+        "sockets of the failed connect reached the peer"
+    );
     println!("pool fd check passed: {text}");
 }
 
