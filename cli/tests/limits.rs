@@ -140,3 +140,34 @@ fn buffers_larger_than_the_address_space_limit_fail_with_the_size_and_the_limit(
         "the error does not name the size, `ulimit -v` and --sizes:\n{err}"
     );
 }
+
+#[test]
+fn init_reports_the_descriptors_each_connection_and_the_pool_need() {
+    // Issue: "report fds needed per connection". A rank's init log (the harness shows INFO
+    // lines with LOSSY_HARNESS_DEBUG, as NCCL does with NCCL_DEBUG=INFO) says the
+    // budget before any connection exists, not only in a refusal once it is exceeded.
+    let out = std::process::Command::new(common::lossy_exe())
+        .args(["demo", "--ranks", "2", "--sizes", "4K"])
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .env("LOSSY_HARNESS_DEBUG", "INFO")
+        .env("NCCL_LOSSY_NSOCKS", "3")
+        .env("NCCL_LOSSY_IO_THREADS", "2")
+        .env_remove("NCCL_LOSSY_SET")
+        .env_remove("NCCL_LOSSY_PROFILE")
+        .env_remove("NCCL_LOSSY_STATS")
+        .output()
+        .expect("run lossy demo");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("file descriptors"))
+        .unwrap_or_else(|| panic!("no descriptor budget in the init log:\n{stderr}"));
+    for want in ["3 per connection", "4 for the I/O pool", "`ulimit -n`"] {
+        assert!(line.contains(want), "{want:?} not in {line:?}");
+    }
+}

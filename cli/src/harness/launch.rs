@@ -244,8 +244,16 @@ pub fn run_with(launch: &Launch, spawn: &SpawnReader<'_>) -> Result<Vec<WorkerRe
 
 /// Warnings a rank that succeeded wrote on stderr (the plugin's, through the harness's
 /// logger: a statistics file not written, say), shown on ours with the rank's number; the rest
-/// of its stderr is dropped. A flood is cut after a few lines.
+/// of its stderr is dropped. A flood is cut after a few lines. With `LOSSY_HARNESS_DEBUG` set
+/// past WARN (the harness's `NCCL_DEBUG=INFO`), every line is shown, uncut: the user asked
+/// for the plugin's whole log.
 fn show_warnings(rank: usize, stderr: &str) {
+    if super::plugin_client::log_verbose() {
+        for line in stderr.lines() {
+            eprintln!("rank {rank}: {line}");
+        }
+        return;
+    }
     const SHOWN: usize = 10;
     let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("WARN")).collect();
     for line in warnings.iter().take(SHOWN) {

@@ -65,3 +65,25 @@ pub fn opening(err: std::io::Error, what: impl std::fmt::Display) -> Error {
 pub fn limit_text() -> String {
     fd_limit().map_or_else(|| "unlimited".into(), |l| l.to_string())
 }
+
+/// The budget for `init`'s log: descriptors per connection (`nsocks` on each side), per
+/// listen and for the I/O pool (`io_threads`, two each, while a connection is open), with the
+/// limit and how many are free now.
+pub fn budget(nsocks: usize, io_threads: usize) -> String {
+    let free = fd_limit()
+        .and_then(|limit| Some((limit, fds_in_use(limit)?)))
+        .map_or_else(String::new, |(limit, used)| {
+            let free = limit.saturating_sub(used);
+            format!(
+                ", {free} free now: room for about {} connection ends",
+                free / nsocks.max(1) as u64
+            )
+        });
+    format!(
+        "file descriptors: {nsocks} per connection on each side (NCCL_LOSSY_NSOCKS), 1 per \
+         listen, {} for the I/O pool ({io_threads} thread(s), NCCL_LOSSY_IO_THREADS); limit {} \
+         (`ulimit -n`){free}",
+        2 * io_threads,
+        limit_text()
+    )
+}

@@ -256,7 +256,12 @@ pub struct SocketTransport {
 impl SocketTransport {
     /// Builds the transport from the environment (see the module documentation).
     pub fn from_env() -> Result<SocketTransport> {
-        SocketTransport::new(SocketConfig::from_env()?)
+        let transport = SocketTransport::new(SocketConfig::from_env()?)?;
+        crate::log::info(&format!(
+            "socket transport: {}",
+            fds::budget(transport.config.nsocks, conn::io_threads())
+        ));
+        Ok(transport)
     }
 
     /// Builds the transport over this host's interfaces chosen by `config`.

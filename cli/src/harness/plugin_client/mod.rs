@@ -96,6 +96,11 @@ extern "C" {
     fn lossy_harness_set_log_sink(sink: LogSink);
 }
 
+/// Whether `LOSSY_HARNESS_DEBUG` asks for every log line, not only warnings.
+pub fn log_verbose() -> bool {
+    std::env::var_os(DEBUG_ENV).is_some_and(|v| v != "WARN" && v != "0")
+}
+
 /// What the C logger calls with each finished line: level, file, line, text.
 type LogSink = unsafe extern "C" fn(c_int, *const c_char, c_int, *const c_char);
 
@@ -110,7 +115,7 @@ unsafe extern "C" fn log_line(
     _line: c_int,
     text: *const c_char,
 ) {
-    let verbose = std::env::var_os(DEBUG_ENV).is_some_and(|v| v != "WARN" && v != "0");
+    let verbose = log_verbose();
     let warn = level == ncclDebugLogLevel::NCCL_LOG_WARN as c_int;
     if text.is_null() || !(warn || verbose) {
         return;

@@ -38,7 +38,7 @@ use std::ops::Range;
 use socket2::Socket;
 
 pub(crate) use pool::Pool;
-pub use pool::MAX_IO_THREADS;
+pub use pool::{io_threads, MAX_IO_THREADS};
 pub use recv::SocketRecvConn;
 #[cfg(test)]
 pub(super) use recv::AFTER_DONE_READ;
