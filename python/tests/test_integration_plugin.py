@@ -481,3 +481,46 @@ def test_a_with_block_entered_again_inside_itself_leaves_the_outer_one_running()
     assert out["phase_after_forward"] == "forward", out
     assert out["step"] == 1, out
     assert out["enabled_after_outer"] is False and out["hooks_after_outer"] == 0, out
+
+
+# A step set twice, traffic while the integration is disabled (an evaluation between training
+# steps), and the step going back (a resume from the checkpoint of step 2 in the same process):
+# the plugin's per-step series adds each message to the step it was sent in. The recorded table
+# had two rows for one (step, collective, phase), out of step order, and left out the messages
+# sent between disable() and enable(), so `steps` and `step_ops` disagreed on the step's packets.
+REVISITED = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import nccl_lossy
+from net_harness import Link
+
+integ = nccl_lossy.LossyMegatronIntegration(set={"mtu": 512}, stats_dir=sys.argv[2], patch_megatron=False)
+integ.enable()
+link = Link(1 << 16)
+integ.step(1); link.send()
+integ.step(2); link.send()
+integ.step(2); link.send()       # the same step set twice
+integ.step(3); link.send()
+integ.disable(); link.send()     # traffic while disabled: the plugin is still at step 3
+integ.enable(); link.send()
+integ.step(2); integ.mark_backward(); link.send()   # back to step 2
+integ.step(5)
+link.close()
+integ.disable()
+print(json.dumps({"table": integ.step_table()}))
+"""
+
+
+def test_a_step_set_again_or_revisited_and_traffic_while_disabled_are_counted_once_each(tmp_path):
+    import nccl_lossy
+
+    stats_dir = tmp_path / "stats"
+    proc = run_python(REVISITED, env=clean_env(NCCL_SOCKET_IFNAME="lo"), args=(str(TESTS), str(stats_dir)))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    live = json.loads(proc.stdout.strip().splitlines()[-1])["table"]
+    # 64 KiB messages in 512-byte packets: 128 packets each
+    wanted = [(1, "any", 1, 128), (2, "any", 2, 256), (2, "backward", 1, 128), (3, "any", 3, 384)]
+    for rows in (live, nccl_lossy.read_stats(stats_dir, table="step_ops")):
+        assert [(r["step"], r["phase"], r["messages"], r["packets"]) for r in rows] == wanted
+    steps = nccl_lossy.read_stats(stats_dir, table="steps")
+    assert [(r["step"], r["packets"]) for r in steps] == [(1, 128), (2, 384), (3, 384)]

@@ -62,9 +62,15 @@ def test_concurrent_writes_of_the_per_step_file_never_fail_or_show_a_half_file(t
 
     from nccl_lossy.steps import StepRecorder
 
-    recorder = StepRecorder(lambda: {"connections": []})
-    recorder.rows = [{"step": s, "op": "AllReduce", "phase": "any", "messages": 1, "bytes": 8,
-                      "packets": 1, "lost_packets": 0, "loss_events": 0} for s in range(2000)]
+    sent = [0]  # one 8-byte all-reduce a step, as the plugin's live counters would say
+    recorder = StepRecorder(lambda: {"connections": [{"by_op": [
+        {"op": "AllReduce", "phase": "any", "messages": sent[0], "bytes": 8 * sent[0],
+         "packets": sent[0]}]}]})
+    recorder.start()
+    for step in range(2000):
+        sent[0] += 1
+        recorder.end_step(step)
+    assert len(recorder.rows) == 2000
     errors, bad_reads, done = [], [], threading.Event()
 
     def write():

@@ -96,7 +96,9 @@ class LossyMegatronIntegration:
     keep their growth per collective and phase (:meth:`step_table`; :meth:`write_stats` and
     :meth:`disable` write them next to the plugin's statistics file, in :meth:`stats_dir`, for
     ``read_stats(dir, table="step_ops")``). It costs one read of the plugin's statistics per
-    step.
+    step. From the first ``enable()`` on, every message counts towards the step it was sent
+    in, as in the plugin's own per-step series: those sent while disabled too, and a step set
+    again (twice, or after a later one) adds to its rows.
 
     ``profile_ranges`` (default True): while a torch profiler records (e.g.
     :class:`nccl_lossy.profiler.LossyProfiler`), each step is a ``record_function`` range
@@ -201,7 +203,6 @@ class LossyMegatronIntegration:
         self._detachers: List[Callable[[], None]] = []
         self._attached: List[Callable[[], Any]] = []  # what attach() hooked, until detach()
         self._recorder = StepRecorder(lambda: _control.control().stats())
-        self._recording = False
         self._step_range: Any = None
         self._phase_range: Any = None
         self._range_thread: Optional[int] = None
@@ -265,7 +266,7 @@ class LossyMegatronIntegration:
             raise LossyConfigError(
                 f"step_number={value!r}: allowed: an integer from 0 to 2**64 - 1"
             ) from None
-        if self._recording:
+        if self._recorder.started:
             self._recorder.end_step(self._step)
         self._step = value
         _control.control().set_step(value)
@@ -352,9 +353,10 @@ class LossyMegatronIntegration:
         _control.control().set_step(self._step)
         self._push()
         self._mark_ranges(new_step=False)
-        if self.record_steps and not self._recording:
+        if self.record_steps and not self._recorder.started:
+            # Once only: what is sent while disabled (an evaluation) counts towards its step,
+            # as the plugin's per-step series counts it.
             self._recorder.start()
-            self._recording = True
         log.info(
             "lossy injection enabled (forward: %s, backward: %s)",
             self._enable_on_forward,
@@ -371,9 +373,8 @@ class LossyMegatronIntegration:
         self._phase = "any"
         self._push()
         self._close_ranges(step_too=True)
-        if self._recording:
+        if self._recorder.started:
             self._recorder.end_step(self._step)
-            self._recording = False
             stats_dir = self.stats_dir()
             if stats_dir is not None:
                 self._recorder.write(stats_dir)

@@ -48,22 +48,35 @@ class StepRecorder:
     def __init__(self, read: Callable[[], Dict[str, Any]]):
         self._read = read
         self._last: Optional[Cells] = None
-        #: One dict per (step, collective, phase) that saw traffic, in step order.
-        self.rows: List[Dict[str, Any]] = []
+        self._cells: Dict[Tuple[int, str, str], Dict[str, int]] = {}
+
+    @property
+    def started(self) -> bool:
+        """Whether :meth:`start` took the counters' starting point."""
+        return self._last is not None
+
+    @property
+    def rows(self) -> List[Dict[str, Any]]:
+        """One dict per (step, collective, phase) that saw traffic, in step order: a step
+        ended more than once (set twice, set again after a later one, as after a resume from
+        a checkpoint) adds to its rows, as the plugin adds to its per-step series."""
+        return [{"step": s, "op": op, "phase": ph, **c} for (s, op, ph), c in sorted(self._cells.items())]
 
     def start(self) -> None:
         """Takes the counters as they are now as the start of the current step."""
         self._last = cell_totals(self._read())
 
     def end_step(self, step: int) -> None:
-        """Records what each cell grew by since the last call as step ``step``."""
+        """Adds what each cell grew by since the last call to step ``step``."""
         now = cell_totals(self._read())
         last = self._last or {}
-        for (op, phase), counts in sorted(now.items()):
+        for (op, phase), counts in now.items():
             before = last.get((op, phase), {})
             grown = {c: counts[c] - before.get(c, 0) for c in _COUNTERS}
             if grown["messages"] or grown["packets"]:
-                self.rows.append({"step": step, "op": op, "phase": phase, **grown})
+                acc = self._cells.setdefault((step, op, phase), {c: 0 for c in _COUNTERS})
+                for c in _COUNTERS:
+                    acc[c] += grown[c]
         self._last = now
 
     def document(self) -> Dict[str, Any]:
