@@ -25,6 +25,9 @@ pub fn inner_mode() -> bool {
 }
 static MODE: Mode = Mode::new();
 static STEP: AtomicU64 = AtomicU64::new(0);
+/// Whether a step was ever set: step 0 set by the script (a training loop counting from 0)
+/// is a step like any other, where 0 before any setting is none.
+static STEP_SET: AtomicBool = AtomicBool::new(false);
 
 /// The training phase and the injection switch, in one word so that a message reads both
 /// from the same moment: the phase's code, and [`Mode::OFF`] while injection is off. Read as
@@ -94,6 +97,12 @@ pub fn set_phase(phase: Phase) {
 /// Sets the current training step.
 pub fn set_step(step: u64) {
     STEP.store(step, Ordering::Relaxed);
+    STEP_SET.store(true, Ordering::Relaxed);
+}
+
+/// Whether [`set_step`] was ever called in this process.
+pub fn step_set() -> bool {
+    STEP_SET.load(Ordering::Relaxed)
 }
 
 /// The current training step.

@@ -103,9 +103,10 @@ def test_plugin_counters_agree_with_injecting_after_every_toggle():
             assert 820 <= r["lost"] <= 1228, r  # the plugin injects, at the profile's rate
         else:
             assert r["lost"] == 0, r  # the plugin is off, as injecting() says
-    # the steps reached the plugin: each step's message is counted under that step
+    # the steps reached the plugin: each step's message is counted under that step, the 13
+    # before step(7) under the integration's step 0, which enable() told the plugin
     assert out["step"] == 10
-    assert {int(k): v for k, v in out["by_step"].items()} == {7: 2048, 9: 2048, 10: 2048}
+    assert {int(k): v for k, v in out["by_step"].items()} == {0: 13 * 2048, 7: 2048, 9: 2048, 10: 2048}
 
 
 # Three steps of three 1 MiB messages (512-byte packets: 6,144 packets a step) under
@@ -228,9 +229,9 @@ def test_enable_tells_the_plugin_the_integrations_own_step():
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["step"] == 1
     # 64 KiB in 512-byte packets: 128 a message, each counted under the step it was sent in;
-    # step 0 (the second integration before its first step()) is not broken down by the
-    # plugin, so its message must not show up under step 100 (which made 256 there)
-    assert {int(k): v for k, v in out["by_step"].items()} == {100: 128, 1: 128}
+    # the second integration's message before its first step() is step 0's, not step 100's
+    # (which made 256 there)
+    assert {int(k): v for k, v in out["by_step"].items()} == {100: 128, 0: 128, 1: 128}
 
 
 # A step whose backward phase is kept lossless: the plugin's per-step series says which of the
@@ -524,3 +525,47 @@ def test_a_step_set_again_or_revisited_and_traffic_while_disabled_are_counted_on
         assert [(r["step"], r["phase"], r["messages"], r["packets"]) for r in rows] == wanted
     steps = nccl_lossy.read_stats(stats_dir, table="steps")
     assert [(r["step"], r["packets"]) for r in steps] == [(1, 128), (2, 384), (3, 384)]
+
+
+# attach(model, optimizer) starts at step 0 and the optimizer's step moves to step 1: the first
+# training step's traffic is step 0's. The plugin's per-step series left step 0 out ("never
+# set"), so the `steps` table and `lossy report --per-step` missed the first training step
+# that step_ops, the profiler's "lossy:step 0" range and the monitor's record showed.
+FIRST_STEP = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import torch
+import nccl_lossy
+from net_harness import Link
+
+class Sending(torch.nn.Linear):      # a layer whose forward pass sends one message
+    def forward(self, x):
+        link.send()
+        return super().forward(x)
+
+torch.manual_seed(0)
+model = Sending(4, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+integ = nccl_lossy.LossyMegatronIntegration(set={"mtu": 512}, stats_dir=sys.argv[2], patch_megatron=False)
+with integ:
+    integ.attach(model, opt)
+    link = Link(1 << 16)
+    for _ in range(2):
+        model(torch.ones(1, 4)).sum().backward()
+        opt.step()
+    link.close()
+print(json.dumps({"table": integ.step_table()}))
+"""
+
+
+def test_the_first_training_step_is_step_0_in_every_table(tmp_path):
+    import nccl_lossy
+
+    stats_dir = tmp_path / "stats"
+    proc = run_python(FIRST_STEP, env=clean_env(NCCL_SOCKET_IFNAME="lo"), args=(str(TESTS), str(stats_dir)))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    live = json.loads(proc.stdout.strip().splitlines()[-1])["table"]
+    # one 64 KiB message (128 packets) in each step's forward pass
+    assert [(r["step"], r["phase"], r["packets"]) for r in live] == [(0, "forward", 128), (1, "forward", 128)]
+    steps = nccl_lossy.read_stats(stats_dir, table="steps")
+    assert [(r["step"], r["packets"]) for r in steps] == [(0, 128), (1, 128)]

@@ -12,7 +12,7 @@ use super::loss_rate_injecting;
 pub const STEP_SLOTS: usize = 1 << 16;
 
 /// Packets and lost packets per training step, process-wide (steps set through the control
-/// API). Three atomics per step, allocated on the first message of a step above 0, so the data
+/// API). Three atomics per step, allocated on the first message of a step set, so the data
 /// path neither locks nor allocates per message after that. The last slot, [`STEP_SLOTS`],
 /// sums every later step.
 pub struct StepSeries {
@@ -96,9 +96,11 @@ impl StepSeries {
 
 static STEPS: std::sync::OnceLock<StepSeries> = std::sync::OnceLock::new();
 
-/// Counts a message towards training step `step`; step 0 (never set) is not broken down.
+/// Counts a message towards training step `step`. Before the script sets any step the
+/// traffic is not broken down; once it has, step 0 is a step like the others (a training loop
+/// counting from 0, the Python integration's first step).
 pub fn record_step(step: u64, packets: u64, lost: u64, injection_off: bool) {
-    if step > 0 {
+    if step > 0 || crate::switches::step_set() {
         STEPS
             .get_or_init(StepSeries::new)
             .record(step, packets, lost, injection_off);
