@@ -569,3 +569,35 @@ def test_the_first_training_step_is_step_0_in_every_table(tmp_path):
     assert [(r["step"], r["phase"], r["packets"]) for r in live] == [(0, "forward", 128), (1, "forward", 128)]
     steps = nccl_lossy.read_stats(stats_dir, table="steps")
     assert [(r["step"], r["packets"]) for r in steps] == [(0, 128), (1, 128)]
+
+
+# Two integrations enabled at once in one process (one per model, or a helper that makes its
+# own): the plugin's phase, step and switch are process-wide, so each one's enable(), phase and
+# step() overwrite the other's (the second's enable() sent the plugin from step 5 back to 0)
+# and both step tables count the same traffic. Nothing said so.
+TWO_AT_ONCE = r"""
+import json, warnings
+import nccl_lossy
+
+first = nccl_lossy.LossyMegatronIntegration(apply_env=False, patch_megatron=False).enable()
+first.step(5)
+second = nccl_lossy.LossyMegatronIntegration(apply_env=False, patch_megatron=False)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    second.enable()                   # while the first is enabled: warned
+    second.disable()
+    second.enable()                   # again: warned again
+    first.disable()
+    second.disable()
+    first.enable()                    # one at a time: no warning
+    first.disable()
+print(json.dumps([str(w.message) for w in caught]))
+"""
+
+
+def test_a_second_integration_enabled_while_another_is_says_so():
+    proc = run_python(TWO_AT_ONCE, env=clean_env())
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    messages = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(messages) == 2, messages
+    assert all("another LossyMegatronIntegration is enabled" in m and "step 5" in m for m in messages)

@@ -37,6 +37,9 @@ CONFIG_KEYS = (
 KEYWORDS = CONFIG_KEYS + ("network", "patch_megatron", "apply_env", "record_steps", "profile_ranges")
 #: Names of the ``record_function`` ranges: ``lossy:step 12``, ``lossy:forward``, ...
 RANGE_PREFIX = "lossy:"
+#: The integrations of this process now enabled: the plugin's switch, phase and step are
+#: process-wide, so a second one enabled beside the first overwrites what the first set.
+_ENABLED: "weakref.WeakSet[LossyMegatronIntegration]" = weakref.WeakSet()
 
 class _Default:
     """A switch keyword left at its default ``value``, told apart from that value given: a
@@ -347,6 +350,17 @@ class LossyMegatronIntegration:
             already = is_patched()
             self.patch_results = apply_megatron_core_patch()
             self._patched_here = not already and is_patched()
+        others = [other for other in _ENABLED if other is not self]
+        if others:
+            warnings.warn(
+                f"nccl_lossy: another LossyMegatronIntegration is enabled in this process (at step "
+                f"{others[0].step_number}, phase {others[0].phase}); the plugin's switch, phase and "
+                f"step are process-wide, so this one (step {self._step}) and that one overwrite "
+                "each other's and both step tables count the same traffic; disable() the other "
+                "first, or drive both models through one integration (attach() takes a list)",
+                stacklevel=2,
+            )
+        _ENABLED.add(self)
         self._enabled = True
         # The plugin's step is process-wide and may be another integration's (or an earlier
         # set_step()); from here on this integration's step is the one traffic counts under.
@@ -370,6 +384,7 @@ class LossyMegatronIntegration:
         also reverts the patches this object applied. The step being recorded ends here, and
         with a statistics directory the per-step file is written (:meth:`write_stats`)."""
         self._enabled = False
+        _ENABLED.discard(self)
         self._phase = "any"
         self._push()
         self._close_ranges(step_too=True)
