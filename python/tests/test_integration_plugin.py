@@ -601,3 +601,40 @@ def test_a_second_integration_enabled_while_another_is_says_so():
     messages = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(messages) == 2, messages
     assert all("another LossyMegatronIntegration is enabled" in m and "step 5" in m for m in messages)
+
+
+# Two integrations one after the other in one process, with one statistics directory (a sweep
+# run in one process): the per-step file is named by rank, host and pid, so the second one's
+# disable() wrote over the first one's file and step 100 was gone from step_ops, while the
+# plugin's steps table (process-wide) kept it. The message sent between the first's disable()
+# and the second's enable() is step 100's, in the plugin as in step_ops.
+ONE_AFTER_THE_OTHER = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+import nccl_lossy
+from net_harness import Link
+
+first = nccl_lossy.LossyMegatronIntegration(set={"mtu": 512}, stats_dir=sys.argv[2], patch_megatron=False)
+first.enable()
+link = Link(1 << 16)
+first.step(100); link.send()
+first.disable(); link.send()
+second = nccl_lossy.LossyMegatronIntegration(set={"mtu": 512}, stats_dir=sys.argv[2], patch_megatron=False)
+second.enable(); link.send()
+second.step(); link.send()
+link.close()
+second.disable()
+"""
+
+
+def test_integrations_one_after_the_other_keep_every_step_in_the_per_step_file(tmp_path):
+    import nccl_lossy
+
+    stats_dir = tmp_path / "stats"
+    proc = run_python(ONE_AFTER_THE_OTHER, env=clean_env(NCCL_SOCKET_IFNAME="lo"),
+                      args=(str(TESTS), str(stats_dir)))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    # 128 packets a message
+    wanted = [(0, 128), (1, 128), (100, 256)]
+    assert [(r["step"], r["packets"]) for r in nccl_lossy.read_stats(stats_dir, table="steps")] == wanted
+    assert [(r["step"], r["packets"]) for r in nccl_lossy.read_stats(stats_dir, table="step_ops")] == wanted

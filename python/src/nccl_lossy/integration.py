@@ -40,6 +40,10 @@ RANGE_PREFIX = "lossy:"
 #: The integrations of this process now enabled: the plugin's switch, phase and step are
 #: process-wide, so a second one enabled beside the first overwrites what the first set.
 _ENABLED: "weakref.WeakSet[LossyMegatronIntegration]" = weakref.WeakSet()
+#: The plugin's counters per step of this process: one for every integration, since the
+#: plugin's step and counters are process-wide and the per-step file is named by process (a
+#: second integration with a recorder of its own wrote over the first one's file).
+_RECORDER = StepRecorder(lambda: _control.control().stats())
 
 class _Default:
     """A switch keyword left at its default ``value``, told apart from that value given: a
@@ -205,7 +209,7 @@ class LossyMegatronIntegration:
         self._patched_here = False
         self._detachers: List[Callable[[], None]] = []
         self._attached: List[Callable[[], Any]] = []  # what attach() hooked, until detach()
-        self._recorder = StepRecorder(lambda: _control.control().stats())
+        self._recorder = _RECORDER
         self._step_range: Any = None
         self._phase_range: Any = None
         self._range_thread: Optional[int] = None
@@ -269,10 +273,8 @@ class LossyMegatronIntegration:
             raise LossyConfigError(
                 f"step_number={value!r}: allowed: an integer from 0 to 2**64 - 1"
             ) from None
-        if self._recorder.started:
-            self._recorder.end_step(self._step)
+        self._recorder.move_to(value, _control.control().set_step)
         self._step = value
-        _control.control().set_step(value)
         self._mark_ranges(new_step=True)
 
     # -- profiler ranges ------------------------------------------------------------------
@@ -364,7 +366,7 @@ class LossyMegatronIntegration:
         self._enabled = True
         # The plugin's step is process-wide and may be another integration's (or an earlier
         # set_step()); from here on this integration's step is the one traffic counts under.
-        _control.control().set_step(self._step)
+        self._recorder.move_to(self._step, _control.control().set_step)
         self._push()
         self._mark_ranges(new_step=False)
         if self.record_steps and not self._recorder.started:
@@ -389,7 +391,7 @@ class LossyMegatronIntegration:
         self._push()
         self._close_ranges(step_too=True)
         if self._recorder.started:
-            self._recorder.end_step(self._step)
+            self._recorder.end_step(self._recorder.step)
             stats_dir = self.stats_dir()
             if stats_dir is not None:
                 self._recorder.write(stats_dir)
@@ -513,7 +515,8 @@ class LossyMegatronIntegration:
         return _control.control().stats()
 
     def step_table(self, dataframe: Union[bool, str] = False) -> Any:
-        """The plugin's counters per step x collective x phase recorded so far (the ``step_ops``
+        """The plugin's counters per step x collective x phase recorded so far in this process, by
+        every integration of it, as the plugin's counters are process-wide (the ``step_ops``
         table of :func:`nccl_lossy.read_stats`, without the file columns): one row per
         (step, op, phase) that saw traffic, with ``messages``, ``bytes``, ``packets``,
         ``lost_packets``, ``loss_events`` (bursts within a message), ``packets_injection_off``,

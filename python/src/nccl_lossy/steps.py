@@ -49,6 +49,8 @@ class StepRecorder:
         self._read = read
         self._last: Optional[Cells] = None
         self._cells: Dict[Tuple[int, str, str], Dict[str, int]] = {}
+        #: The step the plugin counts traffic under, as last set through :meth:`move_to`.
+        self.step = 0
 
     @property
     def started(self) -> bool:
@@ -65,6 +67,15 @@ class StepRecorder:
     def start(self) -> None:
         """Takes the counters as they are now as the start of the current step."""
         self._last = cell_totals(self._read())
+
+    def move_to(self, step: int, set_step: Callable[[int], None]) -> None:
+        """Ends the step in force (once started) and moves the plugin to ``step`` with
+        ``set_step``: the plugin's step is process-wide, so every step change of the process
+        goes through here."""
+        if self.started:
+            self.end_step(self.step)
+        set_step(step)
+        self.step = step
 
     def end_step(self, step: int) -> None:
         """Adds what each cell grew by since the last call to step ``step``."""
