@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from conftest import clean_env, run_python
+from conftest import TESTS, clean_env, run_python
 from nccl_lossy.monitor import PerformanceMonitor
 
 
@@ -96,3 +96,59 @@ def test_records_carry_the_launcher_rank_so_ranks_sharing_one_file_stay_apart(tm
     (line,) = out.read_text(encoding="utf-8").splitlines()
     assert json.loads(line)["rank"] == rank
     assert monitor.records[0]["rank"] == rank
+
+
+# A training step that sets its own step first (`integ.step(it)`, Megatron's iteration) rather
+# than at its end (attach()'s optimizer hook): the record carried the step before the call, so
+# each line of the JSONL named the previous step and `lossy report --per-step --train-log` put
+# every loss one step away from the packets the plugin counted for it. Both styles in one run.
+STEP_FIRST = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import torch
+import nccl_lossy
+from nccl_lossy import performance_monitor
+from net_harness import Link
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+integ = nccl_lossy.LossyMegatronIntegration(set={"mtu": 512}, patch_megatron=False)
+integ.enable()
+link = Link(1 << 16)
+
+@performance_monitor(integration=integ)
+def step_first(it, sends):
+    integ.step(it)                   # the step set first, then its traffic
+    for _ in range(sends):
+        link.send()
+
+@performance_monitor(integration=integ)
+def step_last(sends):
+    integ.attach(model, opt)
+    for _ in range(sends):
+        link.send()
+    model(torch.ones(1, 4)).sum().backward()
+    opt.step()                       # traffic first, then the optimizer's hook sets the next step
+    integ.detach()
+
+for it, sends in ((1, 1), (2, 2), (3, 3)):
+    step_first(it, sends)
+integ.step(4)                        # outside the monitored calls
+step_last(4)
+step_last(5)
+by_step = {s["step"]: s["packets"] for s in nccl_lossy.stats()["by_step"]}
+link.close()
+print(json.dumps({"records": [[r["step"], r["packets"]] for r in step_first.monitor.records + step_last.monitor.records],
+                  "by_step": by_step}))
+"""
+
+
+def test_a_record_carries_the_step_its_traffic_was_counted_under():
+    proc = run_python(STEP_FIRST, env=clean_env(NCCL_SOCKET_IFNAME="lo"), args=(str(TESTS),))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # 64 KiB messages of 128 packets
+    by_step = {int(k): v for k, v in out["by_step"].items()}
+    assert by_step == {1: 128, 2: 256, 3: 384, 4: 512, 5: 640}
+    assert out["records"] == [[s, p] for s, p in sorted(by_step.items())]

@@ -60,7 +60,9 @@ class PerformanceMonitor:
     ``output``: the JSONL file (appended to; None: records only in :attr:`records`).
     ``batch_size`` (samples per step) and ``seq_length`` (tokens per sample): throughput.
     ``integration``: a :class:`~nccl_lossy.LossyMegatronIntegration` whose step numbers the
-    records carry (else ``first_step``, ``first_step + 1``, ...). ``profiler``: stepped after
+    records carry (else ``first_step``, ``first_step + 1``, ...): the step the plugin counted
+    most of the call's packets under, whether the call sets its step first or last (the
+    integration's step at the call's start when it sent nothing). ``profiler``: stepped after
     each call. ``count_flops``: count with ``torch.utils.flop_counter.FlopCounterMode`` (the
     step then runs under it: its ``wall_s`` and throughput include the counting).
     ``tensorboard_dir``, ``use_wandb``: optional sinks. ``stats_source``: where the plugin's
@@ -111,11 +113,12 @@ class PerformanceMonitor:
             except ImportError:
                 _warn("performance_monitor: wandb not installed; not logging to it")
 
-    def _counters(self) -> Optional[Dict[Any, Dict[str, int]]]:
+    def _document(self) -> Optional[Dict[str, Any]]:
+        """The plugin's statistics document now (None once it could not be read)."""
         if not self._stats_ok:
             return None
         try:
-            return cell_totals(self._read())
+            return self._read()
         except (_control.ControlError, OSError) as err:
             _warn(f"performance_monitor: no plugin counters ({err}); packets and lost packets "
                   "are not recorded (null) from here on", stacklevel=4)
@@ -130,7 +133,7 @@ class PerformanceMonitor:
             else:
                 step = self._next_step
             self._next_step = step + 1
-            before = self._counters()
+            before = self._document()
             flops = None
             start = time.perf_counter()
             if self.count_flops:
@@ -143,8 +146,11 @@ class PerformanceMonitor:
             else:
                 result = fn(*args, **kwargs)
             wall = time.perf_counter() - start
-            after = self._counters() if before is not None else None
-            self._record(step, wall, before, after, flops, result)
+            after = self._document() if before is not None else None
+            if self.integration is not None and after is not None:
+                step = _traffic_step(before, after, step)
+            cells = (cell_totals(before), cell_totals(after)) if after is not None else (None, None)
+            self._record(step, wall, *cells, flops, result)
             if self.profiler is not None:
                 self.profiler.step()
             return result
@@ -194,6 +200,19 @@ class PerformanceMonitor:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+def _traffic_step(before: Dict[str, Any], after: Dict[str, Any], default: int) -> int:
+    """The step the plugin counted most of the call's packets under (its ``by_step``), so that
+    the record names the step its traffic belongs to whether the training step sets its step
+    first (``integ.step(it)``) or last (the optimizer's hook); ``default`` (the step at the
+    call's start) when no step below the plugin's per-step limit grew."""
+    was = {s["step"]: s["packets"] for s in before.get("by_step", [])}
+    grown = {s["step"]: s["packets"] - was.get(s["step"], 0) for s in after.get("by_step", [])}
+    grown = {s: n for s, n in grown.items() if n > 0}
+    if not grown:
+        return default
+    return int(min(grown, key=lambda s: (-grown[s], s)))
 
 
 def _warn(message: str, stacklevel: int = 3) -> None:
