@@ -318,3 +318,31 @@ def test_this_version_gets_no_warning(caplog):
     with caplog.at_level(logging.INFO, logger="nccl_lossy.megatron"):
         patch.apply_megatron_core_patch()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+def test_a_layout_the_patch_does_not_know_is_said_through_warnings(monkeypatch):
+    # The package's logger has no handler (a NullHandler, so not even Python's last-resort
+    # one): a training script that configures no logging saw nothing when the patch did not
+    # know this megatron-core's layout, or found no megatron-core at all.
+    for module, attribute in patch.patch_targets():
+        if module.startswith("megatron.core.optimizer.distrib_optimizer") or (
+            module == "megatron.core.optimizer" and attribute in ("Adam", "SGD", "USING_PYTORCH_OPTIMIZER")
+        ):
+            monkeypatch.delattr(importlib.import_module(module), attribute, raising=False)
+    with pytest.warns(UserWarning, match="laid out in a way the patch does not know") as caught:
+        patch.apply_megatron_core_patch()
+    (mine,) = [w for w in caught if "megatron-core patch" in str(w.message)]  # megatron's own aside
+    assert VERSION in str(mine.message)
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'megatron' or name.startswith('megatron.'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r} (blocked)')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from nccl_lossy.megatron import apply_megatron_core_patch\n"
+        "print('results', apply_megatron_core_patch())\n"
+    )
+    proc = run_python(code, env=clean_env())  # no logging configured, as in a training script
+    assert proc.returncode == 0, proc.stderr
+    assert "megatron-core compatibility patch not applied: megatron-core is not installed" in proc.stderr

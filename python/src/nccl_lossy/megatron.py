@@ -41,6 +41,7 @@ import contextlib
 import importlib
 import logging
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
@@ -254,10 +255,9 @@ def apply_megatron_core_patch() -> List[PatchResult]:
     with _lock:
         missing = _megatron_missing_reason()
         if missing:
-            log.warning(
-                "megatron-core compatibility patch not applied: %s. Nothing to patch; install "
-                "megatron-core (and torch) in this environment to use it.",
-                missing,
+            _warn(
+                f"megatron-core compatibility patch not applied: {missing}. Nothing to patch; "
+                "install megatron-core (and torch) in this environment to use it."
             )
             return []
         results: List[PatchResult] = []
@@ -284,14 +284,21 @@ def _warn_missing_groups(targets: List[_Target], results: List[PatchResult]) -> 
     version = _megatron_version()
     for group, members in groups.items():
         if all(r.status == MISSING for r in members):
-            log.warning(
-                "megatron-core patch: none of its %d names for the %s exists in megatron-core %s "
-                "(%s): this version is laid out in a way the patch does not know, and that part "
-                "of it runs unpatched (the patch was written against megatron-core 0.16.1)",
-                len(members), group, version,
-                ", ".join(f"{r.module}.{r.attribute}" for r in members[:3])
-                + (", ..." if len(members) > 3 else ""),
+            names = ", ".join(f"{r.module}.{r.attribute}" for r in members[:3])
+            _warn(
+                f"megatron-core patch: none of its {len(members)} names for the {group} exists in "
+                f"megatron-core {version} ({names}{', ...' if len(members) > 3 else ''}): this "
+                "version is laid out in a way the patch does not know, and that part of it runs "
+                "unpatched (the patch was written against megatron-core 0.16.1)",
+                stacklevel=4,  # the caller of apply_megatron_core_patch
             )
+
+
+def _warn(message: str, stacklevel: int = 3) -> None:
+    """Says ``message`` through :mod:`warnings`, which shows by default (this package's logger
+    has no handler unless the application adds one), and into the log."""
+    log.warning("%s", message)
+    warnings.warn(message, stacklevel=stacklevel)
 
 
 def _megatron_version() -> str:
