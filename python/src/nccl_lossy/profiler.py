@@ -337,7 +337,8 @@ def plugin_epoch_offset_ns(plugin: Dict[str, Any]) -> Tuple[int, Dict[str, Any]]
     if not isinstance(version, int) or version < 1:
         raise TraceFormatError(f"plugin trace: bad format_version {version!r}")
     if version > PLUGIN_TRACE_VERSION:
-        log.warning("plugin trace format %d is newer than this package's %d", version, PLUGIN_TRACE_VERSION)
+        _warn(f"plugin trace format {version} is newer than this package's {PLUGIN_TRACE_VERSION}: "
+              "merged as far as this package reads it; install matching versions")
     clock = meta.get("clock")
     if clock == "CLOCK_MONOTONIC":
         offset = meta.get("monotonic_to_epoch_ns")
