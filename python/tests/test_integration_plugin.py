@@ -638,3 +638,40 @@ def test_integrations_one_after_the_other_keep_every_step_in_the_per_step_file(t
     wanted = [(0, 128), (1, 128), (100, 256)]
     assert [(r["step"], r["packets"]) for r in nccl_lossy.read_stats(stats_dir, table="steps")] == wanted
     assert [(r["step"], r["packets"]) for r in nccl_lossy.read_stats(stats_dir, table="step_ops")] == wanted
+
+
+# write_stats() in the middle of a step (a checkpoint's statistics, or the end of a run that
+# never calls disable()): the plugin's file had the step's messages so far, the per-step file
+# written beside it at the same moment ended at the last step boundary and left them out.
+MID_STEP = r"""
+import shutil, sys
+sys.path.insert(0, sys.argv[1])
+import nccl_lossy
+from net_harness import Link
+
+integ = nccl_lossy.LossyMegatronIntegration(set={"mtu": 512}, stats_dir=sys.argv[2], patch_megatron=False)
+integ.enable()
+link = Link(1 << 16)
+integ.step(1); link.send()
+integ.step(2); link.send()
+integ.write_stats()              # step 2 is under way
+shutil.copytree(sys.argv[2], sys.argv[3])
+link.send()
+integ.step(3)
+integ.write_stats()
+link.close()
+integ.disable()
+"""
+
+
+def test_write_stats_in_the_middle_of_a_step_writes_the_step_so_far(tmp_path):
+    import nccl_lossy
+
+    stats_dir, mid = tmp_path / "stats", tmp_path / "mid-step"
+    proc = run_python(MID_STEP, env=clean_env(NCCL_SOCKET_IFNAME="lo"), args=(str(TESTS), str(stats_dir), str(mid)))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    # 128 packets a message; step 2's second message came after the first write
+    for directory, wanted in ((mid, [(1, 128), (2, 128)]), (stats_dir, [(1, 128), (2, 256)])):
+        for table in ("steps", "step_ops"):
+            rows = nccl_lossy.read_stats(directory, table=table)
+            assert [(r["step"], r["packets"]) for r in rows] == wanted, (directory.name, table)

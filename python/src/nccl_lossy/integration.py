@@ -539,6 +539,10 @@ class LossyMegatronIntegration:
         """Asks the plugin to write its statistics file into the statistics directory now and
         writes the per-step file next to it (:meth:`stats_dir`); returns the per-step file's
         path (None without a statistics directory)."""
+        if self._recorder.started:
+            # The step under way so far, as the plugin's file written now holds it (its rest
+            # adds to the same rows when the step ends).
+            self._recorder.end_step(self._recorder.step)
         wrote = _control.control().write_stats()
         stats_dir = self.stats_dir()
         if stats_dir is None:
