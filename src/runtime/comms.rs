@@ -294,7 +294,11 @@ impl SendComm {
             packets_injection_off: if state.injecting { 0 } else { packets },
             rule: state.rule,
         });
-        stats::record_step(step, packets, lost_packets, !state.injecting);
+        // Before the script sets a step, its traffic is not broken down by step; once it has,
+        // step 0 is a step like the others (a loop counting from 0).
+        if step > 0 || switches::step_set() {
+            stats::record_step(step, packets, lost_packets, !state.injecting);
+        }
         let runs = plan.lost.iter().map(|r| (r.start, r.len));
         state.bursts.observe(op, packets, runs, |op, len| {
             self.stats.record_burst(op, len)

@@ -96,15 +96,13 @@ impl StepSeries {
 
 static STEPS: std::sync::OnceLock<StepSeries> = std::sync::OnceLock::new();
 
-/// Counts a message towards training step `step`. Before the script sets any step the
-/// traffic is not broken down; once it has, step 0 is a step like the others (a training loop
-/// counting from 0, the Python integration's first step).
+/// Counts a message towards training step `step` (the runtime calls it only once the script
+/// has set a step: before, traffic is not broken down; after, step 0 is a step like the
+/// others, a training loop counting from 0, the Python integration's first step).
 pub fn record_step(step: u64, packets: u64, lost: u64, injection_off: bool) {
-    if step > 0 || crate::switches::step_set() {
-        STEPS
-            .get_or_init(StepSeries::new)
-            .record(step, packets, lost, injection_off);
-    }
+    STEPS
+        .get_or_init(StepSeries::new)
+        .record(step, packets, lost, injection_off);
 }
 
 /// Per-step packet counts of this process (empty when no step was ever set).
