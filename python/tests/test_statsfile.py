@@ -325,3 +325,13 @@ def test_a_directory_without_statistics_files_is_a_warning_not_an_empty_run(tmp_
     assert nccl_lossy.read_stats(tmp_path, table="step_ops") == []
     assert nccl_lossy.read_stats(tmp_path) == []
     assert not [w for w in recwarn if "holds no statistics files" in str(w.message)]
+
+
+@pytest.mark.parametrize("field, value", [("rank", "3"), ("rank", -1), ("pid", 1.5), ("host", 7)])
+def test_file_fields_of_the_wrong_kind_are_refused_naming_them(tmp_path, field, value):
+    # The README: "a field of the wrong kind raises StatsFormatError naming the file, the key
+    # and the value"; the file's own rank, pid and host were taken as they came.
+    stats = tmp_path / "lossy-stats-rank0-h-1.json"
+    stats.write_text(json.dumps({**PLUGIN_DOC, field: value}))
+    with pytest.raises(StatsFormatError, match=rf"{stats.name}.*{field}"):
+        nccl_lossy.read_stats(stats)

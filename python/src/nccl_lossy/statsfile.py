@@ -117,7 +117,20 @@ def _check(doc: Any, where: str) -> Dict[str, Any]:
     if not isinstance(doc, dict) or "format_version" not in doc or "connections" not in doc:
         raise StatsFormatError(f"{where} is not a nccl-net-lossy statistics file")
     _check_version(doc, where, FORMAT_VERSION)
+    _check_identity(doc, where)
     return doc
+
+
+def _check_identity(doc: Dict[str, Any], where: str) -> None:
+    """The file's own ``rank`` (null: no launcher rank), ``pid`` and ``host``, as the plugin
+    and the per-step recorder write them; another kind is StatsFormatError naming it."""
+    for key in ("rank", "pid"):
+        value = doc.get(key)
+        if value is not None:
+            _count(value, where, "file", key)
+    host = doc.get("host")
+    if host is not None and not isinstance(host, str):
+        raise StatsFormatError(f"{where}: file: host = {_short(host)}: allowed: text")
 
 
 def _check_version(doc: Dict[str, Any], where: str, known: int) -> None:
@@ -263,6 +276,7 @@ def step_op_rows_from_doc(doc: Dict[str, Any], file: str = "") -> List[Dict[str,
         raise StatsFormatError(f"{file or 'document'} is not a nccl-lossy per-step file")
     name = file or "per-step document"
     _check_version(doc, name, STEP_FORMAT_VERSION)
+    _check_identity(doc, name)
     rows = []
     for i, cell in enumerate(_objects(doc["steps"], name, "steps")):
         where = f"steps.{i}"
