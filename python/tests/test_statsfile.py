@@ -167,11 +167,13 @@ def test_a_per_step_cell_that_is_no_count_is_refused_naming_the_file_and_cell(tm
 
 def test_the_plugins_own_file_is_read_as_it_was_written(tmp_path):
     name = "lossy-stats-rank0-h-1.json"
+    # 7 packets lost in 4 bursts: three of one packet and one of four (as a run writes them)
     hist = [{"op": "AllReduce", "burst_lengths": [[1, 3], [4, 1]], "latency_ns": [[1000, 2]]}]
-    doc = _plugin_doc(GOOD_CELL, by_step=[{"step": 2, "packets": 10, "lost_packets": 2}], histograms=hist)
+    cell = {**GOOD_CELL, "lost_packets": 7, "loss_events": 4}
+    doc = _plugin_doc(cell, by_step=[{"step": 2, "packets": 10, "lost_packets": 7}], histograms=hist)
     (tmp_path / name).write_text(json.dumps(doc))
     [row] = nccl_lossy.read_stats(tmp_path)
-    assert (row["packets"], row["lost_packets"], row["loss_rate"]) == (10, 2, 0.2)
+    assert (row["packets"], row["lost_packets"], row["loss_rate"]) == (10, 7, 0.7)
     [step] = nccl_lossy.read_stats(tmp_path, table="steps")
     assert (step["step"], step["packets_injection_off"]) == (2, 0)
     bursts = nccl_lossy.read_stats(tmp_path, table="bursts")
@@ -335,3 +337,26 @@ def test_file_fields_of_the_wrong_kind_are_refused_naming_them(tmp_path, field, 
     stats.write_text(json.dumps({**PLUGIN_DOC, field: value}))
     with pytest.raises(StatsFormatError, match=rf"{stats.name}.*{field}"):
         nccl_lossy.read_stats(stats)
+
+
+@pytest.mark.parametrize("bursts, what", [
+    ([[0, 1]], "length 0"),       # a burst is at least one lost packet
+    ([[1, 3]], "3 bursts"),       # three bursts, but AllReduce lost 2 packets here
+    ([[2, 2]], "4 packets"),      # two bursts of 2 packets, but the connection lost 2
+])
+def test_burst_histograms_no_run_writes_are_refused_as_lossy_report_refuses_them(tmp_path, bursts, what):
+    # `lossy report` refuses these (the plugin records a burst under the collective of the
+    # message it ends in, which lost at least its last packet); read_stats summed them.
+    cell = {"op": "AllReduce", "phase": "any", "messages": 1, "bytes": 8192, "packets": 2,
+            "lost_packets": 2, "loss_events": 1}
+    conn = {"comm_id": 1, "index": 0, "by_op": [cell],
+            "histograms": [{"op": "AllReduce", "burst_lengths": bursts, "latency_ns": []}]}
+    stats = tmp_path / "lossy-stats-rank0-h-1.json"
+    stats.write_text(json.dumps({**PLUGIN_DOC, "connections": [conn]}))
+    for table in ("ops", "bursts"):
+        with pytest.raises(StatsFormatError, match=rf"{stats.name}.*{what}"):
+            nccl_lossy.read_stats(stats, table=table)
+    # the same connection with one burst of 2 packets is a run's
+    conn["histograms"][0]["burst_lengths"] = [[2, 1]]
+    stats.write_text(json.dumps({**PLUGIN_DOC, "connections": [conn]}))
+    assert [r["burst_length"] for r in nccl_lossy.read_stats(stats, table="bursts")] == [2]

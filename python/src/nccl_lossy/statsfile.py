@@ -118,7 +118,48 @@ def _check(doc: Any, where: str) -> Dict[str, Any]:
         raise StatsFormatError(f"{where} is not a nccl-net-lossy statistics file")
     _check_version(doc, where, FORMAT_VERSION)
     _check_identity(doc, where)
+    for i, conn in enumerate(_objects(doc["connections"], where, "connections")):
+        _check_bursts(conn, where, i)
     return doc
+
+
+def _check_bursts(conn: Dict[str, Any], file: str, i: int) -> None:
+    """What the burst-length histograms of connection ``i`` always hold, as ``lossy report``
+    checks them: bursts of at least one packet; per collective, no more bursts than the
+    packets it lost on the connection (a burst is counted under the collective of the message
+    it ends in, which lost at least its last packet); in all, no more lost packets than the
+    connection lost, with the 1/128 the histogram's two significant digits may add."""
+    lost_by: Dict[Any, int] = {}
+    for j, cell in enumerate(_objects(conn.get("by_op", []), file, f"connections.{i}.by_op")):
+        lost = _count(cell.get("lost_packets", 0), file, f"connections.{i}.by_op.{j}", "lost_packets")
+        lost_by[cell.get("op")] = lost_by.get(cell.get("op"), 0) + lost
+    hists = _objects(conn.get("histograms", []), file, f"connections.{i}.histograms")
+    bursts_by: Dict[Any, int] = {}
+    burst_packets = 0
+    for j, hist in enumerate(hists):
+        where = f"connections.{i}.histograms.{j}.burst_lengths"
+        for k, pair in enumerate(_items(hist.get("burst_lengths", []), file, where)):
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise StatsFormatError(f"{file}: {where}.{k} = {_short(pair)}: allowed: a "
+                                       "[burst_length, count] pair")
+            length = _count(pair[0], file, f"{where}.{k}", "burst_length")
+            n = _count(pair[1], file, f"{where}.{k}", "count")
+            if length == 0:
+                raise StatsFormatError(f"{file}: {where}: a burst of length 0 ({n} of them): a "
+                                       "burst is at least one lost packet")
+            bursts_by[hist.get("op")] = bursts_by.get(hist.get("op"), 0) + n
+            burst_packets += length * n
+    for op, bursts in bursts_by.items():
+        if bursts > lost_by.get(op, 0):
+            raise StatsFormatError(
+                f"{file}: connections.{i}.histograms ({op}): {bursts} bursts, but {op} lost "
+                f"{lost_by.get(op, 0)} packets on this connection (connections.{i}.by_op): "
+                "each burst holds at least one of them")
+    lost = sum(lost_by.values())
+    if burst_packets * 128 > lost * 129:
+        raise StatsFormatError(
+            f"{file}: connections.{i}.histograms: bursts of {burst_packets} packets in all, but "
+            f"the connection lost {lost} packets (connections.{i}.by_op)")
 
 
 def _check_identity(doc: Dict[str, Any], where: str) -> None:
