@@ -27,14 +27,6 @@ fn entries(dir: &str) -> usize {
         .expect("read /proc")
 }
 
-fn sockets() -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .expect("read /proc/self/fd")
-        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-        .filter(|target| target.to_string_lossy().starts_with("socket:"))
-        .count()
-}
-
 fn rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .expect("status")
@@ -55,7 +47,7 @@ fn counts() -> Counts {
     Counts {
         threads: entries("/proc/self/task"),
         fds: entries("/proc/self/fd"),
-        sockets: sockets(),
+        sockets: common::sockets(),
     }
 }
 

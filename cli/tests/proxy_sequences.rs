@@ -27,15 +27,6 @@ fn alone() -> MutexGuard<'static, ()> {
     ALONE.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Sockets this process holds.
-fn sockets() -> usize {
-    std::fs::read_dir("/proc/self/fd")
-        .expect("read /proc/self/fd")
-        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-        .filter(|target| target.to_string_lossy().starts_with("socket:"))
-        .count()
-}
-
 /// Polls `connect` until it fails, as NCCL's proxy calls it again while it returns no comm.
 fn connect_error(client: &PluginClient, handle: &ConnHandle, what: &str) -> nccl_net_lossy::Error {
     let mut connecting = client.connect(0, handle);
@@ -74,7 +65,7 @@ fn a_handle_no_listener_of_ours_wrote_fails_connect_with_nccls_code_at_every_ver
             ("a reserved byte set", reserved),
             ("port 0", no_port),
         ];
-        let before = sockets();
+        let before = common::sockets();
         for (what, handle) in cases {
             for attempt in 0..3 {
                 let what = format!("v{version}, {what}, attempt {attempt}");
@@ -83,7 +74,7 @@ fn a_handle_no_listener_of_ours_wrote_fails_connect_with_nccls_code_at_every_ver
             }
         }
         assert_eq!(
-            sockets(),
+            common::sockets(),
             before,
             "v{version}: sockets left by failed connects"
         );
@@ -107,10 +98,14 @@ fn a_handle_of_a_closed_listener_fails_connect_as_a_remote_error() {
     let client = PluginClient::init(&lib, 12, 0xc105ed).expect("init");
     let (handle, listen) = client.listen(0).expect("listen");
     listen.close().expect("closeListen");
-    let before = sockets();
+    let before = common::sockets();
     let err = connect_error(&client, &handle, "closed listener");
     assert_eq!(err.kind, ErrorKind::Remote, "{err}");
-    assert_eq!(sockets(), before, "sockets left by the failed connect");
+    assert_eq!(
+        common::sockets(),
+        before,
+        "sockets left by the failed connect"
+    );
     client.finalize().expect("finalize");
 }
 
@@ -170,25 +165,8 @@ fn testing_a_request_already_reported_done_is_an_error_not_a_wait() {
         common::raw_transfer(t, sc, rc, &mut more) == more,
         "the next message"
     );
-    // SAFETY: live comms and context, each closed or finalized once.
-    unsafe {
-        assert_eq!(
-            t.closeSend.expect("closeSend")(sc),
-            ncclResult_t::ncclSuccess
-        );
-        assert_eq!(
-            t.closeRecv.expect("closeRecv")(rc),
-            ncclResult_t::ncclSuccess
-        );
-        assert_eq!(
-            t.closeListen.expect("closeListen")(lc),
-            ncclResult_t::ncclSuccess
-        );
-        assert_eq!(
-            t.finalize.expect("finalize")(ctx),
-            ncclResult_t::ncclSuccess
-        );
-    }
+    // SAFETY: live comms and context, none used again.
+    unsafe { common::raw_close_all(t, sc, rc, lc, ctx) };
 }
 
 /// NCCL closes a communicator's comms before it finalizes the context, but a comm closed
@@ -199,7 +177,7 @@ fn comms_closed_after_the_last_finalize_close_cleanly_and_leave_no_socket() {
     let _alone = alone();
     // SAFETY: ncclNetPlugin_v12 is a ncclNet_v12_t in our headers.
     let t: &ncclNet_v12_t = unsafe { common::library_table("ncclNetPlugin_v12") };
-    let before = sockets();
+    let before = common::sockets();
     let ctx = common::raw_context(t, 0xaf7e, None);
     let (sc, rc, lc) = common::raw_connected(t, ctx);
     let mut data = vec![3u8; 5000];
@@ -227,11 +205,11 @@ fn comms_closed_after_the_last_finalize_close_cleanly_and_leave_no_socket() {
         );
     }
     let start = Instant::now();
-    while sockets() != before {
+    while common::sockets() != before {
         assert!(
             start.elapsed() < HANG,
             "sockets left: {} of {before}",
-            sockets()
+            common::sockets()
         );
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -241,25 +219,8 @@ fn comms_closed_after_the_last_finalize_close_cleanly_and_leave_no_socket() {
         common::raw_transfer(t, sc, rc, &mut data) == data,
         "a later communicator"
     );
-    // SAFETY: live comms and context, each closed or finalized once.
-    unsafe {
-        assert_eq!(
-            t.closeSend.expect("closeSend")(sc),
-            ncclResult_t::ncclSuccess
-        );
-        assert_eq!(
-            t.closeRecv.expect("closeRecv")(rc),
-            ncclResult_t::ncclSuccess
-        );
-        assert_eq!(
-            t.closeListen.expect("closeListen")(lc),
-            ncclResult_t::ncclSuccess
-        );
-        assert_eq!(
-            t.finalize.expect("finalize")(ctx),
-            ncclResult_t::ncclSuccess
-        );
-    }
+    // SAFETY: live comms and context, none used again.
+    unsafe { common::raw_close_all(t, sc, rc, lc, ctx) };
 }
 
 /// A receive posted after the sender closed its comm (orderly, between messages) can never
@@ -339,23 +300,8 @@ fn irecv_overwrites_nccls_optional_completion_preset_whether_it_posts_or_not() {
     let mut bufs = vec![[0u8; 8]; 33];
     let mut posted = 0;
     for buf in &mut bufs {
-        let mut ptr: *mut c_void = buf.as_mut_ptr().cast();
-        let (mut size, mut tag, mut mr) = (8usize, 1 as c_int, null_mut());
-        let mut request = optional;
-        // SAFETY: a live recvComm; arrays of one entry; the buffer outlives the comm.
-        let code = unsafe {
-            t.irecv.expect("irecv")(
-                rc,
-                1,
-                &mut ptr,
-                &mut size,
-                &mut tag,
-                &mut mr,
-                null_mut(),
-                &mut request,
-            )
-        };
-        assert_eq!(code, ncclResult_t::ncclSuccess);
+        // SAFETY: a live recvComm; the buffer outlives the comm (its receives go with it).
+        let request = unsafe { common::raw_irecv_preset(t, rc, buf, 1, null_mut(), optional) };
         assert_ne!(
             request, optional,
             "irecv {posted} left NCCL's preset in place"
@@ -367,22 +313,5 @@ fn irecv_overwrites_nccls_optional_completion_preset_whether_it_posts_or_not() {
     }
     assert_eq!(posted, 32, "receives posted before the slots ran out");
     // SAFETY: live comms and context (the pending receives go with their comm).
-    unsafe {
-        assert_eq!(
-            t.closeSend.expect("closeSend")(sc),
-            ncclResult_t::ncclSuccess
-        );
-        assert_eq!(
-            t.closeRecv.expect("closeRecv")(rc),
-            ncclResult_t::ncclSuccess
-        );
-        assert_eq!(
-            t.closeListen.expect("closeListen")(lc),
-            ncclResult_t::ncclSuccess
-        );
-        assert_eq!(
-            t.finalize.expect("finalize")(ctx),
-            ncclResult_t::ncclSuccess
-        );
-    }
+    unsafe { common::raw_close_all(t, sc, rc, lc, ctx) };
 }

@@ -326,19 +326,17 @@ extern "C" fn irecv_v9(
     mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
-    guard("irecv", || {
-        let sizes = non_null(sizes, "sizes")?;
-        super::irecv(
-            recv_comm,
-            n,
-            data,
-            |i| size_t_size(sizes, i),
-            tags,
-            mhandles,
-            std::ptr::null_mut(),
-            request,
-        )
-    })
+    // v9 is v10 without profiler handles.
+    irecv_v10(
+        recv_comm,
+        n,
+        data,
+        sizes,
+        tags,
+        mhandles,
+        std::ptr::null_mut(),
+        request,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]

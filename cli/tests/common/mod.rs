@@ -596,9 +596,26 @@ pub unsafe fn raw_irecv(
     tag: c_int,
     mr: *mut c_void,
 ) -> *mut c_void {
+    // SAFETY: the caller's contract is this one's.
+    unsafe { raw_irecv_preset(t, rc, into, tag, mr, null_mut()) }
+}
+
+/// [`raw_irecv`] with `*request` set to `preset` before the call, as NCCL presets it to
+/// `NCCL_NET_OPTIONAL_RECV_COMPLETION` (0x1) for an LL/LL128 receive.
+///
+/// # Safety
+/// As [`raw_irecv`].
+pub unsafe fn raw_irecv_preset(
+    t: &ncclNet_v12_t,
+    rc: *mut c_void,
+    into: &mut [u8],
+    tag: c_int,
+    mr: *mut c_void,
+    preset: *mut c_void,
+) -> *mut c_void {
     let mut ptr: *mut c_void = into.as_mut_ptr().cast();
     let (mut size, mut tag, mut mr) = (into.len(), tag, mr);
-    let mut request: *mut c_void = null_mut();
+    let mut request: *mut c_void = preset;
     // SAFETY: arrays of one entry each and a valid out-pointer; the rest is the caller's.
     let code = unsafe {
         t.irecv.expect("irecv")(
@@ -614,6 +631,37 @@ pub unsafe fn raw_irecv(
     };
     assert_eq!(code, ncclResult_t::ncclSuccess, "irecv");
     request
+}
+
+/// Closes a connected pair, its listen comm and their context through the raw v12 table, in
+/// NCCL's order (comms, then the context), asserting each call succeeded.
+///
+/// # Safety
+/// Live comms and context of `t`, none used again.
+pub unsafe fn raw_close_all(
+    t: &ncclNet_v12_t,
+    sc: *mut c_void,
+    rc: *mut c_void,
+    lc: *mut c_void,
+    ctx: *mut c_void,
+) {
+    // SAFETY: per this function's contract, each closed or finalized once.
+    unsafe {
+        let ok = ncclResult_t::ncclSuccess;
+        assert_eq!(t.closeSend.expect("closeSend")(sc), ok, "closeSend");
+        assert_eq!(t.closeRecv.expect("closeRecv")(rc), ok, "closeRecv");
+        assert_eq!(t.closeListen.expect("closeListen")(lc), ok, "closeListen");
+        assert_eq!(t.finalize.expect("finalize")(ctx), ok, "finalize");
+    }
+}
+
+/// Sockets this process holds.
+pub fn sockets() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("read /proc/self/fd")
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().starts_with("socket:"))
+        .count()
 }
 
 pub fn raw_context(t: &ncclNet_v12_t, comm_id: u64, class: Option<i32>) -> *mut c_void {

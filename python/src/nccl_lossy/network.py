@@ -358,17 +358,17 @@ class LossyNetwork:
     def intra_node_through_net(self) -> Dict[str, str]:
         """What ``intra_node="net"`` sets (a value the environment already holds is kept): the
         plugin library's own list, the one ``lossy run`` sets."""
-        listed = self.check().get("intra_node_through_net")
-        if not isinstance(listed, dict):
-            raise LossyConfigError(f"{self.library or library_path()} predates the intra-node "
-                                   "settings of ncclLossyCheckProfile: install matching versions")
-        return {str(k): str(v) for k, v in listed.items()}
+        return self._library_table("intra_node_through_net")
 
     @property
     def intra_node_transports(self) -> Dict[str, str]:
         """NCCL's own transport each of :attr:`intra_node_through_net`'s variables leaves on
         when the environment keeps another value (the library's list, as ``lossy run`` says)."""
-        listed = self.check().get("intra_node_transports")
+        return self._library_table("intra_node_transports")
+
+    def _library_table(self, key: str) -> Dict[str, str]:
+        """A name-to-text table of the library's ``ncclLossyCheckProfile`` answer."""
+        listed = self.check().get(key)
         if not isinstance(listed, dict):
             raise LossyConfigError(f"{self.library or library_path()} predates the intra-node "
                                    "settings of ncclLossyCheckProfile: install matching versions")

@@ -37,7 +37,7 @@ import math
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Union
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 from ._files import read_regular_file
 
@@ -138,12 +138,7 @@ def _check_bursts(conn: Dict[str, Any], file: str, i: int) -> None:
     burst_packets = 0
     for j, hist in enumerate(hists):
         where = f"connections.{i}.histograms.{j}.burst_lengths"
-        for k, pair in enumerate(_items(hist.get("burst_lengths", []), file, where)):
-            if not isinstance(pair, list) or len(pair) != 2:
-                raise StatsFormatError(f"{file}: {where}.{k} = {_short(pair)}: allowed: a "
-                                       "[burst_length, count] pair")
-            length = _count(pair[0], file, f"{where}.{k}", "burst_length")
-            n = _count(pair[1], file, f"{where}.{k}", "count")
+        for length, n in _bins(hist.get("burst_lengths", []), "burst_length", file, where):
             if length == 0:
                 raise StatsFormatError(f"{file}: {where}: a burst of length 0 ({n} of them): a "
                                        "burst is at least one lost packet")
@@ -299,16 +294,23 @@ def histogram_rows_from_stats(doc: Dict[str, Any], kind: str, file: str = "") ->
         hists = _objects(conn.get("histograms", []), name, f"connections.{i}.histograms")
         for j, hist in enumerate(hists):
             where = f"connections.{i}.histograms.{j}.{field}"
-            for k, pair in enumerate(_items(hist.get(field, []), name, where)):
-                if not isinstance(pair, list) or len(pair) != 2:
-                    raise StatsFormatError(
-                        f"{name}: {where}.{k} = {_short(pair)}: allowed: a [{column}, count] pair"
-                    )
+            for value, count in _bins(hist.get(field, []), column, name, where):
                 rows.append({**_file_fields(doc, file), "comm_id": conn.get("comm_id"),
                              "connection": conn.get("index"), "op": hist.get("op"),
-                             column: _count(pair[0], name, f"{where}.{k}", column),
-                             "count": _count(pair[1], name, f"{where}.{k}", "count")})
+                             column: value, "count": count})
     return rows
+
+
+def _bins(value: Any, column: str, file: str, where: str) -> List[Tuple[int, int]]:
+    """The ``[value, count]`` bins of a histogram field, each checked (two counts)."""
+    bins = []
+    for k, pair in enumerate(_items(value, file, where)):
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise StatsFormatError(f"{file}: {where}.{k} = {_short(pair)}: allowed: a "
+                                   f"[{column}, count] pair")
+        bins.append((_count(pair[0], file, f"{where}.{k}", column),
+                     _count(pair[1], file, f"{where}.{k}", "count")))
+    return bins
 
 
 def step_op_rows_from_doc(doc: Dict[str, Any], file: str = "") -> List[Dict[str, Any]]:

@@ -18,7 +18,7 @@ use crate::loss::effect::{flip_lost, lost_ranges, zero_lost};
 use crate::loss::plan::{Effect, LossPlan, PacketRun};
 use crate::transport::{
     Completion, Connector, DeviceProps, HostBuf, Listener, MrHandle, RecvConn, RequestId, SendConn,
-    Transport, WireHandle, HANDLE_SIZE, HANDLE_WIRE_SIZE, MAX_REQUESTS,
+    Transport, WireHandle, HANDLE_SIZE, HANDLE_WIRE_SIZE, MAX_RECVS, MAX_REQUESTS,
 };
 use crate::{log, Error, Result};
 
@@ -515,7 +515,10 @@ struct WrapRecvConn {
 
 impl RecvConn for WrapRecvConn {
     fn irecv(&self, bufs: &[HostBuf], tags: &[i32]) -> Result<Option<RequestId>> {
-        self.irecv_profiled(bufs, tags, &vec![None; bufs.len()])
+        // No profiler handles (no allocation: the slice is as long as `bufs`, up to the most
+        // a receive may group; more is refused by `irecv_profiled` as any count but 1 is).
+        let none = [None; MAX_RECVS];
+        self.irecv_profiled(bufs, tags, &none[..bufs.len().min(MAX_RECVS)])
     }
 
     /// The data receive goes to the inner plugin with NCCL's profiler handle, the side
