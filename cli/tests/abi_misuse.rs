@@ -35,23 +35,6 @@ fn transfer(t: &ncclNet_v12_t, sc: *mut c_void, rc: *mut c_void) {
     assert!(got == data, "the message arrived changed");
 }
 
-/// Closes the comms a test made, once each, then finalizes its context.
-fn close_all(
-    t: &ncclNet_v12_t,
-    sc: *mut c_void,
-    rc: *mut c_void,
-    lc: *mut c_void,
-    ctx: *mut c_void,
-) {
-    // SAFETY: live comms and a live context the test made, each closed or finalized once.
-    unsafe {
-        assert_eq!(t.closeSend.expect("closeSend")(sc), OK);
-        assert_eq!(t.closeRecv.expect("closeRecv")(rc), OK);
-        assert_eq!(t.closeListen.expect("closeListen")(lc), OK);
-        assert_eq!(t.finalize.expect("finalize")(ctx), OK);
-    }
-}
-
 #[test]
 fn a_comm_of_the_wrong_kind_is_an_error_and_the_comms_still_work() {
     let t = table();
@@ -150,7 +133,8 @@ fn a_comm_of_the_wrong_kind_is_an_error_and_the_comms_still_work() {
     }
     // None of that touched the comms.
     transfer(t, sc, rc);
-    close_all(t, sc, rc, lc, ctx);
+    // SAFETY: live comms and a live context the test made, none used again.
+    unsafe { common::raw_close_all(t, sc, rc, lc, ctx) };
 }
 
 #[test]
@@ -175,7 +159,8 @@ fn finalizing_null_is_nothing_to_finalize_and_leaves_live_contexts_working() {
     // The live context kept its hold on the runtime: its comms still connect and carry data.
     let (sc, rc, lc) = common::raw_connected(t, ctx);
     transfer(t, sc, rc);
-    close_all(t, sc, rc, lc, ctx);
+    // SAFETY: live comms and a live context the test made, none used again.
+    unsafe { common::raw_close_all(t, sc, rc, lc, ctx) };
 }
 
 #[test]
@@ -221,7 +206,8 @@ fn without_a_context_the_plugin_works_as_nccls_socket_plugin_does() {
     unsafe {
         assert_eq!(t.setNetAttr.expect("setNetAttr")(null_mut(), &mut attr), OK);
     }
-    close_all(t, sc, rc, lc, ctx);
+    // SAFETY: live comms and a live context the test made, none used again.
+    unsafe { common::raw_close_all(t, sc, rc, lc, ctx) };
 }
 
 #[test]
