@@ -420,10 +420,12 @@ pub fn run_member(
         // ranks why the job ends, and reports the server's reason (which names the rank).
         Err(err) => {
             return Err(match server.join_within(Duration::from_secs(2)) {
-                Some(Err(why)) if err.to_string().contains(&why.to_string()) => why,
+                // Said once: this rank's own error already holds the server's reason (and
+                // may say more, such as which rank left).
+                Some(Err(why)) if err.to_string().contains(&why.to_string()) => err,
                 Some(Err(why)) => Error::remote(format!("{why} (rank 0: {err})")),
                 _ => err,
-            })
+            });
         }
     };
     let reports = all
