@@ -231,3 +231,26 @@ fn the_tables_leave_irecv_consumed_unset_as_nccls_host_plugins_do() {
     assert!(v10.irecvConsumed.is_none(), "v10 sets irecvConsumed");
     assert!(v11.irecvConsumed.is_none(), "v11 sets irecvConsumed");
 }
+
+#[test]
+fn a_context_used_after_its_finalize_is_an_error_even_when_its_memory_is_reused() {
+    // NCCL never passes a finalized context, but a driver that does must get an error, not
+    // have the plugin read freed memory: the word at the start of a freed context says
+    // nothing once the allocator has handed the memory out again. Here it is handed out
+    // again as a forgery of a live context (our kind word, then a pointer to nothing), which
+    // a plugin that trusted the word would follow.
+    const CONTEXT_WORD: u64 = 0x4c53_4e45_5443_5458;
+    let t = table();
+    let ctx = init(t, 0x5a5);
+    // SAFETY: a live context the test made, finalized once.
+    assert_eq!(unsafe { t.finalize.expect("finalize")(ctx) }, OK);
+    let forgeries = common::forged::refill(ctx, [CONTEXT_WORD, 0x10]);
+    let mut handle = [0u8; 128];
+    let mut lc = null_mut();
+    // SAFETY: `ctx` is the finalized context, now the forgery's memory (readable): the
+    // situation under test; valid out-pointers.
+    let rc = unsafe { t.listen.expect("listen")(ctx, 0, handle.as_mut_ptr().cast(), &mut lc) };
+    assert_ne!(rc, OK, "listen on a finalized context");
+    assert!(lc.is_null());
+    drop(forgeries);
+}

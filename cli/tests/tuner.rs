@@ -24,18 +24,15 @@ fn table() -> &'static ncclTuner_v6_t {
     unsafe { common::library_table::<ncclTuner_v6_t>("ncclTunerPlugin_v6") }
 }
 
-/// One communicator's tuner: init, one all-reduce's cost table, finalize (twice: the second
-/// must be refused). Returns the cost table as the tuner left it.
-fn costs_after_one_collective(t: &ncclTuner_v6_t) -> Vec<f32> {
-    let mut ctx: *mut c_void = null_mut();
-    // SAFETY: valid out-pointer; NULL logger and NVLink/constants structs are allowed.
-    let rc = unsafe { t.init.expect("init")(&mut ctx, 0x7e57, 8, 1, None, null_mut(), null_mut()) };
-    assert_eq!(rc, OK, "tuner init");
-    let mut costs = vec![1.0f32; ALGOS * PROTOS];
+/// One all-reduce of 1 MiB's `getCollInfo` on `costs`, NCCL's algorithms x protocols table.
+///
+/// # Safety
+/// `ctx` is what the misuse under test needs it to be: a live context, or readable memory.
+unsafe fn coll_info(t: &ncclTuner_v6_t, ctx: *mut c_void, costs: &mut [f32]) -> ncclResult_t {
     let mut channels = 0;
-    // SAFETY: NCCL's algorithms x protocols table of floats, the array itself cast to
-    // `float**` as NCCL passes it (src/enqueue.cc); a live context; a valid out-pointer.
-    let rc = unsafe {
+    // SAFETY: the table cast to `float**` as NCCL passes it (src/enqueue.cc); `ctx` per this
+    // function's contract; a valid out-pointer.
+    unsafe {
         t.getCollInfo.expect("getCollInfo")(
             ctx,
             4, // ncclFuncAllReduce
@@ -47,7 +44,19 @@ fn costs_after_one_collective(t: &ncclTuner_v6_t) -> Vec<f32> {
             0,
             &mut channels,
         )
-    };
+    }
+}
+
+/// One communicator's tuner: init, one all-reduce's cost table, finalize (twice: the second
+/// must be refused). Returns the cost table as the tuner left it.
+fn costs_after_one_collective(t: &ncclTuner_v6_t) -> Vec<f32> {
+    let mut ctx: *mut c_void = null_mut();
+    // SAFETY: valid out-pointer; NULL logger and NVLink/constants structs are allowed.
+    let rc = unsafe { t.init.expect("init")(&mut ctx, 0x7e57, 8, 1, None, null_mut(), null_mut()) };
+    assert_eq!(rc, OK, "tuner init");
+    let mut costs = vec![1.0f32; ALGOS * PROTOS];
+    // SAFETY: the live context init returned.
+    let rc = unsafe { coll_info(t, ctx, &mut costs) };
     assert_eq!(rc, OK, "getCollInfo");
     // SAFETY: the context init returned, finalized once; the second call is the misuse under
     // test (a double free before).
@@ -55,6 +64,19 @@ fn costs_after_one_collective(t: &ncclTuner_v6_t) -> Vec<f32> {
         assert_eq!(t.finalize.expect("finalize")(ctx), OK, "finalize");
         assert_ne!(t.finalize.expect("finalize")(ctx), OK, "finalize twice");
     }
+    // A finalized context whose memory was handed out again (as a forgery of a live one
+    // that rules LL out) is refused, not read: NCCL never does this, but a tuner that
+    // trusted the context's first word would edit the cost table of a communicator it no
+    // longer knows.
+    const TUNER_WORD: u64 = 0x4c53_5455_4e43_5458;
+    let forgeries = common::forged::refill(ctx, [TUNER_WORD, 1]);
+    let mut after = vec![1.0f32; ALGOS * PROTOS];
+    // SAFETY: `ctx` is the finalized context, now the forgery's memory (readable): the
+    // misuse under test.
+    let rc = unsafe { coll_info(t, ctx, &mut after) };
+    assert_ne!(rc, OK, "getCollInfo on a finalized context");
+    assert!(after.iter().all(|&c| c == 1.0), "{after:?}");
+    drop(forgeries);
     costs
 }
 

@@ -5,9 +5,11 @@
 //! and ignores its context, so such a mix-up does no harm there either. The check is one
 //! read of a word the call reads anyway, with no lock, so it costs the data path nothing.
 //!
-//! A word cannot tell a context that was finalized already (its memory is freed), so
-//! contexts are also kept in a [`Live`] list from `init` to `finalize`: a second `finalize`
-//! is refused instead of freeing the context twice.
+//! A word cannot tell a context that was finalized already (its memory is freed, and may
+//! hold anything by now), so contexts are also kept in a [`Live`] list from `init` to
+//! `finalize`, and a context is only read while the list, under its lock, says it is live:
+//! a second `finalize`, or a `listen` on a finalized context, is refused instead of reading
+//! or freeing memory that is no longer ours.
 
 use std::ffi::c_void;
 use std::sync::{Mutex, MutexGuard};
@@ -126,6 +128,30 @@ impl Live {
         self.lock().push(ptr as usize);
     }
 
+    fn not_live(&self, what: &str) -> Error {
+        Error::invalid_argument(format!(
+            "{what} was given a {} that is not one this plugin's init returned, or that was \
+             finalized already",
+            self.kind.name()
+        ))
+    }
+
+    /// `read(ptr)` while `ptr` is live, under the list's lock (so no `take` frees it
+    /// meanwhile), or an error naming `what` (the entry point) if it is not live: never
+    /// handed out, or finalized already. `ptr` is not read when it is not live.
+    pub(crate) fn read<R>(
+        &self,
+        ptr: *mut c_void,
+        what: &str,
+        read: impl FnOnce() -> R,
+    ) -> Result<R> {
+        let live = self.lock();
+        if !live.contains(&(ptr as usize)) {
+            return Err(self.not_live(what));
+        }
+        Ok(read())
+    }
+
     /// Takes `ptr` out (its owner is about to free it), or fails if it is not live: never
     /// handed out, or finalized already.
     pub(crate) fn take(&self, ptr: *mut c_void) -> Result<()> {
@@ -133,12 +159,7 @@ impl Live {
         let at = live
             .iter()
             .position(|&a| a == ptr as usize)
-            .ok_or_else(|| {
-                Error::invalid_argument(format!(
-                    "{} is not one this plugin's init returned, or it was finalized already",
-                    self.kind.name()
-                ))
-            })?;
+            .ok_or_else(|| self.not_live("finalize"))?;
         live.swap_remove(at);
         Ok(())
     }

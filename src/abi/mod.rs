@@ -185,20 +185,19 @@ fn init_context(
 }
 
 /// The context behind the v11/v12 `ctx` pointer `what` was given: one [`init_context`]
-/// made (its kind word checked; anything else is an error), or, for NULL, the process's
-/// implicit context (the one v8-v10 use: NCCL's Socket plugin ignores the context, so a
-/// driver may pass none).
-///
-/// # Safety
-/// `ctx` is NULL, a context our init returned and not finalized, or another object of at
-/// least 8 readable bytes.
-unsafe fn context_of(ctx: *mut c_void, what: &str) -> Result<Arc<Context>> {
+/// made and not finalized (anything else is an error, and is not read), or, for NULL, the
+/// process's implicit context (the one v8-v10 use: NCCL's Socket plugin ignores the context,
+/// so a driver may pass none).
+fn context_of(ctx: *mut c_void, what: &str) -> Result<Arc<Context>> {
     if ctx.is_null() {
         return Ok(Context::implicit());
     }
-    // SAFETY: per this function's contract; AbiContext is #[repr(C)] with its kind first.
-    let abi = unsafe { &*checked::<AbiContext>(ctx, Kind::Context, what)? };
-    Ok(Arc::clone(&abi.ctx))
+    LIVE_CONTEXTS.read(ctx, what, || {
+        // SAFETY: `ctx` is in the live list, so it is an AbiContext made at init and not
+        // freed: `finalize` takes it out of the list, under the lock held here, before it
+        // frees it.
+        Arc::clone(unsafe { &(*ctx.cast::<AbiContext>()).ctx })
+    })
 }
 
 /// `finalize` of v11/v12: drops the context and the connects it left in progress (its comms
@@ -767,8 +766,7 @@ fn get_device_mr(dptr_mhandle: *mut *mut c_void) -> Result<()> {
 /// # Safety
 /// `attr` is NCCL's attribute struct or NULL.
 unsafe fn set_net_attr(ctx: *mut c_void, attr: *mut ffi::ncclNetAttr_v11_t) -> Result<()> {
-    // SAFETY: as for every v11/v12 entry point: NCCL's context (or NULL).
-    let ctx = unsafe { context_of(ctx, "setNetAttr")? };
+    let ctx = context_of(ctx, "setNetAttr")?;
     let attr = non_null(attr, "netAttr")?;
     // SAFETY: NCCL passes a valid attribute struct for the duration of the call.
     let attr = unsafe { &*attr };

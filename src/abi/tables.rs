@@ -388,8 +388,7 @@ extern "C" fn listen_v11(
     listen_comm: *mut *mut c_void,
 ) -> ncclResult_t {
     guard("listen", || {
-        // SAFETY: NCCL passes the context our init returned (or NULL).
-        let ctx = unsafe { super::context_of(ctx, "listen")? };
+        let ctx = super::context_of(ctx, "listen")?;
         super::listen(&ctx, dev, handle, listen_comm)
     })
 }
@@ -402,8 +401,7 @@ extern "C" fn connect_v11(
     _dev_comm: *mut *mut ncclNetDeviceHandle_v8_t,
 ) -> ncclResult_t {
     guard("connect", || {
-        // SAFETY: NCCL passes the context our init returned (or NULL).
-        let ctx = unsafe { super::context_of(ctx, "connect")? };
+        let ctx = super::context_of(ctx, "connect")?;
         super::connect(&ctx, dev, handle, send_comm, None)
     })
 }

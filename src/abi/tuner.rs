@@ -10,7 +10,7 @@ use super::ffi::{
     ncclTuner_v5_t, ncclTuner_v6_t, NCCL_LOSSY_ALGO_RING, NCCL_LOSSY_PROTO_LL,
     NCCL_LOSSY_PROTO_LL128, NCCL_LOSSY_PROTO_SIMPLE,
 };
-use super::handles::{checked, Kind, Live};
+use super::handles::{Kind, Live};
 use super::tables::Exported;
 use super::{guard, non_null};
 use crate::log;
@@ -72,13 +72,16 @@ fn tuner_init(
 }
 
 /// Whether the tuner context `context` rules out LL and LL128: an error for a pointer that
-/// is not a tuner context of ours (its kind word checked, no lock: NCCL calls this for
-/// every collective).
+/// is not a live tuner context of ours (never made, or destroyed already: its memory may
+/// hold anything by now, so it is not read). NCCL calls this for every collective; the
+/// live list's lock, uncontended, is a few tens of nanoseconds of a collective's launch.
 fn forces_simple(context: *mut c_void) -> crate::Result<bool> {
-    // SAFETY: NCCL passes back the context our tuner init created, alive until destroy, or
-    // another object of at least 8 readable bytes.
-    let ctx = unsafe { &*checked::<TunerContext>(context, Kind::Tuner, "tuner getCollInfo")? };
-    Ok(ctx.force_simple)
+    let context = non_null(context, "tuner context")?;
+    LIVE_TUNERS.read(context, "tuner getCollInfo", || {
+        // SAFETY: in the live list, so a TunerContext our init made and not yet freed
+        // (destroy takes it out of the list, under the lock held here, before freeing it).
+        unsafe { (*context.cast::<TunerContext>()).force_simple }
+    })
 }
 
 /// Destroys a tuner context once: another pointer, or a second destroy, is an error and

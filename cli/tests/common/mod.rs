@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod forged;
+
 use std::ffi::{c_int, c_void};
 use std::path::{Path, PathBuf};
 use std::ptr::null_mut;
