@@ -1,10 +1,12 @@
 //! The plugin library at its edges, through `dlopen` and real sockets: grouped receives,
-//! garbage on a listening port, and a peer killed in the middle of a transfer.
+//! garbage on a listening port, a connector whose hello comes late, and a peer killed in the
+//! middle of a transfer.
 
 mod common;
 
+use std::ffi::c_void;
 use std::io::Write;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -16,6 +18,7 @@ use lossy_cli::harness::plugin_client::{
     establish, ConnHandle, PluginClient, PluginLibrary, Posted, RecvItem,
 };
 use lossy_cli::harness::worker::{Job, LinkKind, RunSpec, Task};
+use nccl_net_lossy::ffi::{ncclNet_v12_t, ncclResult_t};
 
 fn grouped_job(version: u32) -> Job {
     let mut job = Job::collectives(library(), vec![], vec![]);
@@ -118,6 +121,103 @@ fn garbage_on_the_listening_port_is_rejected_and_the_real_peer_still_connects() 
     send.close().expect("closeSend");
     recv.close().expect("closeRecv");
     listen.close().expect("closeListen");
+}
+
+/// A relay on 127.0.0.1 that connects each socket it accepts to `target` at once (the
+/// listener accepts it then), and carries bytes both ways only after `delay`: to the
+/// listener, a connector that sent nothing for that long after its TCP connection was
+/// accepted. Its address.
+fn late_relay(target: SocketAddr, delay: Duration) -> SocketAddr {
+    let relay = TcpListener::bind("127.0.0.1:0").expect("relay bind");
+    let addr = relay.local_addr().expect("relay addr");
+    std::thread::spawn(move || {
+        for client in relay.incoming() {
+            let Ok(client) = client else { return };
+            let Ok(server) = TcpStream::connect(target) else {
+                return;
+            };
+            std::thread::spawn(move || {
+                std::thread::sleep(delay);
+                let pipe = |mut from: TcpStream, mut to: TcpStream| {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Write);
+                    })
+                };
+                let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else {
+                    return;
+                };
+                pipe(client, server);
+                pipe(s2, c2);
+            });
+        }
+    });
+    addr
+}
+
+/// NCCL's proxy calls `connect` again when it gets to it: its first call may return with the
+/// TCP connection made in the kernel (the listener accepts it) and the hello not yet sent,
+/// the next one may come seconds later (the proxy thread setting up other connections, a
+/// busy host). NCCL's Socket plugin waits for the connector's bytes as long as it takes
+/// (`socketFinalizeAccept`, src/misc/socket.cc); a silent socket must not be dropped for
+/// its silence alone, or `accept` never completes while the connector believes it is
+/// connected. (Silent sockets still go when room or a descriptor is needed.)
+#[test]
+fn a_connector_whose_hello_comes_late_is_still_accepted() {
+    use nccl_net_lossy::transport::socket::HELLO_TIMEOUT;
+    // SAFETY: ncclNetPlugin_v12 is a ncclNet_v12_t in our headers.
+    let t: &ncclNet_v12_t = unsafe { common::library_table("ncclNetPlugin_v12") };
+    let ctx = common::raw_context(t, 0x1a7e, None);
+    let mut handle: ConnHandle = [0; 128];
+    let mut lc = std::ptr::null_mut();
+    // SAFETY: a 128-byte handle and a valid out-pointer, as NCCL passes them.
+    let code = unsafe { t.listen.expect("listen")(ctx, 0, handle.as_mut_ptr().cast(), &mut lc) };
+    assert_eq!(code, ncclResult_t::ncclSuccess, "listen");
+    let relay = late_relay(handle_addr(&handle), HELLO_TIMEOUT + Duration::from_secs(2));
+    let SocketAddr::V4(relay) = relay else {
+        panic!("an IPv4 relay")
+    };
+    handle[10] = 4;
+    handle[12..14].copy_from_slice(&relay.port().to_le_bytes());
+    handle[16..32].fill(0);
+    handle[16..20].copy_from_slice(&relay.ip().octets());
+    let (mut sc, mut rc): (*mut c_void, *mut c_void) = (std::ptr::null_mut(), std::ptr::null_mut());
+    let start = Instant::now();
+    while sc.is_null() || rc.is_null() {
+        assert!(
+            start.elapsed() < HELLO_TIMEOUT * 4,
+            "no connection (connect {}, accept {})",
+            if sc.is_null() { "pending" } else { "done" },
+            if rc.is_null() { "pending" } else { "done" }
+        );
+        std::thread::sleep(Duration::from_millis(1));
+        let mut dev = std::ptr::null_mut();
+        // SAFETY: the same handle memory every call, as NCCL does; valid out-pointers; the
+        // listenComm listen returned.
+        unsafe {
+            if sc.is_null() {
+                let code = t.connect.expect("connect")(
+                    ctx,
+                    0,
+                    handle.as_mut_ptr().cast(),
+                    &mut sc,
+                    &mut dev,
+                );
+                assert_eq!(code, ncclResult_t::ncclSuccess, "connect");
+            }
+            if rc.is_null() {
+                let code = t.accept.expect("accept")(lc, &mut rc, &mut dev);
+                assert_eq!(code, ncclResult_t::ncclSuccess, "accept");
+            }
+        }
+    }
+    let mut data: Vec<u8> = (0..65536u32).map(|i| (i * 13 + 1) as u8).collect();
+    assert!(
+        common::raw_transfer(t, sc, rc, &mut data) == data,
+        "the message arrived changed"
+    );
+    // SAFETY: live comms and context, none used again.
+    unsafe { common::raw_close_all(t, sc, rc, lc, ctx) };
 }
 
 #[test]
