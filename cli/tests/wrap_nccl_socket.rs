@@ -217,6 +217,28 @@ fn two_four_and_eight_ranks_are_bit_exact_over_nccl_socket() {
     }
 }
 
+/// The harness's grouped exchange drives NCCL's Socket plugin directly, as NCCL's proxy
+/// drives it: that plugin advertises `maxRecvs = 1`, so each of the 8 messages of a group has
+/// its own `irecv`, all in flight at once, and it takes a message off the connection when a
+/// request is first tested. NCCL's proxy tests only the oldest request of a connection
+/// (`recvProxyProgress`/`sendProxyProgress`, src/transport/net.cc); a driver that tests a
+/// later receive first hands it another message's bytes.
+#[test]
+fn the_grouped_exchange_drives_nccl_socket_as_nccls_proxy_does() {
+    let Some(inner) = nccl_socket() else { return };
+    let mut job = Job::collectives(inner, vec![], vec![]);
+    job.task = Task::Grouped {
+        count: 8,
+        depth: 1,
+        rounds: 5,
+    };
+    let reports = common::launch_job(2, job);
+    assert!(
+        reports.len() == 2 && reports.iter().all(|r| r.groups_checked == 5),
+        "{reports:?}"
+    );
+}
+
 #[test]
 fn every_net_abi_version_is_bit_exact_over_nccl_socket() {
     let Some(inner) = nccl_socket() else { return };

@@ -74,10 +74,16 @@ fn isend_until_started(
     }
 }
 
-/// Tests each of `reqs` once (progress while a post waits).
-fn test_each(reqs: &mut [Request]) -> Result<()> {
-    for r in reqs {
-        r.test()?;
+/// Tests `reqs` (one connection's requests of one direction, in posting order) as NCCL's
+/// proxy does: only the oldest not yet done, then the next once it is
+/// (`recvProxyProgress`/`sendProxyProgress`, src/transport/net.cc). NCCL's Socket plugin
+/// takes a message off the connection when a request is first tested, so testing a later
+/// request first would hand it another message's bytes.
+fn test_in_order(reqs: &mut [Request]) -> Result<()> {
+    for r in reqs.iter_mut().filter(|r| !r.is_done()) {
+        if r.test()?.is_none() {
+            break;
+        }
     }
     Ok(())
 }
@@ -169,7 +175,7 @@ pub(super) fn grouped(
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
-            let r = irecv_until_started(&recv, items, deadline, || test_each(&mut rreqs))?;
+            let r = irecv_until_started(&recv, items, deadline, || test_in_order(&mut rreqs))?;
             rreqs.push(r);
         }
         let mut sreqs = Vec::with_capacity(order.len());
@@ -184,14 +190,13 @@ pub(super) fn grouped(
                 buf.into_boxed_slice(),
                 (size, tag as i32, mr),
                 deadline,
-                || test_each(&mut rreqs).and_then(|()| test_each(&mut sreqs)),
+                || test_in_order(&mut rreqs).and_then(|()| test_in_order(&mut sreqs)),
             )?;
             sreqs.push(r);
         }
         while !(rreqs.iter().all(|r| r.is_done()) && sreqs.iter().all(|r| r.is_done())) {
-            for r in rreqs.iter_mut().chain(sreqs.iter_mut()) {
-                r.test()?;
-            }
+            test_in_order(&mut rreqs)?;
+            test_in_order(&mut sreqs)?;
             if Instant::now() > deadline {
                 return Err(Error::remote("grouped exchange timed out"));
             }
