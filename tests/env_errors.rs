@@ -71,3 +71,23 @@ fn a_bad_speed_or_socket_buffer_states_the_range() {
         );
     }
 }
+
+#[test]
+fn a_bad_connect_retry_setting_states_the_range() {
+    for bad in ["-1", "many", "100001", "1.5"] {
+        let message = error_of("NCCL_SOCKET_RETRY_CNT", bad);
+        assert!(
+            message.contains(&format!("NCCL_SOCKET_RETRY_CNT={bad}"))
+                && message.contains("0 to 100000"),
+            "for {bad:?}: {message}"
+        );
+    }
+    for bad in ["-1", "soon", "3600001"] {
+        let message = error_of("NCCL_SOCKET_RETRY_SLEEP_MSEC", bad);
+        assert!(
+            message.contains(&format!("NCCL_SOCKET_RETRY_SLEEP_MSEC={bad}"))
+                && message.contains("0 to 3600000"),
+            "for {bad:?}: {message}"
+        );
+    }
+}

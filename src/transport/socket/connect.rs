@@ -14,13 +14,65 @@ use super::wire::{Hello, HELLO_SIZE};
 use crate::transport::{Connector, SendConn};
 use crate::{Error, Result};
 
-/// How many times a refused connect is tried again (the listener's backlog may be full, or
-/// its host not reachable yet).
-/// A timed-out connect already waited minutes in the kernel and is not tried again.
-const CONNECT_RETRIES: u32 = 20;
+/// How a connect the peer's host turned away, or did not answer, is tried again: as NCCL's
+/// Socket transport does (`socketConnectCheck`, src/os/linux.cc), up to `count` more times,
+/// the k-th after a pause of k x `pause` (by default 34 times from 100 ms: about a minute in
+/// all), and within the connect's deadline. A listener whose host is slow to come up, or a
+/// network that drops a route for a moment, still gets its connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectRetries {
+    pub count: u32,
+    pub pause: Duration,
+}
 
-/// Pause before trying a refused connect again.
-const RETRY_DELAY: Duration = Duration::from_millis(100);
+impl Default for ConnectRetries {
+    fn default() -> Self {
+        ConnectRetries {
+            count: 34,
+            pause: Duration::from_millis(100),
+        }
+    }
+}
+
+/// Largest `NCCL_SOCKET_RETRY_CNT` and `NCCL_SOCKET_RETRY_SLEEP_MSEC` accepted (above, the
+/// connect's own deadline ends the retries long before they would).
+const MAX_RETRY_COUNT: u32 = 100_000;
+const MAX_RETRY_SLEEP_MS: u64 = 3_600_000;
+
+impl ConnectRetries {
+    /// Reads NCCL's own variables for its socket retries, so one setting tunes both NCCL's
+    /// bootstrap and this transport; a malformed value is an error naming the variable.
+    pub(super) fn read(text: &dyn Fn(&str) -> Result<Option<String>>) -> Result<ConnectRetries> {
+        // `name`'s value, an integer from 0 to `max`, or an error saying what it is.
+        let bounded = |name: &str, max: u64, what: &str| -> Result<Option<u64>> {
+            let Some(v) = text(name)? else {
+                return Ok(None);
+            };
+            let n = v.trim().parse::<u64>().ok().filter(|n| *n <= max);
+            n.map(Some).ok_or_else(|| {
+                Error::invalid_argument(format!(
+                    "{name}={v} is not a valid value: {what}, an integer from 0 to {max}"
+                ))
+            })
+        };
+        let mut r = ConnectRetries::default();
+        let count = "how many times a refused connect is tried again";
+        if let Some(n) = bounded("NCCL_SOCKET_RETRY_CNT", MAX_RETRY_COUNT.into(), count)? {
+            r.count = u32::try_from(n).unwrap_or(MAX_RETRY_COUNT);
+        }
+        let pause = "the pause before the first retry of a refused connect (the k-th waits k \
+                     times as long), in milliseconds";
+        if let Some(ms) = bounded("NCCL_SOCKET_RETRY_SLEEP_MSEC", MAX_RETRY_SLEEP_MS, pause)? {
+            r.pause = Duration::from_millis(ms);
+        }
+        Ok(r)
+    }
+
+    /// The pause before try number `attempts + 1`, or `None` when no try is left.
+    fn pause_after(&self, attempts: u32) -> Option<Duration> {
+        (attempts <= self.count).then(|| self.pause.saturating_mul(attempts))
+    }
+}
 
 /// How long connecting may take when `NCCL_LOSSY_TIMEOUT` is off: about as long as the
 /// kernel retries an unanswered SYN, so a vanished host fails the connect instead of hanging.
@@ -59,6 +111,7 @@ pub struct SocketConnector {
     addr: SocketAddr,
     sockbuf: Option<usize>,
     timeout: Option<Duration>,
+    retries: ConnectRetries,
     deadline: Instant,
     conns: Vec<Conn>,
     finished: bool,
@@ -68,19 +121,14 @@ pub struct SocketConnector {
     pool: Option<Arc<Pool>>,
 }
 
-/// A connect the listener's host turned away, or could not be reached yet: tried again (as
-/// NCCL's `socketConnectCheck` does, src/os/linux.cc).
-fn is_refusal(err: &io::Error) -> bool {
+/// The peer (or its host) did not answer: refused, reset, unreachable or timed out. Tried
+/// again ([`ConnectRetries`]), and once no try is left reported as `ncclRemoteError`, as
+/// NCCL's `socketConnectCheck` does (src/os/linux.cc); any other errno is `ncclSystemError`.
+fn is_peer_failure(err: &io::Error) -> bool {
     matches!(
         err.raw_os_error(),
-        Some(libc::ECONNREFUSED | libc::ECONNRESET | libc::EHOSTUNREACH)
+        Some(libc::ECONNREFUSED | libc::ECONNRESET | libc::EHOSTUNREACH | libc::ETIMEDOUT)
     )
-}
-
-/// The peer (or its host) did not answer: refused, reset, unreachable or timed out. NCCL
-/// reports these as `ncclRemoteError`, any other errno as `ncclSystemError`.
-fn is_peer_failure(err: &io::Error) -> bool {
-    is_refusal(err) || err.raw_os_error() == Some(libc::ETIMEDOUT)
 }
 
 impl SocketConnector {
@@ -92,6 +140,7 @@ impl SocketConnector {
         hellos: &[Hello],
         sockbuf: Option<usize>,
         timeout: Option<Duration>,
+        retries: ConnectRetries,
         pool: Option<Arc<Pool>>,
     ) -> Self {
         let now = Instant::now();
@@ -99,6 +148,7 @@ impl SocketConnector {
             addr,
             sockbuf,
             timeout,
+            retries,
             deadline: now + timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
             conns: hellos
                 .iter()
@@ -135,8 +185,12 @@ impl SocketConnector {
         match sock.connect(&SockAddr::from(self.addr)) {
             Ok(()) => c.stage = Stage::Greeting(0),
             Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => c.stage = Stage::Connecting,
-            Err(e) if is_refusal(&e) && c.attempts <= CONNECT_RETRIES => {
-                c.stage = Stage::Retry(Instant::now() + RETRY_DELAY);
+            Err(e) if is_peer_failure(&e) => {
+                let pause = self
+                    .retries
+                    .pause_after(c.attempts)
+                    .ok_or_else(|| self.gave_up(c, e))?;
+                c.stage = Stage::Retry(Instant::now() + pause);
                 return Ok(());
             }
             Err(e) => return Err(self.failure(e)),
@@ -152,6 +206,16 @@ impl SocketConnector {
             Error::from(err)
         };
         err.context(format_args!("connecting to {}", self.addr))
+    }
+
+    /// The peer failure `err` of the last of `c`'s tries.
+    fn gave_up(&self, c: &Conn, err: io::Error) -> Error {
+        self.failure(err).context(format_args!(
+            "{} tries (NCCL_SOCKET_RETRY_CNT={}, NCCL_SOCKET_RETRY_SLEEP_MSEC={})",
+            c.attempts,
+            self.retries.count,
+            self.retries.pause.as_millis()
+        ))
     }
 
     /// Advances one socket; true once its hello is sent.
@@ -175,11 +239,15 @@ impl SocketConnector {
                     match sock.take_error() {
                         Ok(None) => {}
                         Ok(Some(e)) | Err(e) => {
-                            if is_refusal(&e) && c.attempts <= CONNECT_RETRIES {
-                                c.stage = Stage::Retry(now + RETRY_DELAY);
-                                return Ok(false);
+                            if !is_peer_failure(&e) {
+                                return Err(self.failure(e));
                             }
-                            return Err(self.failure(e));
+                            let pause = self
+                                .retries
+                                .pause_after(c.attempts)
+                                .ok_or_else(|| self.gave_up(c, e))?;
+                            c.stage = Stage::Retry(now + pause);
+                            return Ok(false);
                         }
                     }
                     match sock.peer_addr() {
@@ -271,8 +339,14 @@ mod tests {
     /// be made on a loopback, so the classification is checked directly.
     #[test]
     fn a_connect_the_peer_never_answers_is_the_peers_failure() {
-        let connector =
-            SocketConnector::new("127.0.0.1:9".parse().expect("addr"), &[], None, None, None);
+        let connector = SocketConnector::new(
+            "127.0.0.1:9".parse().expect("addr"),
+            &[],
+            None,
+            None,
+            ConnectRetries::default(),
+            None,
+        );
         for (errno, kind) in [
             (libc::ECONNREFUSED, crate::ErrorKind::Remote),
             (libc::ECONNRESET, crate::ErrorKind::Remote),
@@ -285,9 +359,22 @@ mod tests {
             assert_eq!(err.kind, kind, "errno {errno}: {err}");
             assert!(err.message.contains("127.0.0.1:9"), "{err}");
         }
-        // An unreachable host may answer a moment later (NCCL retries it as a refusal).
-        assert!(is_refusal(&io::Error::from_raw_os_error(
-            libc::EHOSTUNREACH
+        // Each of these is tried again (an unreachable host may answer a moment later), the
+        // others are not; NCCL's schedule: the k-th retry after k pauses, 34 retries.
+        for errno in [
+            libc::ECONNREFUSED,
+            libc::ECONNRESET,
+            libc::ETIMEDOUT,
+            libc::EHOSTUNREACH,
+        ] {
+            assert!(is_peer_failure(&io::Error::from_raw_os_error(errno)));
+        }
+        assert!(!is_peer_failure(&io::Error::from_raw_os_error(
+            libc::ENETUNREACH
         )));
+        let r = ConnectRetries::default();
+        assert_eq!(r.pause_after(1), Some(Duration::from_millis(100)));
+        assert_eq!(r.pause_after(34), Some(Duration::from_millis(3400)));
+        assert_eq!(r.pause_after(35), None);
     }
 }

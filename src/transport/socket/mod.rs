@@ -38,7 +38,7 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 pub use conn::{
     chunk_count, chunk_span, SocketRecvConn, SocketSendConn, MAX_IO_THREADS, MIN_CHUNK,
 };
-pub use connect::{SocketConnector, DEFAULT_CONNECT_TIMEOUT};
+pub use connect::{ConnectRetries, SocketConnector, DEFAULT_CONNECT_TIMEOUT};
 pub use fds::limit_text as fd_limit_text;
 pub use iface::{Family, IfaceAddr, IfaceFilter, MAX_DEVICES};
 pub use listen::{SocketListener, HELLO_TIMEOUT, MAX_PENDING};
@@ -100,6 +100,9 @@ pub struct SocketConfig {
     /// ask TCP to delay its acknowledgements (`TCP_QUICKACK` off) instead of sending one for
     /// every small segment (docs/transport.md, "Acknowledgements").
     pub delayed_acks: bool,
+    /// How a refused connect is tried again (`NCCL_SOCKET_RETRY_CNT`,
+    /// `NCCL_SOCKET_RETRY_SLEEP_MSEC`, as NCCL's Socket transport reads them).
+    pub retries: ConnectRetries,
 }
 
 impl Default for SocketConfig {
@@ -112,6 +115,7 @@ impl Default for SocketConfig {
             sockbuf: None,
             timeout: None,
             delayed_acks: true,
+            retries: ConnectRetries::default(),
         }
     }
 }
@@ -230,9 +234,11 @@ impl SocketConfig {
                 )))
             }
         };
+        let retries = ConnectRetries::read(&text)?;
         Ok(SocketConfig {
             timeout,
             delayed_acks,
+            retries,
             ifname: text("NCCL_SOCKET_IFNAME")?,
             family,
             nsocks: nsocks.unwrap_or_else(default_nsocks),
@@ -391,6 +397,7 @@ impl SocketTransport {
             &hellos,
             self.config.sockbuf,
             self.config.timeout,
+            self.config.retries,
             pool,
         ))
     }

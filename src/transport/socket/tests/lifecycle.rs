@@ -3,6 +3,45 @@
 
 use super::*;
 
+/// A refused connect is tried again for as long as NCCL's Socket transport tries one (34
+/// times, the k-th after a pause of k x 100 ms: about a minute, `socketConnectCheck` in
+/// src/os/linux.cc), so a listener that answers a few seconds late still gets its
+/// connection. Ours gave up after 20 tries 100 ms apart (2 s).
+#[test]
+fn a_refused_connect_is_tried_again_as_long_as_nccl_tries_it() {
+    let t = loopback(1);
+    let mut handle = [0u8; HANDLE_WIRE_SIZE];
+    drop(t.listen(0, None, &mut handle).expect("listen"));
+    let addr = crate::transport::socket::wire::Handle::decode(&handle)
+        .expect("handle")
+        .addr;
+    let mut connector = t.connect(0, None, &handle).expect("connect");
+    let start = Instant::now();
+    // Refused until the listener comes back, 3 s later (std's listener reuses the address).
+    let mut late = None;
+    let connected = loop {
+        if late.is_none() && start.elapsed() > Duration::from_secs(3) {
+            late = Some(std::net::TcpListener::bind(addr).expect("listen again"));
+        }
+        match connector.poll() {
+            Ok(Some(conn)) => break Ok(conn),
+            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+            Err(e) => break Err(e),
+        }
+        assert!(
+            start.elapsed() < PATIENCE,
+            "connect neither done nor failed"
+        );
+    };
+    if let Err(e) = connected {
+        panic!(
+            "a connect refused for {:.1} s failed instead of trying again: {e}",
+            start.elapsed().as_secs_f64()
+        );
+    }
+    assert!(late.is_some(), "connected before anything listened again");
+}
+
 #[test]
 fn connect_completes_before_accept_and_refused_connect_fails() {
     let t = loopback(2);
@@ -35,9 +74,17 @@ fn connect_completes_before_accept_and_refused_connect_fails() {
     wait("recv", || recv.test(r)).expect("recv");
     assert!(into == data);
 
-    // Nobody listens any more: connecting fails after a few retries, without blocking.
+    // Nobody listens any more: connecting fails after its retries, without blocking (three
+    // here, NCCL's 34 take a minute).
     drop(listener);
-    let mut connector = t.connect(0, None, &handle).expect("connect");
+    let few = loopback_with(SocketConfig {
+        retries: crate::transport::socket::ConnectRetries {
+            count: 3,
+            pause: Duration::from_millis(10),
+        },
+        ..SocketConfig::default()
+    });
+    let mut connector = few.connect(0, None, &handle).expect("connect");
     let start = Instant::now();
     loop {
         let poll_start = Instant::now();
