@@ -18,12 +18,7 @@ use crate::{Error, Result};
 /// has not presented a hello goes (the oldest of all only when every one has).
 pub const MAX_PENDING: usize = 256;
 
-/// How long an accepted socket may take to finish a hello it began. One that has
-/// sent nothing is not timed: our connector sends its hello at NCCL's next `connect` call,
-/// which may come seconds after the kernel completed the TCP handshake (NCCL's proxy sets up
-/// other connections meanwhile), and NCCL's Socket transport waits for the connector's
-/// magic as long as it takes (`socketFinalizeAccept`, src/misc/socket.cc). A silent socket
-/// goes when it closes, or when room ([`MAX_PENDING`]) or a descriptor is needed.
+/// How long an accepted socket may take to send its whole hello.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long an accepted socket may go without its whole hello before it is given up when
@@ -41,8 +36,6 @@ struct Pending {
     sock: Socket,
     peer: String,
     since: Instant,
-    /// When the first hello byte was read ([`HELLO_TIMEOUT`] counts from there).
-    began: Option<Instant>,
     buf: [u8; HELLO_SIZE],
     got: usize,
     hello: Option<Hello>,
@@ -168,7 +161,6 @@ impl SocketListener {
                         sock,
                         peer,
                         since: Instant::now(),
-                        began: None,
                         buf: [0; HELLO_SIZE],
                         got: 0,
                         hello: None,
@@ -249,10 +241,7 @@ impl SocketListener {
                             p.got
                         ))
                     }
-                    Ok(n) => {
-                        p.began.get_or_insert(now);
-                        p.got += n;
-                    }
+                    Ok(n) => p.got += n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(false),
                     Err(e) => break Err(format!("reading its hello: {e}")),
@@ -260,10 +249,7 @@ impl SocketListener {
             };
             match outcome {
                 Err(why) => self.reject(i, &why),
-                Ok(false)
-                    if p.began
-                        .is_some_and(|began| now.duration_since(began) > self.hello_timeout) =>
-                {
+                Ok(false) if now.duration_since(p.since) > self.hello_timeout => {
                     let why = format!("only {} of {HELLO_SIZE} hello bytes in time", p.got);
                     self.reject(i, &why);
                 }
