@@ -175,9 +175,11 @@ impl SocketListener {
                     // accepted moments ago, must not pass for a stranger's, and peers that
                     // closed free theirs); then a socket that said nothing for
                     // `SHED_AFTER` goes; either way the accept is tried again, within the
-                    // poll's count. With nothing to give up: an error, as in NCCL's Socket
-                    // transport. Retrying would spin while the peer, whose connect
-                    // completed in the kernel, believes it is connected.
+                    // poll's count; one silent for less goes at a later poll, and the
+                    // connection waits in the kernel's queue until then. With nothing to
+                    // give up: an error, as in NCCL's Socket transport. Retrying would spin
+                    // while the peer, whose connect completed in the kernel, believes it is
+                    // connected.
                     Some(libc::EMFILE | libc::ENFILE) => {
                         // Linux takes the descriptor before it looks at the queue: after an
                         // accept took the last one, the next fails even with nothing queued.
@@ -197,6 +199,11 @@ impl SocketListener {
                                 self.reject(oldest, why);
                                 continue;
                             }
+                            // Silent, but not for long enough to pass for a stranger: it
+                            // can be given up at a later poll, so the connection waits in
+                            // the kernel's queue until then. Failing now would abort the
+                            // communicator over a flood that arrived a moment ago.
+                            return Ok(());
                         }
                         return Err(Error::system(format!(
                             "cannot accept a connection: {e}; each connection takes \
