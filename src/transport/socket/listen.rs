@@ -32,6 +32,29 @@ pub const GROUP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most new sockets taken from the kernel per poll, so one poll stays short under a flood.
 const ACCEPTS_PER_POLL: usize = 64;
 
+/// An `accept` error that belongs to the queued connection it was about, not to the
+/// listener: the peer gave up before we got to it, a firewall refused it, or the connection
+/// carries a network error the kernel reports at accept time, which accept(2) says to treat
+/// like `EAGAIN` for TCP and NCCL's Socket transport retries (`ncclOsSocketTryAccept`,
+/// src/os/linux.cc). A poll makes at most [`ACCEPTS_PER_POLL`] calls, so going on to the
+/// next connection cannot spin.
+fn is_one_connections_error(errno: i32) -> bool {
+    matches!(
+        errno,
+        libc::ECONNABORTED
+            | libc::EINTR
+            | libc::EPERM
+            | libc::ENETDOWN
+            | libc::EPROTO
+            | libc::ENOPROTOOPT
+            | libc::EHOSTDOWN
+            | libc::ENONET
+            | libc::EHOSTUNREACH
+            | libc::EOPNOTSUPP
+            | libc::ENETUNREACH
+    )
+}
+
 struct Pending {
     sock: Socket,
     peer: String,
@@ -168,8 +191,8 @@ impl SocketListener {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
                 Err(e) => match e.raw_os_error() {
-                    // The peer gave up before we got to it: nothing to do.
-                    Some(libc::ECONNABORTED | libc::EINTR | libc::EPROTO | libc::EPERM) => {}
+                    // That connection's trouble, not the listener's: the next one goes on.
+                    Some(errno) if is_one_connections_error(errno) => {}
                     // Out of descriptors: strangers' descriptors must not fail a real peer's
                     // accept. First the hellos that arrived are read (a real peer's socket,
                     // accepted moments ago, must not pass for a stranger's, and peers that
@@ -338,5 +361,44 @@ impl Listener for SocketListener {
     fn poll_accept(&mut self) -> Result<Option<Box<dyn RecvConn>>> {
         let conn = self.poll_accept_socket()?;
         Ok(conn.map(|c| Box::new(c) as Box<dyn RecvConn>))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// accept(2): Linux passes a queued connection's pending network errors to `accept`, and
+    /// for TCP they are to be treated like `EAGAIN`; NCCL's Socket transport retries them
+    /// (`ncclOsSocketTryAccept`, src/os/linux.cc). They cannot be made on a loopback, so the
+    /// classification is checked directly; before, each failed the accept (and so NCCL's
+    /// communicator) over one stranger's connection.
+    #[test]
+    fn network_errors_of_a_queued_connection_do_not_fail_the_listener() {
+        for errno in [
+            libc::ENETDOWN,
+            libc::EPROTO,
+            libc::ENOPROTOOPT,
+            libc::EHOSTDOWN,
+            libc::ENONET,
+            libc::EHOSTUNREACH,
+            libc::EOPNOTSUPP,
+            libc::ENETUNREACH,
+            libc::EINTR,
+            libc::ECONNABORTED,
+            libc::EPERM,
+        ] {
+            assert!(is_one_connections_error(errno), "errno {errno}");
+        }
+        // The listener's own trouble fails the accept, as in NCCL's Socket transport.
+        for errno in [
+            libc::EMFILE,
+            libc::ENFILE,
+            libc::ENOBUFS,
+            libc::ENOMEM,
+            libc::EBADF,
+        ] {
+            assert!(!is_one_connections_error(errno), "errno {errno}");
+        }
     }
 }
