@@ -228,6 +228,11 @@ impl SocketListener {
                             // communicator over a flood that arrived a moment ago.
                             return Ok(());
                         }
+                        // A connection whose sockets are all in needs no more descriptor:
+                        // it is handed out now; whoever is queued waits for a later poll.
+                        if self.complete().is_some() {
+                            return Ok(());
+                        }
                         return Err(Error::system(format!(
                             "cannot accept a connection: {e}; each connection takes \
                              NCCL_LOSSY_NSOCKS descriptors on each side, and each listen \
@@ -306,12 +311,16 @@ impl SocketListener {
         }
     }
 
+    /// A hello of the first connection whose sockets have all arrived.
+    fn complete(&self) -> Option<Hello> {
+        let hellos = || self.pending.iter().filter_map(|p| p.hello);
+        hellos()
+            .find(|h| hellos().filter(|q| q.conn_id == h.conn_id).count() == usize::from(h.count))
+    }
+
     /// Takes out the sockets of the first connection whose sockets have all arrived.
     fn take_complete(&mut self) -> Option<(Vec<Socket>, String)> {
-        let hellos = || self.pending.iter().filter_map(|p| p.hello);
-        let complete = hellos().find(|h| {
-            hellos().filter(|q| q.conn_id == h.conn_id).count() == usize::from(h.count)
-        })?;
+        let complete = self.complete()?;
         let mut socks: Vec<Option<Socket>> = (0..complete.count).map(|_| None).collect();
         let mut peer = String::new();
         let mut i = 0;

@@ -261,11 +261,25 @@ fn flood_then_connect(settle: Duration) {
 /// moves a message over it intact.
 fn connect_with_free_fds(
     listener: &mut SocketListener,
-    mut connector: Box<dyn Connector>,
+    connector: Box<dyn Connector>,
     free: u64,
     accept_failed: &str,
 ) {
+    connect_with_free_fds_and(listener, connector, free, accept_failed, || None);
+}
+
+/// As [`connect_with_free_fds`], with `meanwhile` run right after the connector's first
+/// poll (its sockets are in the listener's queue) and before the limit falls; what it
+/// returns is held until the end.
+fn connect_with_free_fds_and(
+    listener: &mut SocketListener,
+    mut connector: Box<dyn Connector>,
+    free: u64,
+    accept_failed: &str,
+    meanwhile: impl FnOnce() -> Option<TcpStream>,
+) {
     let mut send = connector.poll().expect("connector poll");
+    let _held = meanwhile();
     let in_use = super::lifecycle::fd_numbers().len() as u64;
     let limit = libc::rlimit {
         rlim_cur: in_use + free,
@@ -332,6 +346,48 @@ fn exact_fds_child() {
         "accept failed with the descriptor it needed free",
     );
     println!("exact fd check passed");
+}
+
+const STRANGER_BEHIND_CHILD_ENV: &str = "LOSSY_SOCKET_STRANGER_BEHIND_CHILD";
+
+/// A real peer's connection takes the last descriptor, and a stranger's is queued behind it:
+/// the accept after the real one fails with `EMFILE`, and with no silent socket to give up
+/// that failed the whole accept (`ncclSystemError`), although the real connection was
+/// complete and needed nothing more.
+#[test]
+fn a_stranger_queued_behind_a_real_peer_does_not_fail_its_accept() {
+    // Lowering the limit needs a process of its own: other tests run beside us.
+    run_child(
+        "transport::socket::tests::handshake::stranger_behind_child",
+        STRANGER_BEHIND_CHILD_ENV,
+        &[("NCCL_LOSSY_IO_THREADS", "0")],
+        "stranger behind check passed",
+    );
+}
+
+#[test]
+#[ignore = "run in a process of its own by a_stranger_queued_behind_a_real_peer_does_not_fail_its_accept"]
+fn stranger_behind_child() {
+    if std::env::var_os(STRANGER_BEHIND_CHILD_ENV).is_none() {
+        return;
+    }
+    // Descriptors are numbered densely from here on.
+    super::lifecycle::close_inherited_fds();
+    let t = loopback(1);
+    let (mut listener, h) = raw_listener(&t);
+    let mut handle = [0u8; HANDLE_WIRE_SIZE];
+    h.encode(&mut handle);
+    let connector = t.connect(0, None, &handle).expect("connect");
+    // One descriptor free: the real peer's one socket takes it; the stranger, connected
+    // after it, waits in the queue behind it.
+    connect_with_free_fds_and(
+        &mut listener,
+        connector,
+        1,
+        "accept failed with the real connection complete",
+        || Some(TcpStream::connect(h.addr).expect("stranger connect")),
+    );
+    println!("stranger behind check passed");
 }
 
 #[test]
