@@ -170,15 +170,7 @@ impl SocketListener {
                         // presented the nonce belongs to a peer holding the handle, whose
                         // connector believes it is connected; dropping it would leave that
                         // connection unable to complete, at a stranger's word.
-                        match self.oldest_without_hello() {
-                            Some(oldest) => self.reject(
-                                oldest,
-                                "too many connections pending, this is the oldest without a hello",
-                            ),
-                            None => {
-                                self.reject(0, "too many connections pending, this is the oldest")
-                            }
-                        }
+                        self.make_room();
                     }
                     self.pending.push(Pending {
                         sock,
@@ -255,60 +247,84 @@ impl SocketListener {
     fn read_hellos(&mut self, now: Instant) {
         let mut i = 0;
         while i < self.pending.len() {
-            let p = &mut self.pending[i];
-            if p.hello.is_some() {
-                if now.duration_since(p.since) > GROUP_TIMEOUT {
-                    self.reject(i, "the other sockets of its connection never arrived");
-                } else {
-                    i += 1;
-                }
-                continue;
-            }
-            // Only the hello's bytes: data may follow at once, and belongs to the connection.
-            let outcome = loop {
-                if p.got == HELLO_SIZE {
-                    break Ok(true);
-                }
-                match (&p.sock).read(&mut p.buf[p.got..]) {
-                    Ok(0) => {
-                        break Err(format!(
-                            "closed after {} of {HELLO_SIZE} hello bytes",
-                            p.got
-                        ))
-                    }
-                    Ok(n) => p.got += n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(false),
-                    Err(e) => break Err(format!("reading its hello: {e}")),
-                }
-            };
-            match outcome {
-                Err(why) => self.reject(i, &why),
-                Ok(false) if now.duration_since(p.since) > self.hello_timeout => {
-                    let why = format!("only {} of {HELLO_SIZE} hello bytes in time", p.got);
-                    self.reject(i, &why);
-                }
-                Ok(false) => i += 1,
-                Ok(true) => match Hello::decode(&p.buf, &self.nonce) {
-                    Err(e) => self.reject(i, &e.message),
-                    Ok(hello) => {
-                        let clash = self.pending.iter().filter_map(|q| q.hello).find(|q| {
-                            q.conn_id == hello.conn_id
-                                && (q.index == hello.index || q.count != hello.count)
-                        });
-                        if clash.is_some() {
-                            self.reject(
-                                i,
-                                "its hello clashes with another socket of its connection",
-                            );
-                        } else {
-                            self.pending[i].hello = Some(hello);
-                            i += 1;
-                        }
-                    }
-                },
+            if self.read_hello(i, now) {
+                i += 1;
             }
         }
+    }
+
+    /// Reads what has arrived of pending socket `i`'s hello (of a greeted one, checks how long
+    /// it has waited for its siblings); drops it when it fails or is late. Whether it is
+    /// still pending, at `i`.
+    fn read_hello(&mut self, i: usize, now: Instant) -> bool {
+        let p = &mut self.pending[i];
+        if p.hello.is_some() {
+            if now.duration_since(p.since) > GROUP_TIMEOUT {
+                self.reject(i, "the other sockets of its connection never arrived");
+                return false;
+            }
+            return true;
+        }
+        // Only the hello's bytes: data may follow at once, and belongs to the connection.
+        let outcome = loop {
+            if p.got == HELLO_SIZE {
+                break Ok(true);
+            }
+            match (&p.sock).read(&mut p.buf[p.got..]) {
+                Ok(0) => {
+                    break Err(format!(
+                        "closed after {} of {HELLO_SIZE} hello bytes",
+                        p.got
+                    ))
+                }
+                Ok(n) => p.got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(false),
+                Err(e) => break Err(format!("reading its hello: {e}")),
+            }
+        };
+        match outcome {
+            Err(why) => self.reject(i, &why),
+            Ok(false) if now.duration_since(p.since) > self.hello_timeout => {
+                let why = format!("only {} of {HELLO_SIZE} hello bytes in time", p.got);
+                self.reject(i, &why);
+            }
+            Ok(false) => return true,
+            Ok(true) => match Hello::decode(&p.buf, &self.nonce) {
+                Err(e) => self.reject(i, &e.message),
+                Ok(hello) => {
+                    let clash = self.pending.iter().filter_map(|q| q.hello).find(|q| {
+                        q.conn_id == hello.conn_id
+                            && (q.index == hello.index || q.count != hello.count)
+                    });
+                    if clash.is_none() {
+                        self.pending[i].hello = Some(hello);
+                        return true;
+                    }
+                    self.reject(i, "its hello clashes with another socket of its connection");
+                }
+            },
+        }
+        false
+    }
+
+    /// Gives up one pending socket to make room for a new one: the oldest that has not
+    /// presented a hello, once what has arrived of its hello is read (a real peer's may wait
+    /// there unread; reading may also drop a stranger that closed or lied, which makes the
+    /// room); the oldest of all when every one has presented a hello.
+    fn make_room(&mut self) {
+        let now = Instant::now();
+        while let Some(oldest) = self.oldest_without_hello() {
+            if !self.read_hello(oldest, now) {
+                return;
+            }
+            if self.pending[oldest].hello.is_none() {
+                let why = "too many connections pending, this is the oldest without a hello";
+                self.reject(oldest, why);
+                return;
+            }
+        }
+        self.reject(0, "too many connections pending, this is the oldest");
     }
 
     /// A hello of the first connection whose sockets have all arrived.

@@ -122,6 +122,54 @@ fn a_flood_of_silent_peers_cannot_crowd_out_a_real_one() {
     assert!(s.is_ok() && r.is_ok() && into == data);
 }
 
+/// A real peer's socket was accepted before its hello came (its connector sends the hello at
+/// its next poll); the hello then arrives, and with it a burst of strangers that fills the
+/// pending table before the listener reads any hello. Making room must not drop the socket
+/// whose hello waits unread: it was the oldest without a hello read, and was given up as a
+/// stranger, so the connection could never complete.
+#[test]
+fn a_flood_cannot_evict_a_socket_whose_hello_waits_unread() {
+    let t = loopback(1);
+    let (mut listener, h) = raw_listener(&t);
+    let mut real = TcpStream::connect(h.addr).expect("connect");
+    wait("the real socket taken in", || {
+        assert!(listener.poll_accept_socket()?.is_none());
+        Ok((listener.pending() == 1).then_some(()))
+    })
+    .expect("pending");
+    // Strangers fill the table up to one short of full, taken in one at a time.
+    let mut silent = Vec::new();
+    for _ in 0..MAX_PENDING - 2 {
+        silent.push(TcpStream::connect(h.addr).expect("connect"));
+        assert!(listener.poll_accept_socket().expect("poll").is_none());
+    }
+    wait("the strangers taken in", || {
+        assert!(listener.poll_accept_socket()?.is_none());
+        Ok((listener.pending() == MAX_PENDING - 1).then_some(()))
+    })
+    .expect("pending");
+    assert_eq!(listener.greeted(), 0);
+    // The real hello, then a burst the next poll takes in before it reads any hello.
+    real.write_all(&hello_bytes(&h, 88, 0, 1)).expect("hello");
+    for _ in 0..8 {
+        silent.push(TcpStream::connect(h.addr).expect("connect"));
+    }
+    let recv = wait("the real connection", || listener.poll_accept_socket()).expect("accept");
+    let mut into = vec![0u8; 1000];
+    let data = pattern(1000, 4);
+    let r = recv
+        // SAFETY: `into` is declared before the connection, so it outlives the receive.
+        .irecv(&[unsafe { HostBuf::from_slice(&mut into) }], &[0])
+        .expect("irecv")
+        .expect("slot");
+    let mut bytes = chunk_header(0, 0, 1000).to_vec();
+    bytes.extend_from_slice(&data);
+    real.write_all(&bytes).expect("chunk");
+    wait("the message", || recv.test(r)).expect("receive");
+    assert!(into == data, "the message arrived damaged");
+    drop(silent);
+}
+
 #[test]
 fn a_flood_cannot_evict_a_greeted_socket_waiting_for_its_sibling() {
     // Socket 0 of a real two-socket connection presented the nonce; before socket 1 comes,
