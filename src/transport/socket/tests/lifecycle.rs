@@ -677,3 +677,85 @@ fn no_usable_interface_error_names_what_the_host_has() {
         "{msg}"
     );
 }
+
+const POOL_SPAWN_CHILD_ENV: &str = "LOSSY_SOCKET_POOL_SPAWN_CHILD";
+
+/// Threads of this process named `lossy-io*` (the I/O pool's).
+fn pool_threads() -> usize {
+    let tasks = std::fs::read_dir("/proc/self/task").expect("list this process's threads");
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|name| name.starts_with("lossy-io"))
+        })
+        .count()
+}
+
+/// An I/O pool thread that cannot start (no memory for its stack here, as `pthread_create`
+/// fails with `EAGAIN` at the process limit, `ulimit -u`) refuses the connect with an error
+/// that says how to do without the pool, leaves no thread of a half-started pool behind, and
+/// a later connect starts the pool and works.
+#[test]
+fn an_io_pool_thread_that_cannot_start_refuses_the_connect_and_a_later_one_works() {
+    // Lowering the limit needs a process of its own: other tests run beside us.
+    run_child(
+        "transport::socket::tests::lifecycle::pool_spawn_child",
+        POOL_SPAWN_CHILD_ENV,
+        &[("NCCL_LOSSY_IO_THREADS", "2")],
+        "pool spawn check passed",
+    );
+}
+
+#[test]
+#[ignore = "run in a process of its own by an_io_pool_thread_that_cannot_start_refuses_the_connect_and_a_later_one_works"]
+fn pool_spawn_child() {
+    if std::env::var_os(POOL_SPAWN_CHILD_ENV).is_none() {
+        return;
+    }
+    let t = loopback(1);
+    let mut handle = [0u8; HANDLE_WIRE_SIZE];
+    let _listener = t.listen_socket(0, &mut handle).expect("listen");
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    let vm_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmSize:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmSize");
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes only the struct we pass.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut old) }, 0);
+    // Room for small allocations, none for a thread's 256 KiB stack.
+    let tight = libc::rlimit {
+        rlim_cur: (vm_kib + 64) << 10,
+        rlim_max: old.rlim_max,
+    };
+    // SAFETY: setrlimit reads the struct we pass and nothing else.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &tight) }, 0);
+    let outcome = t.connect(0, None, &handle).map(drop);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &old) }, 0);
+    let err = outcome.expect_err("connected with no memory for the pool's threads");
+    let text = err.to_string();
+    assert_eq!(err.kind, ErrorKind::System, "{text}");
+    assert!(
+        text.contains("cannot start an I/O pool thread")
+            && text.contains("NCCL_LOSSY_IO_THREADS=0"),
+        "{text}"
+    );
+    assert_eq!(pool_threads(), 0, "a half-started pool left threads behind");
+    let (send, recv) = connect_pair(&t);
+    // A thread names itself once it runs.
+    wait("the pool's 2 threads for a later connection", || {
+        Ok((pool_threads() == 2).then_some(()))
+    })
+    .expect("pool threads");
+    let mut data = pattern(10_000, 5);
+    let mut into = vec![0u8; 10_000];
+    let (s, r) = send_recv(&*send, &*recv, &mut data, &mut into, &LossPlan::lossless());
+    assert!(s.is_ok() && r.is_ok() && into == data);
+    println!("pool spawn check passed");
+}
