@@ -70,6 +70,7 @@ pub struct SocketListener {
     nonce: [u8; NONCE_SIZE],
     pending: Vec<Pending>,
     hello_timeout: Duration,
+    group_timeout: Duration,
     rejected: u64,
     /// `NCCL_LOSSY_TIMEOUT`: how long `poll_accept` may go without a complete connection,
     /// and the no-progress limit of the connections it makes.
@@ -94,6 +95,7 @@ impl SocketListener {
             nonce,
             pending: Vec::new(),
             hello_timeout: HELLO_TIMEOUT,
+            group_timeout: GROUP_TIMEOUT,
             rejected: 0,
             timeout,
             delayed_acks,
@@ -105,6 +107,12 @@ impl SocketListener {
     #[cfg(test)]
     pub(crate) fn set_hello_timeout(&mut self, timeout: Duration) {
         self.hello_timeout = timeout;
+    }
+
+    /// Shortens how long a greeted socket waits for its siblings (tests of slow peers).
+    #[cfg(test)]
+    pub(crate) fn set_group_timeout(&mut self, timeout: Duration) {
+        self.group_timeout = timeout;
     }
 
     /// Number of peers dropped so far for a bad or late hello.
@@ -245,26 +253,42 @@ impl SocketListener {
 
     /// Reads what has arrived of each hello; drops peers that fail or time out.
     fn read_hellos(&mut self, now: Instant) {
+        // The hellos first: the siblings a greeted socket waits for may be among them (taken
+        // in by this very poll, after a while nobody polled), and must be counted before
+        // that socket is given up as one whose siblings never came.
         let mut i = 0;
         while i < self.pending.len() {
-            if self.read_hello(i, now) {
+            if self.pending[i].hello.is_some() || self.read_hello(i, now) {
                 i += 1;
             }
         }
+        let mut i = 0;
+        while i < self.pending.len() {
+            if self.pending[i].hello.is_none() || self.read_hello(i, now) {
+                i += 1;
+            }
+        }
+    }
+
+    /// Whether every socket of the connection `hello` belongs to has presented its hello.
+    fn all_in(&self, hello: &Hello) -> bool {
+        let siblings = self.pending.iter().filter_map(|p| p.hello);
+        siblings.filter(|q| q.conn_id == hello.conn_id).count() == usize::from(hello.count)
     }
 
     /// Reads what has arrived of pending socket `i`'s hello (of a greeted one, checks how long
     /// it has waited for its siblings); drops it when it fails or is late. Whether it is
     /// still pending, at `i`.
     fn read_hello(&mut self, i: usize, now: Instant) -> bool {
-        let p = &mut self.pending[i];
-        if p.hello.is_some() {
-            if now.duration_since(p.since) > GROUP_TIMEOUT {
+        if let Some(hello) = self.pending[i].hello {
+            let late = now.duration_since(self.pending[i].since) > self.group_timeout;
+            if late && !self.all_in(&hello) {
                 self.reject(i, "the other sockets of its connection never arrived");
                 return false;
             }
             return true;
         }
+        let p = &mut self.pending[i];
         // Only the hello's bytes: data may follow at once, and belongs to the connection.
         let outcome = loop {
             if p.got == HELLO_SIZE {
@@ -329,9 +353,8 @@ impl SocketListener {
 
     /// A hello of the first connection whose sockets have all arrived.
     fn complete(&self) -> Option<Hello> {
-        let hellos = || self.pending.iter().filter_map(|p| p.hello);
-        hellos()
-            .find(|h| hellos().filter(|q| q.conn_id == h.conn_id).count() == usize::from(h.count))
+        let mut hellos = self.pending.iter().filter_map(|p| p.hello);
+        hellos.find(|h| self.all_in(h))
     }
 
     /// Takes out the sockets of the first connection whose sockets have all arrived.

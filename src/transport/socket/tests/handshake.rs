@@ -170,6 +170,39 @@ fn a_flood_cannot_evict_a_socket_whose_hello_waits_unread() {
     drop(silent);
 }
 
+/// The listener was not polled for longer than a greeted socket may wait for its siblings
+/// (a stalled process, a debugger), and meanwhile the sibling came: the poll that takes it
+/// in must complete the connection, not first give up the greeted socket as one whose
+/// siblings never arrived (it was checked before the sibling's hello was read, and the
+/// connection, whose connector believes it is connected, could never complete).
+#[test]
+fn a_sibling_that_came_while_nobody_polled_completes_its_connection() {
+    let t = loopback(2);
+    let (mut listener, h) = raw_listener(&t);
+    listener.set_group_timeout(Duration::from_millis(300));
+    let mut first = TcpStream::connect(h.addr).expect("connect");
+    first.write_all(&hello_bytes(&h, 99, 0, 2)).expect("hello");
+    wait("the first socket's hello", || {
+        assert!(listener.poll_accept_socket()?.is_none());
+        Ok((listener.greeted() == 1).then_some(()))
+    })
+    .expect("greeted");
+    std::thread::sleep(Duration::from_millis(600));
+    let mut second = TcpStream::connect(h.addr).expect("connect");
+    second.write_all(&hello_bytes(&h, 99, 1, 2)).expect("hello");
+    let recv = wait("the connection", || {
+        let recv = listener.poll_accept_socket()?;
+        assert_eq!(
+            listener.rejected(),
+            0,
+            "a socket of the connection was given up"
+        );
+        Ok(recv)
+    });
+    assert!(recv.is_ok());
+    drop((first, second));
+}
+
 #[test]
 fn a_flood_cannot_evict_a_greeted_socket_waiting_for_its_sibling() {
     // Socket 0 of a real two-socket connection presented the nonce; before socket 1 comes,
