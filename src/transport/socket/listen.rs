@@ -307,9 +307,12 @@ impl SocketListener {
                 Err(e) => break Err(format!("reading its hello: {e}")),
             }
         };
+        let since = p.since;
+        let late = now.duration_since(since) > self.hello_deadline(i);
+        let p = &self.pending[i];
         match outcome {
             Err(why) => self.reject(i, &why),
-            Ok(false) if now.duration_since(p.since) > self.hello_timeout => {
+            Ok(false) if late => {
                 let why = format!("only {} of {HELLO_SIZE} hello bytes in time", p.got);
                 self.reject(i, &why);
             }
@@ -330,6 +333,23 @@ impl SocketListener {
             },
         }
         false
+    }
+
+    /// How long pending socket `i` may take to present its whole hello: the hello deadline,
+    /// or, once its first parts are what a connector of this plugin sends, as long as a
+    /// greeted socket waits for its siblings. The connector sends the rest right after, so
+    /// only a network that loses it again and again delays it (TCP's retransmissions back off
+    /// from 200 ms, past 5 s at the fifth loss), and its connector believes it is connected;
+    /// NCCL's Socket transport waits for its peer's magic without a deadline
+    /// (`socketFinalizeAccept`, src/misc/socket.cc). Such a socket is still the first given up
+    /// to make room or free a descriptor, as it has not presented its hello.
+    fn hello_deadline(&self, i: usize) -> Duration {
+        let p = &self.pending[i];
+        if Hello::starts_as_ours(&p.buf[..p.got]) {
+            self.group_timeout.max(self.hello_timeout)
+        } else {
+            self.hello_timeout
+        }
     }
 
     /// Gives up one pending socket to make room for a new one: the oldest that has not

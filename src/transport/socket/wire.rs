@@ -177,6 +177,19 @@ impl Hello {
         b
     }
 
+    /// Bytes of the hello the connector sends before the rest: the magic, then the version
+    /// and socket index, each in a send of its own (see `HELLO_CUTS` in `connect`).
+    pub const START: usize = 12;
+
+    /// Whether the first [`Hello::START`] bytes of a hello that is not complete yet are what a
+    /// connector of this plugin sends: the magic, this version and a possible socket index.
+    pub fn starts_as_ours(b: &[u8]) -> bool {
+        b.len() >= Self::START
+            && get_u64(b, 0) == HELLO_MAGIC
+            && get_u16(b, 8) == PROTOCOL_VERSION
+            && usize::from(get_u16(b, 10)) < MAX_SOCKETS
+    }
+
     /// Reads a hello and checks it against the listener's secret; the error says why not.
     pub fn decode(b: &[u8; HELLO_SIZE], nonce: &[u8; NONCE_SIZE]) -> Result<Hello> {
         let bad = |why: String| Error::remote(format!("rejected peer hello: {why}"));

@@ -203,6 +203,45 @@ fn a_sibling_that_came_while_nobody_polled_completes_its_connection() {
     drop((first, second));
 }
 
+/// The connector sends its hello in three parts (magic; version and socket index; the rest).
+/// On a failing network the last part can be lost again and again, and TCP's retransmissions
+/// back off from 200 ms: past 5 s at the fifth loss. A socket whose first two parts are ours
+/// is waited for as long as a greeted socket waits for its siblings, not dropped at the hello
+/// deadline (its connector believes it is connected, and NCCL's Socket transport waits for
+/// its peer's magic without a deadline); one that stalls after the magic alone still goes.
+#[test]
+fn a_hello_whose_last_part_is_late_is_waited_for_once_its_start_is_ours() {
+    let t = loopback(1);
+    let (mut listener, h) = raw_listener(&t);
+    listener.set_hello_timeout(Duration::from_millis(200));
+    let hello = hello_bytes(&h, 55, 0, 1);
+    let mut real = TcpStream::connect(h.addr).expect("connect");
+    real.write_all(&hello[..12]).expect("first two parts");
+    let mut stalled = TcpStream::connect(h.addr).expect("connect");
+    stalled.write_all(&hello[..8]).expect("the magic");
+    // The stalled socket came after the real one: once it is dropped at the deadline, the
+    // real one's deadline has passed too.
+    wait("the stalled socket dropped", || {
+        assert!(listener.poll_accept_socket()?.is_none());
+        Ok((listener.rejected() >= 1).then_some(()))
+    })
+    .expect("dropped");
+    assert_eq!(
+        listener.pending(),
+        1,
+        "the socket whose hello starts as ours went"
+    );
+    assert_eq!(listener.rejected(), 1);
+    real.write_all(&hello[12..]).expect("the rest");
+    let recv = wait("the connection", || {
+        let recv = listener.poll_accept_socket()?;
+        assert_eq!(listener.rejected(), 1, "the late hello was rejected");
+        Ok(recv)
+    });
+    assert!(recv.is_ok());
+    drop((real, stalled));
+}
+
 #[test]
 fn a_flood_cannot_evict_a_greeted_socket_waiting_for_its_sibling() {
     // Socket 0 of a real two-socket connection presented the nonce; before socket 1 comes,
