@@ -44,13 +44,23 @@ pub fn check(need: usize, what: &str) -> Result<()> {
     )))
 }
 
+/// What to do when the system's table of open files is full (`ENFILE`): it is shared by
+/// every process, so this process's limit (`ulimit -n`) is not the one to raise.
+pub const SYSTEM_TABLE_FULL: &str = "the system's table of open files, shared by all \
+    processes, is full (see /proc/sys/fs/file-nr): close files elsewhere or raise the system's \
+    limit, fs.file-max; this process's own limit is not the one reached";
+
 /// `err`, met while opening a descriptor for `what`; when it is the process's descriptor
 /// limit (`EMFILE`), the error names the limit and `ulimit -n`, as [`check`]'s does (the
-/// check cannot see a descriptor another thread takes after it).
+/// check cannot see a descriptor another thread takes after it); the system's (`ENFILE`),
+/// [`SYSTEM_TABLE_FULL`].
 pub fn opening(err: std::io::Error, what: impl std::fmt::Display) -> Error {
-    let emfile = err.raw_os_error() == Some(libc::EMFILE);
+    let errno = err.raw_os_error();
     let err = Error::from(err).context(what);
-    if !emfile {
+    if errno == Some(libc::ENFILE) {
+        return Error::system(format!("{}: {SYSTEM_TABLE_FULL}", err.message));
+    }
+    if errno != Some(libc::EMFILE) {
         return err;
     }
     Error::system(format!(
@@ -86,4 +96,26 @@ pub fn budget(nsocks: usize, io_threads: usize) -> String {
         2 * io_threads,
         limit_text()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Opening a socket with the system's file table full (`ENFILE`) says which limit that
+    /// is, not `ulimit -n`; with this process's limit reached (`EMFILE`), `ulimit -n`.
+    #[test]
+    fn each_descriptor_limit_is_named_as_the_one_reached() {
+        let enfile = opening(
+            std::io::Error::from_raw_os_error(libc::ENFILE),
+            "creating a socket",
+        );
+        assert!(enfile.message.contains("fs.file-max"), "{enfile}");
+        assert!(!enfile.message.contains("ulimit"), "{enfile}");
+        let emfile = opening(
+            std::io::Error::from_raw_os_error(libc::EMFILE),
+            "creating a socket",
+        );
+        assert!(emfile.message.contains("`ulimit -n`"), "{emfile}");
+    }
 }
