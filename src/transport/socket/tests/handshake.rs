@@ -187,9 +187,10 @@ fn a_sibling_that_came_while_nobody_polled_completes_its_connection() {
         Ok((listener.greeted() == 1).then_some(()))
     })
     .expect("greeted");
-    std::thread::sleep(Duration::from_millis(600));
+    // The sibling comes, and nobody polls for longer than the first may wait for it.
     let mut second = TcpStream::connect(h.addr).expect("connect");
     second.write_all(&hello_bytes(&h, 99, 1, 2)).expect("hello");
+    std::thread::sleep(Duration::from_millis(600));
     let recv = wait("the connection", || {
         let recv = listener.poll_accept_socket()?;
         assert_eq!(
