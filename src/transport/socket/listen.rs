@@ -18,7 +18,12 @@ use crate::{Error, Result};
 /// has not presented a hello goes (the oldest of all only when every one has).
 pub const MAX_PENDING: usize = 256;
 
-/// How long an accepted socket may take to send its whole hello.
+/// How long an accepted socket may take to finish a hello it began. One that has sent
+/// nothing is not timed: our connector sends its hello at NCCL's next `connect` call, which
+/// may come seconds after the kernel completed the TCP handshake (NCCL's proxy sets up other
+/// connections meanwhile), and NCCL's Socket transport waits for the connector's magic as
+/// long as it takes (`socketFinalizeAccept`, src/misc/socket.cc). A silent socket goes when
+/// it closes, or when room ([`MAX_PENDING`]) or a descriptor is needed.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long an accepted socket may go without its whole hello before it is given up when
@@ -77,6 +82,8 @@ struct Pending {
     sock: Socket,
     peer: String,
     since: Instant,
+    /// When the first hello byte was read (the hello deadline counts from there).
+    began: Option<Instant>,
     buf: [u8; HELLO_SIZE],
     got: usize,
     hello: Option<Hello>,
@@ -202,6 +209,7 @@ impl SocketListener {
                         sock,
                         peer,
                         since: Instant::now(),
+                        began: None,
                         buf: [0; HELLO_SIZE],
                         got: 0,
                         hello: None,
@@ -313,14 +321,18 @@ impl SocketListener {
                         p.got
                     ))
                 }
-                Ok(n) => p.got += n,
+                Ok(n) => {
+                    p.began.get_or_insert(now);
+                    p.got += n;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Ok(false),
                 Err(e) => break Err(format!("reading its hello: {e}")),
             }
         };
-        let since = p.since;
-        let late = now.duration_since(since) > self.hello_deadline(i);
+        let late = p
+            .began
+            .is_some_and(|began| now.duration_since(began) > self.hello_deadline(i));
         let p = &self.pending[i];
         match outcome {
             Err(why) => self.reject(i, &why),
