@@ -177,6 +177,67 @@ fn run_refuses_a_broken_profile_before_starting_anything() {
 }
 
 #[test]
+fn run_refuses_output_settings_the_plugin_refuses_at_init_before_starting_anything() {
+    // The plugin's init refuses a statistics or trace directory it cannot write and a trace
+    // ring size out of range; `lossy run` checked only its own --stats, so with the shell's
+    // NCCL_LOSSY_STATS, NCCL_LOSSY_TRACE or a profile's `trace` it started the job, and NCCL
+    // failed every rank at init.
+    let dir = fresh_dir("run-bad-outputs");
+    let file = dir.join("a-file");
+    std::fs::write(&file, "not a directory").expect("write");
+    let under_file = file.join("out");
+    let under_file = under_file.to_str().expect("utf-8");
+    let marker = dir.join("ran");
+    let lossless = repo_file("configs/lossless.toml");
+    for (key, value) in [
+        ("NCCL_LOSSY_STATS", under_file),
+        ("NCCL_LOSSY_TRACE", under_file),
+        ("NCCL_LOSSY_TRACE_EVENTS", "0"),
+    ] {
+        let out = run_touch(&lossless, &marker, &[(key, value)]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{key}={value}: {stderr}");
+        assert!(
+            stderr.contains(&format!("{key}={value}")),
+            "{key}={value}: {stderr}"
+        );
+        assert!(!marker.exists(), "{key}={value}: the command must not run");
+    }
+    let traced = dir.join("traced.toml");
+    std::fs::write(
+        &traced,
+        format!("trace = \"{under_file}\"\nmodel = {{ kind = \"none\" }}\n"),
+    )
+    .expect("write");
+    let out = run_touch(&traced, &marker, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("traced.toml") && stderr.contains(under_file),
+        "{stderr}"
+    );
+    assert!(!marker.exists(), "the command must not run");
+    // Settings the plugin takes still run the command.
+    let stats = dir.join("stats");
+    let trace = dir.join("trace");
+    let out = run_touch(
+        &lossless,
+        &marker,
+        &[
+            ("NCCL_LOSSY_STATS", stats.to_str().expect("utf-8")),
+            ("NCCL_LOSSY_TRACE", trace.to_str().expect("utf-8")),
+            ("NCCL_LOSSY_TRACE_EVENTS", "1000"),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(marker.exists(), "the command runs");
+}
+
+#[test]
 fn run_refuses_a_plugin_to_wrap_that_cannot_be_loaded_before_starting_anything() {
     // The plugin's init refuses an inner plugin it cannot load, but `lossy run` started the
     // job anyway: NCCL then failed each rank at init, after the launch, instead of one clear

@@ -45,7 +45,9 @@ pub use environment::{
     check_forced_protocol, unguarded_ll_warning, wrap_target, INNER_ENV, INTRA_NODE_THROUGH_NET,
 };
 pub use net_profiler::{MessageProfiler, MessageReport, ProfilerEvent, ProfilerParent};
-pub use output::{stats_file, write_stats, write_trace};
+pub use output::{
+    check_stats_dir, stats_file, trace_setting, write_stats, write_trace, TraceSetting,
+};
 
 use crate::ffi::{ncclDebugLogger_t, ncclNetAttr_v11_t};
 use crate::loss::engine::{LossEngine, StreamKey};

@@ -126,7 +126,7 @@ pub fn write_stats() -> Result<Option<PathBuf>> {
 /// Checks at `init` that `NCCL_LOSSY_STATS`, when set, is a directory statistics can be
 /// written to: a run that cannot keep its statistics is refused up front, with the variable
 /// and the path named, rather than warned about at every write.
-pub(super) fn check_stats_dir() -> Result<()> {
+pub fn check_stats_dir() -> Result<()> {
     match stats_dir() {
         Some(dir) => check_output_dir(Path::new(&dir), "stats").map_err(|err| {
             err.context(format!(
@@ -183,18 +183,31 @@ fn trace_dir() -> Option<&'static PathBuf> {
     TRACE_DIR.get()
 }
 
-/// Turns the loss timeline on at `init` when `NCCL_LOSSY_TRACE` (`env_dir`, which wins) or
-/// the profile's `trace` names a directory: checks the directory as for statistics, sizes the
-/// ring from `NCCL_LOSSY_TRACE_EVENTS` (`env_events`, which wins), the profile's
-/// `trace_events` or the default, and allocates it. The first `init` that turns it on decides
-/// for the process.
-pub(super) fn start_trace(
+/// Where the loss timeline goes and how large its ring is, as `init` decides it (see
+/// [`trace_setting`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceSetting {
+    /// Messages the ring holds.
+    pub capacity: usize,
+    /// What chose `capacity` (`NCCL_LOSSY_TRACE_EVENTS`, the profile's `trace_events`, ...).
+    pub sized_by: String,
+    /// The trace directory, when tracing is on.
+    pub dir: Option<PathBuf>,
+    /// What named `dir` (`NCCL_LOSSY_TRACE`, or the profile's `trace`).
+    pub source: String,
+}
+
+/// The trace settings of `profile` with `NCCL_LOSSY_TRACE` (`env_dir`, which wins) and
+/// `NCCL_LOSSY_TRACE_EVENTS` (`env_events`, which wins over the profile's `trace_events`),
+/// and the trace directory checked as for statistics (created, a file can be written in it):
+/// what `init` refuses, found without starting anything (`lossy run` asks it before the
+/// launch). The ring's size is checked whether or not tracing is on, so a mistake shows on
+/// every run, not only on the one that turns tracing on.
+pub fn trace_setting(
     profile: &Profile,
     env_dir: Option<String>,
     env_events: Option<String>,
-) -> Result<()> {
-    // The ring's size is checked whether or not tracing is on, so a mistake shows on every
-    // run, not only on the one that turns tracing on.
+) -> Result<TraceSetting> {
     let (capacity, sized_by) = match env_events.filter(|v| !v.trim().is_empty()) {
         Some(text) => match text.trim().parse::<i64>() {
             Ok(n) if (1..=MAX_TRACE_EVENTS).contains(&n) => {
@@ -213,20 +226,49 @@ pub(super) fn start_trace(
         },
     };
     let (dir, source) = match env_dir.filter(|d| !d.trim().is_empty()) {
-        Some(dir) => (dir, TRACE_DIR_ENV.to_string()),
+        Some(dir) => (Some(dir), TRACE_DIR_ENV.to_string()),
         None => match &profile.trace {
-            Some(dir) => (dir.clone(), format!("trace (profile {})", profile.origin)),
-            None => return Ok(()),
+            Some(dir) => (
+                Some(dir.clone()),
+                format!("trace (profile {})", profile.origin),
+            ),
+            None => (None, String::new()),
         },
     };
-    let path = PathBuf::from(&dir);
-    check_output_dir(&path, "trace").map_err(|err| {
-        err.context(format!(
-            "{source}={}: the trace cannot be written there (set it to a writable \
-             directory, or unset it)",
-            path.display()
-        ))
-    })?;
+    let dir = dir.map(PathBuf::from);
+    if let Some(path) = &dir {
+        check_output_dir(path, "trace").map_err(|err| {
+            err.context(format!(
+                "{source}={}: the trace cannot be written there (set it to a writable \
+                 directory, or unset it)",
+                path.display()
+            ))
+        })?;
+    }
+    Ok(TraceSetting {
+        capacity,
+        sized_by,
+        dir,
+        source,
+    })
+}
+
+/// Turns the loss timeline on at `init` when [`trace_setting`] names a directory, and
+/// allocates its ring. The first `init` that turns it on decides for the process.
+pub(super) fn start_trace(
+    profile: &Profile,
+    env_dir: Option<String>,
+    env_events: Option<String>,
+) -> Result<()> {
+    let TraceSetting {
+        capacity,
+        sized_by,
+        dir,
+        source,
+    } = trace_setting(profile, env_dir, env_events)?;
+    let Some(path) = dir else {
+        return Ok(());
+    };
     if timeline::enable(capacity).is_none() {
         return Err(crate::Error::system(format!(
             "{sized_by}={capacity}: a trace ring of {capacity} messages needs {} MiB, which \

@@ -9,11 +9,12 @@ use std::process::{Command, ExitCode};
 
 use super::shell_quote_bytes;
 use nccl_net_lossy::profile::{Profile, PROFILE_ENV, SET_ENV};
+use nccl_net_lossy::stats::timeline::{TRACE_DIR_ENV, TRACE_EVENTS_ENV};
 use nccl_net_lossy::stats::writer::STATS_DIR_ENV;
 use nccl_net_lossy::transport::wrap::inner::{check_loadable, InnerCheck};
 use nccl_net_lossy::{
-    check_forced_protocol, unguarded_ll_warning, wrap_target, INNER_ENV, INTRA_NODE_THROUGH_NET,
-    PLUGIN_NAME,
+    check_forced_protocol, check_stats_dir, trace_setting, unguarded_ll_warning, wrap_target,
+    INNER_ENV, INTRA_NODE_THROUGH_NET, PLUGIN_NAME,
 };
 
 /// Arguments of `lossy run`.
@@ -124,6 +125,10 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
             ),
         }
     }
+    // The trace directory (NCCL_LOSSY_TRACE, or the profile's `trace`) and the ring's size,
+    // as the plugin's init checks them: a job whose every rank would fail there never starts.
+    trace_setting(&profile, utf8(TRACE_DIR_ENV)?, utf8(TRACE_EVENTS_ENV)?)
+        .map_err(|err| err.to_string())?;
     let user_proto = utf8("NCCL_PROTO")?.filter(|p| !p.is_empty());
     check_forced_protocol(&profile, user_proto.as_deref()).map_err(|err| err.to_string())?;
     // Unset, NCCL_PROTO becomes Simple below; a user's value stays, so say what it leaves.
@@ -162,6 +167,10 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
         // As the plugin checks it at init: created, and a file can be written in it.
         nccl_net_lossy::stats::writer::check_output_dir(dir, "stats").map_err(|e| e.message)?;
         env.push((STATS_DIR_ENV.into(), absolute(dir)?.into_os_string()));
+    } else {
+        // The job inherits the shell's NCCL_LOSSY_STATS: one the plugin's init refuses failed
+        // every rank after the launch.
+        check_stats_dir().map_err(|e| e.to_string())?;
     }
     if args.intra_node == IntraNode::Net {
         for (key, value, kept_on) in INTRA_NODE_THROUGH_NET {
