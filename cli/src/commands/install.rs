@@ -10,6 +10,7 @@ use std::process::ExitCode;
 
 use super::shell_quote_bytes;
 use crate::harness::plugin_client::{default_library_path, PluginLibrary, NCCL_LIBRARY_NAME};
+use nccl_net_lossy::stats::writer::check_output_dir;
 use nccl_net_lossy::{Error, Result};
 
 /// Arguments of `lossy install`.
@@ -93,10 +94,19 @@ fn install(args: &Args) -> Result<()> {
         )));
     }
     let lib_dest = prefix.join("lib").join(NCCL_LIBRARY_NAME);
-    copy_atomically(&library, &lib_dest)?;
     let exe = std::env::current_exe()
         .map_err(|e| Error::system(format!("cannot find this command: {e}")))?;
     let bin_dest = prefix.join("bin").join("lossy");
+    // Both directories first: one that cannot take its file (a file in its place, no
+    // permission) stops the install before anything is copied, not after the library, which
+    // left a new library beside an older `lossy`.
+    for (dir, what) in [
+        (prefix.join("lib"), "library"),
+        (prefix.join("bin"), "command"),
+    ] {
+        check_output_dir(&dir, what)?;
+    }
+    copy_atomically(&library, &lib_dest)?;
     if fs::canonicalize(&exe).ok() != fs::canonicalize(&bin_dest).ok() {
         copy_atomically(&exe, &bin_dest)?;
     }
