@@ -65,6 +65,7 @@ fn run_with_metric(metric: &[(u64, f64)]) -> RunSteps {
         ],
         metric: metric.iter().copied().collect(),
         steps_beyond: None,
+        warnings: Vec::new(),
     }
 }
 

@@ -60,6 +60,15 @@ pub fn run(args: Args) -> ExitCode {
             }
         }
     }
+    // The table prints them beside the totals and JSON holds them; CSV has no place for
+    // them: they go to stderr, or two runs summed as one would pass unsaid.
+    if args.csv {
+        for run in &runs {
+            for warning in &run.warnings {
+                eprintln!("lossy report: run {}: warning: {warning}", run.run);
+            }
+        }
+    }
     emit(
         &args,
         &runs,

@@ -69,6 +69,9 @@ pub struct RunSteps {
     /// plugin's per-step series (`step`: the first of them), which no row shows.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub steps_beyond: Option<StepCounts>,
+    /// What makes the sums doubtful, as `lossy report` says it of the statistics files
+    /// (several runs or profiles in one directory).
+    pub warnings: Vec<String>,
 }
 
 /// `metric` with the values that are not finite as strings (JSON numbers cannot be).
@@ -217,6 +220,7 @@ pub fn load_run_steps(dir: &Path) -> Result<RunSteps, String> {
         steps_beyond: summary.steps_beyond.filter(|_| step_files.is_empty()),
         rows,
         metric: BTreeMap::new(),
+        warnings: summary.warnings,
     })
 }
 
@@ -540,6 +544,11 @@ pub fn draw<DB: DrawingBackend>(
 pub fn notes(runs: &[RunSteps], metric: &str) -> Vec<String> {
     let mut out = Vec::new();
     for run in runs {
+        // The table of `lossy report` shows them beside the totals; the per-step rows sum the
+        // same files, so two runs in one directory are as doubtful here.
+        for warning in &run.warnings {
+            out.push(format!("run {}: warning: {warning}", run.run));
+        }
         if run.rows.is_empty() {
             out.push(format!(
                 "run {}: no per-step data: no {STEP_FILE_PREFIX}*.json files and no by_step \
