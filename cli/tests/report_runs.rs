@@ -71,3 +71,47 @@ fn per_step_and_csv_reports_say_when_two_runs_share_a_directory() {
         );
     }
 }
+
+#[test]
+fn per_step_report_names_the_processes_without_a_per_step_file() {
+    // The per-step rows come from the Python integration's per-step files, which a process
+    // writes at disable() / write_stats(): one killed before that left its statistics file (the
+    // plugin writes it as it goes) and no per-step file, and the per-step report summed the
+    // other ranks' rows as if they were the whole run.
+    let run = fresh_dir("report-missing-steps").join("run");
+    demo_into(&run, 1);
+    let mut files: Vec<_> = std::fs::read_dir(&run)
+        .expect("run dir")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    files.sort();
+    assert_eq!(files.len(), 2, "{files:?}");
+    let docs: Vec<serde_json::Value> = files
+        .iter()
+        .map(|f| serde_json::from_str(&std::fs::read_to_string(f).expect("read")).expect("JSON"))
+        .collect();
+    let rank0 = docs.iter().find(|d| d["rank"] == 0).expect("rank 0's file");
+    let rank1 = docs.iter().find(|d| d["rank"] == 1).expect("rank 1's file");
+    // Rank 0's recorder wrote its rows, as the integration does; rank 1 wrote none.
+    let packets = rank0["total"]["packets"].as_u64().expect("packets");
+    let steps = serde_json::json!({"format_version": 1, "rank": 0, "host": rank0["host"],
+        "pid": rank0["pid"], "written_at_unix_ms": 0, "steps": [{"step": 0, "op": "AllReduce",
+        "phase": "any", "messages": 1, "bytes": 1, "packets": packets, "lost_packets": 0,
+        "loss_events": 0}]});
+    std::fs::write(
+        run.join(format!("lossy-steps-rank0-x-{}.json", rank0["pid"])),
+        steps.to_string(),
+    )
+    .expect("write");
+    let out = lossy(&["report", run.to_str().expect("utf-8"), "--per-step"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let rank1_pid = format!("{}:{}", rank1["host"].as_str().expect("host"), rank1["pid"]);
+    assert!(
+        stderr.contains("no per-step file") && stderr.contains(&rank1_pid),
+        "{stderr}"
+    );
+    // Rank 0, which wrote one, is not named.
+    let rank0_pid = format!("{}:{}", rank0["host"].as_str().expect("host"), rank0["pid"]);
+    assert!(!stderr.contains(&rank0_pid), "{stderr}");
+}

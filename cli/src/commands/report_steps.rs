@@ -14,8 +14,8 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use nccl_net_lossy::files::read_regular_file;
-use nccl_net_lossy::stats::report::{bump, load_run};
-use nccl_net_lossy::stats::writer::MAX_STATS_FILE_BYTES;
+use nccl_net_lossy::stats::report::{bump, load_run, stats_files};
+use nccl_net_lossy::stats::writer::{StatsFile, MAX_STATS_FILE_BYTES};
 use nccl_net_lossy::stats::{loss_rate_injecting, StepCounts};
 
 /// The per-step files of the Python integration.
@@ -138,8 +138,16 @@ pub fn load_run_steps(dir: &Path) -> Result<RunSteps, String> {
         .collect();
     step_files.sort();
     let mut cells: BTreeMap<(u64, String), (u64, u64, u64)> = BTreeMap::new();
+    // The processes that wrote a per-step file, as (host, pid).
+    let mut writers: Vec<(String, u64)> = Vec::new();
     for path in &step_files {
         let doc = read_json(path)?;
+        if let (Some(host), Some(pid)) = (
+            doc.get("host").and_then(serde_json::Value::as_str),
+            doc.get("pid").and_then(serde_json::Value::as_u64),
+        ) {
+            writers.push((host.to_string(), pid));
+        }
         match doc.get("format_version") {
             Some(v) if v.as_u64() == Some(STEP_FORMAT_VERSION) => {}
             Some(v) => {
@@ -213,6 +221,10 @@ pub fn load_run_steps(dir: &Path) -> Result<RunSteps, String> {
             });
         ("steps files", rows.collect())
     };
+    let mut warnings = summary.warnings;
+    if !step_files.is_empty() {
+        warnings.extend(without_step_file(dir, &writers)?);
+    }
     Ok(RunSteps {
         run: summary.run,
         source,
@@ -220,8 +232,36 @@ pub fn load_run_steps(dir: &Path) -> Result<RunSteps, String> {
         steps_beyond: summary.steps_beyond.filter(|_| step_files.is_empty()),
         rows,
         metric: BTreeMap::new(),
-        warnings: summary.warnings,
+        warnings,
     })
+}
+
+/// A warning naming the processes of the run in `dir` that wrote a statistics file but no
+/// per-step file (`writers`: those that wrote one, as (host, pid)). The integration writes its
+/// per-step file at `disable()` / `write_stats()`, the plugin its statistics as it goes: a rank
+/// killed before the end leaves only the second, and the rows would pass for the whole run.
+fn without_step_file(dir: &Path, writers: &[(String, u64)]) -> Result<Option<String>, String> {
+    let mut missing = Vec::new();
+    let (mut packets, mut lost) = (0u64, 0u64);
+    for path in stats_files(dir).map_err(|e| e.to_string())? {
+        let file = StatsFile::read(&path).map_err(|e| e.to_string())?;
+        if !writers.contains(&(file.host.clone(), u64::from(file.pid))) {
+            let rank = file.rank.map_or_else(|| "?".to_string(), |r| r.to_string());
+            missing.push(format!("rank {rank} ({}:{})", file.host, file.pid));
+            bump(&mut packets, file.total.packets);
+            bump(&mut lost, file.total.lost_packets);
+        }
+    }
+    Ok((!missing.is_empty()).then(|| {
+        format!(
+            "{} process(es) wrote a statistics file and no per-step file: {}; the per-step \
+             rows leave out their {packets} packets ({lost} lost), which the totals of `lossy \
+             report` hold (the integration writes the per-step file at disable() or \
+             write_stats(): a process killed before that writes none)",
+            missing.len(),
+            missing.join(", ")
+        )
+    }))
 }
 
 /// `metric` by step from a training log: JSON lines (objects with `step` and `metric`) or CSV
