@@ -360,3 +360,24 @@ def test_burst_histograms_no_run_writes_are_refused_as_lossy_report_refuses_them
     conn["histograms"][0]["burst_lengths"] = [[2, 1]]
     stats.write_text(json.dumps({**PLUGIN_DOC, "connections": [conn]}))
     assert [r["burst_length"] for r in nccl_lossy.read_stats(stats, table="bursts")] == [2]
+
+
+def test_step_ops_names_the_processes_of_the_run_without_a_per_step_file(tmp_path):
+    # A process writes its per-step file at disable() / write_stats(), the plugin its
+    # statistics file as it goes: a rank killed before the end leaves the second without the
+    # first, and the step_ops table summed the other ranks' rows as the whole run, unsaid.
+    for rank in (0, 1):
+        doc = {**_plugin_doc(GOOD_CELL), "rank": rank, "pid": 100 + rank}
+        (tmp_path / f"lossy-stats-rank{rank}-h-{100 + rank}.json").write_text(json.dumps(doc))
+    steps = {**STEPS_DOC, "rank": 0, "pid": 100}
+    (tmp_path / "lossy-steps-rank0-h-100.json").write_text(json.dumps(steps))
+    with pytest.warns(UserWarning, match=r"no per-step file.*rank 1 \(h:101\)") as caught:
+        rows = nccl_lossy.read_stats(tmp_path, table="step_ops")
+    assert [r["rank"] for r in rows] == [0]
+    assert "h:100" not in str(caught[0].message)
+    # Every process with its per-step file: nothing to say.
+    (tmp_path / "lossy-steps-rank1-h-101.json").write_text(json.dumps({**steps, "rank": 1, "pid": 101}))
+    import warnings as w
+    with w.catch_warnings():
+        w.simplefilter("error")
+        nccl_lossy.read_stats(tmp_path, table="step_ops")

@@ -444,6 +444,38 @@ def _warn_steps_beyond(doc: Dict[str, Any]) -> None:
         )
 
 
+def _writer(doc: Any) -> Tuple[Any, Any]:
+    """The process that wrote a document: (host, pid)."""
+    return (doc.get("host"), doc.get("pid")) if isinstance(doc, dict) else (None, None)
+
+
+def _warn_missing_step_files(path: Union[str, Path], step_docs: List[Dict[str, Any]]) -> None:
+    """Warns when processes of the run left the plugin's statistics file but no per-step file
+    (the integration writes it at ``disable()`` / ``write_stats()``, the plugin its file as it
+    goes: a rank killed before the end): the ``step_ops`` rows leave their traffic out."""
+    if not step_docs or not Path(path).is_dir():
+        return
+    wrote = {_writer(doc) for doc in step_docs}
+    missing = []
+    for file in stats_files(path):
+        try:
+            doc = load_json(file)
+        except (OSError, StatsFormatError):
+            continue  # the plugin's tables refuse it; the step_ops rows do not depend on it
+        if _writer(doc) not in wrote:
+            host, pid = _writer(doc)
+            rank = doc.get("rank") if isinstance(doc, dict) else None
+            missing.append(f"rank {'?' if rank is None else rank} ({host}:{pid})")
+    if missing:
+        warnings.warn(
+            f"{path}: {len(missing)} process(es) of the run wrote a statistics file and no per-step "
+            f"file: {', '.join(missing)}; the step_ops rows leave their traffic out (the "
+            "integration writes the per-step file at disable() or write_stats(): a process killed "
+            "before that writes none); the plugin's own per-step series (table='steps') has them",
+            stacklevel=3,
+        )
+
+
 def _warn_no_files(path: Union[str, Path]) -> None:
     """A directory holding neither the plugin's files nor the per-step files is no run: say so
     (as ``lossy report`` refuses it) instead of returning tables as empty as a run that sent
@@ -474,6 +506,7 @@ def read_stats(path: Union[str, Path], dataframe: Union[bool, str] = False, tabl
             rows.extend(step_op_rows_from_doc(doc, str(file)))
             step_docs.append(doc)
         _warn_mixed_runs(path, step_docs, profiles=False)
+        _warn_missing_step_files(path, step_docs)
     else:
         docs = load_stats_files(path)
         _warn_mixed_runs(path, docs, profiles=True)
