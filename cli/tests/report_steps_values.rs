@@ -411,3 +411,57 @@ fn a_statistics_file_whose_steps_or_rules_lose_more_than_they_sent_is_refused() 
         std::fs::remove_dir_all(&dir).ok();
     }
 }
+
+#[test]
+fn a_training_log_still_being_written_leaves_out_its_unfinished_last_line() {
+    // A log read while the run appends to it (or after it was killed mid-line) ends in part
+    // of a line: `3,0.75` cut to `3,0.` was read as a loss of 0 at step 3, and a JSON line cut
+    // short failed the whole report.
+    let dir = run_dir("steps-log-unfinished");
+    write_steps(
+        &dir,
+        "lossy-steps-rank0-h-0.json",
+        serde_json::json!([row(1, "AllReduce", 10, 1), row(3, "AllReduce", 10, 2)]),
+    );
+    let csv = dir.join("train.csv");
+    std::fs::write(&csv, "step,loss\n1,2.5\n2,1.25\n3,0.").expect("write");
+    let jsonl = dir.join("perf.jsonl");
+    std::fs::write(
+        &jsonl,
+        "{\"step\": 1, \"loss\": 2.5}\n{\"step\": 2, \"loss\": 1.25}\n{\"step\": 3, \"lo",
+    )
+    .expect("write");
+    for (log, line) in [(&csv, "train.csv:4"), (&jsonl, "perf.jsonl:3")] {
+        let out = Command::new(lossy_exe())
+            .arg("report")
+            .arg(&dir)
+            .args(["--per-step", "--csv", "--train-log"])
+            .arg(log)
+            .output()
+            .expect("run lossy");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{line}: {stderr}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let metric_of = |step: &str| {
+            stdout
+                .lines()
+                .map(|l| l.split(',').collect::<Vec<_>>())
+                .find(|f| f.get(1) == Some(&step))
+                .map(|f| f.last().copied().unwrap_or_default().to_string())
+        };
+        assert_eq!(metric_of("1").as_deref(), Some("2.5"), "{line}: {stdout}");
+        assert_eq!(metric_of("3").as_deref(), Some(""), "{line}: {stdout}");
+        assert!(
+            stderr.contains(line) && stderr.contains("unfinished"),
+            "{line}: {stderr}"
+        );
+    }
+    // A line that ends the file without a newline but is whole JSON is kept.
+    std::fs::write(
+        &jsonl,
+        "{\"step\": 1, \"loss\": 2.5}\n{\"step\": 3, \"loss\": 0.75}",
+    )
+    .expect("write");
+    let got = read_train_log(&jsonl, "loss").expect("a training log");
+    assert_eq!(got, BTreeMap::from([(1, 2.5), (3, 0.75)]));
+}

@@ -133,7 +133,9 @@ fn per_step(args: &Args) -> ExitCode {
                 None => None,
             };
             if let Some(log) = log {
-                run.metric = report_steps::read_train_log(&log, metric)?;
+                let (values, note) = report_steps::read_train_log_noting(&log, metric)?;
+                run.metric = values;
+                run.warnings.extend(note);
             }
             Ok(run)
         });

@@ -272,10 +272,49 @@ fn without_step_file(dir: &Path, writers: &[(String, u64)]) -> Result<Option<Str
 /// `nan`; in JSON, the strings `"inf"`, `"-inf"`, `"nan"` (as the training monitor writes
 /// them) and the bare `Infinity`, `-Infinity`, `NaN` of Python's `json.dumps`.
 pub fn read_train_log(path: &Path, metric: &str) -> Result<BTreeMap<u64, f64>, String> {
+    read_train_log_noting(path, metric).map(|(values, _)| values)
+}
+
+/// [`read_train_log`], with a note when the file ends in an unfinished line (no newline after
+/// it: a log the run is still appending to, or one killed mid-line), which is left out: a CSV
+/// line cut short (`3,0.75` as `3,0.`) reads as another value, and a JSON line cut short is
+/// no JSON. A last JSON line that parses whole is kept.
+pub fn read_train_log_noting(
+    path: &Path,
+    metric: &str,
+) -> Result<(BTreeMap<u64, f64>, Option<String>), String> {
     let text = read_regular_file(path, MAX_TRAIN_LOG_BYTES, "training log")?;
     let is_csv = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("csv"));
+    let mut note = None;
+    let mut text = text.as_str();
+    if !text.is_empty() && !text.ends_with('\n') {
+        let start = text.rfind('\n').map_or(0, |i| i + 1);
+        let last = &text[start..];
+        let whole_json = !is_csv
+            && serde_json::from_str::<serde_json::Value>(&python_tokens_as_strings(last))
+                .is_ok_and(|v| v.is_object());
+        if !last.trim().is_empty() && !whole_json {
+            let line = text[..start].lines().count() + 1;
+            note = Some(format!(
+                "{}:{line}: unfinished last line (no newline after it: the run is still \
+                 writing the log, or was stopped mid-line), left out",
+                path.display()
+            ));
+            text = &text[..start];
+        }
+    }
+    parse_train_log(path, text, metric, is_csv).map(|values| (values, note))
+}
+
+/// `metric` by step from the text of a training log (see [`read_train_log`]).
+fn parse_train_log(
+    path: &Path,
+    text: &str,
+    metric: &str,
+    is_csv: bool,
+) -> Result<BTreeMap<u64, f64>, String> {
     // Per step: the value and the rank of the line it came from (none: after every rank).
     let mut by_step: BTreeMap<u64, (u64, f64)> = BTreeMap::new();
     let mut keep = |step: u64, rank: Option<u64>, value: f64| {
