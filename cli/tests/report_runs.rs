@@ -115,3 +115,47 @@ fn per_step_report_names_the_processes_without_a_per_step_file() {
     let rank0_pid = format!("{}:{}", rank0["host"].as_str().expect("host"), rank0["pid"]);
     assert!(!stderr.contains(&rank0_pid), "{stderr}");
 }
+
+#[test]
+fn report_names_the_ranks_of_the_run_that_left_no_statistics_file() {
+    // A rank killed (or OOM-killed) before it wrote its statistics leaves no file at all: the
+    // report summed the other ranks as the whole run, `ranks` one less and no word said.
+    let run = fresh_dir("report-missing-rank").join("run");
+    demo_into(&run, 1);
+    let last = std::fs::read_dir(&run)
+        .expect("run dir")
+        .map(|e| e.expect("entry").path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("lossy-stats-rank1-"))
+        })
+        .expect("rank 1's file");
+    std::fs::remove_file(&last).expect("remove");
+    let dir = run.to_str().expect("utf-8");
+    for args in [
+        vec!["report", dir],
+        vec!["report", dir, "--csv"],
+        vec!["report", dir, "--per-step"],
+    ] {
+        let out = lossy(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        let said = format!("{}{stderr}", String::from_utf8_lossy(&out.stdout));
+        assert!(
+            said.contains("no statistics file from rank 1 of the 2"),
+            "{args:?}: {said}"
+        );
+    }
+    // The whole run: nothing to say.
+    let whole = fresh_dir("report-whole-run").join("run");
+    demo_into(&whole, 1);
+    let out = lossy(&["report", whole.to_str().expect("utf-8")]);
+    assert!(out.status.success());
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!said.contains("no statistics file"), "{said}");
+}

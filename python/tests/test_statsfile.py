@@ -381,3 +381,20 @@ def test_step_ops_names_the_processes_of_the_run_without_a_per_step_file(tmp_pat
     with w.catch_warnings():
         w.simplefilter("error")
         nccl_lossy.read_stats(tmp_path, table="step_ops")
+
+
+def test_ranks_of_the_run_without_a_statistics_file_are_named(tmp_path):
+    # A rank stopped before its first write leaves no file: read_stats() returned the other
+    # ranks' rows as the whole run, without a word.
+    for rank in (0, 2):
+        doc = {**_plugin_doc(GOOD_CELL), "rank": rank, "pid": 100 + rank, "world_size": 4}
+        (tmp_path / f"lossy-stats-rank{rank}-h-{100 + rank}.json").write_text(json.dumps(doc))
+    with pytest.warns(UserWarning, match=r"no statistics file from rank 1, 3 of the 4 ranks"):
+        rows = nccl_lossy.read_stats(tmp_path)
+    assert sorted(r["rank"] for r in rows) == [0, 2]
+    # Files that do not say the world's size: the ranks below the highest one found.
+    for rank in (0, 2):
+        doc = {**_plugin_doc(GOOD_CELL), "rank": rank, "pid": 100 + rank}
+        (tmp_path / f"lossy-stats-rank{rank}-h-{100 + rank}.json").write_text(json.dumps(doc))
+    with pytest.warns(UserWarning, match=r"no statistics file from rank 1 below the highest rank found, 2"):
+        nccl_lossy.read_stats(tmp_path)

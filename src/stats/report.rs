@@ -377,7 +377,50 @@ fn mixed_runs(files: &[StatsFile]) -> (usize, Vec<String>) {
             all.join(", ")
         ));
     }
+    if let Some(missing) = missing_ranks(files, &by_rank) {
+        warnings.push(missing);
+    }
     (by_rank.len() + unranked, warnings)
+}
+
+/// A warning naming the ranks of the run that left no statistics file: below the number of
+/// ranks the launcher started (`world_size`, the largest any file says), or, in files that do
+/// not say it, below the highest rank found. A rank killed before its first write leaves none,
+/// and the sums would pass for the whole run.
+fn missing_ranks(
+    files: &[StatsFile],
+    by_rank: &BTreeMap<u64, Vec<(String, u32)>>,
+) -> Option<String> {
+    let world = files.iter().filter_map(|f| f.world_size).max();
+    let (end, of) = match world {
+        Some(world) => (world, format!("of the {world} ranks the launcher started")),
+        None => {
+            let highest = *by_rank.keys().next_back()?;
+            (highest, format!("below the highest rank found, {highest}"))
+        }
+    };
+    // Counted, not listed: a world of millions (a broken environment) is no list of millions.
+    let shown: Vec<String> = (0..end)
+        .filter(|rank| !by_rank.contains_key(rank))
+        .take(16)
+        .map(|r| r.to_string())
+        .collect();
+    if shown.is_empty() {
+        return None;
+    }
+    let present = by_rank.keys().filter(|&&rank| rank < end).count() as u64;
+    let more = (end - present).saturating_sub(shown.len() as u64);
+    let more = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "no statistics file from rank {}{more} {of}: a rank stopped before it wrote its \
+         statistics (they are written when its communicators close, and every \
+         stats_interval) leaves none, and the sums leave its traffic out",
+        shown.join(", ")
+    ))
 }
 
 /// Reads and sums one run directory; a directory without statistics files is an error.
@@ -458,6 +501,30 @@ mod tests {
         let [p50, _, p99] = allreduce.latency_us.expect("latency");
         assert!((9.9..=10.1).contains(&p50), "{p50}");
         assert!((19.8..=20.2).contains(&p99), "{p99}");
+    }
+
+    #[test]
+    fn ranks_missing_from_the_world_are_listed_up_to_16_and_counted_past_that() {
+        let mut files = vec![rank_file(0, &[]), rank_file(0, &[])];
+        files[0].rank = Some(0);
+        files[1].rank = Some(2);
+        let said = |files: &[StatsFile]| summarize_run("r", files).warnings.join("\n");
+        assert!(
+            said(&files).contains("no statistics file from rank 1 below the highest rank found, 2"),
+            "{}",
+            said(&files)
+        );
+        // A size no launcher gives (a broken environment): counted, not listed one by one.
+        files[1].world_size = Some(u64::MAX);
+        let text = said(&files);
+        let more = u64::MAX - 2 - 16;
+        assert!(
+            text.contains(&format!(
+                "rank 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17 and {more} more of the {} ranks",
+                u64::MAX
+            )),
+            "{text}"
+        );
     }
 
     #[test]

@@ -38,6 +38,11 @@ pub struct StatsFile {
     pub format_version: u32,
     /// Rank from `RANK` / `OMPI_COMM_WORLD_RANK`, when the launcher set one.
     pub rank: Option<u64>,
+    /// The number of ranks the launcher started (`WORLD_SIZE`, or the size beside the rank
+    /// variable it used), so that a report can name the ranks that wrote no file. Absent when
+    /// the launcher set none (and in files written before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world_size: Option<u64>,
     /// Host name.
     pub host: String,
     /// Process id.
@@ -70,6 +75,7 @@ impl StatsFile {
         StatsFile {
             format_version: FORMAT_VERSION,
             rank: launcher_rank(),
+            world_size: launcher_world_size(),
             host: host_name(),
             pid: std::process::id(),
             written_at_unix_ms: SystemTime::now()
@@ -275,9 +281,31 @@ fn check_bursts(i: usize, conn: &ConnectionSnapshot) -> std::result::Result<(), 
 
 /// The rank the launcher gave this process, if any.
 pub fn launcher_rank() -> Option<u64> {
-    ["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"]
+    LAUNCHER_VARIABLES
         .iter()
-        .find_map(|var| crate::env::var(var).ok()??.trim().parse().ok())
+        .find_map(|(rank, _)| number_variable(rank))
+}
+
+/// The launchers' (rank, number of ranks) variables, in the order they are looked at:
+/// torchrun, Open MPI, PMI (MPICH, Intel MPI), Slurm.
+const LAUNCHER_VARIABLES: [(&str, &str); 4] = [
+    ("RANK", "WORLD_SIZE"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("PMI_RANK", "PMI_SIZE"),
+    ("SLURM_PROCID", "SLURM_NTASKS"),
+];
+
+fn number_variable(name: &str) -> Option<u64> {
+    crate::env::var(name).ok()??.trim().parse().ok()
+}
+
+/// The number of ranks of the launcher whose rank [`launcher_rank`] took, if it says.
+pub fn launcher_world_size() -> Option<u64> {
+    LAUNCHER_VARIABLES
+        .iter()
+        .find(|(rank, _)| number_variable(rank).is_some())
+        .and_then(|(_, size)| number_variable(size))
+        .filter(|&size| size > 0)
 }
 
 /// Creates `dir` when missing and checks that a file can be created in it (a probe file,

@@ -37,7 +37,7 @@ import math
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
 from ._files import read_regular_file
 
@@ -409,6 +409,7 @@ def _warn_mixed_runs(path: Union[str, Path], docs: List[Dict[str, Any]], profile
             stacklevel=3,
         )
     if profiles:
+        _warn_missing_ranks(path, docs, set(writers))
         seen: Dict[str, Any] = {}
         for doc in docs:
             seen.setdefault(json.dumps(doc.get("profile"), sort_keys=True), doc.get("profile"))
@@ -442,6 +443,38 @@ def _warn_steps_beyond(doc: Dict[str, Any]) -> None:
             "one and sums the rest in steps_beyond): the steps table has no rows for them",
             stacklevel=3,
         )
+
+
+def _warn_missing_ranks(path: Union[str, Path], docs: List[Dict[str, Any]], ranks: Set[int]) -> None:
+    """Warns about the ranks of the run that left no statistics file, as ``lossy report`` does:
+    below the number of ranks the launcher started (``world_size``, the largest a file says),
+    or in files that do not say it, below the highest rank found. A rank stopped before its
+    first write leaves none, and the rows would pass for the whole run."""
+    sizes = [d.get("world_size") for d in docs]
+    sizes = [n for n in sizes if isinstance(n, int) and not isinstance(n, bool) and n > 0]
+    if sizes:
+        end, of = max(sizes), f"of the {max(sizes)} ranks the launcher started"
+    elif ranks:
+        end, of = max(ranks), f"below the highest rank found, {max(ranks)}"
+    else:
+        return
+    missing = []
+    for rank in range(end):
+        if rank not in ranks:
+            missing.append(rank)
+            if len(missing) > 16:
+                break
+    if not missing:
+        return
+    shown = ", ".join(map(str, missing[:16]))
+    # Counted, not listed: a world of millions (a broken environment) is no list of millions.
+    more = end - sum(1 for r in ranks if r < end) - 16 if len(missing) > 16 else 0
+    warnings.warn(
+        f"{path}: no statistics file from rank {shown}{f' and {more} more' if more else ''} {of}: "
+        "a rank stopped before it wrote its statistics (they are written when its communicators "
+        "close, and every stats_interval) leaves none, and the rows leave its traffic out",
+        stacklevel=4,
+    )
 
 
 def _writer(doc: Any) -> Tuple[Any, Any]:
