@@ -159,3 +159,54 @@ fn report_names_the_ranks_of_the_run_that_left_no_statistics_file() {
     );
     assert!(!said.contains("no statistics file"), "{said}");
 }
+
+#[test]
+fn runs_whose_directories_share_a_name_are_told_apart() {
+    // `lossy report sweep1/rate-1 sweep2/rate-1` named both runs `rate-1`: the table, the
+    // CSV rows and the plot's legend could not say which numbers were whose.
+    let top = fresh_dir("report-same-name");
+    let (a, b) = (top.join("a").join("run"), top.join("b").join("run"));
+    demo_into(&a, 1);
+    demo_into(&b, 2);
+    let (a, b) = (a.to_str().expect("utf-8"), b.to_str().expect("utf-8"));
+    for per_step in [false, true] {
+        let mut args = vec!["report", a, b, "--csv"];
+        if per_step {
+            args.push("--per-step");
+        }
+        let out = lossy(&args);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let names: std::collections::BTreeSet<&str> = stdout
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split(',').next())
+            .collect();
+        if per_step {
+            // No per-step data in a demo: no rows, a note per run naming it.
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                stderr.contains(&format!("run {a}:")) && stderr.contains(&format!("run {b}:")),
+                "{stderr}"
+            );
+        } else {
+            assert_eq!(names, std::collections::BTreeSet::from([a, b]), "{stdout}");
+        }
+    }
+    // Names that differ stay short.
+    let c = top.join("c").join("other");
+    demo_into(&c, 3);
+    let out = lossy(&["report", a, c.to_str().expect("utf-8"), "--csv"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout
+            .lines()
+            .skip(1)
+            .all(|l| l.starts_with("run,") || l.starts_with("other,")),
+        "{stdout}"
+    );
+}

@@ -60,6 +60,7 @@ pub fn run(args: Args) -> ExitCode {
             }
         }
     }
+    tell_apart(runs.iter_mut().map(|r| &mut r.run), &args.dirs);
     // The table prints them beside the totals and JSON holds them; CSV has no place for
     // them: they go to stderr, or two runs summed as one would pass unsaid.
     if args.csv {
@@ -76,6 +77,22 @@ pub fn run(args: Args) -> ExitCode {
         || table(&runs),
         |path| plot(&runs, path),
     )
+}
+
+/// Names runs by their directory's name, and, where two directories share one
+/// (`sweep1/rate-1 sweep2/rate-1`), by the directory as given: the table, the CSV rows and the
+/// plot's legend must say whose numbers they are. `names` are the runs' names, one per `dirs`.
+fn tell_apart<'a>(names: impl Iterator<Item = &'a mut String>, dirs: &[PathBuf]) {
+    let mut names: Vec<&mut String> = names.collect();
+    let shared: Vec<bool> = names
+        .iter()
+        .map(|name| names.iter().filter(|other| ***other == ***name).count() > 1)
+        .collect();
+    for ((name, dir), shared) in names.iter_mut().zip(dirs).zip(shared) {
+        if shared {
+            **name = dir.display().to_string();
+        }
+    }
 }
 
 /// Prints `runs` as `--json`, `--csv` or the table, then draws `--plot` if asked.
@@ -147,6 +164,7 @@ fn per_step(args: &Args) -> ExitCode {
             }
         }
     }
+    tell_apart(runs.iter_mut().map(|r| &mut r.run), &args.dirs);
     for note in report_steps::notes(&runs, metric) {
         eprintln!("lossy report: note: {note}");
     }
