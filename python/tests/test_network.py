@@ -372,6 +372,27 @@ def test_a_statistics_directory_that_cannot_be_written_is_refused_before_the_lau
     assert fine.is_dir() and not list(fine.iterdir())
 
 
+def test_trace_settings_the_plugin_refuses_at_init_are_refused_before_the_launch(tmp_path):
+    # The plugin's init refuses a trace directory it cannot write (NCCL_LOSSY_TRACE, or the
+    # profile's `trace`) and a ring size out of range, as `lossy run` does before the launch;
+    # env() handed them to every rank, whose plugin then failed at init.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("in the way")
+    traced = profile(tmp_path, f'trace = "{blocker}/trace"\nmodel = {{ kind = "none" }}\n', "t.toml")
+    with pytest.raises(LossyConfigError, match=r"trace \(profile .*t\.toml\)=.*a-file/trace.*[Nn]ot a directory"):
+        LossyNetwork(profile=traced).env(base={})
+    with pytest.raises(LossyConfigError, match=r"NCCL_LOSSY_TRACE=.*a-file/t2.*[Nn]ot a directory"):
+        LossyNetwork().env(base={"NCCL_LOSSY_TRACE": str(blocker / "t2")})
+    for events in ("0", "many", str((1 << 24) + 1)):
+        with pytest.raises(LossyConfigError, match=rf"NCCL_LOSSY_TRACE_EVENTS={events}: .*\[1, 16777216\]"):
+            LossyNetwork().env(base={"NCCL_LOSSY_TRACE_EVENTS": events})
+    # The environment's directory wins over the profile's, as in the plugin; one that can be
+    # made is made.
+    fine = tmp_path / "traces"
+    LossyNetwork(profile=traced).env(base={"NCCL_LOSSY_TRACE": str(fine), "NCCL_LOSSY_TRACE_EVENTS": "1000"})
+    assert fine.is_dir() and not list(fine.iterdir())
+
+
 BURSTY = 'model = { kind = "gilbert_elliott", rate = 0.01, mean_burst = 8 }\n'
 
 

@@ -126,6 +126,11 @@ pub fn check_profile_json(path: Option<&str>, overrides: &str) -> serde_json::Va
             "corrupts_data": profile.corrupts_data(),
             "lossless": profile.is_lossless(),
             "profile": profile.to_json(),
+            // What init checks besides the profile's loss (launchers refuse them before the
+            // launch, as `lossy run` does): the trace directory and the trace ring's size.
+            "trace": profile.trace,
+            "trace_events": profile.trace_events,
+            "max_trace_events": crate::profile::MAX_TRACE_EVENTS,
             "intra_node_through_net": runtime::INTRA_NODE_THROUGH_NET
                 .iter()
                 .map(|&(key, value, _)| (key.to_string(), serde_json::Value::from(value)))

@@ -247,21 +247,27 @@ def _check_stats_dir(path: Path) -> None:
     """Creates the statistics directory and checks that a file can be written in it (a probe,
     removed again), as ``lossy run --stats`` and the plugin's init do: a directory that cannot
     keep the statistics is refused before the launch, not by every rank's init."""
-    allowed = ("allowed: a directory this user can create and write (the plugin refuses "
-               "NCCL_LOSSY_STATS at init otherwise)")
+    _check_output_dir(path, "stats_dir", "statistics", "NCCL_LOSSY_STATS")
+
+
+def _check_output_dir(path: Path, named: str, what: str, variable: str) -> None:
+    """Creates ``path`` and writes a probe file in it (removed again), as the plugin's init
+    does with its ``what`` directory; LossyConfigError starting ``{named}={path}`` otherwise."""
+    allowed = (f"allowed: a directory this user can create and write (the plugin refuses "
+               f"{variable} at init otherwise)")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         why = "not a directory" if path.exists() and not path.is_dir() else err.strerror or str(err)
-        raise LossyConfigError(f"stats_dir={path}: cannot create the statistics directory: {why}; "
+        raise LossyConfigError(f"{named}={path}: cannot create the {what} directory: {why}; "
                                f"{allowed}") from err
-    probe = path / f".lossy-stats-probe-{os.getpid()}.tmp"
+    probe = path / f".lossy-{what}-probe-{os.getpid()}.tmp"
     try:
         with open(probe, "x"):
             pass
         os.remove(probe)
     except OSError as err:
-        raise LossyConfigError(f"stats_dir={path}: cannot write a file in it: "
+        raise LossyConfigError(f"{named}={path}: cannot write a file in it: "
                                f"{err.strerror or err}; {allowed}") from err
 
 
@@ -411,6 +417,7 @@ class LossyNetwork:
                         stacklevel=2,
                     )
         self._check_wrap(base)
+        self._check_trace(base)
         if self.corrupts_data:
             user_proto = base.get("NCCL_PROTO")
             if user_proto is None or not user_proto.strip():
@@ -424,6 +431,29 @@ class LossyNetwork:
                         f"{user_proto} allows it: unset NCCL_PROTO or set it to Simple"
                     )
         return env
+
+    def _check_trace(self, base: Mapping[str, str]) -> None:
+        """Refuses the trace settings the plugin refuses at init, as ``lossy run`` does: a ring
+        size (``NCCL_LOSSY_TRACE_EVENTS``) out of range, and a trace directory
+        (``NCCL_LOSSY_TRACE``, else the profile's ``trace``) that cannot be created or
+        written."""
+        resolved = self.check()
+        if "max_trace_events" not in resolved:
+            return  # a library that predates these fields: its init is the check
+        limit = int(resolved["max_trace_events"])
+        events = (base.get("NCCL_LOSSY_TRACE_EVENTS") or "").strip()
+        if events and not (events.isascii() and events.lstrip("+-").isdigit()
+                           and 1 <= int(events) <= limit):
+            raise LossyConfigError(
+                f"NCCL_LOSSY_TRACE_EVENTS={base['NCCL_LOSSY_TRACE_EVENTS']}: must be an integer in "
+                f"[1, {limit}] (messages the trace ring holds)"
+            )
+        env_dir = base.get("NCCL_LOSSY_TRACE") or ""
+        if env_dir.strip():
+            _check_output_dir(Path(env_dir), "NCCL_LOSSY_TRACE", "trace", "NCCL_LOSSY_TRACE")
+        elif resolved.get("trace"):
+            named = f"trace (profile {resolved['origin']})"
+            _check_output_dir(Path(resolved["trace"]), named, "trace", "the profile's trace")
 
     def _check_wrap(self, base: Mapping[str, str]) -> None:
         """Refuses what the plugin refuses at init in wrap mode, as ``lossy run`` does: a
