@@ -383,7 +383,7 @@ def test_trace_settings_the_plugin_refuses_at_init_are_refused_before_the_launch
         LossyNetwork(profile=traced).env(base={})
     with pytest.raises(LossyConfigError, match=r"NCCL_LOSSY_TRACE=.*a-file/t2.*[Nn]ot a directory"):
         LossyNetwork().env(base={"NCCL_LOSSY_TRACE": str(blocker / "t2")})
-    for events in ("0", "many", str((1 << 24) + 1)):
+    for events in ("0", "many", "--5", "1_000", str((1 << 24) + 1)):
         with pytest.raises(LossyConfigError, match=rf"NCCL_LOSSY_TRACE_EVENTS={events}: .*\[1, 16777216\]"):
             LossyNetwork().env(base={"NCCL_LOSSY_TRACE_EVENTS": events})
     # The environment's directory wins over the profile's, as in the plugin; one that can be

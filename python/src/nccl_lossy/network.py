@@ -442,8 +442,11 @@ class LossyNetwork:
             return  # a library that predates these fields: its init is the check
         limit = int(resolved["max_trace_events"])
         events = (base.get("NCCL_LOSSY_TRACE_EVENTS") or "").strip()
-        if events and not (events.isascii() and events.lstrip("+-").isdigit()
-                           and 1 <= int(events) <= limit):
+        # As Rust's i64 parse reads it: an optional sign and ASCII digits (int() would also
+        # take "1_000" and other scripts' digits).
+        digits = events[1:] if events[:1] in ("+", "-") else events
+        number = int(events) if digits.isascii() and digits.isdigit() else None
+        if events and not (number is not None and 1 <= number <= limit):
             raise LossyConfigError(
                 f"NCCL_LOSSY_TRACE_EVENTS={base['NCCL_LOSSY_TRACE_EVENTS']}: must be an integer in "
                 f"[1, {limit}] (messages the trace ring holds)"
