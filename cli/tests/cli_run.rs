@@ -238,6 +238,37 @@ fn run_refuses_output_settings_the_plugin_refuses_at_init_before_starting_anythi
 }
 
 #[test]
+fn run_refuses_socket_settings_the_plugin_refuses_at_init_before_starting_anything() {
+    // The socket transport's settings are read at init, which refuses a malformed one; `lossy
+    // run` started the job with it, and NCCL failed every rank at init.
+    let dir = fresh_dir("run-bad-socket");
+    let marker = dir.join("ran");
+    let lossless = repo_file("configs/lossless.toml");
+    for (key, value) in [
+        ("NCCL_LOSSY_NSOCKS", "0"),
+        ("NCCL_LOSSY_TIMEOUT", "soon"),
+        ("NCCL_SOCKET_FAMILY", "AF_UNIX"),
+        ("NCCL_LOSSY_DELAYED_ACKS", "yes"),
+    ] {
+        let out = run_touch(&lossless, &marker, &[(key, value)]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{key}={value}: {stderr}");
+        assert!(
+            stderr.contains(&format!("{key}={value}")),
+            "{key}={value}: {stderr}"
+        );
+        assert!(!marker.exists(), "{key}={value}: the command must not run");
+    }
+    let out = run_touch(&lossless, &marker, &[("NCCL_LOSSY_NSOCKS", "2")]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(marker.exists(), "the command runs");
+}
+
+#[test]
 fn run_refuses_a_plugin_to_wrap_that_cannot_be_loaded_before_starting_anything() {
     // The plugin's init refuses an inner plugin it cannot load, but `lossy run` started the
     // job anyway: NCCL then failed each rank at init, after the launch, instead of one clear

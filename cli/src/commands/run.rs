@@ -11,6 +11,7 @@ use super::shell_quote_bytes;
 use nccl_net_lossy::profile::{Profile, PROFILE_ENV, SET_ENV};
 use nccl_net_lossy::stats::timeline::{TRACE_DIR_ENV, TRACE_EVENTS_ENV};
 use nccl_net_lossy::stats::writer::STATS_DIR_ENV;
+use nccl_net_lossy::transport::socket::SocketConfig;
 use nccl_net_lossy::transport::wrap::inner::{check_loadable, InnerCheck};
 use nccl_net_lossy::{
     check_forced_protocol, check_stats_dir, trace_setting, unguarded_ll_warning, wrap_target,
@@ -124,6 +125,10 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
                  ({why}); the job's ranks fail at init unless it is where they run"
             ),
         }
+    } else {
+        // The socket transport's settings (NCCL_LOSSY_NSOCKS, NCCL_LOSSY_TIMEOUT, ...), read
+        // as init reads them; which interfaces qualify is the ranks' machines' business.
+        SocketConfig::from_env().map_err(|err| err.to_string())?;
     }
     // The trace directory (NCCL_LOSSY_TRACE, or the profile's `trace`) and the ring's size,
     // as the plugin's init checks them: a job whose every rank would fail there never starts.
