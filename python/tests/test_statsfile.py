@@ -398,3 +398,8 @@ def test_ranks_of_the_run_without_a_statistics_file_are_named(tmp_path):
         (tmp_path / f"lossy-stats-rank{rank}-h-{100 + rank}.json").write_text(json.dumps(doc))
     with pytest.warns(UserWarning, match=r"no statistics file from rank 1 below the highest rank found, 2"):
         nccl_lossy.read_stats(tmp_path)
+    # One file asked for by name: the others were not.
+    import warnings as w
+    with w.catch_warnings():
+        w.simplefilter("error")
+        nccl_lossy.read_stats(tmp_path / "lossy-stats-rank2-h-102.json")

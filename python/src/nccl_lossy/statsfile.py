@@ -450,6 +450,8 @@ def _warn_missing_ranks(path: Union[str, Path], docs: List[Dict[str, Any]], rank
     below the number of ranks the launcher started (``world_size``, the largest a file says),
     or in files that do not say it, below the highest rank found. A rank stopped before its
     first write leaves none, and the rows would pass for the whole run."""
+    if not Path(path).is_dir():
+        return  # one file asked for: the other ranks' files were not
     sizes = [d.get("world_size") for d in docs]
     sizes = [n for n in sizes if isinstance(n, int) and not isinstance(n, bool) and n > 0]
     if sizes:
