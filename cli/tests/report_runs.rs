@@ -114,6 +114,21 @@ fn per_step_report_names_the_processes_without_a_per_step_file() {
     // Rank 0, which wrote one, is not named.
     let rank0_pid = format!("{}:{}", rank0["host"].as_str().expect("host"), rank0["pid"]);
     assert!(!stderr.contains(&rank0_pid), "{stderr}");
+    // Rank 1's per-step file, its process's host name read differently (same pid and rank):
+    // every process has one.
+    let mut steps1 = steps.clone();
+    steps1["rank"] = 1.into();
+    steps1["pid"] = rank1["pid"].clone();
+    steps1["host"] = "read-differently".into();
+    std::fs::write(
+        run.join(format!("lossy-steps-rank1-x-{}.json", rank1["pid"])),
+        steps1.to_string(),
+    )
+    .expect("write");
+    let out = lossy(&["report", run.to_str().expect("utf-8"), "--per-step"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("no per-step file"), "{stderr}");
 }
 
 #[test]

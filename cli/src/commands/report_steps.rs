@@ -138,15 +138,16 @@ pub fn load_run_steps(dir: &Path) -> Result<RunSteps, String> {
         .collect();
     step_files.sort();
     let mut cells: BTreeMap<(u64, String), (u64, u64, u64)> = BTreeMap::new();
-    // The processes that wrote a per-step file, as (host, pid).
-    let mut writers: Vec<(String, u64)> = Vec::new();
+    // The processes that wrote a per-step file, as (host, pid, rank).
+    let mut writers: Vec<(String, u64, Option<u64>)> = Vec::new();
     for path in &step_files {
         let doc = read_json(path)?;
         if let (Some(host), Some(pid)) = (
             doc.get("host").and_then(serde_json::Value::as_str),
             doc.get("pid").and_then(serde_json::Value::as_u64),
         ) {
-            writers.push((host.to_string(), pid));
+            let rank = doc.get("rank").and_then(serde_json::Value::as_u64);
+            writers.push((host.to_string(), pid, rank));
         }
         match doc.get("format_version") {
             Some(v) if v.as_u64() == Some(STEP_FORMAT_VERSION) => {}
@@ -237,15 +238,24 @@ pub fn load_run_steps(dir: &Path) -> Result<RunSteps, String> {
 }
 
 /// A warning naming the processes of the run in `dir` that wrote a statistics file but no
-/// per-step file (`writers`: those that wrote one, as (host, pid)). The integration writes its
+/// per-step file (`writers`: those that wrote one, as (host, pid, rank); one process is one
+/// pid with the same host or, should the two writers read the host name differently, the same
+/// rank). The integration writes its
 /// per-step file at `disable()` / `write_stats()`, the plugin its statistics as it goes: a rank
 /// killed before the end leaves only the second, and the rows would pass for the whole run.
-fn without_step_file(dir: &Path, writers: &[(String, u64)]) -> Result<Option<String>, String> {
+fn without_step_file(
+    dir: &Path,
+    writers: &[(String, u64, Option<u64>)],
+) -> Result<Option<String>, String> {
     let mut missing = Vec::new();
     let (mut packets, mut lost) = (0u64, 0u64);
     for path in stats_files(dir).map_err(|e| e.to_string())? {
         let file = StatsFile::read(&path).map_err(|e| e.to_string())?;
-        if !writers.contains(&(file.host.clone(), u64::from(file.pid))) {
+        let wrote = writers.iter().any(|(host, pid, rank)| {
+            *pid == u64::from(file.pid)
+                && (*host == file.host || (rank.is_some() && *rank == file.rank))
+        });
+        if !wrote {
             let rank = file.rank.map_or_else(|| "?".to_string(), |r| r.to_string());
             missing.push(format!("rank {rank} ({}:{})", file.host, file.pid));
             bump(&mut packets, file.total.packets);

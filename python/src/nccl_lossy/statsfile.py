@@ -484,20 +484,27 @@ def _writer(doc: Any) -> Tuple[Any, Any]:
     return (doc.get("host"), doc.get("pid")) if isinstance(doc, dict) else (None, None)
 
 
+def _same_process(a: Dict[str, Any], b: Dict[str, Any]) -> bool:
+    """Whether two documents come from one process: one pid, and the same host or (should the
+    two writers read the host name differently) the same rank."""
+    return (a.get("pid") == b.get("pid")
+            and (a.get("host") == b.get("host") or (a.get("rank") is not None and a.get("rank") == b.get("rank"))))
+
+
 def _warn_missing_step_files(path: Union[str, Path], step_docs: List[Dict[str, Any]]) -> None:
     """Warns when processes of the run left the plugin's statistics file but no per-step file
     (the integration writes it at ``disable()`` / ``write_stats()``, the plugin its file as it
     goes: a rank killed before the end): the ``step_ops`` rows leave their traffic out."""
     if not step_docs or not Path(path).is_dir():
         return
-    wrote = {_writer(doc) for doc in step_docs}
     missing = []
     for file in stats_files(path):
         try:
             doc = load_json(file)
         except (OSError, StatsFormatError):
             continue  # the plugin's tables refuse it; the step_ops rows do not depend on it
-        if _writer(doc) not in wrote:
+        if not isinstance(doc, dict) or not any(_same_process(doc, step) for step in step_docs
+                                                if isinstance(step, dict)):
             host, pid = _writer(doc)
             rank = doc.get("rank") if isinstance(doc, dict) else None
             missing.append(f"rank {'?' if rank is None else rank} ({host}:{pid})")
