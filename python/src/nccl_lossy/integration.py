@@ -116,7 +116,11 @@ class LossyMegatronIntegration:
 
     Every change (``enable()``, ``disable()``, the phase, the step, and assigning
     ``enable_on_forward``, ``enable_on_backward``, ``enabled``, ``phase`` or ``step_number``)
-    is pushed to the plugin at once, so the plugin injects exactly when :meth:`injecting` says.
+    is pushed to the plugin at once: a message the plugin is handed after the change gets the
+    new state. On a GPU the plugin is handed a message when the kernel has filled its buffer
+    (NCCL's proxy, ``src/transport/net.cc``), which may be after the CPU moved on to the next
+    phase or step; ``torch.cuda.synchronize()`` before a boundary makes its attribution exact
+    (see the README).
     """
 
     def __init__(
