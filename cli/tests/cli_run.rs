@@ -269,6 +269,46 @@ fn run_refuses_socket_settings_the_plugin_refuses_at_init_before_starting_anythi
 }
 
 #[test]
+fn run_says_when_the_statistics_directory_already_holds_a_runs_files() {
+    // A second run into the directory of a first adds its files beside the first run's, and
+    // `lossy report` sums both: it said so only after the run, when the first run's files can
+    // no longer be told from the second's.
+    let dir = fresh_dir("run-stats-reused");
+    let stats = dir.join("stats");
+    let marker = dir.join("ran");
+    let lossless = repo_file("configs/lossless.toml");
+    let stats_arg = stats.to_str().expect("utf-8");
+    let touch = |env: &[(&str, &str)], with_flag: bool| {
+        let mut args = vec!["run", "--profile", lossless.to_str().expect("utf-8")];
+        if with_flag {
+            args.extend_from_slice(&["--stats", stats_arg]);
+        }
+        args.extend_from_slice(&["--", "touch", marker.to_str().expect("utf-8")]);
+        lossy(&args, env)
+    };
+    let out = touch(&[], true);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        !stderr.contains("already holds"),
+        "an empty directory: {stderr}"
+    );
+    std::fs::write(stats.join("lossy-stats-rank0-h-1.json"), "{}").expect("write");
+    for (env, with_flag) in [
+        (vec![], true),
+        (vec![("NCCL_LOSSY_STATS", stats_arg)], false),
+    ] {
+        let out = touch(&env, with_flag);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert!(
+            stderr.contains(&format!("{stats_arg} already holds 1 statistics file")),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
 fn run_refuses_a_plugin_to_wrap_that_cannot_be_loaded_before_starting_anything() {
     // The plugin's init refuses an inner plugin it cannot load, but `lossy run` started the
     // job anyway: NCCL then failed each rank at init, after the launch, instead of one clear

@@ -9,6 +9,7 @@ use std::process::{Command, ExitCode};
 
 use super::shell_quote_bytes;
 use nccl_net_lossy::profile::{Profile, PROFILE_ENV, SET_ENV};
+use nccl_net_lossy::stats::report::stats_files;
 use nccl_net_lossy::stats::timeline::{TRACE_DIR_ENV, TRACE_EVENTS_ENV};
 use nccl_net_lossy::stats::writer::STATS_DIR_ENV;
 use nccl_net_lossy::transport::socket::SocketConfig;
@@ -176,6 +177,26 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
         // The job inherits the shell's NCCL_LOSSY_STATS: one the plugin's init refuses failed
         // every rank after the launch.
         check_stats_dir().map_err(|e| e.to_string())?;
+    }
+    let stats_dir = match &args.stats {
+        Some(dir) => Some(dir.clone()),
+        None => std::env::var_os(STATS_DIR_ENV)
+            .filter(|d| !d.to_string_lossy().trim().is_empty())
+            .map(PathBuf::from),
+    };
+    if let Some(dir) = stats_dir {
+        // Said before the run, while the earlier files can still be moved: after it, the
+        // report only finds both runs' files summed.
+        let earlier = stats_files(&dir).map(|files| files.len()).unwrap_or(0);
+        if earlier > 0 {
+            eprintln!(
+                "lossy run: note: {} already holds {earlier} statistics file{} (an earlier \
+                 run's?): this run's files go beside them and `lossy report` sums every file \
+                 in the directory; give each run its own",
+                dir.display(),
+                if earlier == 1 { "" } else { "s" }
+            );
+        }
     }
     if args.intra_node == IntraNode::Net {
         for (key, value, kept_on) in INTRA_NODE_THROUGH_NET {
