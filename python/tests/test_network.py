@@ -393,6 +393,26 @@ def test_trace_settings_the_plugin_refuses_at_init_are_refused_before_the_launch
     assert fine.is_dir() and not list(fine.iterdir())
 
 
+def test_a_statistics_directory_holding_an_earlier_runs_files_is_said(tmp_path):
+    # A second run into the directory of a first adds its files beside the first run's, and
+    # read_stats() / lossy report sum both: it was said only when reading, after the run.
+    stats = tmp_path / "stats"
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        LossyNetwork(stats_dir=stats).env(base={})  # new, then empty: nothing to say
+        LossyNetwork(stats_dir=stats).env(base={})
+    # This process's own file (the plugin wrote it, apply() runs again): no earlier run.
+    (stats / f"lossy-stats-rank0-h-{os.getpid()}.json").write_text("{}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        LossyNetwork(stats_dir=stats).env(base={})
+    (stats / "lossy-stats-rank0-h-1.json").write_text("{}")
+    with pytest.warns(UserWarning, match=r"stats.* already holds 1 statistics file"):
+        LossyNetwork(stats_dir=stats).env(base={})
+
+
 BURSTY = 'model = { kind = "gilbert_elliott", rate = 0.01, mean_burst = 8 }\n'
 
 

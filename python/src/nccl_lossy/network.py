@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import fnmatch
 import json
 import logging
 import os
@@ -400,6 +401,20 @@ class LossyNetwork:
         if self.stats_dir is not None:
             _check_stats_dir(self.stats_dir)
             env["NCCL_LOSSY_STATS"] = str(self.stats_dir)
+            # Said before the run, while the earlier files can still be moved (as `lossy run`
+            # says it): after it, the readers only find both runs' files summed.
+            # This process's own file (apply() again after NCCL wrote it) is no earlier run.
+            own = f"-{os.getpid()}.json"
+            earlier = len([name for name in fnmatch.filter(os.listdir(self.stats_dir), "lossy-stats-*.json")
+                           if not name.endswith(own)])
+            if earlier:
+                warnings.warn(
+                    f"stats_dir {self.stats_dir} already holds {earlier} statistics "
+                    f"file{'' if earlier == 1 else 's'} (an earlier run's?): this run's files go "
+                    "beside them and read_stats() and lossy report sum every file in the "
+                    "directory; give each run its own",
+                    stacklevel=2,
+                )
         if self.intra_node == "net":
             transports = self.intra_node_transports
             for key, value in self.intra_node_through_net.items():
