@@ -527,6 +527,42 @@ def test_a_step_set_again_or_revisited_and_traffic_while_disabled_are_counted_on
     assert [(r["step"], r["packets"]) for r in steps] == [(1, 128), (2, 384), (3, 384)]
 
 
+# nccl_lossy.set_step() while an integration records steps (a training loop that keeps its
+# own step count and tells the plugin directly): the plugin counted the traffic under the new
+# step, but the integration's recorder still put it in the old one, so step_ops and the
+# plugin's steps table disagreed about the same messages.
+SET_STEP_DIRECTLY = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import nccl_lossy
+from net_harness import Link
+
+integ = nccl_lossy.LossyMegatronIntegration(set={"mtu": 512}, stats_dir=sys.argv[2], patch_megatron=False)
+integ.enable()
+link = Link(1 << 16)
+integ.step(1); link.send()
+nccl_lossy.set_step(7); link.send(); link.send()
+integ.step(8); link.send()
+link.close()
+integ.disable()
+print(json.dumps({"table": integ.step_table()}))
+"""
+
+
+def test_a_step_set_through_the_module_moves_the_integrations_recorder_too(tmp_path):
+    import nccl_lossy
+
+    stats_dir = tmp_path / "stats"
+    proc = run_python(SET_STEP_DIRECTLY, env=clean_env(NCCL_SOCKET_IFNAME="lo"), args=(str(TESTS), str(stats_dir)))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    live = json.loads(proc.stdout.strip().splitlines()[-1])["table"]
+    wanted = [(1, 1, 128), (7, 2, 256), (8, 1, 128)]
+    for rows in (live, nccl_lossy.read_stats(stats_dir, table="step_ops")):
+        assert [(r["step"], r["messages"], r["packets"]) for r in rows] == wanted
+    steps = nccl_lossy.read_stats(stats_dir, table="steps")
+    assert [(r["step"], r["packets"]) for r in steps] == [(1, 128), (7, 256), (8, 128)]
+
+
 # attach(model, optimizer) starts at step 0 and the optimizer's step moves to step 1: the first
 # training step's traffic is step 0's. The plugin's per-step series left step 0 out ("never
 # set"), so the `steps` table and `lossy report --per-step` missed the first training step

@@ -288,8 +288,14 @@ def set_phase(phase: Any) -> None:
 
 
 def set_step(step: int) -> None:
-    """Sets the training step that rules with a ``steps`` window match."""
-    control().set_step(step_value(step))
+    """Sets the training step that rules with a ``steps`` window match, and that the plugin
+    counts traffic under. While an integration records per-step statistics, its recorder
+    moves with it: the traffic before goes to the step in force until now, as in the plugin's
+    own series."""
+    value = step_value(step)  # a bad value is named before any library is looked for
+    from .steps import RECORDER  # reads the plugin through this module: imported here
+
+    RECORDER.move_to(value, control().set_step)
 
 
 def stats() -> Dict[str, Any]:

@@ -16,7 +16,7 @@ from .megatron import apply_megatron_core_patch, is_patched, revert_megatron_cor
 from .network import LossyNetwork, SetLike, format_overrides, same_overrides
 from .profiler import profiler_active
 from .statsfile import STEP_OP_COUNTERS, as_table, loss_rates
-from .steps import StepRecorder
+from .steps import RECORDER
 
 log = logging.getLogger("nccl_lossy")
 
@@ -40,10 +40,8 @@ RANGE_PREFIX = "lossy:"
 #: The integrations of this process now enabled: the plugin's switch, phase and step are
 #: process-wide, so a second one enabled beside the first overwrites what the first set.
 _ENABLED: "weakref.WeakSet[LossyMegatronIntegration]" = weakref.WeakSet()
-#: The plugin's counters per step of this process: one for every integration, since the
-#: plugin's step and counters are process-wide and the per-step file is named by process (a
-#: second integration with a recorder of its own wrote over the first one's file).
-_RECORDER = StepRecorder(lambda: _control.control().stats())
+#: The plugin's counters per step of this process (see :data:`steps.RECORDER`).
+_RECORDER = RECORDER
 
 class _Default:
     """A switch keyword left at its default ``value``, told apart from that value given: a

@@ -139,3 +139,16 @@ def _unsigned(value: Optional[str]) -> Optional[int]:
         return None
     number = int(digits)
     return number if number < 1 << 64 else None
+
+
+def _live_stats() -> Dict[str, Any]:
+    from . import control  # the plugin's live counters; control itself moves this recorder
+
+    return control.control().stats()
+
+
+#: The plugin's counters per step of this process: one for every integration and for
+#: :func:`nccl_lossy.set_step`, since the plugin's step and counters are process-wide and the
+#: per-step file is named by process (a second recorder wrote over the first one's file, and a
+#: step set past the recorder left its traffic in the step before).
+RECORDER = StepRecorder(_live_stats)
