@@ -484,12 +484,8 @@ def test_a_with_block_entered_again_inside_itself_leaves_the_outer_one_running()
     assert out["enabled_after_outer"] is False and out["hooks_after_outer"] == 0, out
 
 
-# A step set twice, traffic while the integration is disabled (an evaluation between training
-# steps), and the step going back (a resume from the checkpoint of step 2 in the same process):
-# the plugin's per-step series adds each message to the step it was sent in. The recorded table
-# had two rows for one (step, collective, phase), out of step order, and left out the messages
-# sent between disable() and enable(), so `steps` and `step_ops` disagreed on the step's packets.
-REVISITED = r"""
+#: The start of a script for step_tables(): an enabled integration recording steps, and a link.
+STEPPING_HEAD = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
 import nccl_lossy
@@ -498,6 +494,28 @@ from net_harness import Link
 integ = nccl_lossy.LossyMegatronIntegration(set={"mtu": 512}, stats_dir=sys.argv[2], patch_megatron=False)
 integ.enable()
 link = Link(1 << 16)
+"""
+
+
+def step_tables(script, tmp_path):
+    """Runs ``script`` (given the tests' folder and a statistics directory, printing its
+    integration's step table last): that table, then ``step_ops`` and ``steps`` as read back."""
+    import nccl_lossy
+
+    stats_dir = tmp_path / "stats"
+    proc = run_python(script, env=clean_env(NCCL_SOCKET_IFNAME="lo"), args=(str(TESTS), str(stats_dir)))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    live = json.loads(proc.stdout.strip().splitlines()[-1])["table"]
+    read = nccl_lossy.read_stats
+    return live, read(stats_dir, table="step_ops"), read(stats_dir, table="steps")
+
+
+# A step set twice, traffic while the integration is disabled (an evaluation between training
+# steps), and the step going back (a resume from the checkpoint of step 2 in the same process):
+# the plugin's per-step series adds each message to the step it was sent in. The recorded table
+# had two rows for one (step, collective, phase), out of step order, and left out the messages
+# sent between disable() and enable(), so `steps` and `step_ops` disagreed on the step's packets.
+REVISITED = STEPPING_HEAD + r"""
 integ.step(1); link.send()
 integ.step(2); link.send()
 integ.step(2); link.send()       # the same step set twice
@@ -513,17 +531,11 @@ print(json.dumps({"table": integ.step_table()}))
 
 
 def test_a_step_set_again_or_revisited_and_traffic_while_disabled_are_counted_once_each(tmp_path):
-    import nccl_lossy
-
-    stats_dir = tmp_path / "stats"
-    proc = run_python(REVISITED, env=clean_env(NCCL_SOCKET_IFNAME="lo"), args=(str(TESTS), str(stats_dir)))
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    live = json.loads(proc.stdout.strip().splitlines()[-1])["table"]
+    live, step_ops, steps = step_tables(REVISITED, tmp_path)
     # 64 KiB messages in 512-byte packets: 128 packets each
     wanted = [(1, "any", 1, 128), (2, "any", 2, 256), (2, "backward", 1, 128), (3, "any", 3, 384)]
-    for rows in (live, nccl_lossy.read_stats(stats_dir, table="step_ops")):
+    for rows in (live, step_ops):
         assert [(r["step"], r["phase"], r["messages"], r["packets"]) for r in rows] == wanted
-    steps = nccl_lossy.read_stats(stats_dir, table="steps")
     assert [(r["step"], r["packets"]) for r in steps] == [(1, 128), (2, 384), (3, 384)]
 
 
@@ -531,15 +543,7 @@ def test_a_step_set_again_or_revisited_and_traffic_while_disabled_are_counted_on
 # own step count and tells the plugin directly): the plugin counted the traffic under the new
 # step, but the integration's recorder still put it in the old one, so step_ops and the
 # plugin's steps table disagreed about the same messages.
-SET_STEP_DIRECTLY = r"""
-import json, sys
-sys.path.insert(0, sys.argv[1])
-import nccl_lossy
-from net_harness import Link
-
-integ = nccl_lossy.LossyMegatronIntegration(set={"mtu": 512}, stats_dir=sys.argv[2], patch_megatron=False)
-integ.enable()
-link = Link(1 << 16)
+SET_STEP_DIRECTLY = STEPPING_HEAD + r"""
 integ.step(1); link.send()
 nccl_lossy.set_step(7); link.send(); link.send()
 integ.step(8); link.send()
@@ -550,16 +554,10 @@ print(json.dumps({"table": integ.step_table()}))
 
 
 def test_a_step_set_through_the_module_moves_the_integrations_recorder_too(tmp_path):
-    import nccl_lossy
-
-    stats_dir = tmp_path / "stats"
-    proc = run_python(SET_STEP_DIRECTLY, env=clean_env(NCCL_SOCKET_IFNAME="lo"), args=(str(TESTS), str(stats_dir)))
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    live = json.loads(proc.stdout.strip().splitlines()[-1])["table"]
+    live, step_ops, steps = step_tables(SET_STEP_DIRECTLY, tmp_path)
     wanted = [(1, 1, 128), (7, 2, 256), (8, 1, 128)]
-    for rows in (live, nccl_lossy.read_stats(stats_dir, table="step_ops")):
+    for rows in (live, step_ops):
         assert [(r["step"], r["messages"], r["packets"]) for r in rows] == wanted
-    steps = nccl_lossy.read_stats(stats_dir, table="steps")
     assert [(r["step"], r["packets"]) for r in steps] == [(1, 128), (7, 256), (8, 128)]
 
 
