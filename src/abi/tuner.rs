@@ -291,9 +291,14 @@ mod tests {
 
     #[test]
     fn context_without_guard_leaves_the_table_alone() {
-        let mut ctx = TunerContext::new(false);
+        // A live context, as init makes one (only those are read).
+        let ctx = Box::into_raw(Box::new(TunerContext::new(false)));
+        LIVE_TUNERS.add(ctx);
         let mut table = vec![2.0f32; 7 * 3];
-        let rc = coll_info((&mut ctx as *mut TunerContext).cast(), &mut table);
+        let rc = coll_info(ctx.cast(), &mut table);
+        LIVE_TUNERS.take(ctx.cast()).expect("live");
+        // SAFETY: the box made above, out of the live list: freed once, here.
+        drop(unsafe { Box::from_raw(ctx) });
         assert_eq!(rc, ncclResult_t::ncclSuccess);
         assert!(table.iter().all(|&c| c == 2.0));
     }
