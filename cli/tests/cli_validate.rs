@@ -399,3 +399,45 @@ fn validate_names_the_plugin_to_wrap_that_nccl_lossy_inner_names() {
     assert!(!text(&out).0.contains("wrap mode:"), "{:?}", text(&out));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn simulate_refuses_the_wrap_settings_validate_and_the_plugin_refuse() {
+    // `lossy simulate` measured and exited 0 on a profile that the plugin refuses at init
+    // (and `lossy validate` with exit 2): `transport = "wrap"` with nothing to wrap, or
+    // `transport = "socket"` under NCCL_LOSSY_INNER. Both must give one verdict.
+    let dir = fresh_dir("simulate-wrap");
+    let wrap = write(
+        &dir,
+        "wrap.toml",
+        "transport = \"wrap\"\nmodel = { kind = \"uniform\", rate = 0.01 }\n",
+    );
+    let socket = write(
+        &dir,
+        "socket.toml",
+        "transport = \"socket\"\nmodel = { kind = \"uniform\", rate = 0.01 }\n",
+    );
+    for (file, env) in [
+        (&wrap, &[][..]),
+        (&socket, &[("NCCL_LOSSY_INNER", "ofi")][..]),
+    ] {
+        let check = lossy(&["validate", file], env);
+        let sim = lossy(&["simulate", "--packets", "1000", file], env);
+        let (_, check_err) = text(&check);
+        let (sim_out, sim_err) = text(&sim);
+        assert_eq!(check.status.code(), Some(2), "{check_err}");
+        assert_eq!(sim.status.code(), Some(2), "{env:?}: {sim_out}{sim_err}");
+        let reason = |s: &str| s.split_once(": ").map(|(_, r)| r.trim().to_string());
+        assert_eq!(
+            reason(&check_err),
+            reason(&sim_err),
+            "{check_err}\n{sim_err}"
+        );
+    }
+    // what both accept, simulate measures
+    let sim = lossy(
+        &["simulate", "--packets", "1000", &wrap],
+        &[("NCCL_LOSSY_INNER", "ofi")],
+    );
+    assert!(sim.status.success(), "{:?}", text(&sim));
+    let _ = std::fs::remove_dir_all(&dir);
+}

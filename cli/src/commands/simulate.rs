@@ -10,7 +10,6 @@ use serde_json::json;
 use nccl_net_lossy::loss::model::{short, ModelState};
 use nccl_net_lossy::loss::rng::{derive_seed, stream_rng};
 use nccl_net_lossy::loss::rules::Action;
-use nccl_net_lossy::profile::Profile;
 
 /// Arguments of `lossy simulate`.
 #[derive(clap::Args, Debug)]
@@ -143,7 +142,12 @@ pub fn run(args: Args) -> ExitCode {
         .iter()
         .map(|(from, set)| (from.as_str(), set.as_str()))
         .collect();
-    let profile = match Profile::load_layers(Some(&args.file), &layers) {
+    // What the plugin refuses at init, validate refuses and so does simulate: one verdict.
+    let inner_env = match super::validate::inner_from_env() {
+        Ok(inner) => inner,
+        Err(err) => return fail(err),
+    };
+    let profile = match super::validate::load_checked(Some(&args.file), &layers, inner_env) {
         Ok(p) => p,
         Err(err) => return fail(err.to_string()),
     };

@@ -6,7 +6,7 @@
 //! overrides it applied are printed below each summary with where they came from. Wrap mode
 //! is checked against `NCCL_LOSSY_INNER` as the plugin checks it at init.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use nccl_net_lossy::profile::{Profile, SET_ENV};
@@ -34,6 +34,28 @@ pub(crate) fn overrides(set: &[String]) -> Result<Vec<(String, String)>, String>
     }
     all.extend(set.iter().map(|s| ("--set".to_string(), s.clone())));
     Ok(all)
+}
+
+/// The plugin to wrap that `NCCL_LOSSY_INNER` names, read as the plugin reads it at init
+/// (blank is unset).
+pub(crate) fn inner_from_env() -> Result<Option<String>, String> {
+    nccl_net_lossy::env::var(INNER_ENV)
+        .map(|inner| inner.filter(|v| !v.trim().is_empty()))
+        .map_err(|e| e.to_string())
+}
+
+/// The profile at `file` (`None`: the embedded default) with `layers` of overrides, refused
+/// for what the plugin refuses at init besides the profile itself: wrap mode without a plugin
+/// to wrap, or `NCCL_LOSSY_INNER` (`inner_env`) under `transport = "socket"` (as `lossy run`).
+/// `lossy validate` and `lossy simulate` both load through here, so they give one verdict.
+pub(crate) fn load_checked(
+    file: Option<&Path>,
+    layers: &[(&str, &str)],
+    inner_env: Option<String>,
+) -> nccl_net_lossy::Result<Profile> {
+    let profile = Profile::load_layers(file, layers)?;
+    wrap_target(&profile, inner_env)?;
+    Ok(profile)
 }
 
 /// Runs `lossy validate`: exit 0 when every file is valid, 2 (with the errors) otherwise.
@@ -70,19 +92,15 @@ pub fn run(args: Args) -> ExitCode {
         args.files.iter().map(Some).collect()
     };
     // Wrap mode takes the plugin to wrap from the profile or NCCL_LOSSY_INNER, as at init.
-    let inner_env = match nccl_net_lossy::env::var(INNER_ENV) {
-        Ok(inner) => inner.filter(|v| !v.trim().is_empty()),
+    let inner_env = match inner_from_env() {
+        Ok(inner) => inner,
         Err(err) => {
             eprintln!("lossy validate: {err}");
             return ExitCode::from(2);
         }
     };
     for file in files {
-        // What the plugin refuses at init besides the profile itself: wrap mode without a
-        // plugin to wrap, or NCCL_LOSSY_INNER under `transport = "socket"` (as `lossy run`).
-        let loaded = Profile::load_layers(file.map(PathBuf::as_path), &layers)
-            .and_then(|profile| wrap_target(&profile, inner_env.clone()).map(|_| profile));
-        match loaded {
+        match load_checked(file.map(PathBuf::as_path), &layers, inner_env.clone()) {
             Ok(profile) => {
                 // A reader that closed the pipe (`lossy validate P | head -1`) ends the
                 // output quietly; the exit status still says whether every file is valid.
