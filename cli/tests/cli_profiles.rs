@@ -307,3 +307,47 @@ fn simulate_refuses_zero_packets_instead_of_reporting_no_loss() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_stopping_trace_replays_one_whole_pass_from_its_random_start() {
+    // `at_end = "stop"` with the default `start = "random"`: each stream started at a random
+    // packet of the trace and stopped at the trace's last packet, so it replayed only the part
+    // after its start. A recording whose 10 losses open its 1000 packets lost nothing on 99 of
+    // 100 streams, while validate and simulate said "expected loss 1%". A stream replays one
+    // whole pass (length packets) from its start, then loses nothing: every seed loses all 10.
+    let dir = fresh_dir("trace-stop-random");
+    let mut bitmap = "1".repeat(10);
+    bitmap.push_str(&"0".repeat(990));
+    std::fs::write(dir.join("drops.txt"), bitmap).expect("write trace");
+    let file = dir.join("p.toml");
+    std::fs::write(
+        &file,
+        "model = { kind = \"trace\", file = \"drops.txt\", format = \"bitmap\", \
+         at_end = \"stop\" }\n",
+    )
+    .expect("write profile");
+    let file = file.display().to_string();
+    for seed in 1..=8 {
+        let seed = format!("seed={seed}");
+        let out = lossy(&[
+            "simulate",
+            &file,
+            "--packets",
+            "3000",
+            "--json",
+            "--set",
+            &seed,
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        let rule = &v["rules"][0];
+        assert_eq!(rule["expected_loss_rate"], 0.01, "{rule}");
+        // one pass: every lost packet of the trace once, none after it
+        assert_eq!(rule["lost"], 10, "{seed}: {rule}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -31,7 +31,8 @@ pub enum TraceEnd {
     /// Start over from packet 0 (a periodic pattern).
     #[default]
     Wrap,
-    /// Lose nothing more.
+    /// Lose nothing more once the stream has replayed one whole pass: `length` packets from
+    /// where it started (from a random start, to the trace's end and on from its beginning).
     Stop,
 }
 
@@ -232,6 +233,8 @@ pub struct TraceCursor {
     run: usize,
     /// Packet position in the trace.
     pos: u64,
+    /// Packets of the stream's one pass not yet replayed (what `stop` replays).
+    left: u64,
 }
 
 impl TraceCursor {
@@ -243,15 +246,36 @@ impl TraceCursor {
             pos % data.length
         };
         let run = data.runs.partition_point(|r| r.0 + r.1 <= pos);
-        TraceCursor { run, pos }
+        TraceCursor {
+            run,
+            pos,
+            left: data.length,
+        }
     }
 
     /// The next segment of the replay: (packets, lost?). Segments of one kind may follow each
     /// other; the caller merges them.
+    /// Under `stop` a stream replays one whole pass from where it started, wrapping past the
+    /// trace's end when it started inside: stopping at the end itself would replay only what
+    /// follows a random start, and a loss early in the trace would be missed by most streams.
     pub fn next_segment(&mut self, data: &TraceData, end: TraceEnd) -> (u64, bool) {
         if data.runs.is_empty() {
             return (NEVER, false);
         }
+        match end {
+            TraceEnd::Wrap => self.next_wrapping(data),
+            TraceEnd::Stop if self.left == 0 => (NEVER, false),
+            TraceEnd::Stop => {
+                let (n, lost) = self.next_wrapping(data);
+                let n = n.min(self.left);
+                self.left -= n;
+                (n, lost)
+            }
+        }
+    }
+
+    /// The next segment of the trace repeated without end.
+    fn next_wrapping(&mut self, data: &TraceData) -> (u64, bool) {
         if let Some(&(start, len)) = data.runs.get(self.run) {
             if self.pos < start {
                 let gap = start - self.pos;
@@ -263,16 +287,11 @@ impl TraceCursor {
             self.run += 1;
             return (left, true);
         }
-        // Past the last run.
-        match end {
-            TraceEnd::Stop => (NEVER, false),
-            TraceEnd::Wrap => {
-                let tail = data.length - self.pos;
-                self.pos = 0;
-                self.run = 0;
-                (tail, false)
-            }
-        }
+        // Past the last run: the tail, then the trace again from packet 0.
+        let tail = data.length - self.pos;
+        self.pos = 0;
+        self.run = 0;
+        (tail, false)
     }
 }
 
@@ -390,6 +409,13 @@ mod tests {
         // Starting inside a run replays only its remainder.
         assert_eq!(replay(&t, TraceEnd::Wrap, 2, 5), vec![l, f, f, l, l]);
         assert_eq!(replay(&t, TraceEnd::Wrap, 6, 3), vec![l, f, f]);
+        // Stopping after a start inside the trace: one whole pass (4 packets, to the end and
+        // on from the beginning), then nothing; the pass keeps both lost packets.
+        assert_eq!(
+            replay(&t, TraceEnd::Stop, 2, 9),
+            vec![l, f, f, l, f, f, f, f, f]
+        );
+        assert_eq!(replay(&t, TraceEnd::Stop, 3, 6), vec![f, f, l, l, f, f]);
         // A trace of no packets is refused when parsed; the cursor still copes with one.
         let empty = TraceData::default();
         assert_eq!(replay(&empty, TraceEnd::Wrap, 0, 3), vec![f, f, f]);
