@@ -183,6 +183,27 @@ fn trace_dir() -> Option<&'static PathBuf> {
     TRACE_DIR.get()
 }
 
+/// The trace ring's capacity in messages, and what set it: `NCCL_LOSSY_TRACE_EVENTS`
+/// (`env_events`, blank is unset) over the profile's `trace_events` over the default. Checked at
+/// every `init`, tracing or not, and by `lossy validate` and `lossy simulate` as at `init`.
+pub fn trace_capacity(profile: &Profile, env_events: Option<String>) -> Result<(usize, String)> {
+    match env_events.filter(|v| !v.trim().is_empty()) {
+        Some(text) => match text.trim().parse::<i64>() {
+            Ok(n) if (1..=MAX_TRACE_EVENTS).contains(&n) => {
+                Ok((n as usize, TRACE_EVENTS_ENV.to_string()))
+            }
+            _ => Err(crate::Error::invalid_argument(format!(
+                "{TRACE_EVENTS_ENV}={text}: must be an integer in [1, {MAX_TRACE_EVENTS}] \
+                 (messages the trace ring holds)"
+            ))),
+        },
+        None => Ok(match profile.trace_events {
+            Some(n) => (n, format!("trace_events (profile {})", profile.origin)),
+            None => (DEFAULT_CAPACITY, "the default trace ring size".to_string()),
+        }),
+    }
+}
+
 /// Where the loss timeline goes and how large its ring is, as `init` decides it (see
 /// [`trace_setting`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -208,23 +229,7 @@ pub fn trace_setting(
     env_dir: Option<String>,
     env_events: Option<String>,
 ) -> Result<TraceSetting> {
-    let (capacity, sized_by) = match env_events.filter(|v| !v.trim().is_empty()) {
-        Some(text) => match text.trim().parse::<i64>() {
-            Ok(n) if (1..=MAX_TRACE_EVENTS).contains(&n) => {
-                (n as usize, TRACE_EVENTS_ENV.to_string())
-            }
-            _ => {
-                return Err(crate::Error::invalid_argument(format!(
-                    "{TRACE_EVENTS_ENV}={text}: must be an integer in [1, {MAX_TRACE_EVENTS}] \
-                     (messages the trace ring holds)"
-                )))
-            }
-        },
-        None => match profile.trace_events {
-            Some(n) => (n, format!("trace_events (profile {})", profile.origin)),
-            None => (DEFAULT_CAPACITY, "the default trace ring size".to_string()),
-        },
-    };
+    let (capacity, sized_by) = trace_capacity(profile, env_events)?;
     let (dir, source) = match env_dir.filter(|d| !d.trim().is_empty()) {
         Some(dir) => (Some(dir), TRACE_DIR_ENV.to_string()),
         None => match &profile.trace {

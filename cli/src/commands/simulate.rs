@@ -143,11 +143,11 @@ pub fn run(args: Args) -> ExitCode {
         .map(|(from, set)| (from.as_str(), set.as_str()))
         .collect();
     // What the plugin refuses at init, validate refuses and so does simulate: one verdict.
-    let inner_env = match super::validate::inner_from_env() {
-        Ok(inner) => inner,
+    let init_env = match super::validate::InitEnv::from_env() {
+        Ok(env) => env,
         Err(err) => return fail(err),
     };
-    let profile = match super::validate::load_checked(Some(&args.file), &layers, inner_env) {
+    let profile = match super::validate::load_checked(Some(&args.file), &layers, &init_env) {
         Ok(p) => p,
         Err(err) => return fail(err.to_string()),
     };

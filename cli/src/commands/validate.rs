@@ -3,14 +3,17 @@
 //! It checks what the plugin will load: the profile (the files given, or else the one
 //! `NCCL_LOSSY_PROFILE` names, or else the embedded default) with `NCCL_LOSSY_SET` applied,
 //! then each `--set` on top (later overrides win, as they do within `NCCL_LOSSY_SET`). The
-//! overrides it applied are printed below each summary with where they came from. Wrap mode
-//! is checked against `NCCL_LOSSY_INNER` as the plugin checks it at init.
+//! overrides it applied are printed below each summary with where they came from. What the
+//! plugin's init refuses of the environment around the profile (wrap mode against
+//! `NCCL_LOSSY_INNER`, a data-loss effect under a forced LL protocol, a bad
+//! `NCCL_LOSSY_TRACE_EVENTS`) it refuses too.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use nccl_net_lossy::profile::{Profile, SET_ENV};
-use nccl_net_lossy::{wrap_target, INNER_ENV};
+use nccl_net_lossy::stats::timeline::TRACE_EVENTS_ENV;
+use nccl_net_lossy::{check_forced_protocol, trace_capacity, wrap_target, INNER_ENV};
 
 /// Arguments of `lossy validate`.
 #[derive(clap::Args, Debug)]
@@ -36,25 +39,44 @@ pub(crate) fn overrides(set: &[String]) -> Result<Vec<(String, String)>, String>
     Ok(all)
 }
 
-/// The plugin to wrap that `NCCL_LOSSY_INNER` names, read as the plugin reads it at init
-/// (blank is unset).
-pub(crate) fn inner_from_env() -> Result<Option<String>, String> {
-    nccl_net_lossy::env::var(INNER_ENV)
-        .map(|inner| inner.filter(|v| !v.trim().is_empty()))
-        .map_err(|e| e.to_string())
+/// What the plugin's `init` reads from the environment besides the profile and its
+/// overrides, and refuses when it does not fit the profile.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct InitEnv {
+    /// `NCCL_LOSSY_INNER` (blank is unset, as at init).
+    pub(crate) inner: Option<String>,
+    /// `NCCL_PROTO`.
+    pub(crate) proto: Option<String>,
+    /// `NCCL_LOSSY_TRACE_EVENTS`.
+    pub(crate) trace_events: Option<String>,
+}
+
+impl InitEnv {
+    /// The variables as the plugin reads them (one that is not UTF-8 is an error).
+    pub(crate) fn from_env() -> Result<InitEnv, String> {
+        let var = |name: &str| nccl_net_lossy::env::var(name).map_err(|e| e.to_string());
+        Ok(InitEnv {
+            inner: var(INNER_ENV)?.filter(|v| !v.trim().is_empty()),
+            proto: var("NCCL_PROTO")?,
+            trace_events: var(TRACE_EVENTS_ENV)?,
+        })
+    }
 }
 
 /// The profile at `file` (`None`: the embedded default) with `layers` of overrides, refused
-/// for what the plugin refuses at init besides the profile itself: wrap mode without a plugin
-/// to wrap, or `NCCL_LOSSY_INNER` (`inner_env`) under `transport = "socket"` (as `lossy run`).
-/// `lossy validate` and `lossy simulate` both load through here, so they give one verdict.
+/// for what the plugin's `init` refuses of it under `env` besides the profile itself: wrap
+/// mode without a plugin to wrap, `NCCL_LOSSY_INNER` under `transport = "socket"`, a trace ring
+/// size out of range, or a data-loss effect under an `NCCL_PROTO` that forces LL or LL128.
+/// `lossy validate` and `lossy simulate` both load through here, so they give init's verdict.
 pub(crate) fn load_checked(
     file: Option<&Path>,
     layers: &[(&str, &str)],
-    inner_env: Option<String>,
+    env: &InitEnv,
 ) -> nccl_net_lossy::Result<Profile> {
     let profile = Profile::load_layers(file, layers)?;
-    wrap_target(&profile, inner_env)?;
+    wrap_target(&profile, env.inner.clone())?;
+    trace_capacity(&profile, env.trace_events.clone())?;
+    check_forced_protocol(&profile, env.proto.as_deref())?;
     Ok(profile)
 }
 
@@ -92,15 +114,15 @@ pub fn run(args: Args) -> ExitCode {
         args.files.iter().map(Some).collect()
     };
     // Wrap mode takes the plugin to wrap from the profile or NCCL_LOSSY_INNER, as at init.
-    let inner_env = match inner_from_env() {
-        Ok(inner) => inner,
+    let init_env = match InitEnv::from_env() {
+        Ok(env) => env,
         Err(err) => {
             eprintln!("lossy validate: {err}");
             return ExitCode::from(2);
         }
     };
     for file in files {
-        match load_checked(file.map(PathBuf::as_path), &layers, inner_env.clone()) {
+        match load_checked(file.map(PathBuf::as_path), &layers, &init_env) {
             Ok(profile) => {
                 // A reader that closed the pipe (`lossy validate P | head -1`) ends the
                 // output quietly; the exit status still says whether every file is valid.
@@ -110,7 +132,7 @@ pub fn run(args: Args) -> ExitCode {
                 }
                 // NCCL_LOSSY_INNER puts the run in wrap mode over its plugin whatever the
                 // profile says of it (a `transport = "socket"` was refused above).
-                if let Some(inner) = &inner_env {
+                if let Some(inner) = &init_env.inner {
                     out += &format!("  wrap mode: inner {inner} (from {INNER_ENV})\n");
                 }
                 if let Err(err) = super::write_stdout(&out) {

@@ -1,0 +1,145 @@
+//! What the plugin's `init` refuses of the environment around a valid profile, `lossy validate`
+//! and `lossy simulate` refuse too, for the same reason: they are the checks a user runs before
+//! a job, and NCCL, when the plugin's `init` fails, silently moves on to another network unless
+//! `NCCL_NET` names ours. Each case runs the real library's `init` in a process of its own.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::{fresh_dir, lossy_exe, output_within_10s, say_init_outcome, ROLE_ENV};
+
+const CHILD: &str = "init_verdicts_child";
+
+/// The variables these tests set or that change a verdict, cleared before each run.
+const CLEARED: [&str; 8] = [
+    "NCCL_LOSSY_PROFILE",
+    "NCCL_LOSSY_SET",
+    "NCCL_LOSSY_STATS",
+    "NCCL_LOSSY_INNER",
+    "NCCL_LOSSY_TRACE",
+    "NCCL_LOSSY_TRACE_EVENTS",
+    "NCCL_PROTO",
+    "NCCL_TUNER_PLUGIN",
+];
+
+fn cleared(cmd: &mut Command, env: &[(&str, &str)]) {
+    for var in CLEARED {
+        cmd.env_remove(var);
+    }
+    cmd.envs(env.iter().copied());
+}
+
+/// The plugin's `init` alone in a fresh process with `env` set: "INIT ok" or "INIT failed:
+/// ...", then what the plugin logged.
+fn init_outcome(env: &[(&str, &str)]) -> (String, String) {
+    let exe = std::env::current_exe().expect("test binary");
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        "--exact",
+        CHILD,
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(ROLE_ENV, "init_only")
+    .env("NCCL_SOCKET_IFNAME", "lo");
+    cleared(&mut cmd, env);
+    let out = output_within_10s(&mut cmd, &format!("init with {env:?}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.find("INIT ").map(|at| l[at..].to_string()))
+        .unwrap_or_else(|| panic!("no INIT line: {stdout}"));
+    (line, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn lossy(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(lossy_exe());
+    cmd.args(args);
+    cleared(&mut cmd, env);
+    output_within_10s(&mut cmd, &format!("lossy {args:?} with {env:?}"))
+}
+
+/// Asserts that `init`, `lossy validate` and `lossy simulate` all refuse `profile` under
+/// `env`, each naming every one of `words`.
+fn all_refuse(profile: &str, env: &[(&str, &str)], words: &[&str]) {
+    let mut init_env = env.to_vec();
+    init_env.push(("NCCL_LOSSY_PROFILE", profile));
+    let (init, log) = init_outcome(&init_env);
+    assert!(init.starts_with("INIT failed"), "{env:?}: {init}\n{log}");
+    for word in words {
+        assert!(log.contains(word), "{env:?}: {word:?} not in {log}");
+    }
+    for args in [
+        &["validate", profile][..],
+        &["simulate", "--packets", "1000", profile][..],
+    ] {
+        let out = lossy(args, env);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?} under {env:?} accepted what init refuses ({init}):\n{}{stderr}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        for word in words {
+            assert!(stderr.contains(word), "{args:?}: {word:?} not in {stderr}");
+        }
+    }
+}
+
+#[test]
+fn a_forced_ll_protocol_or_a_bad_trace_ring_size_is_refused_by_validate_and_simulate_as_at_init() {
+    let dir = fresh_dir("init-verdicts");
+    let zero = dir.join("zero.toml");
+    std::fs::write(
+        &zero,
+        "effect = \"zero\"\nmodel = { kind = \"uniform\", rate = 0.01 }\n",
+    )
+    .expect("write profile");
+    let zero = zero.to_str().expect("utf-8 path");
+    // A data-loss effect under a forced LL protocol would hang the receiving GPU: init
+    // refuses it, and validate said the profile was fine.
+    all_refuse(zero, &[("NCCL_PROTO", "LL")], &["NCCL_PROTO=LL", zero]);
+    // The trace ring's size is checked at every init, tracing or not.
+    all_refuse(
+        zero,
+        &[("NCCL_LOSSY_TRACE_EVENTS", "0")],
+        &["NCCL_LOSSY_TRACE_EVENTS=0", "[1, 16777216]"],
+    );
+    // What init accepts, both accept.
+    for env in [
+        &[("NCCL_PROTO", "Simple")][..],
+        &[("NCCL_LOSSY_TRACE_EVENTS", "64")][..],
+    ] {
+        let mut init_env = env.to_vec();
+        init_env.push(("NCCL_LOSSY_PROFILE", zero));
+        let (init, log) = init_outcome(&init_env);
+        assert_eq!(init, "INIT ok", "{env:?}: {log}");
+        for args in [
+            &["validate", zero][..],
+            &["simulate", "--packets", "1000", zero][..],
+        ] {
+            let out = lossy(args, env);
+            assert!(
+                out.status.success(),
+                "{args:?} under {env:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The child side of the tests above: acts on [`ROLE_ENV`].
+#[test]
+#[ignore = "run by the other tests of this file in a process of its own"]
+fn init_verdicts_child() {
+    let Ok(role) = std::env::var(ROLE_ENV) else {
+        return;
+    };
+    if role == "init_only" {
+        say_init_outcome();
+    }
+}
