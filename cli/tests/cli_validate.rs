@@ -441,3 +441,41 @@ fn simulate_refuses_the_wrap_settings_validate_and_the_plugin_refuse() {
     assert!(sim.status.success(), "{:?}", text(&sim));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_key_set_twice_is_named_with_its_dotted_path() {
+    // The error said only "FILE:5: not valid TOML: duplicate key": which key, in which table,
+    // was left to guess (a profile's rules repeat the same key names).
+    let dir = fresh_dir("validate-duplicate");
+    let cases = [
+        (
+            "model.toml",
+            "seed = 1\n[model]\nkind = \"uniform\"\nrate = 0.01\nrate = 0.02\n",
+            ":5:",
+            "model.rate",
+        ),
+        (
+            "rule.toml",
+            "[[rules]]\nname = \"a\"\n[[rules]]\nname = \"b\"\neffect = \"zero\"\neffect = \"stale\"\n",
+            ":6:",
+            "rules.1.effect",
+        ),
+        (
+            "inline.toml",
+            "model = { kind = \"uniform\", rate = 0.01, rate = 0.5 }\n",
+            ":1:",
+            "model.rate",
+        ),
+    ];
+    for (name, body, line, key) in cases {
+        let file = write(&dir, name, body);
+        let out = lossy(&["validate", &file], &[]);
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains(&format!("{file}{line}")) && stderr.contains(&format!("`{key}`")),
+            "{name}: {key} not named in {stderr}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

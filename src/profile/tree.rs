@@ -256,10 +256,13 @@ pub(super) fn parse(text: &str, origin: &str) -> Result<Node> {
     };
     let entries = convert.table_entries(doc.get_ref());
     let syntax = errors.iter().map(|err| {
-        (
-            err.span().map_or(0, |s| s.start),
-            format!("not valid TOML: {}", err.message().trim_end()),
-        )
+        let offset = err.span().map_or(0, |s| s.start);
+        let message = err.message().trim_end();
+        let named = match err.span().and_then(|span| text.get(span)) {
+            Some(written) if message == "duplicate key" => duplicate(doc.get_ref(), written),
+            _ => String::new(),
+        };
+        (offset, format!("not valid TOML: {message}{named}"))
     });
     let value = entries.as_ref().err().map(|e| (e.offset, e.describe("")));
     if let Some((offset, message)) = syntax.chain(value).min_by_key(|(offset, _)| *offset) {
@@ -270,6 +273,54 @@ pub(super) fn parse(text: &str, origin: &str) -> Result<Node> {
         val: Val::Table(entries),
         at: At::Line(1),
     })
+}
+
+/// What a "duplicate key" error adds, for the key `written` at its span: the key's dotted
+/// path when one key of the document (`doc`, which holds its first setting) has that name, the
+/// key as written when several do, and the rule that makes it an error.
+fn duplicate(doc: &DeTable<'_>, written: &str) -> String {
+    let name = written.trim();
+    let name = name
+        .strip_prefix(['"', '\''])
+        .and_then(|n| n.strip_suffix(['"', '\'']))
+        .unwrap_or(name);
+    let mut paths = Vec::new();
+    dotted_paths(doc, "", name, &mut paths);
+    let key = match paths.as_slice() {
+        [path] => path.clone(),
+        _ => name.to_string(),
+    };
+    format!(
+        " `{key}`: a key or table is set once in a profile (to change a value for one run, use \
+         NCCL_LOSSY_SET)"
+    )
+}
+
+/// Appends the dotted path of every key under `table` (at `prefix`) named `name`.
+fn dotted_paths(table: &DeTable<'_>, prefix: &str, name: &str, out: &mut Vec<String>) {
+    for (key, value) in table.iter() {
+        let path = if prefix.is_empty() {
+            key.get_ref().to_string()
+        } else {
+            format!("{prefix}.{}", key.get_ref())
+        };
+        if key.get_ref() == name {
+            out.push(path.clone());
+        }
+        dotted_value_paths(value.get_ref(), &path, name, out);
+    }
+}
+
+fn dotted_value_paths(value: &DeValue<'_>, prefix: &str, name: &str, out: &mut Vec<String>) {
+    match value {
+        DeValue::Table(table) => dotted_paths(table, prefix, name, out),
+        DeValue::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                dotted_value_paths(item.get_ref(), &format!("{prefix}.{i}"), name, out);
+            }
+        }
+        _ => {}
+    }
 }
 
 /// Writes `overrides` (`a.b=v;c=w`), layer number `layer` from `source` (`NCCL_LOSSY_SET`,
