@@ -479,3 +479,34 @@ fn a_key_set_twice_is_named_with_its_dotted_path() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn a_traffic_class_criterion_of_nccls_undefined_class_is_refused() {
+    // NCCL hands the plugin -1 (NCCL_NET_TRAFFIC_CLASS_UNDEF) for a communicator without a
+    // traffic class, which the plugin takes for "none": a rule with `traffic_class = -1` was
+    // accepted and never matched a message, whatever the communicators said.
+    let dir = fresh_dir("validate-traffic-class");
+    for (name, criterion) in [("one.toml", "-1"), ("list.toml", "[3, -1]")] {
+        let file = write(
+            &dir,
+            name,
+            &format!(
+                "[[rules]]\ntraffic_class = {criterion}\nmodel = {{ kind = \"uniform\", rate = 0.1 }}\n"
+            ),
+        );
+        let out = lossy(&["validate", &file], &[]);
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{name}: {stdout}{stderr}");
+        assert!(
+            stderr.contains(&format!("{file}:2: rules.0.traffic_class"))
+                && stderr.contains("= -1")
+                && stderr.contains("NCCL_NET_TRAFFIC_CLASS_UNDEF"),
+            "{stderr}"
+        );
+    }
+    // A real class is fine.
+    let file = write(&dir, "ok.toml", "[[rules]]\ntraffic_class = [0, 3]\n");
+    let out = lossy(&["validate", &file], &[]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    std::fs::remove_dir_all(&dir).ok();
+}

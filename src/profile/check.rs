@@ -345,7 +345,26 @@ impl Checker<'_> {
                     })?)
                 }
                 "traffic_class" => {
-                    when.traffic_classes = Some(self.int_list(value, &full, i32::MIN, i32::MAX)?)
+                    when.traffic_classes = Some(self.list(value, &full, |n, key| {
+                        let class = self.int_in(n, key, i32::MIN, i32::MAX)?;
+                        // NCCL passes -1 (NCCL_NET_TRAFFIC_CLASS_UNDEF) for a communicator
+                        // without a class, INT_MIN (NCCL_CONFIG_UNDEF_INT) included
+                        // (src/plugin/net.cc): no message ever has either class.
+                        if class == -1 || class == i32::MIN {
+                            return Err(self.bad(
+                                n,
+                                key,
+                                "means \"no traffic class\" to NCCL (-1 is \
+                                 NCCL_NET_TRAFFIC_CLASS_UNDEF; INT_MIN, NCCL_CONFIG_UNDEF_INT, \
+                                 reaches the plugin as -1), and a message without a class \
+                                 matches no traffic_class criterion, so the rule would never \
+                                 match; name the classes communicators set \
+                                 (ncclConfig_t.trafficClass), or leave traffic_class out to \
+                                 match every message",
+                            ));
+                        }
+                        Ok(class)
+                    })?)
                 }
                 "comm_size" => when.comm_sizes = Some(self.int_list(value, &full, 1, u32::MAX)?),
                 "peer" => when.peers = Some(self.int_list(value, &full, 0, u32::MAX)?),
