@@ -132,6 +132,60 @@ fn a_forced_ll_protocol_or_a_bad_trace_ring_size_is_refused_by_validate_and_simu
     std::fs::remove_dir_all(&dir).ok();
 }
 
+#[test]
+fn an_output_directory_that_is_a_file_is_refused_by_validate_and_simulate_as_at_init() {
+    // The profile's `trace`, NCCL_LOSSY_TRACE and NCCL_LOSSY_STATS name directories that init
+    // creates and probes; one that is a file fails init, and validate said the profile was fine.
+    let dir = fresh_dir("init-verdicts-dirs");
+    let file = dir.join("a-file");
+    std::fs::write(&file, "not a directory\n").expect("write file");
+    let file = file.to_str().expect("utf-8 path");
+    let traced = dir.join("traced.toml");
+    std::fs::write(&traced, format!("trace = \"{file}\"\nmodel = \"none\"\n"))
+        .expect("write profile");
+    let traced = traced.to_str().expect("utf-8 path");
+    let plain = dir.join("plain.toml");
+    std::fs::write(&plain, "model = \"none\"\n").expect("write profile");
+    let plain = plain.to_str().expect("utf-8 path");
+    let below = format!("{file}/sub");
+    all_refuse(traced, &[], &["trace (profile", file, "not a directory"]);
+    all_refuse(
+        plain,
+        &[("NCCL_LOSSY_TRACE", file)],
+        &["NCCL_LOSSY_TRACE=", file, "not a directory"],
+    );
+    all_refuse(
+        plain,
+        &[("NCCL_LOSSY_STATS", file)],
+        &["NCCL_LOSSY_STATS=", file, "not a directory"],
+    );
+    all_refuse(
+        plain,
+        &[("NCCL_LOSSY_STATS", &below)],
+        &["NCCL_LOSSY_STATS=", file, "not a directory"],
+    );
+    // A directory that does not exist yet is created at init: fine, and validate creates
+    // nothing.
+    let fresh = dir.join("stats-to-be");
+    let fresh = fresh.to_str().expect("utf-8 path");
+    for args in [
+        &["validate", plain][..],
+        &["simulate", "--packets", "1000", plain][..],
+    ] {
+        let out = lossy(args, &[("NCCL_LOSSY_STATS", fresh)]);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(
+        !std::path::Path::new(fresh).exists(),
+        "validate created {fresh}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// The child side of the tests above: acts on [`ROLE_ENV`].
 #[test]
 #[ignore = "run by the other tests of this file in a process of its own"]

@@ -46,8 +46,8 @@ pub use environment::{
 };
 pub use net_profiler::{MessageProfiler, MessageReport, ProfilerEvent, ProfilerParent};
 pub use output::{
-    check_stats_dir, stats_file, trace_capacity, trace_setting, write_stats, write_trace,
-    TraceSetting,
+    check_output_dirs_in_place, check_stats_dir, stats_file, trace_capacity, trace_setting,
+    write_stats, write_trace, TraceSetting,
 };
 
 use crate::ffi::{ncclDebugLogger_t, ncclNetAttr_v11_t};

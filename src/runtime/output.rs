@@ -14,7 +14,9 @@ use super::Runtime;
 use crate::profile::{Profile, MAX_TRACE_EVENTS};
 use crate::stats::periodic::PeriodicWriter;
 use crate::stats::timeline::{self, DEFAULT_CAPACITY, TRACE_DIR_ENV, TRACE_EVENTS_ENV};
-use crate::stats::writer::{check_output_dir, dir_setting, StatsFile, STATS_DIR_ENV};
+use crate::stats::writer::{
+    check_output_dir, dir_setting, output_dir_in_the_way, StatsFile, STATS_DIR_ENV,
+};
 use crate::switches;
 use crate::{log, stats, Result};
 
@@ -128,15 +130,62 @@ pub fn write_stats() -> Result<Option<PathBuf>> {
 /// and the path named, rather than warned about at every write.
 pub fn check_stats_dir() -> Result<()> {
     match stats_dir() {
-        Some(dir) => check_output_dir(Path::new(&dir), "stats").map_err(|err| {
-            err.context(format!(
-                "{STATS_DIR_ENV}={}: statistics cannot be written there (set it to a \
-                 writable directory, or unset it)",
-                Path::new(&dir).display()
-            ))
-        }),
+        Some(dir) => {
+            check_output_dir(Path::new(&dir), "stats").map_err(|err| stats_dir_context(err, &dir))
+        }
         None => Ok(()),
     }
+}
+
+/// An error about the statistics directory `dir`, under the variable that named it.
+fn stats_dir_context(err: crate::Error, dir: &std::ffi::OsStr) -> crate::Error {
+    err.context(format!(
+        "{STATS_DIR_ENV}={}: statistics cannot be written there (set it to a writable \
+         directory, or unset it)",
+        Path::new(dir).display()
+    ))
+}
+
+/// An error about the trace directory `dir`, under the setting that named it (`source`).
+fn trace_dir_context(err: crate::Error, source: &str, dir: &Path) -> crate::Error {
+    err.context(format!(
+        "{source}={}: the trace cannot be written there (set it to a writable directory, or \
+         unset it)",
+        dir.display()
+    ))
+}
+
+/// The trace directory and what named it: `NCCL_LOSSY_TRACE` (`env_dir`, blank is unset),
+/// else the profile's `trace`; `None`: no trace.
+fn trace_dir_setting(profile: &Profile, env_dir: Option<String>) -> Option<(String, String)> {
+    match env_dir.filter(|d| !d.trim().is_empty()) {
+        Some(dir) => Some((dir, TRACE_DIR_ENV.to_string())),
+        None => profile
+            .trace
+            .as_ref()
+            .map(|dir| (dir.clone(), format!("trace (profile {})", profile.origin))),
+    }
+}
+
+/// What `init` refuses of the statistics directory (`stats_env`, `NCCL_LOSSY_STATS`) and the
+/// trace directory (`trace_env`, `NCCL_LOSSY_TRACE`, else the profile's `trace`) that shows
+/// without creating anything (a file where a directory goes), in `init`'s words: `lossy
+/// validate` and `lossy simulate` check with it what `init` will create.
+pub fn check_output_dirs_in_place(
+    profile: &Profile,
+    stats_env: Option<std::ffi::OsString>,
+    trace_env: Option<String>,
+) -> Result<()> {
+    if let Some(dir) = dir_setting(stats_env) {
+        output_dir_in_the_way(Path::new(&dir), "stats")
+            .map_err(|err| stats_dir_context(err, &dir))?;
+    }
+    if let Some((dir, source)) = trace_dir_setting(profile, trace_env) {
+        let dir = PathBuf::from(dir);
+        output_dir_in_the_way(&dir, "trace")
+            .map_err(|err| trace_dir_context(err, &source, &dir))?;
+    }
+    Ok(())
 }
 
 /// Writes the statistics file and the trace; a failure is a warning (statistics never fail
@@ -230,25 +279,12 @@ pub fn trace_setting(
     env_events: Option<String>,
 ) -> Result<TraceSetting> {
     let (capacity, sized_by) = trace_capacity(profile, env_events)?;
-    let (dir, source) = match env_dir.filter(|d| !d.trim().is_empty()) {
-        Some(dir) => (Some(dir), TRACE_DIR_ENV.to_string()),
-        None => match &profile.trace {
-            Some(dir) => (
-                Some(dir.clone()),
-                format!("trace (profile {})", profile.origin),
-            ),
-            None => (None, String::new()),
-        },
+    let (dir, source) = match trace_dir_setting(profile, env_dir) {
+        Some((dir, source)) => (Some(PathBuf::from(dir)), source),
+        None => (None, String::new()),
     };
-    let dir = dir.map(PathBuf::from);
     if let Some(path) = &dir {
-        check_output_dir(path, "trace").map_err(|err| {
-            err.context(format!(
-                "{source}={}: the trace cannot be written there (set it to a writable \
-                 directory, or unset it)",
-                path.display()
-            ))
-        })?;
+        check_output_dir(path, "trace").map_err(|err| trace_dir_context(err, &source, path))?;
     }
     Ok(TraceSetting {
         capacity,

@@ -313,7 +313,11 @@ pub fn launcher_world_size() -> Option<u64> {
 /// not at every write. `what` names the directory's role in errors ("stats", "trace").
 pub fn check_output_dir(dir: &Path, what: &str) -> Result<()> {
     fs::create_dir_all(dir).map_err(|e| {
-        // "File exists" says nothing about what is in the way: say what it is.
+        // "File exists" or "Not a directory" says nothing about what is in the way: say what
+        // it is, and where (the directory itself, or a file among its ancestors).
+        if let Err(in_the_way) = output_dir_in_the_way(dir, what) {
+            return in_the_way;
+        }
         let why = match fs::metadata(dir) {
             Ok(meta) if !meta.is_dir() => format!(
                 "{} is not a directory ({})",
@@ -336,6 +340,29 @@ pub fn check_output_dir(dir: &Path, what: &str) -> Result<()> {
                 dir.display()
             ))
         })
+}
+
+/// What [`check_output_dir`] would refuse of `dir` that shows without creating or writing
+/// anything: the directory, or the nearest of its ancestors that exists, is not a directory.
+/// `lossy validate` judges with it the directories `init` creates.
+pub fn output_dir_in_the_way(dir: &Path, what: &str) -> Result<()> {
+    let mut at = Some(dir);
+    while let Some(path) = at {
+        match fs::metadata(path) {
+            Ok(meta) if meta.is_dir() => return Ok(()),
+            Ok(meta) => {
+                return Err(Error::system(format!(
+                    "cannot create {what} directory {}: {} is not a directory ({})",
+                    dir.display(),
+                    path.display(),
+                    crate::files::file_kind(&meta.file_type())
+                )))
+            }
+            // Missing (created at init), or below a file (seen at that file).
+            Err(_) => at = path.parent().filter(|p| !p.as_os_str().is_empty()),
+        }
+    }
+    Ok(())
 }
 
 /// Temporaries this process created: with the pid, it gives each write a temporary name no

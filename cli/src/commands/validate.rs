@@ -12,8 +12,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use nccl_net_lossy::profile::{Profile, SET_ENV};
-use nccl_net_lossy::stats::timeline::TRACE_EVENTS_ENV;
-use nccl_net_lossy::{check_forced_protocol, trace_capacity, wrap_target, INNER_ENV};
+use nccl_net_lossy::stats::timeline::{TRACE_DIR_ENV, TRACE_EVENTS_ENV};
+use nccl_net_lossy::stats::writer::STATS_DIR_ENV;
+use nccl_net_lossy::{
+    check_forced_protocol, check_output_dirs_in_place, trace_capacity, wrap_target, INNER_ENV,
+};
 
 /// Arguments of `lossy validate`.
 #[derive(clap::Args, Debug)]
@@ -49,6 +52,10 @@ pub(crate) struct InitEnv {
     pub(crate) proto: Option<String>,
     /// `NCCL_LOSSY_TRACE_EVENTS`.
     pub(crate) trace_events: Option<String>,
+    /// `NCCL_LOSSY_TRACE`.
+    pub(crate) trace_dir: Option<String>,
+    /// `NCCL_LOSSY_STATS`.
+    pub(crate) stats_dir: Option<std::ffi::OsString>,
 }
 
 impl InitEnv {
@@ -59,6 +66,8 @@ impl InitEnv {
             inner: var(INNER_ENV)?.filter(|v| !v.trim().is_empty()),
             proto: var("NCCL_PROTO")?,
             trace_events: var(TRACE_EVENTS_ENV)?,
+            trace_dir: var(TRACE_DIR_ENV)?,
+            stats_dir: std::env::var_os(STATS_DIR_ENV),
         })
     }
 }
@@ -66,7 +75,8 @@ impl InitEnv {
 /// The profile at `file` (`None`: the embedded default) with `layers` of overrides, refused
 /// for what the plugin's `init` refuses of it under `env` besides the profile itself: wrap
 /// mode without a plugin to wrap, `NCCL_LOSSY_INNER` under `transport = "socket"`, a trace ring
-/// size out of range, or a data-loss effect under an `NCCL_PROTO` that forces LL or LL128.
+/// size out of range, a file where a statistics or trace directory goes, or a data-loss effect
+/// under an `NCCL_PROTO` that forces LL or LL128 (nothing is created to check).
 /// `lossy validate` and `lossy simulate` both load through here, so they give init's verdict.
 pub(crate) fn load_checked(
     file: Option<&Path>,
@@ -76,6 +86,7 @@ pub(crate) fn load_checked(
     let profile = Profile::load_layers(file, layers)?;
     wrap_target(&profile, env.inner.clone())?;
     trace_capacity(&profile, env.trace_events.clone())?;
+    check_output_dirs_in_place(&profile, env.stats_dir.clone(), env.trace_dir.clone())?;
     check_forced_protocol(&profile, env.proto.as_deref())?;
     Ok(profile)
 }
