@@ -186,6 +186,47 @@ fn an_output_directory_that_is_a_file_is_refused_by_validate_and_simulate_as_at_
     std::fs::remove_dir_all(&dir).ok();
 }
 
+#[test]
+fn a_comm_size_rule_under_another_tuner_is_warned_about_at_init_and_by_validate() {
+    // `comm_size` is learnt from this library's tuner; NCCL loads the tuner NCCL_TUNER_PLUGIN
+    // names instead (or none for "none", src/plugin/tuner.cc), and the rule then never matched
+    // a message without a word from init or validate.
+    let dir = fresh_dir("init-verdicts-comm-size");
+    let profile = dir.join("sized.toml");
+    std::fs::write(
+        &profile,
+        "[[rules]]\ncomm_size = 8\nmodel = { kind = \"uniform\", rate = 0.1 }\n",
+    )
+    .expect("write profile");
+    let profile = profile.to_str().expect("utf-8 path");
+    for tuner in ["/opt/tuners/libnccl-tuner-other.so", "none"] {
+        let env = [("NCCL_TUNER_PLUGIN", tuner)];
+        let (init, log) = init_outcome(&[env[0], ("NCCL_LOSSY_PROFILE", profile)]);
+        assert_eq!(init, "INIT ok", "{log}");
+        let out = lossy(&["validate", profile], &env);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        for (who, text) in [("init", &log), ("validate", &stderr.to_string())] {
+            assert!(
+                text.contains(&format!("NCCL_TUNER_PLUGIN={tuner}"))
+                    && text.contains("rules.0")
+                    && text.contains("comm_size"),
+                "{who} under NCCL_TUNER_PLUGIN={tuner} said nothing: {text}"
+            );
+        }
+    }
+    // This library as the tuner, or none named: no warning.
+    for env in [&[][..], &[("NCCL_TUNER_PLUGIN", "lossy")][..]] {
+        let out = lossy(&["validate", profile], env);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && !stderr.contains("comm_size"),
+            "{env:?}: {stderr}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// The child side of the tests above: acts on [`ROLE_ENV`].
 #[test]
 #[ignore = "run by the other tests of this file in a process of its own"]

@@ -101,6 +101,55 @@ pub fn check_forced_protocol(profile: &Profile, nccl_proto: Option<&str>) -> Res
     )))
 }
 
+/// The tuner `NCCL_TUNER_PLUGIN` (`tuner_plugin`) names when it is not this library: NCCL
+/// then loads that one (or none, for "none") instead of ours, unless it fails to open
+/// (`src/plugin/tuner.cc`).
+fn other_tuner(tuner_plugin: Option<&str>) -> Option<&str> {
+    let tuner = tuner_plugin.map(str::trim).filter(|t| !t.is_empty())?;
+    let ours = tuner == PLUGIN_NAME
+        || std::path::Path::new(tuner)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n == NCCL_LIBRARY_NAME || n == CARGO_LIBRARY_NAME);
+    (!ours).then_some(tuner)
+}
+
+/// A warning when rules match on `comm_size` while NCCL will not load this library's tuner,
+/// which is how the plugin learns each communicator's size (the tuner's `init` gets it; the
+/// net API never says): under another tuner, or none (`NCCL_TUNER_PLUGIN=none`), such a rule
+/// never matches a message (`src/plugin/tuner.cc`).
+pub fn unknown_comm_size_warning(profile: &Profile, tuner_plugin: Option<&str>) -> Option<String> {
+    let tuner = other_tuner(tuner_plugin)?;
+    let rules: Vec<String> = profile
+        .rules
+        .iter()
+        .enumerate()
+        .filter(|(_, rule)| rule.when.comm_sizes.is_some())
+        .map(|(i, _)| format!("rules.{i}"))
+        .collect();
+    if rules.is_empty() {
+        return None;
+    }
+    // "none" loads no tuner at all; a tuner that fails to open leaves NCCL to ours.
+    let (loads, unless) = if tuner.eq_ignore_ascii_case("none") {
+        ("no tuner", "")
+    } else {
+        ("that tuner instead", "unless it fails to load, ")
+    };
+    Some(format!(
+        "NCCL_TUNER_PLUGIN={tuner}: {} of profile {} match on comm_size, which the plugin learns \
+         from this library's tuner, and NCCL loads {loads}: {unless}{}. Unset \
+         NCCL_TUNER_PLUGIN, or match without comm_size",
+        rules.join(", "),
+        profile.origin,
+        if rules.len() == 1 {
+            "that rule never matches a message"
+        } else {
+            "those rules never match a message"
+        }
+    ))
+}
+
 /// A warning when NCCL will use another tuner than this library's and may still pick LL or
 /// LL128 under a profile that corrupts data. NCCL opens `NCCL_TUNER_PLUGIN` first and falls
 /// back to the net plugin's library (ours, whose tuner rules LL/LL128 out) only when that
@@ -110,13 +159,8 @@ pub fn unguarded_ll_warning(
     nccl_proto: Option<&str>,
     tuner_plugin: Option<&str>,
 ) -> Option<String> {
-    let tuner = tuner_plugin.map(str::trim).filter(|t| !t.is_empty())?;
-    let ours = tuner == PLUGIN_NAME
-        || std::path::Path::new(tuner)
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n == NCCL_LIBRARY_NAME || n == CARGO_LIBRARY_NAME);
-    if ours || !profile.corrupts_data() || !ll_may_run(nccl_proto.unwrap_or("")) {
+    let tuner = other_tuner(tuner_plugin)?;
+    if !profile.corrupts_data() || !ll_may_run(nccl_proto.unwrap_or("")) {
         return None;
     }
     Some(format!(

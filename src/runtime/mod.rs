@@ -42,7 +42,8 @@ use std::time::Duration;
 pub use comms::{Connecting, ListenComm, RecvComm, SendComm};
 pub use context::{Context, PendingKey};
 pub use environment::{
-    check_forced_protocol, unguarded_ll_warning, wrap_target, INNER_ENV, INTRA_NODE_THROUGH_NET,
+    check_forced_protocol, unguarded_ll_warning, unknown_comm_size_warning, wrap_target, INNER_ENV,
+    INTRA_NODE_THROUGH_NET,
 };
 pub use net_profiler::{MessageProfiler, MessageReport, ProfilerEvent, ProfilerParent};
 pub use output::{
@@ -146,12 +147,13 @@ impl Runtime {
         )?;
         let nccl_proto = env::var("NCCL_PROTO")?;
         check_forced_protocol(&profile, nccl_proto.as_deref())?;
-        if let Some(warning) = unguarded_ll_warning(
-            &profile,
-            nccl_proto.as_deref(),
-            env::var("NCCL_TUNER_PLUGIN")?.as_deref(),
-        ) {
-            log::loud(&warning);
+        let tuner = env::var("NCCL_TUNER_PLUGIN")?;
+        let warnings = [
+            unguarded_ll_warning(&profile, nccl_proto.as_deref(), tuner.as_deref()),
+            unknown_comm_size_warning(&profile, tuner.as_deref()),
+        ];
+        for warning in warnings.iter().flatten() {
+            log::loud(warning);
         }
         let inner_env = env::var(INNER_ENV)?.filter(|v| !v.trim().is_empty());
         let transport: Box<dyn Transport> = match wrap_target(&profile, inner_env)? {

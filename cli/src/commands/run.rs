@@ -15,8 +15,8 @@ use nccl_net_lossy::stats::writer::STATS_DIR_ENV;
 use nccl_net_lossy::transport::socket::SocketConfig;
 use nccl_net_lossy::transport::wrap::inner::{check_loadable, InnerCheck};
 use nccl_net_lossy::{
-    check_forced_protocol, check_stats_dir, trace_setting, unguarded_ll_warning, wrap_target,
-    INNER_ENV, INTRA_NODE_THROUGH_NET, PLUGIN_NAME,
+    check_forced_protocol, check_stats_dir, trace_setting, unguarded_ll_warning,
+    unknown_comm_size_warning, wrap_target, INNER_ENV, INTRA_NODE_THROUGH_NET, PLUGIN_NAME,
 };
 
 /// Arguments of `lossy run`.
@@ -135,6 +135,11 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
     // as the plugin's init checks them: a job whose every rank would fail there never starts.
     trace_setting(&profile, utf8(TRACE_DIR_ENV)?, utf8(TRACE_EVENTS_ENV)?)
         .map_err(|err| err.to_string())?;
+    if let Some(warning) =
+        unknown_comm_size_warning(&profile, utf8("NCCL_TUNER_PLUGIN")?.as_deref())
+    {
+        eprintln!("lossy run: warning: {warning}");
+    }
     let user_proto = utf8("NCCL_PROTO")?.filter(|p| !p.is_empty());
     check_forced_protocol(&profile, user_proto.as_deref()).map_err(|err| err.to_string())?;
     // Unset, NCCL_PROTO becomes Simple below; a user's value stays, so say what it leaves.

@@ -15,7 +15,8 @@ use nccl_net_lossy::profile::{Profile, SET_ENV};
 use nccl_net_lossy::stats::timeline::{TRACE_DIR_ENV, TRACE_EVENTS_ENV};
 use nccl_net_lossy::stats::writer::STATS_DIR_ENV;
 use nccl_net_lossy::{
-    check_forced_protocol, check_output_dirs_in_place, trace_capacity, wrap_target, INNER_ENV,
+    check_forced_protocol, check_output_dirs_in_place, trace_capacity, unknown_comm_size_warning,
+    wrap_target, INNER_ENV,
 };
 
 /// Arguments of `lossy validate`.
@@ -56,6 +57,8 @@ pub(crate) struct InitEnv {
     pub(crate) trace_dir: Option<String>,
     /// `NCCL_LOSSY_STATS`.
     pub(crate) stats_dir: Option<std::ffi::OsString>,
+    /// `NCCL_TUNER_PLUGIN`.
+    pub(crate) tuner: Option<String>,
 }
 
 impl InitEnv {
@@ -68,6 +71,7 @@ impl InitEnv {
             trace_events: var(TRACE_EVENTS_ENV)?,
             trace_dir: var(TRACE_DIR_ENV)?,
             stats_dir: std::env::var_os(STATS_DIR_ENV),
+            tuner: var("NCCL_TUNER_PLUGIN")?,
         })
     }
 }
@@ -150,7 +154,9 @@ pub fn run(args: Args) -> ExitCode {
                     eprintln!("lossy validate: cannot write the summary: {err}");
                     failed = true;
                 }
-                for warning in profile.warnings() {
+                // What init warns of: the profile's own, and a comm_size rule no tuner serves.
+                let tuner = unknown_comm_size_warning(&profile, init_env.tuner.as_deref());
+                for warning in profile.warnings().into_iter().chain(tuner) {
                     eprintln!("lossy validate: warning: {warning}");
                 }
             }
