@@ -227,6 +227,48 @@ fn a_comm_size_rule_under_another_tuner_is_warned_about_at_init_and_by_validate(
     std::fs::remove_dir_all(&dir).ok();
 }
 
+#[test]
+fn a_peer_rule_without_a_launcher_rank_is_warned_about_at_init() {
+    // `peer` names launcher ranks (RANK, OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID), carried
+    // in the connection handle. With none set, or one that is not a number, no message has a
+    // peer and the rule never matched, without a word.
+    let dir = fresh_dir("init-verdicts-peer");
+    let profile = dir.join("peer.toml");
+    std::fs::write(
+        &profile,
+        "[[rules]]\npeer = 1\nmodel = { kind = \"uniform\", rate = 0.1 }\n",
+    )
+    .expect("write profile");
+    let profile = profile.to_str().expect("utf-8 path");
+    let unset = [
+        ("RANK", ""),
+        ("OMPI_COMM_WORLD_RANK", ""),
+        ("PMI_RANK", ""),
+        ("SLURM_PROCID", ""),
+    ];
+    for (rank, said) in [(None, "RANK"), (Some("rank-one"), "RANK=rank-one")] {
+        let mut env = unset.to_vec();
+        env.push(("NCCL_LOSSY_PROFILE", profile));
+        if let Some(rank) = rank {
+            env[0] = ("RANK", rank);
+        }
+        let (init, log) = init_outcome(&env);
+        assert_eq!(init, "INIT ok", "{log}");
+        assert!(
+            log.contains("rules.0") && log.contains("peer") && log.contains(said),
+            "{rank:?}: init said nothing of the peer rule: {log}"
+        );
+    }
+    // With a rank, nothing to say.
+    let mut env = unset.to_vec();
+    env[0] = ("RANK", "0");
+    env.push(("NCCL_LOSSY_PROFILE", profile));
+    let (init, log) = init_outcome(&env);
+    assert_eq!(init, "INIT ok", "{log}");
+    assert!(!log.contains("peer"), "{log}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// The child side of the tests above: acts on [`ROLE_ENV`].
 #[test]
 #[ignore = "run by the other tests of this file in a process of its own"]

@@ -3,6 +3,7 @@
 
 use super::{CARGO_LIBRARY_NAME, NCCL_LIBRARY_NAME, PLUGIN_NAME};
 use crate::profile::{Profile, TransportKind};
+use crate::stats::writer::LAUNCHER_RANK_VARS;
 use crate::{Error, Result};
 
 /// Environment variable naming the net plugin to wrap; overrides the profile's `inner`.
@@ -137,11 +138,58 @@ pub fn unknown_comm_size_warning(profile: &Profile, tuner_plugin: Option<&str>) 
         ("that tuner instead", "unless it fails to load, ")
     };
     Some(format!(
-        "NCCL_TUNER_PLUGIN={tuner}: {} of profile {} match on comm_size, which the plugin learns \
+        "NCCL_TUNER_PLUGIN={tuner}: {} of profile {} {} on comm_size, which the plugin learns \
          from this library's tuner, and NCCL loads {loads}: {unless}{}. Unset \
          NCCL_TUNER_PLUGIN, or match without comm_size",
         rules.join(", "),
         profile.origin,
+        if rules.len() == 1 { "matches" } else { "match" },
+        if rules.len() == 1 {
+            "that rule never matches a message"
+        } else {
+            "those rules never match a message"
+        }
+    ))
+}
+
+/// A warning when rules match on `peer` while this process has no launcher rank (`rank`,
+/// from [`LAUNCHER_RANK_VARS`]): peers are the launcher's ranks, carried in the connection
+/// handle, so without one no message has a peer and such a rule never matches. `set` is what
+/// the rank variables hold that are set but are not a rank (`RANK=rank-one`).
+pub fn unknown_rank_warning(
+    profile: &Profile,
+    rank: Option<u64>,
+    set: &[(&str, String)],
+) -> Option<String> {
+    if rank.is_some() {
+        return None;
+    }
+    let rules: Vec<String> = profile
+        .rules
+        .iter()
+        .enumerate()
+        .filter(|(_, rule)| rule.when.peers.is_some())
+        .map(|(i, _)| format!("rules.{i}"))
+        .collect();
+    if rules.is_empty() {
+        return None;
+    }
+    let held = if set.is_empty() {
+        "none is set".to_string()
+    } else {
+        let values: Vec<String> = set
+            .iter()
+            .map(|(var, value)| format!("{var}={value}"))
+            .collect();
+        format!("{} is not a rank (a number)", values.join(", "))
+    };
+    Some(format!(
+        "{} of profile {} {} on peer, a launcher's rank, but this process has none ({}: \
+         {held}): {}. Launch with torchrun, mpirun or srun, or set RANK",
+        rules.join(", "),
+        profile.origin,
+        if rules.len() == 1 { "matches" } else { "match" },
+        LAUNCHER_RANK_VARS.join(", "),
         if rules.len() == 1 {
             "that rule never matches a message"
         } else {
@@ -240,6 +288,18 @@ pub fn forced_ll_protocol(nccl_proto: &str) -> Option<&'static str> {
             None
         }
     })
+}
+
+/// The launcher rank variables that are set but hold no rank, for [`unknown_rank_warning`].
+pub(super) fn rank_values() -> Vec<(&'static str, String)> {
+    LAUNCHER_RANK_VARS
+        .iter()
+        .filter_map(|&var| {
+            let value = crate::env::var(var).ok()??;
+            let blank_or_rank = value.trim().is_empty() || value.trim().parse::<u64>().is_ok();
+            (!blank_or_rank).then_some((var, value))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -42,8 +42,8 @@ use std::time::Duration;
 pub use comms::{Connecting, ListenComm, RecvComm, SendComm};
 pub use context::{Context, PendingKey};
 pub use environment::{
-    check_forced_protocol, unguarded_ll_warning, unknown_comm_size_warning, wrap_target, INNER_ENV,
-    INTRA_NODE_THROUGH_NET,
+    check_forced_protocol, unguarded_ll_warning, unknown_comm_size_warning, unknown_rank_warning,
+    wrap_target, INNER_ENV, INTRA_NODE_THROUGH_NET,
 };
 pub use net_profiler::{MessageProfiler, MessageReport, ProfilerEvent, ProfilerParent};
 pub use output::{
@@ -151,6 +151,7 @@ impl Runtime {
         let warnings = [
             unguarded_ll_warning(&profile, nccl_proto.as_deref(), tuner.as_deref()),
             unknown_comm_size_warning(&profile, tuner.as_deref()),
+            unknown_rank_warning(&profile, launcher_rank(), &environment::rank_values()),
         ];
         for warning in warnings.iter().flatten() {
             log::loud(warning);

@@ -279,6 +279,15 @@ fn check_bursts(i: usize, conn: &ConnectionSnapshot) -> std::result::Result<(), 
     Ok(())
 }
 
+/// The variables launchers give a process its rank in (torchrun, Open MPI, PMI, Slurm), in
+/// the order they are read: the first of each of [`LAUNCHER_VARIABLES`].
+pub const LAUNCHER_RANK_VARS: [&str; 4] = [
+    LAUNCHER_VARIABLES[0].0,
+    LAUNCHER_VARIABLES[1].0,
+    LAUNCHER_VARIABLES[2].0,
+    LAUNCHER_VARIABLES[3].0,
+];
+
 /// The rank the launcher gave this process, if any.
 pub fn launcher_rank() -> Option<u64> {
     LAUNCHER_VARIABLES
@@ -288,7 +297,7 @@ pub fn launcher_rank() -> Option<u64> {
 
 /// The launchers' (rank, number of ranks) variables, in the order they are looked at:
 /// torchrun, Open MPI, PMI (MPICH, Intel MPI), Slurm.
-const LAUNCHER_VARIABLES: [(&str, &str); 4] = [
+pub const LAUNCHER_VARIABLES: [(&str, &str); 4] = [
     ("RANK", "WORLD_SIZE"),
     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
     ("PMI_RANK", "PMI_SIZE"),
