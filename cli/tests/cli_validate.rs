@@ -510,3 +510,42 @@ fn a_traffic_class_criterion_of_nccls_undefined_class_is_refused() {
     assert!(out.status.success(), "{:?}", text(&out));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn a_bare_value_holding_another_override_is_refused() {
+    // Overrides forgotten a `;` between (`description=sweep model.rate=0.5`) read as one bare
+    // string: the description became "sweep model.rate=0.5" and the rate was never set, with
+    // exit 0 and the old rate in the summary.
+    let dir = fresh_dir("validate-bare-equals");
+    let file = write(
+        &dir,
+        "p.toml",
+        "model = { kind = \"uniform\", rate = 0.01 }\n",
+    );
+    for (set, env) in [
+        ("description=sweep model.rate=0.5", None),
+        ("trace=/tmp/t,model.rate=0.5", None),
+        ("", Some("inner=ib model.rate=0.5")),
+    ] {
+        let mut args = vec!["validate", file.as_str()];
+        if !set.is_empty() {
+            args.extend(["--set", set]);
+        }
+        let env: Vec<(&str, &str)> = env.map(|e| ("NCCL_LOSSY_SET", e)).into_iter().collect();
+        let out = lossy(&args, &env);
+        let (stdout, stderr) = text(&out);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{set} {env:?}: {stdout}{stderr}"
+        );
+        assert!(
+            stderr.contains("model.rate=0.5") && stderr.contains(';') && stderr.contains("quote"),
+            "{stderr}"
+        );
+    }
+    // Quoted, a string may hold `=`.
+    let out = lossy(&["validate", &file, "--set", "description=\"a=b\""], &[]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    std::fs::remove_dir_all(&dir).ok();
+}

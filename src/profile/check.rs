@@ -17,7 +17,8 @@ use crate::profile::{
     Profile, TransportKind, DEFAULT_SEED, MAX_RULES, MAX_TRACE_EVENTS, MIN_STATS_INTERVAL, SET_ENV,
 };
 
-const TOP_KEYS: &[&str] = &[
+/// The keys of a profile's top level.
+pub(super) const TOP_KEYS: &[&str] = &[
     "description",
     "seed",
     "mtu",

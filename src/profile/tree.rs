@@ -5,6 +5,7 @@ use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
 use crate::error::{Error, Result};
+use crate::profile::check::TOP_KEYS;
 use crate::profile::MAX_KEY_SEGMENTS;
 
 /// Where a value came from: a line of the profile, or a layer of overrides (by number).
@@ -385,7 +386,19 @@ pub(super) fn apply_overrides(
                     cut(raw, 60)
                 )));
             }
-            Err(_) => None,
+            // A bare word holding another override (`description=sweep model.rate=0.5`): a
+            // `;` left out, which would turn the second override into part of a string.
+            Err(_) => match swallowed_override(raw) {
+                Some(inner) => {
+                    return Err(Error::invalid_argument(format!(
+                        "{source}: {key} = `{}`: holds `{inner}`, another override: separate \
+                         overrides with `;` (key=value;key=value), or quote a string that holds \
+                         `=`",
+                        cut(raw, 60)
+                    )))
+                }
+                None => None,
+            },
         };
         let value = value.unwrap_or_else(|| Node {
             val: Val::Str(raw.to_string()),
@@ -395,6 +408,19 @@ pub(super) fn apply_overrides(
             .map_err(|msg| Error::invalid_argument(format!("{source}: {key}: {msg}")))?;
     }
     Ok(())
+}
+
+/// The first `key=value` inside a bare override value whose key names a key of the profile
+/// (its first dotted segment is a top-level key): what a `;` left out between two overrides
+/// makes of the second.
+fn swallowed_override(raw: &str) -> Option<&str> {
+    raw.split(|c: char| c.is_whitespace() || c == ',')
+        .find(|token| {
+            token.split_once('=').is_some_and(|(key, _)| {
+                let first = key.split('.').next().unwrap_or_default();
+                TOP_KEYS.contains(&first)
+            })
+        })
 }
 
 /// `text`, or its first `max` characters and "…" when it is longer.
