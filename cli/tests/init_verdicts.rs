@@ -1,7 +1,8 @@
-//! What the plugin's `init` refuses of the environment around a valid profile, `lossy validate`
-//! and `lossy simulate` refuse too, for the same reason: they are the checks a user runs before
-//! a job, and NCCL, when the plugin's `init` fails, silently moves on to another network unless
-//! `NCCL_NET` names ours. Each case runs the real library's `init` in a process of its own.
+//! What the plugin's `init` refuses of the environment around a valid profile, `lossy validate`,
+//! `lossy simulate` and `lossy run` refuse too, for the same reason: they are the checks a user
+//! runs before a job, and NCCL, when the plugin's `init` fails, silently moves on to another
+//! network unless `NCCL_NET` names ours. What `init` only warns of, they warn of too. Each case
+//! runs the real library's `init` in a process of its own.
 
 mod common;
 
@@ -61,8 +62,8 @@ fn lossy(args: &[&str], env: &[(&str, &str)]) -> Output {
     output_within_10s(&mut cmd, &format!("lossy {args:?} with {env:?}"))
 }
 
-/// Asserts that `init`, `lossy validate` and `lossy simulate` all refuse `profile` under
-/// `env`, each naming every one of `words`.
+/// Asserts that `init`, `lossy validate`, `lossy simulate` and `lossy run` all refuse
+/// `profile` under `env`, each naming every one of `words`.
 fn all_refuse(profile: &str, env: &[(&str, &str)], words: &[&str]) {
     let mut init_env = env.to_vec();
     init_env.push(("NCCL_LOSSY_PROFILE", profile));
@@ -71,9 +72,11 @@ fn all_refuse(profile: &str, env: &[(&str, &str)], words: &[&str]) {
     for word in words {
         assert!(log.contains(word), "{env:?}: {word:?} not in {log}");
     }
+    // `lossy run` checks before any rank starts what every rank's init would refuse.
     for args in [
         &["validate", profile][..],
         &["simulate", "--packets", "1000", profile][..],
+        &["run", "--print-env", "--profile", profile][..],
     ] {
         let out = lossy(args, env);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -90,7 +93,7 @@ fn all_refuse(profile: &str, env: &[(&str, &str)], words: &[&str]) {
 }
 
 #[test]
-fn a_forced_ll_protocol_or_a_bad_trace_ring_size_is_refused_by_validate_and_simulate_as_at_init() {
+fn a_forced_ll_protocol_or_a_bad_trace_ring_size_is_refused_before_the_run_as_at_init() {
     let dir = fresh_dir("init-verdicts");
     let zero = dir.join("zero.toml");
     std::fs::write(
@@ -133,7 +136,7 @@ fn a_forced_ll_protocol_or_a_bad_trace_ring_size_is_refused_by_validate_and_simu
 }
 
 #[test]
-fn an_output_directory_that_is_a_file_is_refused_by_validate_and_simulate_as_at_init() {
+fn an_output_directory_that_is_a_file_is_refused_before_the_run_as_at_init() {
     // The profile's `trace`, NCCL_LOSSY_TRACE and NCCL_LOSSY_STATS name directories that init
     // creates and probes; one that is a file fails init, and validate said the profile was fine.
     let dir = fresh_dir("init-verdicts-dirs");
