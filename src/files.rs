@@ -19,7 +19,18 @@ pub fn read_regular_file(path: &Path, cap: u64, what: &str) -> Result<String, St
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(path)
-        .map_err(|err| format!("{}: cannot read {what}: {err}", path.display()))?;
+        .map_err(|err| {
+            // A socket cannot be opened (ENXIO, "No such device or address"), which reads as
+            // if it were missing: say what is there instead.
+            match std::fs::metadata(path) {
+                Ok(meta) if !meta.is_file() => format!(
+                    "{}: not a regular file ({}); {allowed}",
+                    path.display(),
+                    file_kind(&meta.file_type())
+                ),
+                _ => format!("{}: cannot read {what}: {err}", path.display()),
+            }
+        })?;
     let meta = file
         .metadata()
         .map_err(|err| format!("{}: cannot read {what}: {err}", path.display()))?;
@@ -49,8 +60,18 @@ pub fn read_regular_file(path: &Path, cap: u64, what: &str) -> Result<String, St
             path.display()
         ));
     }
-    String::from_utf8(bytes)
-        .map_err(|_| format!("{}: cannot read {what}: not UTF-8 text", path.display()))
+    String::from_utf8(bytes).map_err(|err| {
+        // Where: one stray byte (a Latin-1 letter in a comment) is found by its line.
+        let good = &err.as_bytes()[..err.utf8_error().valid_up_to()];
+        let line = good.iter().filter(|&&b| b == b'\n').count() + 1;
+        let column = good.len() - good.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1) + 1;
+        format!(
+            "{}:{line}: cannot read {what}: not UTF-8 text (byte {column} of the line, byte {} \
+             of the file); save it as UTF-8",
+            path.display(),
+            good.len() + 1
+        )
+    })
 }
 
 /// Why `path` is not a regular file, for errors: "does not exist", "is not a regular file

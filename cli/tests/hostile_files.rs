@@ -103,6 +103,54 @@ fn an_output_directory_that_is_a_fifo_or_a_file_fails_init_saying_what_it_is() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+#[test]
+fn a_socket_or_a_non_utf8_profile_is_refused_saying_what_and_where() {
+    // A Unix socket as profile or trace failed to open with "No such device or address (os
+    // error 6)", as if it were missing; a profile with one Latin-1 byte said "not UTF-8 text"
+    // without saying where in the file.
+    let dir = common::fresh_dir("socket-profile");
+    let socket_path = dir.join("p.sock");
+    let _socket = std::os::unix::net::UnixListener::bind(&socket_path).expect("bind socket");
+    let socket = path_str(&socket_path);
+    let (stdout, stderr) = init_only(&[("NCCL_LOSSY_PROFILE", socket)], "a socket as profile");
+    assert!(stdout.contains("INIT failed"), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(&format!("{socket}: not a regular file (a socket)")),
+        "{stderr}"
+    );
+    let trace = format!("model={{kind=\"trace\",file=\"{socket}\"}}");
+    for args in [
+        &["validate", socket][..],
+        &["validate", "--set", &trace][..],
+    ] {
+        let out = output_within_10s(Command::new(lossy_exe()).args(args), "lossy validate");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.code() == Some(2)
+                && err.contains(&format!("{socket}: not a regular file (a socket)")),
+            "{args:?}: {err}"
+        );
+    }
+    let latin1 = dir.join("latin1.toml");
+    std::fs::write(
+        &latin1,
+        b"seed = 1\nmtu = 4096\ndescription = \"r\xe9seau\"\n",
+    )
+    .expect("write");
+    let out = output_within_10s(
+        Command::new(lossy_exe()).args(["validate", path_str(&latin1)]),
+        "lossy validate on a Latin-1 profile",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() == Some(2)
+            && err.contains(&format!("{}:3: ", latin1.display()))
+            && err.contains("not UTF-8"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// The child side of the tests above: acts on [`ROLE_ENV`].
 #[test]
 #[ignore = "run by the other tests of this file in a process of its own"]
