@@ -272,6 +272,53 @@ fn a_peer_rule_without_a_launcher_rank_is_warned_about_at_init() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+#[test]
+fn a_stats_interval_with_nowhere_to_write_is_warned_about_at_init_and_by_validate() {
+    // `stats_interval` sets how often the statistics file is written, but the file is written
+    // only into NCCL_LOSSY_STATS: without it (and without a trace directory) the key did
+    // nothing, without a word.
+    let dir = fresh_dir("init-verdicts-interval");
+    let profile = dir.join("periodic.toml");
+    std::fs::write(&profile, "stats_interval = 5\nmodel = \"none\"\n").expect("write profile");
+    let profile = profile.to_str().expect("utf-8 path");
+    let (init, log) = init_outcome(&[("NCCL_LOSSY_PROFILE", profile)]);
+    assert_eq!(init, "INIT ok", "{log}");
+    let out = lossy(&["validate", profile], &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    let run = lossy(&["run", "--print-env", "--profile", profile], &[]);
+    let run_err = String::from_utf8_lossy(&run.stderr).into_owned();
+    assert!(run.status.success(), "{run_err}");
+    for (who, text) in [("init", &log), ("validate", &stderr), ("run", &run_err)] {
+        assert!(
+            text.contains("stats_interval") && text.contains("NCCL_LOSSY_STATS"),
+            "{who} said nothing of the unused stats_interval: {text}"
+        );
+    }
+    // With a statistics directory, nothing to say.
+    let stats = dir.join("stats");
+    let stats = stats.to_str().expect("utf-8 path");
+    let (init, log) = init_outcome(&[("NCCL_LOSSY_PROFILE", profile), ("NCCL_LOSSY_STATS", stats)]);
+    assert_eq!(init, "INIT ok", "{log}");
+    assert!(!log.contains("stats_interval"), "{log}");
+    let out = lossy(&["validate", profile], &[("NCCL_LOSSY_STATS", stats)]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !stderr.contains("stats_interval"),
+        "{stderr}"
+    );
+    let run = lossy(
+        &["run", "--print-env", "--stats", stats, "--profile", profile],
+        &[],
+    );
+    let run_err = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success() && !run_err.contains("stats_interval"),
+        "{run_err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// The child side of the tests above: acts on [`ROLE_ENV`].
 #[test]
 #[ignore = "run by the other tests of this file in a process of its own"]

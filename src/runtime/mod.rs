@@ -48,7 +48,7 @@ pub use environment::{
 pub use net_profiler::{MessageProfiler, MessageReport, ProfilerEvent, ProfilerParent};
 pub use output::{
     check_output_dirs_in_place, check_stats_dir, stats_file, trace_capacity, trace_setting,
-    write_stats, write_trace, TraceSetting,
+    unused_stats_interval_warning, write_stats, write_trace, TraceSetting,
 };
 
 use crate::ffi::{ncclDebugLogger_t, ncclNetAttr_v11_t};
@@ -140,11 +140,16 @@ impl Runtime {
         }
         let mut profile = Profile::from_env()?;
         output::check_stats_dir()?;
+        let trace_dir = env::var(crate::stats::timeline::TRACE_DIR_ENV)?;
         output::start_trace(
             &profile,
-            env::var(crate::stats::timeline::TRACE_DIR_ENV)?,
+            trace_dir.clone(),
             env::var(crate::stats::timeline::TRACE_EVENTS_ENV)?,
         )?;
+        let stats_dir = std::env::var_os(crate::stats::writer::STATS_DIR_ENV);
+        if let Some(warning) = unused_stats_interval_warning(&profile, stats_dir, trace_dir) {
+            log::loud(&warning);
+        }
         let nccl_proto = env::var("NCCL_PROTO")?;
         check_forced_protocol(&profile, nccl_proto.as_deref())?;
         let tuner = env::var("NCCL_TUNER_PLUGIN")?;

@@ -167,6 +167,28 @@ fn trace_dir_setting(profile: &Profile, env_dir: Option<String>) -> Option<(Stri
     }
 }
 
+/// A warning when the profile sets `stats_interval` but nothing is ever written: the
+/// statistics file goes only into `NCCL_LOSSY_STATS` (`stats_env`), the trace only into its
+/// directory (`trace_env`, `NCCL_LOSSY_TRACE`, else the profile's `trace`), and with neither
+/// the key does nothing.
+pub fn unused_stats_interval_warning(
+    profile: &Profile,
+    stats_env: Option<std::ffi::OsString>,
+    trace_env: Option<String>,
+) -> Option<String> {
+    let interval = profile.stats_interval?;
+    if dir_setting(stats_env).is_some() || trace_dir_setting(profile, trace_env).is_some() {
+        return None;
+    }
+    Some(format!(
+        "stats_interval = {} s (profile {}): {STATS_DIR_ENV} is not set (nor a trace \
+         directory), so nothing is ever written; set {STATS_DIR_ENV} to a directory for \
+         the statistics files",
+        interval.as_secs_f64(),
+        profile.origin
+    ))
+}
+
 /// What `init` refuses of the statistics directory (`stats_env`, `NCCL_LOSSY_STATS`) and the
 /// trace directory (`trace_env`, `NCCL_LOSSY_TRACE`, else the profile's `trace`) that shows
 /// without creating anything (a file where a directory goes), in `init`'s words: `lossy

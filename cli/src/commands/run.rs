@@ -16,7 +16,8 @@ use nccl_net_lossy::transport::socket::SocketConfig;
 use nccl_net_lossy::transport::wrap::inner::{check_loadable, InnerCheck};
 use nccl_net_lossy::{
     check_forced_protocol, check_stats_dir, trace_setting, unguarded_ll_warning,
-    unknown_comm_size_warning, wrap_target, INNER_ENV, INTRA_NODE_THROUGH_NET, PLUGIN_NAME,
+    unknown_comm_size_warning, unused_stats_interval_warning, wrap_target, INNER_ENV,
+    INTRA_NODE_THROUGH_NET, PLUGIN_NAME,
 };
 
 /// Arguments of `lossy run`.
@@ -137,6 +138,14 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
         .map_err(|err| err.to_string())?;
     if let Some(warning) =
         unknown_comm_size_warning(&profile, utf8("NCCL_TUNER_PLUGIN")?.as_deref())
+    {
+        eprintln!("lossy run: warning: {warning}");
+    }
+    let stats_dir = match &args.stats {
+        Some(dir) => Some(dir.clone().into_os_string()),
+        None => std::env::var_os(STATS_DIR_ENV),
+    };
+    if let Some(warning) = unused_stats_interval_warning(&profile, stats_dir, utf8(TRACE_DIR_ENV)?)
     {
         eprintln!("lossy run: warning: {warning}");
     }

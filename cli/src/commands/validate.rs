@@ -16,7 +16,7 @@ use nccl_net_lossy::stats::timeline::{TRACE_DIR_ENV, TRACE_EVENTS_ENV};
 use nccl_net_lossy::stats::writer::STATS_DIR_ENV;
 use nccl_net_lossy::{
     check_forced_protocol, check_output_dirs_in_place, trace_capacity, unknown_comm_size_warning,
-    wrap_target, INNER_ENV,
+    unused_stats_interval_warning, wrap_target, INNER_ENV,
 };
 
 /// Arguments of `lossy validate`.
@@ -154,9 +154,15 @@ pub fn run(args: Args) -> ExitCode {
                     eprintln!("lossy validate: cannot write the summary: {err}");
                     failed = true;
                 }
-                // What init warns of: the profile's own, and a comm_size rule no tuner serves.
+                // What init warns of: the profile's own, a comm_size rule no tuner serves, a
+                // stats_interval with nowhere to write.
                 let tuner = unknown_comm_size_warning(&profile, init_env.tuner.as_deref());
-                for warning in profile.warnings().into_iter().chain(tuner) {
+                let interval = unused_stats_interval_warning(
+                    &profile,
+                    init_env.stats_dir.clone(),
+                    init_env.trace_dir.clone(),
+                );
+                for warning in profile.warnings().into_iter().chain(tuner).chain(interval) {
                     eprintln!("lossy validate: warning: {warning}");
                 }
             }
