@@ -194,14 +194,7 @@ fn run_refuses_output_settings_the_plugin_refuses_at_init_before_starting_anythi
         ("NCCL_LOSSY_TRACE", under_file),
         ("NCCL_LOSSY_TRACE_EVENTS", "0"),
     ] {
-        let out = run_touch(&lossless, &marker, &[(key, value)]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{key}={value}: {stderr}");
-        assert!(
-            stderr.contains(&format!("{key}={value}")),
-            "{key}={value}: {stderr}"
-        );
-        assert!(!marker.exists(), "{key}={value}: the command must not run");
+        assert_refused_naming(&lossless, &marker, key, value);
     }
     let traced = dir.join("traced.toml");
     std::fs::write(
@@ -229,12 +222,7 @@ fn run_refuses_output_settings_the_plugin_refuses_at_init_before_starting_anythi
             ("NCCL_LOSSY_TRACE_EVENTS", "1000"),
         ],
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(marker.exists(), "the command runs");
+    assert_ran(&out, &marker);
 }
 
 #[test]
@@ -250,22 +238,10 @@ fn run_refuses_socket_settings_the_plugin_refuses_at_init_before_starting_anythi
         ("NCCL_SOCKET_FAMILY", "AF_UNIX"),
         ("NCCL_LOSSY_DELAYED_ACKS", "yes"),
     ] {
-        let out = run_touch(&lossless, &marker, &[(key, value)]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{key}={value}: {stderr}");
-        assert!(
-            stderr.contains(&format!("{key}={value}")),
-            "{key}={value}: {stderr}"
-        );
-        assert!(!marker.exists(), "{key}={value}: the command must not run");
+        assert_refused_naming(&lossless, &marker, key, value);
     }
     let out = run_touch(&lossless, &marker, &[("NCCL_LOSSY_NSOCKS", "2")]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(marker.exists(), "the command runs");
+    assert_ran(&out, &marker);
 }
 
 #[test]
@@ -603,4 +579,31 @@ fn run_says_nothing_of_a_relative_path_naming_the_same_place() {
         other_err.contains("NCCL_LOSSY_STATS=elsewhere replaced by"),
         "{other_err}"
     );
+}
+
+/// `out` is that of a `lossy run` that ran its command, which leaves `marker`.
+fn assert_ran(out: &std::process::Output, marker: &std::path::Path) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(marker.exists(), "the command runs");
+}
+
+/// `lossy run` under `key=value` refuses (exit 2) naming the setting, and runs nothing.
+fn assert_refused_naming(
+    profile: &std::path::Path,
+    marker: &std::path::Path,
+    key: &str,
+    value: &str,
+) {
+    let out = run_touch(profile, marker, &[(key, value)]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{key}={value}: {stderr}");
+    assert!(
+        stderr.contains(&format!("{key}={value}")),
+        "{key}={value}: {stderr}"
+    );
+    assert!(!marker.exists(), "{key}={value}: the command must not run");
 }

@@ -15,8 +15,8 @@ use std::sync::Once;
 use std::time::{Duration, Instant};
 
 use common::{
-    handle_from_stdin, library, message_bytes, park, post_recv, post_send, say, say_init_outcome,
-    wait_request, Peer, ROLE_ENV,
+    handle_from_stdin, library, message_bytes, park, post_recv, post_send, say, wait_request, Peer,
+    ROLE_ENV,
 };
 use lossy_cli::harness::plugin_client::{ConnHandle, PluginClient, PluginLibrary};
 use nccl_net_lossy::transport::socket::wire::{Handle, Hello};
@@ -397,13 +397,12 @@ const THREE: [usize; 3] = [1001, 0, 300_001];
 #[test]
 #[ignore = "the peer process of the fault tests, started by them"]
 fn fault_peer() {
+    if common::init_child::serve() {
+        return;
+    }
     let Ok(role) = std::env::var(ROLE_ENV) else {
         return;
     };
-    if role == "init_only" {
-        say_init_outcome();
-        return;
-    }
     let lib = PluginLibrary::open(&library()).expect("dlopen");
     let client = PluginClient::init(&lib, 12, 900).expect("init");
     let wait = Duration::from_secs(60);

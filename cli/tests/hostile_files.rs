@@ -7,28 +7,18 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{lossy_exe, make_fifo, output_within_10s, say_init_outcome, ROLE_ENV};
+use common::{lossy_exe, make_fifo, output_within_10s};
 
 const CHILD: &str = "hostile_files_child";
 
 /// Runs the plugin's `init` alone in a fresh process with `env` set: its stdout and stderr.
 /// A child still running after 10 s fails the test (a hang).
 fn init_only(env: &[(&str, &str)], what: &str) -> (String, String) {
-    let exe = std::env::current_exe().expect("test binary");
-    let mut cmd = Command::new(exe);
-    cmd.args([
-        "--exact",
-        CHILD,
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(ROLE_ENV, "init_only")
-    .env("NCCL_SOCKET_IFNAME", "lo")
-    .env_remove("NCCL_LOSSY_PROFILE")
-    .env_remove("NCCL_LOSSY_SET")
-    .env_remove("NCCL_LOSSY_STATS")
-    .envs(env.iter().copied());
+    let mut cmd = common::init_child::command(CHILD);
+    cmd.env_remove("NCCL_LOSSY_PROFILE")
+        .env_remove("NCCL_LOSSY_SET")
+        .env_remove("NCCL_LOSSY_STATS")
+        .envs(env.iter().copied());
     let out = output_within_10s(&mut cmd, what);
     (
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -155,10 +145,5 @@ fn a_socket_or_a_non_utf8_profile_is_refused_saying_what_and_where() {
 #[test]
 #[ignore = "run by the other tests of this file in a process of its own"]
 fn hostile_files_child() {
-    let Ok(role) = std::env::var(ROLE_ENV) else {
-        return;
-    };
-    if role == "init_only" {
-        say_init_outcome();
-    }
+    common::init_child::serve();
 }

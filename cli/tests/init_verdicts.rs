@@ -8,7 +8,7 @@ mod common;
 
 use std::process::{Command, Output};
 
-use common::{fresh_dir, lossy_exe, output_within_10s, say_init_outcome, ROLE_ENV};
+use common::{fresh_dir, lossy_exe, output_within_10s};
 
 const CHILD: &str = "init_verdicts_child";
 
@@ -34,17 +34,7 @@ fn cleared(cmd: &mut Command, env: &[(&str, &str)]) {
 /// The plugin's `init` alone in a fresh process with `env` set: "INIT ok" or "INIT failed:
 /// ...", then what the plugin logged.
 fn init_outcome(env: &[(&str, &str)]) -> (String, String) {
-    let exe = std::env::current_exe().expect("test binary");
-    let mut cmd = Command::new(exe);
-    cmd.args([
-        "--exact",
-        CHILD,
-        "--ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(ROLE_ENV, "init_only")
-    .env("NCCL_SOCKET_IFNAME", "lo");
+    let mut cmd = common::init_child::command(CHILD);
     cleared(&mut cmd, env);
     let out = output_within_10s(&mut cmd, &format!("init with {env:?}"));
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -323,10 +313,5 @@ fn a_stats_interval_with_nowhere_to_write_is_warned_about_at_init_and_by_validat
 #[test]
 #[ignore = "run by the other tests of this file in a process of its own"]
 fn init_verdicts_child() {
-    let Ok(role) = std::env::var(ROLE_ENV) else {
-        return;
-    };
-    if role == "init_only" {
-        say_init_outcome();
-    }
+    common::init_child::serve();
 }

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod forged;
+pub mod init_child;
 
 use std::ffi::{c_int, c_void};
 use std::path::{Path, PathBuf};

@@ -449,13 +449,7 @@ fn exact_fds_child() {
     if std::env::var_os(EXACT_FDS_CHILD_ENV).is_none() {
         return;
     }
-    // Descriptors are numbered densely from here on.
-    super::lifecycle::close_inherited_fds();
-    let t = loopback(1);
-    let (mut listener, h) = raw_listener(&t);
-    let mut handle = [0u8; HANDLE_WIRE_SIZE];
-    h.encode(&mut handle);
-    let connector = t.connect(0, None, &handle).expect("connect");
+    let (mut listener, _, connector) = dense_listener_and_connector();
     // One descriptor free: all the one-socket connection needs on the accepting side. The
     // accept that takes it leaves the next one (which finds the queue empty) with EMFILE:
     // Linux takes the descriptor before it looks at the queue. NCCL's Socket transport
@@ -467,6 +461,18 @@ fn exact_fds_child() {
         "accept failed with the descriptor it needed free",
     );
     println!("exact fd check passed");
+}
+
+/// In a child process, with its descriptors numbered densely from here on: a one-socket
+/// listener on the loopback, its handle, and a connector to it.
+fn dense_listener_and_connector() -> (SocketListener, Handle, Box<dyn Connector>) {
+    super::lifecycle::close_inherited_fds();
+    let t = loopback(1);
+    let (listener, h) = raw_listener(&t);
+    let mut handle = [0u8; HANDLE_WIRE_SIZE];
+    h.encode(&mut handle);
+    let connector = t.connect(0, None, &handle).expect("connect");
+    (listener, h, connector)
 }
 
 const STRANGER_BEHIND_CHILD_ENV: &str = "LOSSY_SOCKET_STRANGER_BEHIND_CHILD";
@@ -492,13 +498,7 @@ fn stranger_behind_child() {
     if std::env::var_os(STRANGER_BEHIND_CHILD_ENV).is_none() {
         return;
     }
-    // Descriptors are numbered densely from here on.
-    super::lifecycle::close_inherited_fds();
-    let t = loopback(1);
-    let (mut listener, h) = raw_listener(&t);
-    let mut handle = [0u8; HANDLE_WIRE_SIZE];
-    h.encode(&mut handle);
-    let connector = t.connect(0, None, &handle).expect("connect");
+    let (mut listener, h, connector) = dense_listener_and_connector();
     // One descriptor free: the real peer's one socket takes it; the stranger, connected
     // after it, waits in the queue behind it.
     connect_with_free_fds_and(
