@@ -549,3 +549,34 @@ fn a_bare_value_holding_another_override_is_refused() {
     assert!(out.status.success(), "{:?}", text(&out));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn a_bursty_model_says_how_much_traffic_its_mean_needs() {
+    // A Gilbert-Elliott stream starts in its good state, and its bursts come far apart: at 1%
+    // loss in bursts of 8, one every 800 packets (3.1 MiB of 4 KiB packets). A connection that
+    // carries a few MiB shows 0% or several times the mean, and validate's "expected loss 1%"
+    // alone let a user take a short run's rate for the model's. Uniform loss has no such
+    // scale worth a word: its losses are 100 packets apart on average.
+    let dir = fresh_dir("validate-burst-scale");
+    let ge = write(
+        &dir,
+        "ge.toml",
+        "mtu = 4096\nmodel = { kind = \"gilbert_elliott\", rate = 0.01, mean_burst = 8 }\n",
+    );
+    let (stdout, stderr) = text(&lossy(&["validate", &ge], &[]));
+    assert!(
+        stdout.contains("a burst begins every 800 packets (3.1 MiB at mtu 4096) on average"),
+        "{stdout}{stderr}"
+    );
+    let uniform = write(
+        &dir,
+        "u.toml",
+        "model = { kind = \"uniform\", rate = 0.01 }\n",
+    );
+    let (stdout, stderr) = text(&lossy(&["validate", &uniform], &[]));
+    assert!(
+        stdout.contains("expected loss 1%") && !stdout.contains("a burst begins every"),
+        "{stdout}{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

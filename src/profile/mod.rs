@@ -14,7 +14,7 @@ use serde_json::{json, Value as Json};
 use crate::error::{Error, Result};
 use crate::files::read_regular_file;
 use crate::loss::engine::LossEngine;
-use crate::loss::model::short;
+use crate::loss::model::{binary_size, short};
 use crate::loss::plan::Effect;
 use crate::loss::rules::{Action, Direction, Rule};
 
@@ -120,10 +120,9 @@ fn describe_action(action: &Action, profile_mtu: u32) -> String {
         short(loss * 100.0)
     );
     if loss > 0.0 {
-        s.push_str(&format!(
-            " (mean burst {})",
-            short(action.model.expected_mean_burst())
-        ));
+        let burst = action.model.expected_mean_burst();
+        s.push_str(&format!(" (mean burst {})", short(burst)));
+        s.push_str(&burst_spacing(loss, burst, action.mtu));
     }
     if let Some((events, wait_us)) = expected_wait(action) {
         s.push_str(&format!(
@@ -134,6 +133,24 @@ fn describe_action(action: &Action, profile_mtu: u32) -> String {
         ));
     }
     s
+}
+
+/// For a model that loses in bursts (a mean burst of 2 packets or more): how far apart the
+/// bursts begin, `mean burst / rate` packets, in packets and bytes at `mtu`. A stream sees
+/// its model's loss rate only over many of those (a Gilbert-Elliott or 4-state stream starts
+/// in its good state), so a connection that carries a few of them shows 0% or several times
+/// the mean; "expected loss 1%" alone let a short run's rate pass for the model's.
+fn burst_spacing(rate: f64, burst: f64, mtu: u32) -> String {
+    if !(burst >= 2.0 && burst.is_finite() && rate > 0.0) {
+        return String::new();
+    }
+    let packets = burst / rate;
+    let bytes = (packets * f64::from(mtu)).min(u64::MAX as f64) as u64;
+    format!(
+        ", a burst begins every {} packets ({} at mtu {mtu}) on average",
+        short(packets.round()),
+        binary_size(bytes)
+    )
 }
 
 /// Reference message of [`expected_wait`]: NCCL's 512 KiB slices of a large transfer.

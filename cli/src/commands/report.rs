@@ -8,6 +8,7 @@ use plotters::coord::{CoordTranslate, Shift};
 use plotters::prelude::*;
 
 use super::report_steps::{self, RunSteps};
+use nccl_net_lossy::loss::model::binary_size;
 use nccl_net_lossy::stats::report::{load_run, OpSummary, RunSummary};
 
 /// Arguments of `lossy report`.
@@ -235,21 +236,6 @@ fn fmt_opt(value: Option<f64>, digits: usize) -> String {
     value.map_or_else(|| "-".to_string(), |v| format!("{v:.digits$}"))
 }
 
-fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
-
 /// The human-readable table.
 fn table(runs: &[RunSummary]) -> String {
     let mut out = format!(
@@ -275,7 +261,7 @@ fn table(runs: &[RunSummary]) -> String {
                 row.op,
                 run.ranks,
                 row.counts.messages,
-                human_bytes(row.counts.bytes),
+                binary_size(row.counts.bytes),
                 row.counts.packets,
                 row.counts.lost_packets,
                 row.loss_rate * 100.0,

@@ -105,6 +105,22 @@ impl std::fmt::Display for ModelError {
     }
 }
 
+/// A byte count in binary units with one decimal ("3.1 MiB"), whole bytes below 1 KiB.
+pub fn binary_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
 /// Short decimal form for summaries: up to 6 significant digits, no trailing zeros; below
 /// 1e-6 and from 1e9 up in exponent form (`1e-13`, not `0`; `1e300`, not 300 digits).
 pub fn short(x: f64) -> String {
