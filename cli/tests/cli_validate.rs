@@ -524,7 +524,7 @@ fn a_bare_value_holding_another_override_is_refused() {
     );
     for (set, env) in [
         ("description=sweep model.rate=0.5", None),
-        ("trace=/tmp/t,model.rate=0.5", None),
+        ("trace=runs/t,model.rate=0.5", None),
         ("", Some("inner=ib model.rate=0.5")),
     ] {
         let mut args = vec!["validate", file.as_str()];
