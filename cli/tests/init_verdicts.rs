@@ -263,6 +263,30 @@ fn a_peer_rule_without_a_launcher_rank_is_warned_about_at_init() {
 }
 
 #[test]
+fn a_lossy_profile_without_a_launcher_rank_is_warned_about_at_init() {
+    // Loss streams are seeded from the launcher's rank: without one every process seeded as
+    // rank 0 toward an unknown peer, so all ranks lost the same packets, without a word.
+    let unset = [
+        ("RANK", ""),
+        ("OMPI_COMM_WORLD_RANK", ""),
+        ("PMI_RANK", ""),
+        ("SLURM_PROCID", ""),
+    ];
+    // The embedded default (uniform 1%, retransmit) loses too.
+    let (init, log) = init_outcome(&unset);
+    assert_eq!(init, "INIT ok", "{log}");
+    assert!(
+        log.contains("same packets") && log.contains("RANK"),
+        "init said nothing of the seeding: {log}"
+    );
+    let mut env = unset.to_vec();
+    env[0] = ("RANK", "1");
+    let (init, log) = init_outcome(&env);
+    assert_eq!(init, "INIT ok", "{log}");
+    assert!(!log.contains("same packets"), "{log}");
+}
+
+#[test]
 fn a_stats_interval_with_nowhere_to_write_is_warned_about_at_init_and_by_validate() {
     // `stats_interval` sets how often the statistics file is written, but the file is written
     // only into NCCL_LOSSY_STATS: without it (and without a trace directory) the key did

@@ -152,10 +152,13 @@ pub fn unknown_comm_size_warning(profile: &Profile, tuner_plugin: Option<&str>) 
     ))
 }
 
-/// A warning when rules match on `peer` while this process has no launcher rank (`rank`,
-/// from [`LAUNCHER_RANK_VARS`]): peers are the launcher's ranks, carried in the connection
-/// handle, so without one no message has a peer and such a rule never matches. `set` is what
-/// the rank variables hold that are set but are not a rank (`RANK=rank-one`).
+/// A warning when this process has no launcher rank (`rank`, from [`LAUNCHER_RANK_VARS`])
+/// and that changes what runs. Rules that match on `peer` never match: peers are the
+/// launcher's ranks, carried in the connection handle, so without one no message has a peer.
+/// And a profile that can lose seeds every loss stream as rank 0's toward an unknown peer
+/// (`StreamKey`): every such process draws the same streams, so the ranks' k-th connections
+/// lose the same packets of the same messages instead of independently. `set` is what the
+/// rank variables hold that are set but are not a rank (`RANK=rank-one`).
 pub fn unknown_rank_warning(
     profile: &Profile,
     rank: Option<u64>,
@@ -171,7 +174,8 @@ pub fn unknown_rank_warning(
         .filter(|(_, rule)| rule.when.peers.is_some())
         .map(|(i, _)| format!("rules.{i}"))
         .collect();
-    if rules.is_empty() {
+    let loses = profile.actions().any(|action| action.model.can_lose());
+    if rules.is_empty() && !loses {
         return None;
     }
     let held = if set.is_empty() {
@@ -183,18 +187,33 @@ pub fn unknown_rank_warning(
             .collect();
         format!("{} is not a rank (a number)", values.join(", "))
     };
+    let mut consequences = Vec::new();
+    if !rules.is_empty() {
+        consequences.push(format!(
+            "{} of profile {} {} on peer, a launcher's rank: {}",
+            rules.join(", "),
+            profile.origin,
+            if rules.len() == 1 { "matches" } else { "match" },
+            if rules.len() == 1 {
+                "that rule never matches a message"
+            } else {
+                "those rules never match a message"
+            }
+        ));
+    }
+    if loses {
+        consequences.push(format!(
+            "the loss streams of profile {} are seeded from the rank, so every process without \
+             one seeds them alike: the ranks' connections lose the same packets of the same \
+             messages, not independently",
+            profile.origin
+        ));
+    }
     Some(format!(
-        "{} of profile {} {} on peer, a launcher's rank, but this process has none ({}: \
-         {held}): {}. Launch with torchrun, mpirun or srun, or set RANK",
-        rules.join(", "),
-        profile.origin,
-        if rules.len() == 1 { "matches" } else { "match" },
+        "this process has no launcher rank ({}: {held}): {}. Launch with torchrun, mpirun or \
+         srun, or set RANK",
         LAUNCHER_RANK_VARS.join(", "),
-        if rules.len() == 1 {
-            "that rule never matches a message"
-        } else {
-            "those rules never match a message"
-        }
+        consequences.join("; ")
     ))
 }
 
@@ -372,6 +391,36 @@ mod tests {
             );
         }
         assert_eq!(unguarded_ll_warning(&retransmit, None, other), None);
+    }
+
+    #[test]
+    fn a_lossy_profile_without_a_launcher_rank_warns_that_every_rank_loses_the_same_packets() {
+        // Loss streams are seeded from (seed, rank, communicator, peer, connection, rule):
+        // without a launcher rank every process seeds as rank 0 with an unknown peer, so
+        // the ranks' k-th connections drew the very same drop pattern, without a word.
+        let p = |text: &str| Profile::parse(text, "p.toml", "").unwrap();
+        let lossy = p("model = { kind = \"uniform\", rate = 0.01 }\n");
+        let warning = unknown_rank_warning(&lossy, None, &[])
+            .expect("a lossy profile without a rank is warned about");
+        assert!(
+            warning.contains("same packets") && warning.contains("RANK"),
+            "{warning}"
+        );
+        // A rule that loses while the defaults do not counts too.
+        let rule = p(
+            "[[rules]]\ncollective = \"AllReduce\"\nmodel = { kind = \"uniform\", rate = 0.1 }\n",
+        );
+        assert!(unknown_rank_warning(&rule, None, &[]).is_some());
+        // With a rank, or with nothing to lose, there is nothing to say.
+        assert_eq!(unknown_rank_warning(&lossy, Some(3), &[]), None);
+        assert_eq!(unknown_rank_warning(&p(""), None, &[]), None);
+        // Peer rules and loss together: one warning says both.
+        let both = p("model = { kind = \"uniform\", rate = 0.01 }\n[[rules]]\npeer = 1\n");
+        let warning = unknown_rank_warning(&both, None, &[("RANK", "x".into())]).unwrap();
+        assert!(
+            warning.contains("rules.0") && warning.contains("same packets"),
+            "{warning}"
+        );
     }
 
     #[test]
