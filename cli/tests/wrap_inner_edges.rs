@@ -117,6 +117,25 @@ fn an_inner_test_that_fails_fails_our_test_with_its_code() {
 }
 
 #[test]
+fn an_inner_devices_rail_and_plane_reach_nccl_as_the_inner_plugin_reports_them() {
+    // NCCL's topology search never pairs NICs of different planes, and without cross-NIC
+    // rings only NICs of one rail (src/graph/search.cc): a wrapped device must keep them.
+    let (inner, target) = forward_to_calibration("edge-rail-plane");
+    for version in [8, 11, 12] {
+        let (passed, text) = run_case(
+            "rail_plane",
+            version,
+            &inner,
+            &[
+                ("FORWARD_PLUGIN_TARGET", &target),
+                ("FORWARD_PLUGIN_RAIL_PLANE", "3,1"),
+            ],
+        );
+        assert!(passed, "v{version}:\n{text}");
+    }
+}
+
+#[test]
 fn an_inner_test_that_fails_with_a_cuda_error_fails_ours_with_that_code() {
     // Every code NCCL's headers have named since net v8 reaches NCCL as the inner plugin
     // returned it: NCCL tells the user "unhandled cuda error" for this one, not "internal
@@ -276,6 +295,16 @@ fn test_fails() {
     assert_eq!(err.kind, kind, "{err}");
 }
 
+fn rail_plane() {
+    let (lib, version) = client();
+    let client = PluginClient::init(&lib, version, 1).expect("init");
+    let props = client.properties(0).expect("getProperties");
+    // Only v12's struct has the fields (the client reads older ones as -1, unknown, as
+    // NCCL's compat layers set them, src/plugin/net/net_v11.cc).
+    let want = if version >= 12 { (3, 1) } else { (-1, -1) };
+    assert_eq!((props.rail_id, props.plane_id), want, "v{version}");
+}
+
 /// Posts `data` as a send, again and again while the plugin answers "not yet", as NCCL's
 /// proxy does; returns the request and how many posts were refused.
 fn send_until_started(send: &SendComm, data: Vec<u8>, tag: i32) -> (Request, usize) {
@@ -372,6 +401,7 @@ fn child() {
         "test_fails" => test_fails(),
         "null_posts" => null_posts(),
         "grouped_recv" => grouped_recv(),
+        "rail_plane" => rail_plane(),
         other => panic!("unknown case {other}"),
     }
     println!("CASE PASSED");

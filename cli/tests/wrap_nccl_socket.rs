@@ -278,7 +278,7 @@ fn an_nccl_socket_init_that_finds_no_interface_fails_our_init() {
 #[test]
 fn every_net_abi_version_shows_the_socket_devices_properties() {
     // What NCCL's topology reads of a device (PCI path, GUID, speed, port, latency, maxComms,
-    // message limits) is the inner device's; ptrSupport, maxRecvs and the device type are
+    // message limits, v12's rail and plane) is the inner device's; ptrSupport, maxRecvs and the device type are
     // ours (docs/wrap.md, "What NCCL sees").
     let Some(inner) = nccl_socket() else { return };
     let lib = wrapped_lib(&inner);
@@ -309,6 +309,13 @@ fn every_net_abi_version_shows_the_socket_devices_properties() {
                     "v{version}"
                 );
                 assert_eq!(w.vdevs, [dev], "v{version}");
+            }
+            if version >= 12 {
+                assert_eq!(
+                    (w.rail_id, w.plane_id),
+                    (d.rail_id, d.plane_id),
+                    "v{version}"
+                );
             }
         }
     }

@@ -260,6 +260,8 @@ pub(crate) struct CommonProps {
     max_recvs: c_int,
     max_p2p_bytes: usize,
     max_coll_bytes: usize,
+    rail_id: i16,
+    plane_id: i16,
 }
 
 /// Properties of `dev`, in the form every version's struct is filled from.
@@ -280,6 +282,8 @@ pub(crate) fn common_props(dev: c_int) -> Result<CommonProps> {
         max_recvs: props.max_recvs,
         max_p2p_bytes: props.max_p2p_bytes,
         max_coll_bytes: props.max_coll_bytes,
+        rail_id: props.rail_id,
+        plane_id: props.plane_id,
     })
 }
 

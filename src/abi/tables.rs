@@ -185,8 +185,8 @@ extern "C" fn get_properties_v12(dev: c_int, props: *mut ncclNetProperties_v12_t
         p.maxP2pBytes = c.max_p2p_bytes;
         p.maxCollBytes = c.max_coll_bytes;
         p.maxMultiRequestSize = 1;
-        p.railId = -1;
-        p.planeId = -1;
+        p.railId = c.rail_id;
+        p.planeId = c.plane_id;
         Ok(())
     })
 }

@@ -67,6 +67,10 @@ pub struct DeviceProps {
     pub max_p2p_bytes: usize,
     /// Largest collective message in bytes.
     pub max_coll_bytes: usize,
+    /// Rail of the device (net v12's `railId`; -1: unknown).
+    pub rail_id: i16,
+    /// Network plane of the device (net v12's `planeId`; -1: unknown).
+    pub plane_id: i16,
 }
 
 /// A finished request: how many bytes each of its buffers got (sends: one entry).

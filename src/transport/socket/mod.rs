@@ -312,6 +312,8 @@ impl SocketTransport {
                     max_recvs: ADVERTISED_MAX_RECVS,
                     max_p2p_bytes: wire::MAX_MESSAGE_BYTES as usize,
                     max_coll_bytes: wire::MAX_MESSAGE_BYTES as usize,
+                    rail_id: -1,
+                    plane_id: -1,
                 };
                 Device { iface, props }
             })

@@ -133,6 +133,10 @@ impl WrapTransport {
                 max_recvs: 1,
                 max_p2p_bytes: clamp_bytes(p.max_p2p_bytes),
                 max_coll_bytes: clamp_bytes(p.max_coll_bytes),
+                // NCCL's topology search never pairs NICs of different planes, nor (without
+                // cross-NIC rings) of different rails (src/graph/search.cc).
+                rail_id: p.rail_id,
+                plane_id: p.plane_id,
             });
         }
         log::info(&format!(
