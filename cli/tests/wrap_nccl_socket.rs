@@ -28,6 +28,8 @@ use lossy_cli::harness::plugin_client::{op, PluginClient, PluginLibrary};
 use lossy_cli::harness::worker::{Job, LinkKind, RunSpec, Task};
 use nccl_net_lossy::profile::Profile;
 use nccl_net_lossy::stats::report::load_run;
+use nccl_net_lossy::transport::socket::{SocketConfig, SocketTransport};
+use nccl_net_lossy::transport::{Transport, HANDLE_WIRE_SIZE};
 use nccl_net_lossy::{Error, ErrorKind};
 
 /// The peer folder, relative to the workspace root.
@@ -319,6 +321,37 @@ fn every_net_abi_version_shows_the_socket_devices_properties() {
             }
         }
     }
+}
+
+#[test]
+fn a_peer_on_our_own_sockets_is_named_at_connect() {
+    // A rank that does not wrap (NCCL_LOSSY_INNER or `transport = "wrap"` missing on its
+    // node) hands out a handle of this library's own socket transport. Connecting to it
+    // through the inner plugin must fail at once and say why, not hand the inner plugin
+    // bytes it reads as an address (NCCL's Socket transport: "family 20300 is neither
+    // AF_INET nor AF_INET6", ncclInternalError). The connect runs in a peer process, whose
+    // log (stderr) carries the reason.
+    let Some(inner) = nccl_socket() else { return };
+    let exe = std::env::current_exe().expect("test binary");
+    let lib = inner.display().to_string();
+    let out = Command::new(exe)
+        .args(["--exact", CHILD, "--ignored", "--nocapture"])
+        .env(ROLE_ENV, "connect_to_own_sockets")
+        .env(PEER_LIB_ENV, &lib)
+        .envs(wrap_env(&inner, "configs/lossless.toml"))
+        .output()
+        .expect("run the peer");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("CONNECT FAILED InvalidUsage"), "{text}");
+    assert!(
+        text.contains("does not run wrap mode") && text.contains("NCCL_LOSSY_INNER"),
+        "{text}"
+    );
 }
 
 /// Runs `lossy` with `args` and `env` (over loopback); returns (success, stdout, stderr).
@@ -701,6 +734,23 @@ fn nccl_socket_peer() {
     let client = PluginClient::init(&lib, 12, 900).expect("init");
     let wait = Duration::from_secs(60);
     match role.as_str() {
+        "connect_to_own_sockets" => {
+            let config = SocketConfig {
+                ifname: Some("lo".into()),
+                ..SocketConfig::default()
+            };
+            let sockets = SocketTransport::new(config).expect("our socket transport on lo");
+            let mut wire = [0u8; HANDLE_WIRE_SIZE];
+            let _listener = sockets.listen(0, None, &mut wire).expect("listen");
+            let mut handle = [0u8; 128];
+            handle[..HANDLE_WIRE_SIZE].copy_from_slice(&wire);
+            let err = client
+                .connect(0, &handle)
+                .wait(Duration::from_secs(20))
+                .err()
+                .expect("a connect to a peer that does not wrap succeeded");
+            say(&format!("CONNECT FAILED {:?}", err.kind));
+        }
         "recv_stream" => {
             let (handle, mut listen) = client.listen(0).expect("listen");
             say(&format!("HANDLE {}", common::hex(&handle)));

@@ -107,7 +107,10 @@ impl Handle {
     pub fn decode(b: &WireHandle) -> Result<Handle> {
         let bad = |why: &str| Error::internal(format!("bad connection handle: {why}"));
         if get_u64(b, 0) != HANDLE_MAGIC {
-            return Err(bad("wrong magic (not from this plugin's socket transport)"));
+            return Err(bad(
+                "wrong magic (not from this plugin's socket transport: does the peer run wrap \
+                 mode? NCCL_LOSSY_INNER, or transport = \"wrap\", must be alike on every rank)",
+            ));
         }
         let version = get_u16(b, 8);
         if version != PROTOCOL_VERSION {

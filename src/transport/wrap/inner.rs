@@ -28,6 +28,9 @@ pub struct InnerPlugin {
     logger: ncclDebugLogger_t,
     /// The file that was loaded.
     pub path: PathBuf,
+    /// Whether it is a copy of this library (it exports `ncclLossyInnerMode`), whose handles
+    /// are those of this library's own socket transport.
+    pub lossy_copy: bool,
 }
 
 /// The file names tried for `spec`, as NCCL resolves `NCCL_NET_PLUGIN`: a path as given;
@@ -142,8 +145,8 @@ impl InnerPlugin {
         let (lib, net, file) = load(spec, newest, true)?;
         // SAFETY: a copy of this library exports `ncclLossyInnerMode` as
         // `extern "C" fn() -> c_int`; the pointer is used while the library is loaded.
-        if let Some(set) = unsafe { lib.function::<extern "C" fn() -> c_int>("ncclLossyInnerMode") }
-        {
+        let set = unsafe { lib.function::<extern "C" fn() -> c_int>("ncclLossyInnerMode") };
+        if let Some(set) = set {
             set();
         }
         // NCCL hands a v10+ plugin's `init` its profiler callback, never NULL: the inner
@@ -154,6 +157,7 @@ impl InnerPlugin {
             contexts: Mutex::new(vec![Arc::new(ctx)]),
             logger,
             path: PathBuf::from(file),
+            lossy_copy: set.is_some(),
         })
     }
 

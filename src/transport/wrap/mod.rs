@@ -16,6 +16,7 @@ use crate::ffi::net::{NetComm, NetMr};
 use crate::ffi::{ncclDebugLogger_t, ncclNetAttr_v11_t, NCCL_PTR_HOST};
 use crate::loss::effect::{flip_lost, lost_ranges, zero_lost};
 use crate::loss::plan::{Effect, LossPlan, PacketRun};
+use crate::transport::socket::wire::HANDLE_MAGIC;
 use crate::transport::{
     Completion, Connector, DeviceProps, HostBuf, Listener, MrHandle, RecvConn, RequestId, SendConn,
     Transport, WireHandle, HANDLE_SIZE, HANDLE_WIRE_SIZE, MAX_RECVS, MAX_REQUESTS,
@@ -222,6 +223,18 @@ impl Transport for WrapTransport {
         traffic_class: Option<i32>,
         handle: &WireHandle,
     ) -> Result<Box<dyn Connector>> {
+        if !self.plugin.lossy_copy && handle[..8] == HANDLE_MAGIC.to_le_bytes() {
+            // The inner plugin would read our socket handle as its own: NCCL's Socket and IB
+            // transports take its first bytes as an address (an unknown family fails) and
+            // the later ones as their socket count and connect progress (random bytes there
+            // made NCCL's Socket transport hand out a comm with no connection behind it).
+            return Err(Error::invalid_usage(format!(
+                "wrap mode: the peer's connection handle comes from this plugin's own socket \
+                 transport, so the peer does not run wrap mode over {} (set NCCL_LOSSY_INNER, \
+                 or transport = \"wrap\" with inner, alike on every rank)",
+                self.plugin.name()
+            )));
+        }
         let mut full = Box::new([0u8; HANDLE_SIZE]);
         full[..HANDLE_WIRE_SIZE].copy_from_slice(handle);
         Ok(Box::new(WrapConnector {
