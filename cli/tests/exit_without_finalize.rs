@@ -27,13 +27,14 @@ const HANG: Duration = Duration::from_secs(60);
 
 /// Runs `role` in a fresh process writing statistics and a trace under `dir`; checks that it
 /// exits successfully and in time, and returns its statistics file and its trace.
-fn run(role: &str, dir: &Path) -> (StatsFile, serde_json::Value) {
+fn run(role: &str, dir: &Path, set: &str) -> (StatsFile, serde_json::Value) {
     let stats = dir.join("stats");
     let trace = dir.join("trace");
     let env = [
         ("NCCL_SOCKET_IFNAME", "lo"),
         ("NCCL_LOSSY_STATS", stats.to_str().expect("utf-8")),
         ("NCCL_LOSSY_TRACE", trace.to_str().expect("utf-8")),
+        ("NCCL_LOSSY_SET", set),
     ];
     let mut peer = Peer::spawn(CHILD, role, &env);
     peer.expect_line("OK");
@@ -75,7 +76,7 @@ fn run(role: &str, dir: &Path) -> (StatsFile, serde_json::Value) {
 
 fn check(role: &str) {
     let dir = fresh_dir(&format!("exit-{role}"));
-    let (file, trace) = run(role, &dir);
+    let (file, trace) = run(role, &dir, "");
     assert_eq!(
         file.total.messages, MESSAGES,
         "{role}: the statistics written at exit miss messages"
@@ -105,6 +106,39 @@ fn exiting_with_comms_open_under_net_v9_keeps_the_statistics() {
 #[test]
 fn exiting_while_another_thread_tests_a_request_keeps_the_statistics() {
     check("testing");
+}
+
+#[test]
+fn a_burst_still_going_at_exit_is_in_the_burst_histogram() {
+    // Every packet lost: the connection's messages make one burst that is still going when
+    // the process exits (a burst that reaches a message's end goes on into the next
+    // message). The file written at exit counted every packet lost but held no burst at all,
+    // so the report showed 100% loss and no burst length; the live statistics
+    // (`ncclLossyStatsJson`, a periodic write) left out the burst in progress the same way.
+    let dir = fresh_dir("exit-burst-open");
+    let (file, _) = run("open_v12", &dir, "model.kind=uniform;model.rate=1");
+    assert_eq!(file.total.messages, MESSAGES);
+    assert_eq!(file.total.lost_packets, file.total.packets);
+    let bins: Vec<(u64, u64)> = file
+        .connections
+        .iter()
+        .flat_map(|c| &c.histograms)
+        .flat_map(|h| h.burst_lengths.iter().copied())
+        .collect();
+    // One burst of every packet; its bin (two significant digits) lies less than 1/128
+    // above its length.
+    assert_eq!(
+        bins.iter().map(|&(_, n)| n).sum::<u64>(),
+        1,
+        "bursts in the file written at exit: {bins:?}"
+    );
+    let (len, _) = bins[0];
+    let lost = file.total.lost_packets;
+    assert!(
+        len >= lost && len * 128 <= lost * 129,
+        "a burst of {len} for {lost} lost packets"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Moves [`MESSAGES`] messages over one connection of `client` and leaves it open.

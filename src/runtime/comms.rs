@@ -303,6 +303,9 @@ impl SendComm {
         state.bursts.observe(op, packets, runs, |op, len| {
             self.stats.record_burst(op, len)
         });
+        if let Some((op, len)) = state.bursts.open() {
+            self.stats.set_open_burst(op, len);
+        }
         let at = Instant::now();
         let event = timeline::ring().map(|ring| TimelineEvent {
             start_ns: ring.monotonic_of(at),

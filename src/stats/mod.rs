@@ -186,7 +186,30 @@ pub struct ConnectionStats {
     /// Per rule of the profile, then one for its defaults.
     by_rule: Box<[Cell]>,
     bursts: Mutex<Vec<Option<Box<Histogram<u32>>>>>,
+    /// The burst still going at the end of the connection's last message (see
+    /// [`ConnectionStats::set_open_burst`]), packed by [`pack_open_burst`]; 0: none.
+    open_burst: AtomicU64,
     latencies: LatencyCounts,
+}
+
+/// Bits of [`ConnectionStats::open_burst`] that hold the burst's length (the collective's slot
+/// is above them).
+const OPEN_LEN_BITS: u32 = 48;
+
+/// A burst in progress as one word: its collective's slot above [`OPEN_LEN_BITS`], its length
+/// (at least 1, at most what the bits hold; the histogram stops at [`BURST_MAX`] anyway) below.
+fn pack_open_burst(op: usize, len: u64) -> u64 {
+    let op = op.min(OP_SLOTS - 1) as u64;
+    (op << OPEN_LEN_BITS) | len.clamp(1, (1 << OPEN_LEN_BITS) - 1)
+}
+
+/// The (collective slot, length) of a word [`pack_open_burst`] made; None for 0.
+fn unpack_open_burst(word: u64) -> Option<(usize, u64)> {
+    let (op, len) = (
+        (word >> OPEN_LEN_BITS) as usize,
+        word & ((1 << OPEN_LEN_BITS) - 1),
+    );
+    (word != 0).then_some((op, len))
 }
 
 impl ConnectionStats {
@@ -200,6 +223,7 @@ impl ConnectionStats {
                 .collect(),
             by_rule: Box::new([Cell::default()]),
             bursts: Mutex::new((0..OP_SLOTS).map(|_| None).collect()),
+            open_burst: AtomicU64::new(0),
             latencies: LatencyCounts::new(),
         }
     }
@@ -227,13 +251,30 @@ impl ConnectionStats {
     }
 
     /// Records a finished burst of `len` consecutive lost packets, attributed to collective `op`.
+    /// A burst in progress ([`ConnectionStats::set_open_burst`]) ends with the first burst
+    /// recorded after it (itself, or one after a message that ended it): it is forgotten here,
+    /// under the lock a snapshot reads the histograms under, so that no snapshot counts it
+    /// both as in progress and as finished.
     pub fn record_burst(&self, op: usize, len: u64) {
         if let Ok(mut all) = self.bursts.lock() {
+            self.open_burst.store(0, Ordering::Relaxed);
             if let Some(slot) = all.get_mut(op.min(OP_SLOTS - 1)) {
                 slot.get_or_insert_with(new_burst_histogram)
                     .saturating_record(len.clamp(1, BURST_MAX));
             }
         }
+    }
+
+    /// Says which burst is in progress at the end of the message just counted: `len` lost
+    /// packets so far, of collective `op` (the message's), which the next message may go on.
+    /// Snapshots count it as a burst of its length so far, so that the statistics read while
+    /// the connection is open (`ncclLossyStatsJson`, a periodic write, the write at an exit
+    /// that closes nothing) hold it; the histogram gets it when it ends. Called after
+    /// [`ConnectionStats::record_message`] and after recording the bursts the message ended
+    /// (which forgot the earlier one), by the connection's one sending thread.
+    pub fn set_open_burst(&self, op: usize, len: u64) {
+        self.open_burst
+            .store(pack_open_burst(op, len), Ordering::Release);
     }
 
     /// Records how long a message of collective `op` took from `isend` to completion. One
@@ -250,11 +291,25 @@ impl ConnectionStats {
         // those counts visible to the reads below. Read the other way round, a snapshot
         // taken while messages flow could hold a burst whose lost packets it does not count
         // (bursts on a collective that lost nothing), which the reader refuses.
+        // The burst in progress is read under the same lock, after the histograms: the one
+        // that ended it cleared it under that lock before recording itself (no burst is
+        // read twice), and it was set after its message was counted (the counts read below
+        // hold its lost packets).
         let bursts: Vec<Option<Vec<(u64, u64)>>> = match self.bursts.lock() {
-            Ok(all) => all
-                .iter()
-                .map(|h| h.as_deref().map(histogram_bins))
-                .collect(),
+            Ok(all) => {
+                let open = unpack_open_burst(self.open_burst.load(Ordering::Acquire));
+                all.iter()
+                    .enumerate()
+                    .map(|(op, h)| match open {
+                        Some((open_op, len)) if open_op == op => {
+                            let mut with_open = h.clone().unwrap_or_else(new_burst_histogram);
+                            with_open.saturating_record(len.clamp(1, BURST_MAX));
+                            Some(histogram_bins(&with_open))
+                        }
+                        _ => h.as_deref().map(histogram_bins),
+                    })
+                    .collect()
+            }
             Err(_) => Vec::new(),
         };
         let mut by_op = Vec::new();
@@ -503,6 +558,12 @@ impl BurstTracker {
         }
     }
 
+    /// The burst still going at the end of the last message: (collective slot, length so
+    /// far).
+    pub fn open(&self) -> Option<(usize, u64)> {
+        (self.open_len > 0).then_some((self.open_op, self.open_len))
+    }
+
     /// Ends a burst still open when the connection closes.
     pub fn finish(&mut self, mut finished: impl FnMut(usize, u64)) {
         if self.open_len > 0 {
@@ -660,5 +721,41 @@ mod tests {
         tracker.observe(4, 4, [run(3, 1)], |op, len| seen.push((op, len)));
         tracker.finish(|op, len| seen.push((op, len)));
         assert_eq!(seen.last(), Some(&(4, 1)));
+    }
+
+    #[test]
+    fn a_snapshot_counts_the_burst_in_progress_once() {
+        // Feeds messages as the sender does (counts, bursts that ended, the burst in
+        // progress) and reads the burst histogram of collective 2 after each.
+        let stats = ConnectionStats::new(1, 0);
+        let mut tracker = BurstTracker::default();
+        let mut send = |packets: u64, runs: &[(u32, u32)]| {
+            let lost: u64 = runs.iter().map(|r| u64::from(r.1)).sum();
+            stats.record_message(&MessageRecord {
+                op: 2,
+                packets,
+                lost_packets: lost,
+                loss_events: runs.len() as u64,
+                ..MessageRecord::default()
+            });
+            tracker.observe(2, packets, runs.iter().copied(), |op, len| {
+                stats.record_burst(op, len)
+            });
+            if let Some((op, len)) = tracker.open() {
+                stats.set_open_burst(op, len);
+            }
+            let snap = stats.snapshot();
+            snap.histograms
+                .iter()
+                .flat_map(|h| h.burst_lengths.clone())
+                .collect::<Vec<_>>()
+        };
+        // A burst of 3 reaching the end: in progress, shown at its length so far.
+        assert_eq!(send(10, &[(7, 3)]), vec![(3, 1)]);
+        // Carried on through a whole message, then ended inside the next one.
+        assert_eq!(send(4, &[(0, 4)]), vec![(7, 1)]);
+        assert_eq!(send(10, &[(0, 1), (9, 1)]), vec![(1, 1), (8, 1)]);
+        // A lossless message ends the one in progress: counted once, as finished.
+        assert_eq!(send(10, &[]), vec![(1, 1), (8, 1)]);
     }
 }
