@@ -123,6 +123,88 @@ fn the_last_write_of_a_run_is_reported_even_after_a_flood_of_failed_ones() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// Where the child of `relative_directories_stay_where_init_found_them` starts, and where
+/// it moves to after `init`.
+const START_DIR_ENV: &str = "LOSSY_TEST_START_DIR";
+const MOVED_DIR_ENV: &str = "LOSSY_TEST_MOVED_DIR";
+
+#[test]
+fn relative_directories_stay_where_init_found_them() {
+    // NCCL_LOSSY_STATS=stats and NCCL_LOSSY_TRACE=trace, relative, and a script that changes
+    // its working directory after NCCL's init (a config framework's run directory, a
+    // library's chdir): init checked and created `start/stats`, but each write read the
+    // variable again against the directory of the moment, so the final statistics and the
+    // trace went to `moved/stats` and `moved/trace` (created there), and the directory the
+    // run was checked against held nothing for `lossy report`.
+    let dir = common::fresh_dir("stats-relative");
+    let (start, moved) = (dir.join("start"), dir.join("moved"));
+    for d in [&start, &moved] {
+        std::fs::create_dir_all(d).expect("create");
+    }
+    let (said, logged) = run_child(
+        "relative",
+        &[
+            ("NCCL_LOSSY_STATS", "stats"),
+            ("NCCL_LOSSY_TRACE", "trace"),
+            (START_DIR_ENV, start.to_str().expect("utf-8")),
+            (MOVED_DIR_ENV, moved.to_str().expect("utf-8")),
+        ],
+        &dir.join("log"),
+    );
+    println!("{said}");
+    for (sub, prefix) in [("stats", "lossy-stats-"), ("trace", "lossy-trace-")] {
+        assert!(
+            !moved.join(sub).exists(),
+            "{sub} written into the directory the process moved to:\n{logged}"
+        );
+        let files: Vec<_> = std::fs::read_dir(start.join(sub))
+            .expect("the directory init created")
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+            .collect();
+        assert_eq!(files.len(), 1, "{sub}: {files:?}\n{logged}");
+    }
+    let file = nccl_net_lossy::stats::writer::StatsFile::read(
+        &std::fs::read_dir(start.join("stats"))
+            .expect("stats")
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.to_string_lossy().ends_with(".json"))
+            .expect("a statistics file"),
+    )
+    .expect("statistics file");
+    assert_eq!(file.total.messages, 3, "the final write's numbers");
+    // The path the control API hands the Python profiler names the same file wherever the
+    // process is now.
+    let path = said.trim().rsplit(' ').next().expect("a path");
+    assert!(
+        Path::new(path).is_absolute() && Path::new(path).starts_with(&start),
+        "ncclLossyWriteTrace said {path}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `ncclLossyWriteTrace` of the copy of the plugin this process loaded: the path it wrote.
+fn write_trace_now() -> String {
+    let path = std::ffi::CString::new(library().to_str().expect("utf-8")).expect("no NUL");
+    // SAFETY: a valid C string; RTLD_NOLOAD only hands back the copy already loaded.
+    let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    assert!(!handle.is_null(), "the plugin is not loaded");
+    // SAFETY: a live handle and a NUL-terminated name.
+    let sym = unsafe { libc::dlsym(handle, c"ncclLossyWriteTrace".as_ptr()) };
+    assert!(!sym.is_null(), "no ncclLossyWriteTrace");
+    // SAFETY: the control header's signature of ncclLossyWriteTrace.
+    let write: extern "C" fn(*mut std::ffi::c_char, usize) -> i64 =
+        unsafe { std::mem::transmute(sym) };
+    let mut buf = vec![0u8; 4096];
+    let n = write(buf.as_mut_ptr().cast(), buf.len());
+    assert!(
+        n > 0 && (n as usize) < buf.len(),
+        "ncclLossyWriteTrace: {n}"
+    );
+    String::from_utf8_lossy(&buf[..n as usize]).into_owned()
+}
+
 /// The child side of the tests above: acts on [`ROLE_ENV`].
 #[test]
 #[ignore = "run by the other tests of this file in a process of its own"]
@@ -178,6 +260,17 @@ fn stats_child() {
             drop(pair);
             client.finalize().expect("finalize");
             say("OK finalized after a flood of failed writes");
+        }
+        "relative" => {
+            let var = |name: &str| std::env::var(name).expect(name);
+            std::env::set_current_dir(var(START_DIR_ENV)).expect("chdir to start");
+            let client = PluginClient::init(&lib, 12, 1).expect("init");
+            let pair = common::move_messages(&client, 3, 1000, std::time::Duration::from_secs(60));
+            std::env::set_current_dir(var(MOVED_DIR_ENV)).expect("chdir after init");
+            let trace = write_trace_now();
+            drop(pair);
+            client.finalize().expect("finalize");
+            say(&format!("OK wrote the trace into {trace}"));
         }
         other => panic!("unknown role {other}"),
     }

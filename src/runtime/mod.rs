@@ -139,7 +139,7 @@ impl Runtime {
             return Ok(runtime);
         }
         let mut profile = Profile::from_env()?;
-        output::check_stats_dir()?;
+        output::settle_stats_dir()?;
         let trace_dir = env::var(crate::stats::timeline::TRACE_DIR_ENV)?;
         output::start_trace(
             &profile,

@@ -96,12 +96,47 @@ pub fn stats_file() -> StatsFile {
     StatsFile::new(super::last_profile(), stats::registry().snapshot())
 }
 
-fn stats_dir() -> Option<std::ffi::OsString> {
+/// The statistics directory: the one the latest runtime's `init` found, else (no runtime
+/// built yet: a control call before NCCL's init) `NCCL_LOSSY_STATS` as it is now.
+fn stats_dir() -> Option<PathBuf> {
     if switches::inner_mode() {
         // The outer copy writes this rank's statistics; a second file would clobber them.
         return None;
     }
-    dir_setting(std::env::var_os(STATS_DIR_ENV))
+    match STATS_DIR
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
+    {
+        Some(at_init) => at_init,
+        None => dir_setting(std::env::var_os(STATS_DIR_ENV)).map(|dir| absolute(Path::new(&dir))),
+    }
+}
+
+/// `NCCL_LOSSY_STATS` as the latest runtime's `init` found it, made absolute against the
+/// working directory of that moment (inner `None`: not set); outer `None` until a runtime is
+/// built. A relative directory read again at each write followed the process's working
+/// directory: a script that changes it after NCCL's init (a configuration framework's run
+/// directory) had its statistics written, and the directory created, somewhere else than
+/// where `init` checked and created it.
+static STATS_DIR: Mutex<Option<Option<PathBuf>>> = Mutex::new(None);
+
+/// `dir` made absolute against the working directory now (as given when that cannot be had).
+fn absolute(dir: &Path) -> PathBuf {
+    std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf())
+}
+
+/// [`check_stats_dir`] at a runtime's `init`, which then fixes the directory every write of
+/// the process uses (see [`STATS_DIR`]).
+pub(super) fn settle_stats_dir() -> Result<()> {
+    check_stats_dir()?;
+    let at_init = if switches::inner_mode() {
+        None
+    } else {
+        dir_setting(std::env::var_os(STATS_DIR_ENV)).map(|dir| absolute(Path::new(&dir)))
+    };
+    *STATS_DIR.lock().unwrap_or_else(PoisonError::into_inner) = Some(at_init);
+    Ok(())
 }
 
 /// Whole writes of the statistics file, snapshot included, one at a time (the trace has its
@@ -129,7 +164,10 @@ pub fn write_stats() -> Result<Option<PathBuf>> {
 /// written to: a run that cannot keep its statistics is refused up front, with the variable
 /// and the path named, rather than warned about at every write.
 pub fn check_stats_dir() -> Result<()> {
-    match stats_dir() {
+    if switches::inner_mode() {
+        return Ok(());
+    }
+    match dir_setting(std::env::var_os(STATS_DIR_ENV)) {
         Some(dir) => {
             check_output_dir(Path::new(&dir), "stats").map_err(|err| stats_dir_context(err, &dir))
         }
@@ -340,7 +378,9 @@ pub(super) fn start_trace(
             timeline::Timeline::bytes_for(capacity).div_ceil(1 << 20)
         )));
     }
-    let _ = TRACE_DIR.set(path);
+    // Fixed here, as the statistics directory is (see [`STATS_DIR`]): a relative one is the
+    // working directory's at init, wherever the process goes after.
+    let _ = TRACE_DIR.set(absolute(&path));
     Ok(())
 }
 
