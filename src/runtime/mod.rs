@@ -537,6 +537,7 @@ extern "C" fn release_at_unload() {
             slot.last_profile = None;
         }
         crate::stats::registry().forget_all();
+        output::forget_stats_dir();
     });
 }
 

@@ -121,6 +121,12 @@ fn stats_dir() -> Option<PathBuf> {
 /// where `init` checked and created it.
 static STATS_DIR: Mutex<Option<Option<PathBuf>>> = Mutex::new(None);
 
+/// Forgets the directory [`settle_stats_dir`] fixed: the library is being unloaded, its last
+/// statistics file written (the heap memory of a static would outlive the image).
+pub(super) fn forget_stats_dir() {
+    *STATS_DIR.lock().unwrap_or_else(PoisonError::into_inner) = None;
+}
+
 /// `dir` made absolute against the working directory now (as given when that cannot be had).
 fn absolute(dir: &Path) -> PathBuf {
     std::path::absolute(dir).unwrap_or_else(|_| dir.to_path_buf())
