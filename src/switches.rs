@@ -97,12 +97,14 @@ pub fn set_phase(phase: Phase) {
 /// Sets the current training step.
 pub fn set_step(step: u64) {
     STEP.store(step, Ordering::Relaxed);
-    STEP_SET.store(true, Ordering::Relaxed);
+    // Release: a reader that sees the flag ([`step_set`]) then reads this step or a later one.
+    STEP_SET.store(true, Ordering::Release);
 }
 
-/// Whether [`set_step`] was ever called in this process.
+/// Whether [`set_step`] was ever called in this process (read it before [`step`]: the step
+/// read after it is one set no earlier than the flag).
 pub fn step_set() -> bool {
-    STEP_SET.load(Ordering::Relaxed)
+    STEP_SET.load(Ordering::Acquire)
 }
 
 /// The current training step.

@@ -145,6 +145,9 @@ struct Attribution {
     op_bits: u32,
     phase: switches::Phase,
     step: u64,
+    /// Whether the script had set a step by the first post (a message decided before the
+    /// first step set belongs to none, whenever the proxy posts it again).
+    step_set: bool,
 }
 
 /// A message in flight: when it was posted, its collective slot, its timeline event (when
@@ -238,12 +241,19 @@ impl SendComm {
             op_bits,
             phase,
             step,
+            step_set,
             ..
-        } = retried.unwrap_or_else(|| Attribution {
-            len: buf.len(),
-            op_bits: self.ctx.op(),
-            phase: now.phase,
-            step: switches::step(),
+        } = retried.unwrap_or_else(|| {
+            // Whether a step was set, then the step: a step read after the flag is the one
+            // set with it, or a later one.
+            let step_set = switches::step_set();
+            Attribution {
+                len: buf.len(),
+                op_bits: self.ctx.op(),
+                phase: now.phase,
+                step: switches::step(),
+                step_set,
+            }
         });
         let op = ids::op_slot(op_bits);
         if retried.is_none() {
@@ -271,6 +281,7 @@ impl SendComm {
                 op_bits,
                 phase,
                 step,
+                step_set,
             });
             return Ok(None);
         };
@@ -295,8 +306,9 @@ impl SendComm {
             rule: state.rule,
         });
         // Before the script sets a step, its traffic is not broken down by step; once it has,
-        // step 0 is a step like the others (a loop counting from 0).
-        if step > 0 || switches::step_set() {
+        // step 0 is a step like the others (a loop counting from 0). Whether it had is read
+        // at the message's first post, as its step is.
+        if step_set || step > 0 {
             stats::record_step(step, packets, lost_packets, !state.injecting);
         }
         let runs = plan.lost.iter().map(|r| (r.start, r.len));
