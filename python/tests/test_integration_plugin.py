@@ -561,6 +561,36 @@ def test_a_step_set_through_the_module_moves_the_integrations_recorder_too(tmp_p
     assert [(r["step"], r["packets"]) for r in steps] == [(1, 128), (7, 256), (8, 128)]
 
 
+# A relative NCCL_LOSSY_STATS and a script that changes its working directory after NCCL
+# started: the plugin keeps the directory its init resolved, but the integration resolved the
+# variable again at disable() and wrote the per-step file into the new working directory, apart
+# from the plugin's file (read_stats found no per-step file beside it).
+MOVED = r"""
+import os, sys
+sys.path.insert(0, sys.argv[1])
+import nccl_lossy
+from net_harness import Link
+
+os.chdir(sys.argv[2])
+os.environ["NCCL_LOSSY_STATS"] = "stats"
+integ = nccl_lossy.LossyMegatronIntegration(set={"mtu": 512}, patch_megatron=False)
+integ.enable()
+link = Link(1 << 16)
+integ.step(1); link.send()
+os.mkdir("elsewhere"); os.chdir("elsewhere")
+link.close()
+integ.disable()
+"""
+
+
+def test_a_relative_statistics_directory_stays_where_it_was_when_the_script_moves(tmp_path):
+    proc = run_python(MOVED, env=clean_env(NCCL_SOCKET_IFNAME="lo"), args=(str(TESTS), str(tmp_path)))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    kept = sorted(p.name.split("-")[1] for p in (tmp_path / "stats").iterdir())
+    assert kept == ["stats", "steps"], kept
+    assert not (tmp_path / "elsewhere" / "stats").exists()
+
+
 # attach(model, optimizer) starts at step 0 and the optimizer's step moves to step 1: the first
 # training step's traffic is step 0's. The plugin's per-step series left step 0 out ("never
 # set"), so the `steps` table and `lossy report --per-step` missed the first training step
