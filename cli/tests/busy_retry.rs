@@ -13,10 +13,8 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{
-    fresh_dir, library, message_bytes, post_recv, post_send, wait_request, LoadedControl,
-};
-use lossy_cli::harness::plugin_client::{op, PluginClient, PluginLibrary, Posted};
+use common::{fresh_dir, library, LoadedControl};
+use lossy_cli::harness::plugin_client::{op, PluginClient, PluginLibrary};
 
 /// Bytes per message: 16 packets of the profile's 4096-byte MTU.
 const SIZE: usize = 64 << 10;
@@ -72,38 +70,19 @@ fn a_send_posted_again_is_counted_where_its_loss_was_decided() {
         .expect("connect");
 
     // Step 5, backward pass, an AllReduce: every slot of the connection taken (sends not
-    // tested yet, as the proxy tests them later).
+    // tested yet, as the proxy tests them later), and one more message finds none: NCCL
+    // will post it again.
     assert_eq!((control.set_step)(5), 0);
     assert_eq!((control.set_phase)(2), 0);
     assert!(client.set_net_attr(op::ALL_REDUCE).expect("setNetAttr"));
-    let mut sends: Vec<_> = (0..SLOTS)
-        .map(|i| post_send(&send, message_bytes(SIZE, i as u64), i as i32).expect("isend"))
-        .collect();
-    // One more message finds no slot: NCCL will post it again.
-    let tag = SLOTS as i32;
-    let mut last = message_bytes(SIZE, 99).into_boxed_slice();
-    let mr = send.reg_mr(&mut last).expect("regMr");
-    let Posted::Busy(mut back) = send.isend(last, SIZE, tag, mr).expect("isend") else {
-        panic!("a send with every slot taken got a request");
-    };
+    let jammed = common::busy::jam(&send, SLOTS, SIZE);
     // Meanwhile the training thread moves on, and the proxy announces another collective.
     assert_eq!((control.set_step)(6), 0);
     assert_eq!((control.set_phase)(1), 0);
     assert!(client.set_net_attr(op::ALL_GATHER).expect("setNetAttr"));
 
-    for (i, s) in sends.iter_mut().enumerate() {
-        let mut r = post_recv(&recv, SIZE, i as i32).expect("irecv");
-        wait_request(s, Duration::from_secs(30)).expect("send");
-        wait_request(&mut r, Duration::from_secs(30)).expect("recv");
-    }
     // Slots are free again: the same message, posted again, goes.
-    let mut r = post_recv(&recv, SIZE, tag).expect("irecv");
-    let buf = back.pop().expect("the message's buffer");
-    let Posted::Started(mut again) = send.isend(buf, SIZE, tag, mr).expect("isend") else {
-        panic!("a send found no slot with every earlier send done");
-    };
-    wait_request(&mut again, Duration::from_secs(30)).expect("send");
-    wait_request(&mut r, Duration::from_secs(30)).expect("recv");
+    common::busy::unjam(&send, &recv, jammed);
     let (by_op, by_step) = cells(&control.stats());
     send.close().expect("closeSend");
     recv.close().expect("closeRecv");

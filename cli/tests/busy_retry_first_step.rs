@@ -8,8 +8,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{library, message_bytes, post_recv, post_send, wait_request, LoadedControl};
-use lossy_cli::harness::plugin_client::{PluginClient, PluginLibrary, Posted};
+use common::{library, LoadedControl};
+use lossy_cli::harness::plugin_client::{PluginClient, PluginLibrary};
 
 /// Bytes per message.
 const SIZE: usize = 64 << 10;
@@ -27,29 +27,10 @@ fn a_send_decided_before_the_first_step_is_in_no_step() {
         .expect("connect");
 
     // No step set yet (warm-up traffic): every slot taken, one more message finds none.
-    let mut sends: Vec<_> = (0..SLOTS)
-        .map(|i| post_send(&send, message_bytes(SIZE, i as u64), i as i32).expect("isend"))
-        .collect();
-    let tag = SLOTS as i32;
-    let mut last = message_bytes(SIZE, 99).into_boxed_slice();
-    let mr = send.reg_mr(&mut last).expect("regMr");
-    let Posted::Busy(mut back) = send.isend(last, SIZE, tag, mr).expect("isend") else {
-        panic!("a send with every slot taken got a request");
-    };
+    let jammed = common::busy::jam(&send, SLOTS, SIZE);
     // The training loop starts (step 0) before the proxy posts the message again.
     assert_eq!((control.set_step)(0), 0);
-    for (i, s) in sends.iter_mut().enumerate() {
-        let mut r = post_recv(&recv, SIZE, i as i32).expect("irecv");
-        wait_request(s, Duration::from_secs(30)).expect("send");
-        wait_request(&mut r, Duration::from_secs(30)).expect("recv");
-    }
-    let mut r = post_recv(&recv, SIZE, tag).expect("irecv");
-    let buf = back.pop().expect("the message's buffer");
-    let Posted::Started(mut again) = send.isend(buf, SIZE, tag, mr).expect("isend") else {
-        panic!("a send found no slot with every earlier send done");
-    };
-    wait_request(&mut again, Duration::from_secs(30)).expect("send");
-    wait_request(&mut r, Duration::from_secs(30)).expect("recv");
+    common::busy::unjam(&send, &recv, jammed);
     let doc = control.stats();
     send.close().expect("closeSend");
     recv.close().expect("closeRecv");

@@ -81,13 +81,7 @@ fn effects_touch_only_lost_packets(
                 _ => census.packets - census.intact - census.other,
             };
             // Every lost packet arrived damaged in the effect's way, every other one intact.
-            assert_eq!(damaged, lost, "{what}: {census:?}");
-            assert_eq!(
-                census.intact + damaged,
-                census.packets,
-                "{what}: {census:?}"
-            );
-            assert_eq!(census.other, 0, "{what}: {census:?}");
+            common::census::assert_exact_damage(&census, damaged, lost, &what);
             // Binomial at 0.3 over at least 400 packets: sd <= sqrt(0.21/400) = 0.023; 5 sd.
             let rate = lost as f64 / census.packets as f64;
             assert!((rate - 0.3).abs() < 0.115, "{what}: loss rate {rate}");

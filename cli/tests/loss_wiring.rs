@@ -71,13 +71,7 @@ fn what_receivers_got_matches_the_statistics_for_every_data_effect() {
         };
         // Exact: every packet the senders counted as lost arrived damaged in the effect's
         // way, and no other packet was touched.
-        assert_eq!(damaged, lost, "{effect}: receivers saw {census:?}");
-        assert_eq!(
-            census.intact + damaged,
-            census.packets,
-            "{effect}: {census:?}"
-        );
-        assert_eq!(census.other, 0, "{effect}");
+        common::census::assert_exact_damage(&census, damaged, lost, effect);
         // Binomial: n = 20480, p = 0.01, sd = sqrt(n p (1-p)) = 14.2 packets; 5 sd = 71,
         // so the rate lies in 0.01 +- 0.0035 unless the model is wrong.
         let rate = lost as f64 / census.packets as f64;

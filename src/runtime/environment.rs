@@ -143,13 +143,18 @@ pub fn unknown_comm_size_warning(profile: &Profile, tuner_plugin: Option<&str>) 
          NCCL_TUNER_PLUGIN, or match without comm_size",
         rules.join(", "),
         profile.origin,
-        if rules.len() == 1 { "matches" } else { "match" },
-        if rules.len() == 1 {
-            "that rule never matches a message"
-        } else {
-            "those rules never match a message"
-        }
+        match_verbs(rules.len()).0,
+        match_verbs(rules.len()).1
     ))
+}
+
+/// "match(es)" and the consequence, for a warning about `n` rules that can never match.
+fn match_verbs(n: usize) -> (&'static str, &'static str) {
+    if n == 1 {
+        ("matches", "that rule never matches a message")
+    } else {
+        ("match", "those rules never match a message")
+    }
 }
 
 /// A warning when this process has no launcher rank (`rank`, from [`LAUNCHER_RANK_VARS`])
@@ -193,12 +198,8 @@ pub fn unknown_rank_warning(
             "{} of profile {} {} on peer, a launcher's rank: {}",
             rules.join(", "),
             profile.origin,
-            if rules.len() == 1 { "matches" } else { "match" },
-            if rules.len() == 1 {
-                "that rule never matches a message"
-            } else {
-                "those rules never match a message"
-            }
+            match_verbs(rules.len()).0,
+            match_verbs(rules.len()).1
         ));
     }
     if loses {

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod busy;
+pub mod census;
 pub mod forged;
 pub mod init_child;
 
