@@ -121,13 +121,7 @@ fn other_tuner(tuner_plugin: Option<&str>) -> Option<&str> {
 /// never matches a message (`src/plugin/tuner.cc`).
 pub fn unknown_comm_size_warning(profile: &Profile, tuner_plugin: Option<&str>) -> Option<String> {
     let tuner = other_tuner(tuner_plugin)?;
-    let rules: Vec<String> = profile
-        .rules
-        .iter()
-        .enumerate()
-        .filter(|(_, rule)| rule.when.comm_sizes.is_some())
-        .map(|(i, _)| format!("rules.{i}"))
-        .collect();
+    let rules = rules_where(profile, |rule| rule.when.comm_sizes.is_some());
     if rules.is_empty() {
         return None;
     }
@@ -146,6 +140,16 @@ pub fn unknown_comm_size_warning(profile: &Profile, tuner_plugin: Option<&str>) 
         match_verbs(rules.len()).0,
         match_verbs(rules.len()).1
     ))
+}
+
+/// The rules of `profile` (as `rules.N`) that `pick` picks.
+fn rules_where(profile: &Profile, pick: impl Fn(&crate::loss::rules::Rule) -> bool) -> Vec<String> {
+    let picked = profile
+        .rules
+        .iter()
+        .enumerate()
+        .filter(|(_, rule)| pick(rule));
+    picked.map(|(i, _)| format!("rules.{i}")).collect()
 }
 
 /// "match(es)" and the consequence, for a warning about `n` rules that can never match.
@@ -172,13 +176,7 @@ pub fn unknown_rank_warning(
     if rank.is_some() {
         return None;
     }
-    let rules: Vec<String> = profile
-        .rules
-        .iter()
-        .enumerate()
-        .filter(|(_, rule)| rule.when.peers.is_some())
-        .map(|(i, _)| format!("rules.{i}"))
-        .collect();
+    let rules = rules_where(profile, |rule| rule.when.peers.is_some());
     let loses = profile.actions().any(|action| action.model.can_lose());
     if rules.is_empty() && !loses {
         return None;

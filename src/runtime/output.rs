@@ -109,8 +109,13 @@ fn stats_dir() -> Option<PathBuf> {
         .clone()
     {
         Some(at_init) => at_init,
-        None => dir_setting(std::env::var_os(STATS_DIR_ENV)).map(|dir| absolute(Path::new(&dir))),
+        None => stats_dir_now(),
     }
+}
+
+/// `NCCL_LOSSY_STATS` as it is now, made absolute against the working directory now.
+fn stats_dir_now() -> Option<PathBuf> {
+    dir_setting(std::env::var_os(STATS_DIR_ENV)).map(|dir| absolute(Path::new(&dir)))
 }
 
 /// `NCCL_LOSSY_STATS` as the latest runtime's `init` found it, made absolute against the
@@ -139,7 +144,7 @@ pub(super) fn settle_stats_dir() -> Result<()> {
     let at_init = if switches::inner_mode() {
         None
     } else {
-        dir_setting(std::env::var_os(STATS_DIR_ENV)).map(|dir| absolute(Path::new(&dir)))
+        stats_dir_now()
     };
     *STATS_DIR.lock().unwrap_or_else(PoisonError::into_inner) = Some(at_init);
     Ok(())

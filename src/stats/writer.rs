@@ -324,21 +324,12 @@ pub fn check_output_dir(dir: &Path, what: &str) -> Result<()> {
     fs::create_dir_all(dir).map_err(|e| {
         // "File exists" or "Not a directory" says nothing about what is in the way: say what
         // it is, and where (the directory itself, or a file among its ancestors).
-        if let Err(in_the_way) = output_dir_in_the_way(dir, what) {
-            return in_the_way;
-        }
-        let why = match fs::metadata(dir) {
-            Ok(meta) if !meta.is_dir() => format!(
-                "{} is not a directory ({})",
-                dir.display(),
-                crate::files::file_kind(&meta.file_type())
-            ),
-            _ => e.to_string(),
-        };
-        Error::system(format!(
-            "cannot create {what} directory {}: {why}",
-            dir.display()
-        ))
+        output_dir_in_the_way(dir, what).err().unwrap_or_else(|| {
+            Error::system(format!(
+                "cannot create {what} directory {}: {e}",
+                dir.display()
+            ))
+        })
     })?;
     let probe = dir.join(format!(".lossy-{what}-probe-{}.tmp", std::process::id()));
     fs::File::create(&probe)

@@ -10,15 +10,15 @@ use std::process::{Command, ExitCode};
 use super::shell_quote_bytes;
 use nccl_net_lossy::profile::{Profile, PROFILE_ENV, SET_ENV};
 use nccl_net_lossy::stats::report::stats_files;
-use nccl_net_lossy::stats::timeline::{TRACE_DIR_ENV, TRACE_EVENTS_ENV};
 use nccl_net_lossy::stats::writer::STATS_DIR_ENV;
 use nccl_net_lossy::transport::socket::SocketConfig;
 use nccl_net_lossy::transport::wrap::inner::{check_loadable, InnerCheck};
 use nccl_net_lossy::{
-    check_forced_protocol, check_stats_dir, trace_setting, unguarded_ll_warning,
-    unknown_comm_size_warning, unused_stats_interval_warning, wrap_target, INNER_ENV,
+    check_forced_protocol, check_stats_dir, trace_setting, unguarded_ll_warning, wrap_target,
     INTRA_NODE_THROUGH_NET, PLUGIN_NAME,
 };
+
+use super::validate::InitEnv;
 
 /// Arguments of `lossy run`.
 #[derive(clap::Args, Debug)]
@@ -116,10 +116,15 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
     for warning in profile.warnings() {
         eprintln!("lossy run: warning: {warning}");
     }
+    // What the plugin's init reads around the profile; the job's statistics go where
+    // --stats says, else where the shell's NCCL_LOSSY_STATS does.
+    let mut init = InitEnv::from_env()?;
+    if let Some(dir) = &args.stats {
+        init.stats_dir = Some(dir.clone().into_os_string());
+    }
     // Wrap mode: a plugin to wrap that is here but does not load would fail every rank at
     // init, after the launch; one that is not here may be where the job runs.
-    let inner_env = utf8(INNER_ENV)?.filter(|v| !v.trim().is_empty());
-    if let Some(inner) = wrap_target(&profile, inner_env).map_err(|err| err.to_string())? {
+    if let Some(inner) = wrap_target(&profile, init.inner.clone()).map_err(|err| err.to_string())? {
         match check_loadable(&inner).map_err(|err| format!("wrap mode (inner {inner:?}): {err}"))? {
             InnerCheck::Loads(_) => {}
             InnerCheck::NotHere(why) => eprintln!(
@@ -134,28 +139,17 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
     }
     // The trace directory (NCCL_LOSSY_TRACE, or the profile's `trace`) and the ring's size,
     // as the plugin's init checks them: a job whose every rank would fail there never starts.
-    trace_setting(&profile, utf8(TRACE_DIR_ENV)?, utf8(TRACE_EVENTS_ENV)?)
+    trace_setting(&profile, init.trace_dir.clone(), init.trace_events.clone())
         .map_err(|err| err.to_string())?;
-    if let Some(warning) =
-        unknown_comm_size_warning(&profile, utf8("NCCL_TUNER_PLUGIN")?.as_deref())
-    {
+    for warning in init.warnings(&profile) {
         eprintln!("lossy run: warning: {warning}");
     }
-    let stats_dir = match &args.stats {
-        Some(dir) => Some(dir.clone().into_os_string()),
-        None => std::env::var_os(STATS_DIR_ENV),
-    };
-    if let Some(warning) = unused_stats_interval_warning(&profile, stats_dir, utf8(TRACE_DIR_ENV)?)
-    {
-        eprintln!("lossy run: warning: {warning}");
-    }
-    let user_proto = utf8("NCCL_PROTO")?.filter(|p| !p.is_empty());
+    let user_proto = init.proto.clone().filter(|p| !p.is_empty());
     check_forced_protocol(&profile, user_proto.as_deref()).map_err(|err| err.to_string())?;
     // Unset, NCCL_PROTO becomes Simple below; a user's value stays, so say what it leaves.
     if user_proto.is_some() {
-        let tuner = utf8("NCCL_TUNER_PLUGIN")?;
         if let Some(warning) =
-            unguarded_ll_warning(&profile, user_proto.as_deref(), tuner.as_deref())
+            unguarded_ll_warning(&profile, user_proto.as_deref(), init.tuner.as_deref())
         {
             eprintln!("lossy run: warning: {warning}");
         }
@@ -192,13 +186,11 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
         // every rank after the launch.
         check_stats_dir().map_err(|e| e.to_string())?;
     }
-    let stats_dir = match &args.stats {
-        Some(dir) => Some(dir.clone()),
-        None => std::env::var_os(STATS_DIR_ENV)
-            .filter(|d| !d.to_string_lossy().trim().is_empty())
-            .map(PathBuf::from),
-    };
-    if let Some(dir) = stats_dir {
+    let stats_dir = init
+        .stats_dir
+        .as_ref()
+        .filter(|d| !d.to_string_lossy().trim().is_empty());
+    if let Some(dir) = stats_dir.map(PathBuf::from) {
         // Said before the run, while the earlier files can still be moved: after it, the
         // report only finds both runs' files summed.
         let earlier = stats_files(&dir).map(|files| files.len()).unwrap_or(0);

@@ -77,6 +77,17 @@ impl InitEnv {
     }
 }
 
+impl InitEnv {
+    /// What the plugin's `init` warns of under this environment besides the profile's own
+    /// warnings: a `comm_size` rule no tuner serves, a `stats_interval` with nowhere to write.
+    pub(crate) fn warnings(&self, profile: &Profile) -> Vec<String> {
+        let tuner = unknown_comm_size_warning(profile, self.tuner.as_deref());
+        let interval =
+            unused_stats_interval_warning(profile, self.stats_dir.clone(), self.trace_dir.clone());
+        tuner.into_iter().chain(interval).collect()
+    }
+}
+
 /// The profile at `file` (`None`: the embedded default) with `layers` of overrides, refused
 /// for what the plugin's `init` refuses of it under `env` besides the profile itself: wrap
 /// mode without a plugin to wrap, `NCCL_LOSSY_INNER` under `transport = "socket"`, a trace ring
@@ -155,15 +166,12 @@ pub fn run(args: Args) -> ExitCode {
                     eprintln!("lossy validate: cannot write the summary: {err}");
                     failed = true;
                 }
-                // What init warns of: the profile's own, a comm_size rule no tuner serves, a
-                // stats_interval with nowhere to write.
-                let tuner = unknown_comm_size_warning(&profile, init_env.tuner.as_deref());
-                let interval = unused_stats_interval_warning(
-                    &profile,
-                    init_env.stats_dir.clone(),
-                    init_env.trace_dir.clone(),
-                );
-                for warning in profile.warnings().into_iter().chain(tuner).chain(interval) {
+                // What init warns of: the profile's own, and of it under this environment.
+                for warning in profile
+                    .warnings()
+                    .into_iter()
+                    .chain(init_env.warnings(&profile))
+                {
                     eprintln!("lossy validate: warning: {warning}");
                 }
             }

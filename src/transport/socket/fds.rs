@@ -64,8 +64,9 @@ pub fn opening(err: std::io::Error, what: impl std::fmt::Display) -> Error {
         return err;
     }
     Error::system(format!(
-        "{}: this process has no file descriptor left (limit {}): raise the limit \
-         (`ulimit -n`)",
+        "{}: this process has no file descriptor left (limit {}; a connection takes \
+         NCCL_LOSSY_NSOCKS on each side, a listen one more): raise the limit (`ulimit -n`) or \
+         lower NCCL_LOSSY_NSOCKS",
         err.message,
         limit_text()
     ))

@@ -60,24 +60,6 @@ fn is_one_connections_error(errno: i32) -> bool {
     )
 }
 
-/// The error of an `accept` that found no descriptor to take: this process's limit
-/// (`EMFILE`), or the system's table, shared by every process (`ENFILE`), which `ulimit -n`
-/// does not raise.
-fn out_of_descriptors(e: &io::Error) -> Error {
-    if e.raw_os_error() == Some(libc::ENFILE) {
-        return Error::system(format!(
-            "cannot accept a connection: {e}; {}",
-            super::fds::SYSTEM_TABLE_FULL
-        ));
-    }
-    Error::system(format!(
-        "cannot accept a connection: {e}; each connection takes NCCL_LOSSY_NSOCKS descriptors \
-         on each side, and each listen one more (descriptor limit {}; raise it, e.g. `ulimit \
-         -n`, or lower NCCL_LOSSY_NSOCKS)",
-        super::fds::limit_text()
-    ))
-}
-
 struct Pending {
     sock: Socket,
     peer: String,
@@ -259,7 +241,7 @@ impl SocketListener {
                         if self.complete().is_some() {
                             return Ok(());
                         }
-                        return Err(out_of_descriptors(&e));
+                        return Err(super::fds::opening(e, "accepting a connection"));
                     }
                     Some(libc::ENOBUFS | libc::ENOMEM) => {
                         return Err(Error::from(e).context("out of memory accepting a connection"))
@@ -492,17 +474,5 @@ mod tests {
         ] {
             assert!(!is_one_connections_error(errno), "errno {errno}");
         }
-    }
-
-    /// `ENFILE` is the system's table of open files, shared by every process: `ulimit -n`
-    /// does not raise it, and the error must not send the reader there. (It cannot be made
-    /// without changing the whole host's limit, so the message is checked directly.)
-    #[test]
-    fn a_full_system_file_table_is_not_blamed_on_ulimit() {
-        let text = out_of_descriptors(&io::Error::from_raw_os_error(libc::ENFILE)).to_string();
-        assert!(!text.contains("ulimit"), "{text}");
-        assert!(text.contains("fs.file-max"), "{text}");
-        let text = out_of_descriptors(&io::Error::from_raw_os_error(libc::EMFILE)).to_string();
-        assert!(text.contains("`ulimit -n`"), "{text}");
     }
 }
