@@ -425,6 +425,11 @@ fn missing_ranks(
 
 /// Reads and sums one run directory; a directory without statistics files is an error.
 pub fn load_run(dir: &Path) -> Result<RunSummary> {
+    load_run_files(dir).map(|(summary, _)| summary)
+}
+
+/// [`load_run`], with the statistics files it read.
+pub fn load_run_files(dir: &Path) -> Result<(RunSummary, Vec<StatsFile>)> {
     let paths = stats_files(dir)?;
     if paths.is_empty() {
         return Err(Error::invalid_argument(format!(
@@ -440,7 +445,7 @@ pub fn load_run(dir: &Path) -> Result<RunSummary> {
         || dir.display().to_string(),
         |n| n.to_string_lossy().into_owned(),
     );
-    Ok(summarize_run(&name, &files))
+    Ok((summarize_run(&name, &files), files))
 }
 
 #[cfg(test)]

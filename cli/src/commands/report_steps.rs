@@ -14,7 +14,7 @@ use plotters::prelude::*;
 use serde::Serialize;
 
 use nccl_net_lossy::files::read_regular_file;
-use nccl_net_lossy::stats::report::{bump, load_run, stats_files};
+use nccl_net_lossy::stats::report::{bump, load_run_files};
 use nccl_net_lossy::stats::writer::{StatsFile, MAX_STATS_FILE_BYTES};
 use nccl_net_lossy::stats::{loss_rate_injecting, StepCounts};
 
@@ -126,7 +126,7 @@ fn as_u64(value: &serde_json::Value, key: &str, path: &Path) -> Result<u64, Stri
 
 /// The per-step counts of the run in `dir`.
 pub fn load_run_steps(dir: &Path) -> Result<RunSteps, String> {
-    let summary = load_run(dir).map_err(|e| e.to_string())?;
+    let (summary, files) = load_run_files(dir).map_err(|e| e.to_string())?;
     let mut step_files: Vec<_> = std::fs::read_dir(dir)
         .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
         .filter_map(|entry| entry.ok().map(|e| e.path()))
@@ -224,7 +224,7 @@ pub fn load_run_steps(dir: &Path) -> Result<RunSteps, String> {
     };
     let mut warnings = summary.warnings;
     if !step_files.is_empty() {
-        warnings.extend(without_step_file(dir, &writers)?);
+        warnings.extend(without_step_file(&files, &writers));
     }
     Ok(RunSteps {
         run: summary.run,
@@ -237,20 +237,18 @@ pub fn load_run_steps(dir: &Path) -> Result<RunSteps, String> {
     })
 }
 
-/// A warning naming the processes of the run in `dir` that wrote a statistics file but no
-/// per-step file (`writers`: those that wrote one, as (host, pid, rank); one process is one
-/// pid with the same host or, should the two writers read the host name differently, the same
-/// rank). The integration writes its
-/// per-step file at `disable()` / `write_stats()`, the plugin its statistics as it goes: a rank
+/// A warning naming the processes of a run (its statistics `files`) that wrote a statistics
+/// file but no per-step file (`writers`: those that wrote one, as (host, pid, rank); one
+/// process is one pid with the same host or, should the two writers read the host name
+/// differently, the same rank). The integration writes its per-step file at `disable()` / `write_stats()`, the plugin its statistics as it goes: a rank
 /// killed before the end leaves only the second, and the rows would pass for the whole run.
 fn without_step_file(
-    dir: &Path,
+    files: &[StatsFile],
     writers: &[(String, u64, Option<u64>)],
-) -> Result<Option<String>, String> {
+) -> Option<String> {
     let mut missing = Vec::new();
     let (mut packets, mut lost) = (0u64, 0u64);
-    for path in stats_files(dir).map_err(|e| e.to_string())? {
-        let file = StatsFile::read(&path).map_err(|e| e.to_string())?;
+    for file in files {
         let wrote = writers.iter().any(|(host, pid, rank)| {
             *pid == u64::from(file.pid)
                 && (*host == file.host || (rank.is_some() && *rank == file.rank))
@@ -262,7 +260,7 @@ fn without_step_file(
             bump(&mut lost, file.total.lost_packets);
         }
     }
-    Ok((!missing.is_empty()).then(|| {
+    (!missing.is_empty()).then(|| {
         format!(
             "{} process(es) wrote a statistics file and no per-step file: {}; the per-step \
              rows leave out their {packets} packets ({lost} lost), which the totals of `lossy \
@@ -271,7 +269,7 @@ fn without_step_file(
             missing.len(),
             missing.join(", ")
         )
-    }))
+    })
 }
 
 /// `metric` by step from a training log: JSON lines (objects with `step` and `metric`) or CSV
