@@ -202,14 +202,7 @@ fn run_refuses_output_settings_the_plugin_refuses_at_init_before_starting_anythi
         format!("trace = \"{under_file}\"\nmodel = {{ kind = \"none\" }}\n"),
     )
     .expect("write");
-    let out = run_touch(&traced, &marker, &[]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(
-        stderr.contains("traced.toml") && stderr.contains(under_file),
-        "{stderr}"
-    );
-    assert!(!marker.exists(), "the command must not run");
+    assert_run_refused(&traced, &marker, &[], &["traced.toml", under_file], "trace");
     // Settings the plugin takes still run the command.
     let stats = dir.join("stats");
     let trace = dir.join("trace");
@@ -304,25 +297,17 @@ fn run_refuses_a_plugin_to_wrap_that_cannot_be_loaded_before_starting_anything()
             format!("transport = \"wrap\"\ninner = \"{inner}\"\nmodel = {{ kind = \"none\" }}\n"),
         )
         .expect("write");
-        let out = run_touch(&profile, &marker, &[]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{inner}: {stderr}");
-        assert!(
-            stderr.contains(inner) && stderr.contains(why),
-            "{inner}: {stderr}"
-        );
-        assert!(!marker.exists(), "{inner}: the command must not run");
+        assert_run_refused(&profile, &marker, &[], &[inner, why], inner);
         // The same plugin named by NCCL_LOSSY_INNER, over a profile without a transport.
         let plain = repo_file("configs/lossless.toml");
-        let out = run_touch(&plain, &marker, &[("NCCL_LOSSY_INNER", inner)]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(
-            out.status.code(),
-            Some(2),
-            "NCCL_LOSSY_INNER={inner}: {stderr}"
+        let env = [("NCCL_LOSSY_INNER", inner)];
+        assert_run_refused(
+            &plain,
+            &marker,
+            &env,
+            &[why],
+            &format!("NCCL_LOSSY_INNER={inner}"),
         );
-        assert!(stderr.contains(why), "NCCL_LOSSY_INNER={inner}: {stderr}");
-        assert!(!marker.exists(), "{inner}: the command must not run");
     }
     // A plugin that is not on this machine may be on the nodes the job runs on (a launcher
     // started from another host): a warning, and the command runs.
@@ -598,12 +583,22 @@ fn assert_refused_naming(
     key: &str,
     value: &str,
 ) {
-    let out = run_touch(profile, marker, &[(key, value)]);
+    let setting = format!("{key}={value}");
+    assert_run_refused(profile, marker, &[(key, value)], &[&setting], &setting);
+}
+
+/// `lossy run` of `profile` under `env` refuses (exit 2) with each of `words` in its message,
+/// and runs nothing; `what` names the case in a failure.
+fn assert_run_refused(
+    profile: &std::path::Path,
+    marker: &std::path::Path,
+    env: &[(&str, &str)],
+    words: &[&str],
+    what: &str,
+) {
+    let out = run_touch(profile, marker, env);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{key}={value}: {stderr}");
-    assert!(
-        stderr.contains(&format!("{key}={value}")),
-        "{key}={value}: {stderr}"
-    );
-    assert!(!marker.exists(), "{key}={value}: the command must not run");
+    assert_eq!(out.status.code(), Some(2), "{what}: {stderr}");
+    assert!(words.iter().all(|w| stderr.contains(w)), "{what}: {stderr}");
+    assert!(!marker.exists(), "{what}: the command must not run");
 }

@@ -707,15 +707,8 @@ def test_integrations_one_after_the_other_keep_every_step_in_the_per_step_file(t
 # write_stats() in the middle of a step (a checkpoint's statistics, or the end of a run that
 # never calls disable()): the plugin's file had the step's messages so far, the per-step file
 # written beside it at the same moment ended at the last step boundary and left them out.
-MID_STEP = r"""
-import shutil, sys
-sys.path.insert(0, sys.argv[1])
-import nccl_lossy
-from net_harness import Link
-
-integ = nccl_lossy.LossyMegatronIntegration(set={"mtu": 512}, stats_dir=sys.argv[2], patch_megatron=False)
-integ.enable()
-link = Link(1 << 16)
+MID_STEP = STEPPING_HEAD + r"""
+import shutil
 integ.step(1); link.send()
 integ.step(2); link.send()
 integ.write_stats()              # step 2 is under way
