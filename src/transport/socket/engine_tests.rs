@@ -643,6 +643,21 @@ fn bulk_messages_put_acknowledgements_back_to_the_usual_and_small_ones_delay_the
 }
 
 #[test]
+fn messages_under_one_loopback_segment_delay_acknowledgements_from_a_fresh_socket() {
+    // A connection whose first messages are 4-32 KiB (NCCL's channels carry such slices of a
+    // mid-sized collective) is one segment a message on loopback, acknowledged one by one as
+    // read, exactly as the small messages are; it kept TCP's prompt mode when it never saw a
+    // message under 4 KiB (8 channels at 64-256 KiB ran 14-16% slower, docs/transport.md).
+    for size in [4 << 10, 16 << 10, 32 << 10, (64 << 10) - 1] {
+        let (send, recv) = one_socket_pair(true);
+        one_at_a_time(&*send, &recv, size, 2);
+        assert_eq!(recv.acks_delayed(), [true], "after {size}-byte messages");
+        one_at_a_time(&*send, &recv, 64 << 10, 1);
+        assert_eq!(recv.acks_delayed(), [false], "after a 64 KiB message");
+    }
+}
+
+#[test]
 fn small_messages_are_acknowledged_every_second_segment_with_delayed_acks() {
     // Linux acknowledges each small segment when it is read, one pure ACK per message: with
     // acknowledgements delayed, every second one. 200 messages: about 100 against about 200;

@@ -82,7 +82,7 @@ pub struct SocketListener {
     /// `NCCL_LOSSY_TIMEOUT`: how long `poll_accept` may go without a complete connection,
     /// and the no-progress limit of the connections it makes.
     timeout: Option<Duration>,
-    /// The connections' receiving sockets delay TCP acknowledgements of small messages.
+    /// The connections' receiving sockets delay TCP acknowledgements of messages under 64 KiB.
     delayed_acks: bool,
     /// First `poll_accept` since the last connection was handed out.
     waiting_since: Option<Instant>,

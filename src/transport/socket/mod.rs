@@ -96,9 +96,9 @@ pub struct SocketConfig {
     /// `NCCL_LOSSY_TIMEOUT`: a connection whose outstanding requests move no byte for this
     /// long fails them, and accepting/connecting give up after it; `None`: off.
     pub timeout: Option<Duration>,
-    /// `NCCL_LOSSY_DELAYED_ACKS` (default on): receiving sockets that carry small messages
-    /// ask TCP to delay its acknowledgements (`TCP_QUICKACK` off) instead of sending one for
-    /// every small segment (docs/transport.md, "Acknowledgements").
+    /// `NCCL_LOSSY_DELAYED_ACKS` (default on): receiving sockets that carry messages under
+    /// 64 KiB ask TCP to delay its acknowledgements (`TCP_QUICKACK` off) instead of sending
+    /// one for every such segment (docs/transport.md, "Small messages").
     pub delayed_acks: bool,
     /// How a refused connect is tried again (`NCCL_SOCKET_RETRY_CNT`,
     /// `NCCL_SOCKET_RETRY_SLEEP_MSEC`, as NCCL's Socket transport reads them).
@@ -229,8 +229,8 @@ impl SocketConfig {
             Some(v) => {
                 return Err(Error::invalid_argument(format!(
                     "NCCL_LOSSY_DELAYED_ACKS={v} is not a valid value: 1 (delay TCP \
-                     acknowledgements of small messages, the default) or 0 (acknowledge every \
-                     segment at once)"
+                     acknowledgements of messages under 64 KiB, the default) or 0 \
+                     (acknowledge every segment at once)"
                 )))
             }
         };
