@@ -1,16 +1,15 @@
 //! The I/O engine's bounds: threads and descriptors with many connections, a retransmit delay
 //! that holds no other connection, calls that never block on a peer that receives nothing;
-//! and its system-call economy: reads that carry several messages, gathered sends, delayed
-//! acknowledgements for small messages.
+//! and its system-call economy: reads that carry several messages, gathered sends (delayed
+//! acknowledgements: `tests/acks.rs`).
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use super::tests::{
-    connect_pair, count_entries, loopback, loopback_with, pattern, run_child, send_recv, wait,
+    connect_pair, count_entries, loopback, one_socket_pair, pattern, run_child, send_recv, wait,
     wait_for_bytes, PATIENCE,
 };
-use super::SocketRecvConn;
 use crate::loss::plan::{Effect, LossPlan, PacketRun};
 use crate::transport::{HostBuf, SendConn};
 
@@ -579,124 +578,6 @@ fn a_message_cut_into_ranges_arrives_intact(mtu: u32, runs: u32) {
                 assert_eq!(g, w, "{effect:?}, {nsocks} sockets, {runs} runs: byte {i}");
             }
         }
-    }
-}
-
-/// A connection over loopback with one socket, delayed acknowledgements on or off; the
-/// receiving half as its concrete type.
-fn one_socket_pair(delayed_acks: bool) -> (Box<dyn SendConn>, SocketRecvConn) {
-    use crate::transport::{Transport, HANDLE_WIRE_SIZE};
-    let t = loopback_with(super::SocketConfig {
-        nsocks: 1,
-        delayed_acks,
-        ..super::SocketConfig::default()
-    });
-    let mut handle = [0u8; HANDLE_WIRE_SIZE];
-    let mut listener = t.listen_socket(0, &mut handle).expect("listen");
-    let mut connector = t.connect(0, None, &handle).expect("connect");
-    let (mut send, mut recv) = (None, None);
-    wait("connection", || {
-        if send.is_none() {
-            send = connector.poll()?;
-        }
-        if recv.is_none() {
-            recv = listener.poll_accept_socket()?;
-        }
-        Ok((send.is_some() && recv.is_some()).then_some(()))
-    })
-    .expect("connect");
-    (send.expect("send"), recv.expect("recv"))
-}
-
-/// Sends `count` messages of `size` bytes one at a time (each received before the next is
-/// sent).
-fn one_at_a_time(send: &dyn SendConn, recv: &SocketRecvConn, size: usize, count: u64) {
-    for i in 0..count {
-        let mut data = pattern(size, i + 1);
-        let mut into = vec![0u8; size];
-        let (s, r) = send_recv(send, recv, &mut data, &mut into, &LossPlan::lossless());
-        assert!(s.is_ok() && r.is_ok() && into == data);
-    }
-}
-
-/// Segments the receiving side sends while `count` messages of 8 bytes arrive one at a time,
-/// with delayed acknowledgements on or off.
-fn acks_for_small_messages(delayed_acks: bool, count: u64) -> u64 {
-    let (send, recv) = one_socket_pair(delayed_acks);
-    let before = recv.segments_sent();
-    one_at_a_time(&*send, &recv, 8, count);
-    recv.segments_sent() - before
-}
-
-#[test]
-fn bulk_messages_put_acknowledgements_back_to_the_usual_and_small_ones_delay_them_again() {
-    let (send, recv) = one_socket_pair(true);
-    one_at_a_time(&*send, &recv, 8, 3);
-    assert_eq!(recv.acks_delayed(), [true], "after small messages");
-    one_at_a_time(&*send, &recv, 1 << 20, 1);
-    assert_eq!(recv.acks_delayed(), [false], "after a bulk message");
-    one_at_a_time(&*send, &recv, 100, 1);
-    assert_eq!(recv.acks_delayed(), [true], "small messages again");
-    let (send, recv) = one_socket_pair(false);
-    one_at_a_time(&*send, &recv, 8, 3);
-    assert_eq!(recv.acks_delayed(), [false], "switched off");
-}
-
-#[test]
-fn messages_under_one_loopback_segment_delay_acknowledgements_from_a_fresh_socket() {
-    // A connection whose first messages are 4-32 KiB (NCCL's channels carry such slices of a
-    // mid-sized collective) is one segment a message on loopback, acknowledged one by one as
-    // read, exactly as the small messages are; it kept TCP's prompt mode when it never saw a
-    // message under 4 KiB (8 channels at 64-256 KiB ran 14-16% slower, docs/transport.md).
-    for size in [4 << 10, 16 << 10, 32 << 10, (64 << 10) - 1] {
-        let (send, recv) = one_socket_pair(true);
-        one_at_a_time(&*send, &recv, size, 2);
-        assert_eq!(recv.acks_delayed(), [true], "after {size}-byte messages");
-        one_at_a_time(&*send, &recv, 64 << 10, 1);
-        assert_eq!(recv.acks_delayed(), [false], "after a 64 KiB message");
-    }
-}
-
-#[test]
-fn small_messages_are_acknowledged_every_second_segment_with_delayed_acks() {
-    // Linux acknowledges each small segment when it is read, one pure ACK per message: with
-    // acknowledgements delayed, every second one. 200 messages: about 100 against about 200;
-    // the bounds leave 20 % either way for acknowledgements the kernel sends on its own
-    // (a delayed-ACK timer firing in a slow run, window updates).
-    let count = 200;
-    let delayed = acks_for_small_messages(true, count);
-    let prompt = acks_for_small_messages(false, count);
-    assert!(
-        delayed <= count * 6 / 10,
-        "{delayed} ACKs for {count} messages"
-    );
-    assert!(
-        prompt >= count * 8 / 10,
-        "{prompt} ACKs for {count} messages"
-    );
-}
-
-#[test]
-fn delayed_acks_variable_is_parsed_and_bad_values_name_it() {
-    use super::SocketConfig;
-    let with = |v: &'static str| {
-        SocketConfig::from_lookup(move |name| {
-            (name == "NCCL_LOSSY_DELAYED_ACKS").then(|| v.to_string())
-        })
-    };
-    assert!(
-        SocketConfig::from_lookup(|_| None)
-            .expect("unset")
-            .delayed_acks
-    );
-    assert!(with("1").expect("1").delayed_acks);
-    assert!(!with(" 0 ").expect("0").delayed_acks);
-    for bad in ["yes", "2", "off"] {
-        let err = with(bad).expect_err(bad).to_string();
-        assert!(
-            err.contains("NCCL_LOSSY_DELAYED_ACKS") && err.contains(bad) && err.contains("0"),
-            "{err}"
-        );
     }
 }
 

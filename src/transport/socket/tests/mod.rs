@@ -14,6 +14,7 @@ use crate::transport::{
 };
 use crate::ErrorKind;
 
+mod acks;
 mod descriptors;
 mod effects;
 mod handshake;
@@ -371,4 +372,29 @@ pub(super) fn with_timeout(nsocks: usize, timeout: Duration) -> SocketTransport 
         timeout: Some(timeout),
         ..SocketConfig::default()
     })
+}
+
+/// A connection over loopback with one socket, delayed acknowledgements on or off; the
+/// receiving half as its concrete type.
+pub(super) fn one_socket_pair(delayed_acks: bool) -> (Box<dyn SendConn>, SocketRecvConn) {
+    let t = loopback_with(SocketConfig {
+        nsocks: 1,
+        delayed_acks,
+        ..super::SocketConfig::default()
+    });
+    let mut handle = [0u8; HANDLE_WIRE_SIZE];
+    let mut listener = t.listen_socket(0, &mut handle).expect("listen");
+    let mut connector = t.connect(0, None, &handle).expect("connect");
+    let (mut send, mut recv) = (None, None);
+    wait("connection", || {
+        if send.is_none() {
+            send = connector.poll()?;
+        }
+        if recv.is_none() {
+            recv = listener.poll_accept_socket()?;
+        }
+        Ok((send.is_some() && recv.is_some()).then_some(()))
+    })
+    .expect("connect");
+    (send.expect("send"), recv.expect("recv"))
 }
