@@ -404,3 +404,16 @@ def test_ranks_of_the_run_without_a_statistics_file_are_named(tmp_path):
     with w.catch_warnings():
         w.simplefilter("error")
         nccl_lossy.read_stats(tmp_path / "lossy-stats-rank2-h-102.json")
+
+
+def test_a_directory_under_a_statistics_file_name_is_refused_naming_it(tmp_path):
+    # It failed as IsADirectoryError "[Errno 21] Is a directory: 3": the descriptor's number,
+    # neither the path nor what is allowed.
+    for name, table in (("lossy-stats-rank0-h-1.json", "ops"), ("lossy-steps-rank0-h-1.json", "step_ops")):
+        run = tmp_path / table
+        (run / name).mkdir(parents=True)
+        with pytest.raises(StatsFormatError) as err:
+            nccl_lossy.read_stats(run, table=table)
+        message = str(err.value)
+        assert str(run / name) in message and "a directory" in message and "regular file" in message, message
+

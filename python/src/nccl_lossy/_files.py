@@ -25,11 +25,17 @@ def read_regular_file(file: Union[str, Path], limit: int, allowed: str,
     Opened without blocking and checked on the open descriptor: a FIFO would block the reader
     for ever and ``/dev/zero`` never end."""
     fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
+    try:
+        # Checked before os.fdopen, which refuses a directory with an error naming the
+        # descriptor's number instead of the file.
+        st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             kind = next((name for test, name in _KINDS if test(st.st_mode)), "special")
             raise error(f"{file}: not a regular file ({kind}); {allowed}")
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
         if st.st_size > limit:
             raise error(f"{file}: {st.st_size} bytes, larger than the limit; {allowed}")
         data = f.read(limit + 1)
