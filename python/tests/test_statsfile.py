@@ -1,6 +1,7 @@
 """Reading statistics files: one file or a run directory, and files that are not ours."""
 
 import json
+import sys
 
 import pytest
 
@@ -416,4 +417,21 @@ def test_a_directory_under_a_statistics_file_name_is_refused_naming_it(tmp_path)
             nccl_lossy.read_stats(run, table=table)
         message = str(err.value)
         assert str(run / name) in message and "a directory" in message and "regular file" in message, message
+
+
+@pytest.mark.parametrize("text, what", [
+    ("[" * 100_000 + "]" * 100_000, "nested"),                            # RecursionError
+    pytest.param('{"format_version": 1, "pid": ' + "9" * 5000 + "}", "digits",  # int() digit limit
+                 marks=pytest.mark.skipif(not hasattr(sys, "get_int_max_str_digits"),
+                                          reason="Python without a digit limit")),
+])
+def test_json_python_cannot_decode_is_a_format_error_naming_the_file(tmp_path, text, what):
+    # Python's json raised RecursionError for deep nesting and a bare ValueError for an
+    # integer of more than 4300 digits: neither named the file nor was a StatsFormatError.
+    for name, table in (("lossy-stats-rank0-h-1.json", "ops"), ("lossy-steps-rank0-h-1.json", "step_ops")):
+        (tmp_path / name).write_text(text)
+        with pytest.raises(StatsFormatError) as err:
+            nccl_lossy.read_stats(tmp_path, table=table)
+        assert name in str(err.value) and what in str(err.value), str(err.value)
+        (tmp_path / name).unlink()
 

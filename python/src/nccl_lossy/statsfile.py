@@ -346,9 +346,15 @@ def read_file(file: Path) -> bytes:
 def load_json(file: Path) -> Any:
     """The JSON document in ``file``; StatsFormatError naming it when it is not UTF-8 JSON
     (or not a regular file of at most :data:`MAX_FILE_BYTES`)."""
+    data = read_file(file)
     try:
-        return json.loads(read_file(file).decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        return json.loads(data.decode("utf-8"))
+    except RecursionError as err:
+        raise StatsFormatError(f"{file} is not a statistics file: JSON nested deeper than Python's "
+                               "json reads (the plugin writes a few levels)") from err
+    except ValueError as err:
+        # JSONDecodeError, UnicodeDecodeError, and the ValueError of an integer of more
+        # digits than int() converts (sys.get_int_max_str_digits())
         raise StatsFormatError(f"{file} is not valid UTF-8 JSON: {err}") from err
 
 
