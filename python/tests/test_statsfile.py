@@ -435,3 +435,17 @@ def test_json_python_cannot_decode_is_a_format_error_naming_the_file(tmp_path, t
         assert name in str(err.value) and what in str(err.value), str(err.value)
         (tmp_path / name).unlink()
 
+
+@pytest.mark.parametrize("conn, named", [
+    ({"by_op": [{**GOOD_CELL, "op": ["AllReduce"]}], "histograms": []}, "by_op.0: op = ['AllReduce']"),
+    ({"by_op": [GOOD_CELL], "histograms": [{"op": {"a": 1}, "burst_lengths": [], "latency_ns": []}]},
+     "histograms.0: op = {'a': 1}"),
+])
+def test_a_collective_name_that_is_no_text_is_refused_naming_it(tmp_path, conn, named):
+    # It failed with a bare TypeError (unhashable type) naming no file.
+    stats = tmp_path / "lossy-stats-rank0-h-1.json"
+    stats.write_text(json.dumps({**PLUGIN_DOC, "connections": [{"comm_id": 1, "index": 0, **conn}]}))
+    for table in ("ops", "bursts"):
+        with pytest.raises(StatsFormatError) as err:
+            nccl_lossy.read_stats(stats, table=table)
+        assert stats.name in str(err.value) and named in str(err.value), str(err.value)

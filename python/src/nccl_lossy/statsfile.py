@@ -129,20 +129,23 @@ def _check_bursts(conn: Dict[str, Any], file: str, i: int) -> None:
     packets it lost on the connection (a burst is counted under the collective of the message
     it ends in, which lost at least its last packet); in all, no more lost packets than the
     connection lost, with the 1/128 the histogram's two significant digits may add."""
-    lost_by: Dict[Any, int] = {}
+    lost_by: Dict[Optional[str], int] = {}
     for j, cell in enumerate(_objects(conn.get("by_op", []), file, f"connections.{i}.by_op")):
-        lost = _count(cell.get("lost_packets", 0), file, f"connections.{i}.by_op.{j}", "lost_packets")
-        lost_by[cell.get("op")] = lost_by.get(cell.get("op"), 0) + lost
+        where = f"connections.{i}.by_op.{j}"
+        lost = _count(cell.get("lost_packets", 0), file, where, "lost_packets")
+        op = _optional_text(cell, "op", file, where)
+        lost_by[op] = lost_by.get(op, 0) + lost
     hists = _objects(conn.get("histograms", []), file, f"connections.{i}.histograms")
-    bursts_by: Dict[Any, int] = {}
+    bursts_by: Dict[Optional[str], int] = {}
     burst_packets = 0
     for j, hist in enumerate(hists):
+        op = _optional_text(hist, "op", file, f"connections.{i}.histograms.{j}")
         where = f"connections.{i}.histograms.{j}.burst_lengths"
         for length, n in _bins(hist.get("burst_lengths", []), "burst_length", file, where):
             if length == 0:
                 raise StatsFormatError(f"{file}: {where}: a burst of length 0 ({n} of them): a "
                                        "burst is at least one lost packet")
-            bursts_by[hist.get("op")] = bursts_by.get(hist.get("op"), 0) + n
+            bursts_by[op] = bursts_by.get(op, 0) + n
             burst_packets += length * n
     for op, bursts in bursts_by.items():
         if bursts > lost_by.get(op, 0):
@@ -236,6 +239,14 @@ def _required(cell: Dict[str, Any], key: str, file: str, where: str) -> Any:
 def _text(cell: Dict[str, Any], key: str, file: str, where: str) -> str:
     value = _required(cell, key, file, where)
     if not isinstance(value, str):
+        raise StatsFormatError(f"{file}: {where}: {key} = {_short(value)}: allowed: a name (text)")
+    return value
+
+
+def _optional_text(cell: Dict[str, Any], key: str, file: str, where: str) -> Optional[str]:
+    """``cell[key]`` when it is text or missing (None); another kind is StatsFormatError."""
+    value = cell.get(key)
+    if value is not None and not isinstance(value, str):
         raise StatsFormatError(f"{file}: {where}: {key} = {_short(value)}: allowed: a name (text)")
     return value
 
