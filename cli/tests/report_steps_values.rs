@@ -465,3 +465,24 @@ fn a_training_log_still_being_written_leaves_out_its_unfinished_last_line() {
     let got = read_train_log(&jsonl, "loss").expect("a training log");
     assert_eq!(got, BTreeMap::from([(1, 2.5), (3, 0.75)]));
 }
+
+#[test]
+fn a_training_log_saved_with_a_byte_order_mark_is_read_as_without() {
+    // Spreadsheets' "CSV UTF-8" and some editors write a byte-order mark first: the CSV
+    // header's first column read as "\u{feff}step", refused as `no column "step"`, and the
+    // first JSON line as no JSON.
+    let dir = fresh_dir("steps-bom");
+    let csv = dir.join("train.csv");
+    std::fs::write(&csv, "\u{feff}step,loss\r\n0,1.5\r\n1,1.25\r\n").expect("write");
+    let jsonl = dir.join("perf.jsonl");
+    std::fs::write(
+        &jsonl,
+        "\u{feff}{\"step\": 0, \"loss\": 1.5}\n{\"step\": 1, \"loss\": 1.25}\n",
+    )
+    .expect("write");
+    let want = BTreeMap::from([(0, 1.5), (1, 1.25)]);
+    for log in [&csv, &jsonl] {
+        let got = read_train_log(log, "loss");
+        assert_eq!(got, Ok(want.clone()), "{}", log.display());
+    }
+}

@@ -292,11 +292,14 @@ pub fn read_train_log_noting(
     metric: &str,
 ) -> Result<(BTreeMap<u64, f64>, Option<String>), String> {
     let text = read_regular_file(path, MAX_TRAIN_LOG_BYTES, "training log")?;
+    // A byte-order mark (spreadsheets' "CSV UTF-8", some editors) is no part of the header or
+    // of the first JSON line.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     let is_csv = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("csv"));
     let mut note = None;
-    let mut text = text.as_str();
+    let mut text = text;
     if !text.is_empty() && !text.ends_with('\n') {
         let start = text.rfind('\n').map_or(0, |i| i + 1);
         let last = &text[start..];
