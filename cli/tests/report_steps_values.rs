@@ -486,3 +486,36 @@ fn a_training_log_saved_with_a_byte_order_mark_is_read_as_without() {
         assert_eq!(got, Ok(want.clone()), "{}", log.display());
     }
 }
+
+#[test]
+fn a_csv_training_log_with_quoted_fields_is_read_column_by_column() {
+    // Python's csv module and pandas quote a field holding a comma or a quote (and
+    // QUOTE_ALL every field): the quotes were kept (`"step"` is no column "step") and a comma
+    // inside quotes split the row, moving every later column: `lr` read the loss.
+    let dir = fresh_dir("steps-csv-quoted");
+    let log = dir.join("train.csv");
+    std::fs::write(
+        &log,
+        concat!(
+            "\"step\",\"note\",\"loss\",\"lr\"\n",
+            "0,\"warmup, epoch 1\",1.5,0.001\n",
+            "1,\"said \"\"hi\"\", then\nwent on\",1.25,0.002\n",
+            "\"2\",plain,\"1.0\",\"0.003\"\n",
+        ),
+    )
+    .expect("write");
+    let got = read_train_log(&log, "lr");
+    assert_eq!(
+        got,
+        Ok(BTreeMap::from([(0, 0.001), (1, 0.002), (2, 0.003)]))
+    );
+    let got = read_train_log(&log, "loss");
+    assert_eq!(got, Ok(BTreeMap::from([(0, 1.5), (1, 1.25), (2, 1.0)])));
+    // a quote never closed is an error naming the line it opens on
+    std::fs::write(&log, "step,note,loss\n0,ok,1.0\n1,\"open,2.0\n2,x,3.0\n").expect("write");
+    let err = read_train_log(&log, "loss").expect_err("an unclosed quote");
+    assert!(
+        err.contains("train.csv:3:") && err.contains("quote"),
+        "{err}"
+    );
+}

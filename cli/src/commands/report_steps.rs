@@ -336,28 +336,26 @@ fn parse_train_log(
     };
     let bad = |line: usize, what: &str| format!("{}:{line}: {what}", path.display());
     if is_csv {
-        let mut lines = text
-            .lines()
-            .enumerate()
-            .filter(|(_, l)| !l.trim().is_empty());
-        let (_, header) = lines.next().ok_or_else(|| bad(1, "empty CSV file"))?;
-        let names: Vec<&str> = header.split(',').map(str::trim).collect();
+        let records = csv_records(text).map_err(|(line, what)| bad(line, &what))?;
+        let mut records = records
+            .into_iter()
+            .filter(|(_, fields)| fields.iter().any(|f| !f.is_empty()));
+        let (header_line, names) = records.next().ok_or_else(|| bad(1, "empty CSV file"))?;
         let column = |name: &str| {
             names
                 .iter()
                 .position(|n| *n == name)
-                .ok_or_else(|| bad(1, &format!("no column {name:?} in the header")))
+                .ok_or_else(|| bad(header_line, &format!("no column {name:?} in the header")))
         };
         let (step_col, metric_col) = (column("step")?, column(metric)?);
         let rank_col = names.iter().position(|n| *n == "rank");
-        for (i, line) in lines {
-            let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+        for (line, fields) in records {
             let step = fields.get(step_col).and_then(|s| s.parse::<u64>().ok());
             let value = fields.get(metric_col).and_then(|s| s.parse::<f64>().ok());
             let rank = rank_col.and_then(|c| fields.get(c)?.parse::<u64>().ok());
             match (step, value) {
                 (Some(step), Some(value)) => keep(step, rank, value),
-                (None, _) => return Err(bad(i + 1, "no integer step")),
+                (None, _) => return Err(bad(line, "no integer step")),
                 (Some(_), None) => {}
             }
         }
@@ -389,6 +387,57 @@ fn parse_train_log(
         ));
     }
     Ok(out)
+}
+
+/// A CSV record: the line it starts on, its fields.
+type CsvRecord = (usize, Vec<String>);
+
+/// The records of CSV text as (the line each starts on, its fields trimmed), as Python's csv
+/// module and pandas write them (RFC 4180): a field in double quotes may hold commas, line
+/// breaks and quotes (doubled); the quotes are not part of the field. A quote never closed is
+/// an error naming the line it opens on.
+fn csv_records(text: &str) -> Result<Vec<CsvRecord>, (usize, String)> {
+    let mut records = Vec::new();
+    let (mut fields, mut field) = (Vec::new(), String::new());
+    let (mut line, mut start) = (1, 1);
+    let mut quoted_from: Option<usize> = None;
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (quoted_from, c) {
+            (Some(_), '"') if chars.peek() == Some(&'"') => {
+                chars.next();
+                field.push('"');
+            }
+            (Some(_), '"') => quoted_from = None,
+            (Some(_), c) => {
+                line += usize::from(c == '\n');
+                field.push(c);
+            }
+            (None, '"') if field.trim().is_empty() => {
+                field.clear();
+                quoted_from = Some(line);
+            }
+            (None, ',') => fields.push(std::mem::take(&mut field).trim().to_string()),
+            (None, '\n') => {
+                fields.push(std::mem::take(&mut field).trim().to_string());
+                records.push((start, std::mem::take(&mut fields)));
+                line += 1;
+                start = line;
+            }
+            (None, c) => field.push(c),
+        }
+    }
+    if let Some(opened) = quoted_from {
+        return Err((
+            opened,
+            "a quote (\") opened here is never closed".to_string(),
+        ));
+    }
+    if !field.is_empty() || !fields.is_empty() {
+        fields.push(field.trim().to_string());
+        records.push((start, fields));
+    }
+    Ok(records)
 }
 
 /// A JSON metric's value: a number, or a string naming a value that is not finite (`"inf"`,
