@@ -449,3 +449,18 @@ def test_a_collective_name_that_is_no_text_is_refused_naming_it(tmp_path, conn, 
         with pytest.raises(StatsFormatError) as err:
             nccl_lossy.read_stats(stats, table=table)
         assert stats.name in str(err.value) and named in str(err.value), str(err.value)
+
+
+def test_a_socket_under_a_statistics_file_name_is_refused_saying_what_it_is(tmp_path, monkeypatch):
+    # A socket cannot be opened (ENXIO): it failed as OSError "No such device or address",
+    # which reads as if the file were missing, where `lossy report` says "a socket".
+    import socket
+
+    monkeypatch.chdir(tmp_path)  # bound by a relative name: a socket path has ~100 bytes at most
+    name = "lossy-stats-rank0-h-1.json"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(name)
+        with pytest.raises(StatsFormatError) as err:
+            nccl_lossy.read_stats(tmp_path)
+    message = str(err.value)
+    assert str(tmp_path / name) in message and "a socket" in message and "regular file" in message, message

@@ -17,6 +17,11 @@ _KINDS = (
 )
 
 
+def _kind(mode: int) -> str:
+    """What a file that is not a regular one is, for errors: "a directory", "a FIFO", ..."""
+    return next((name for test, name in _KINDS if test(mode)), "special")
+
+
 def read_regular_file(file: Union[str, Path], limit: int, allowed: str,
                       error: Callable[[str], Exception]) -> bytes:
     """The bytes of ``file``, which must be a regular file of at most ``limit`` bytes, else
@@ -24,14 +29,24 @@ def read_regular_file(file: Union[str, Path], limit: int, allowed: str,
 
     Opened without blocking and checked on the open descriptor: a FIFO would block the reader
     for ever and ``/dev/zero`` never end."""
-    fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fd = os.open(file, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:
+        # A socket cannot be opened (ENXIO, "No such device or address"), which reads as if
+        # it were missing: say what is there instead.
+        try:
+            mode = os.stat(file).st_mode
+        except OSError:
+            raise err from None
+        if stat.S_ISREG(mode):
+            raise
+        raise error(f"{file}: not a regular file ({_kind(mode)}); {allowed}") from err
     try:
         # Checked before os.fdopen, which refuses a directory with an error naming the
         # descriptor's number instead of the file.
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            kind = next((name for test, name in _KINDS if test(st.st_mode)), "special")
-            raise error(f"{file}: not a regular file ({kind}); {allowed}")
+            raise error(f"{file}: not a regular file ({_kind(st.st_mode)}); {allowed}")
     except BaseException:
         os.close(fd)
         raise
