@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 from nccl_lossy.profiler import (  # noqa: E402
     LossyProfiler,
     ProfilerConfig,
+    TraceFormatError,
     check_trace_events,
     load_trace,
     merge_traces,
@@ -347,6 +348,24 @@ def test_load_trace_refuses_a_fifo_a_device_and_bad_bytes_naming_the_file(tmp_pa
     assert lines[1].startswith("TraceFormatError") and "a character device" in lines[1], lines[1]
     assert lines[2].startswith("TraceFormatError") and str(latin) in lines[2], lines[2]
     assert "UTF-8" in lines[2], lines[2]
+
+
+def test_load_trace_names_the_file_for_json_python_cannot_decode(tmp_path):
+    # JSON nested deeper than Python's json reads raised a bare RecursionError, and an integer
+    # of more digits than int() converts a bare ValueError, neither naming the file.
+    import sys
+
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000 + "]" * 100000)
+    cases = [deep]
+    if hasattr(sys, "get_int_max_str_digits"):
+        long = tmp_path / "long.json"
+        long.write_text('{"traceEvents": [], "n": ' + "9" * 5000 + "}")
+        cases.append(long)
+    for path in cases:
+        with pytest.raises(TraceFormatError) as err:
+            load_trace(path)
+        assert str(path) in str(err.value), err.value
 
 
 # Two profilers one after the other in one process, into one directory (a profile early in

@@ -319,7 +319,12 @@ def load_trace(path: Union[str, Path]) -> Dict[str, Any]:
     data = read_regular_file(path, MAX_TRACE_BYTES, allowed, TraceFormatError)
     try:
         doc = json.loads(data.decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except RecursionError as err:
+        raise TraceFormatError(f"{path} is not a Chrome trace: JSON nested deeper than Python's "
+                               "json reads") from err
+    except ValueError as err:
+        # JSONDecodeError, UnicodeDecodeError, and the ValueError of an integer of more
+        # digits than int() converts (sys.get_int_max_str_digits())
         raise TraceFormatError(f"{path} is not valid UTF-8 JSON: {err}") from err
     if isinstance(doc, list):
         doc = {"traceEvents": doc}
