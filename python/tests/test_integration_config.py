@@ -45,6 +45,22 @@ def test_loss_keywords_build_the_model():
     assert LossyNetwork(loss_rate=0.02, set={"seed": 9}).overrides == 'seed=9;model={ kind = "uniform", rate = 0.02 }'
 
 
+def test_numpy_numbers_are_loss_keywords_as_python_numbers_are():
+    # A sweep's values come out of numpy: np.arange gives np.int64, a float32 array np.float32.
+    # Neither is a Python int or float subclass, yet each is a number the model takes.
+    np = pytest.importorskip("numpy")
+    for rate, burst in ((np.float32(0.25), np.int64(4)), (np.float64(0.25), np.int32(4)),
+                        (np.float16(0.25), np.float32(4.0))):
+        net = LossyNetwork(loss_rate=rate, burst_length=burst)
+        assert net.overrides == 'model={ kind = "gilbert_elliott", rate = 0.25, mean_burst = 4 }', (rate, burst)
+    assert "default: uniform(rate=0.5)" in summary(LossyNetwork(loss_rate=np.float32(0.5), burst_length=np.int8(1)))
+    # numpy's bool is no number, as Python's is not
+    with pytest.raises(LossyConfigError, match=r"loss_rate=np.True_: must be a number; allowed: a fraction in \[0, 1\]"):
+        LossyNetwork(loss_rate=np.bool_(True))
+    with pytest.raises(LossyConfigError, match=r"burst_length=np.float32\(nan\): must be finite"):
+        LossyNetwork(loss_rate=0.1, burst_length=np.float32("nan"))
+
+
 def test_the_profile_first_keyword_form_still_works(tmp_path):
     profile = tmp_path / "p.toml"
     profile.write_text('model = { kind = "uniform", rate = 0.03 }\n')

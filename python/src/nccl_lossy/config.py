@@ -11,6 +11,7 @@ what is allowed.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any, List, Mapping, Optional, Tuple
 
 #: What the plugin does to a lost packet (the profile's ``effect``).
@@ -22,7 +23,9 @@ class LossyConfigError(ValueError):
 
 
 def _number(key: str, value: Any, allowed: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    # numbers.Real takes numpy's integer and float scalars (np.int64 from np.arange, np.float32
+    # from a float32 array), which are no int or float subclasses; numpy's bool is no Real.
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise LossyConfigError(f"{key}={value!r}: must be a number; allowed: {allowed}")
     number = float(value)
     if not math.isfinite(number):
