@@ -162,6 +162,21 @@ def test_bad_profiles_are_reported_with_their_path(tmp_path):
         LossyNetwork(set={"a;b": 1})
 
 
+def test_a_profile_that_is_no_file_says_what_it_is_instead_of_that_it_does_not_exist(tmp_path, monkeypatch):
+    # A directory (the runs' folder passed as profile=) or an empty string (a config field left
+    # empty, which Path reads as the working directory) exists: "does not exist" sends the
+    # user looking for a typo that is not there.
+    with pytest.raises(LossyConfigError, match=rf"profile={str(tmp_path)!r}: {tmp_path} is a directory, "
+                       r"not a file; allowed: the path of a TOML profile, or None for the plugin's embedded default"):
+        LossyNetwork(profile=str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(LossyConfigError, match=r"profile='': names no file; allowed: the path of a TOML profile, "
+                       r"or None"):
+        LossyNetwork(profile="")
+    with pytest.raises(LossyConfigError, match=rf"profile='nope.toml': {tmp_path / 'nope.toml'} does not exist"):
+        LossyNetwork(profile="nope.toml")
+
+
 def test_apply_sets_what_is_missing_and_keeps_inherited_variables(tmp_path):
     inherited = profile(tmp_path, "seed = 2\n", "inherited.toml")
     code = (

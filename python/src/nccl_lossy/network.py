@@ -153,6 +153,21 @@ while True:
 """
 
 
+def _not_a_profile(given: Any, path: Path) -> str:
+    """Why ``path`` (the ``profile`` keyword ``given``, resolved) is no profile file: missing,
+    a directory, or another kind of file."""
+    if not path.exists():
+        what = "does not exist"
+    elif path.is_dir():
+        what = "is a directory, not a file"
+    else:
+        what = "is not a regular file"
+    return (
+        f"profile={os.fspath(given)!r}: {path} {what}; allowed: the path of a TOML profile, or "
+        "None for the plugin's embedded default"
+    )
+
+
 def check_profile(
     profile: Optional[Union[str, Path]],
     overrides: SetLike = None,
@@ -311,6 +326,12 @@ class LossyNetwork:
         for keyword, value in (("profile", profile), ("stats_dir", stats_dir), ("library", library)):
             if value is not None and not isinstance(value, (str, os.PathLike)):
                 raise LossyConfigError(f"{keyword}={value!r}: allowed: a path (str or os.PathLike) or None")
+        if profile is not None and not os.fspath(profile):
+            # Path("") is the working directory, which exists: name the empty value instead.
+            raise LossyConfigError(
+                "profile='': names no file; allowed: the path of a TOML profile, or None for the "
+                "plugin's embedded default"
+            )
         self.profile = Path(profile).expanduser().resolve() if profile is not None else None
         loss = loss_overrides(loss_rate, burst_length, effect)
         user = parse_overrides(format_overrides(set))
@@ -328,7 +349,7 @@ class LossyNetwork:
         self.stats_dir = Path(stats_dir).expanduser().resolve() if stats_dir is not None else None
         self.library = Path(library).expanduser().resolve() if library is not None else None
         if self.profile is not None and not self.profile.is_file():
-            raise LossyConfigError(f"profile {self.profile} does not exist")
+            raise LossyConfigError(_not_a_profile(profile, self.profile))
         self._checked: Optional[Dict[str, Any]] = None
         self.check()
         if loss_rate and burst_length in (None, 1):
