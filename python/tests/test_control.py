@@ -285,3 +285,62 @@ def test_a_one_value_bool_array_or_tensor_is_a_switch():
     assert switch_value(torch.tensor(False)) is False
     with pytest.raises(ValueError, match="True or False"):
         switch_value(torch.tensor([True, False]))
+
+
+# Two threads change the phase at once (a forward pre-hook in the training thread and a
+# gradient hook in one of autograd's threads), and two set the step at once (the integration's
+# and the module's set_step). Each change is two things, the integration's state and the
+# plugin's, and the phase push is two control calls (switch and phase): interleaved, they left
+# the plugin injecting in the forward phase the integration keeps lossless, or counting traffic
+# under another step than the recorder's. After each race a message shows the plugin's state:
+# 128 packets at rate 0.5 lose none with probability 2**-128 while injecting, and exactly none
+# while not.
+RACES = r"""
+import json, sys, threading
+sys.path.insert(0, sys.argv[1])
+import nccl_lossy
+from nccl_lossy.steps import RECORDER
+from net_harness import Link
+
+integ = nccl_lossy.LossyMegatronIntegration(
+    set={"mtu": 512, "model.rate": 0.5, "effect": "zero"}, enable_on_forward=False,
+    patch_megatron=False)
+integ.enable()
+link = Link(1 << 16)
+
+def race(*calls):
+    barrier = threading.Barrier(len(calls))
+    def run(call):
+        barrier.wait()
+        call()
+    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
+    for t in threads: t.start()
+    for t in threads: t.join()
+
+def by_step():
+    return {s["step"]: s["packets"] for s in nccl_lossy.stats()["by_step"]}
+
+wrong = []
+for trial in range(200):
+    race(integ.mark_forward, integ.mark_backward)
+    before = nccl_lossy.stats()["total"]["lost_packets"]
+    link.send()
+    lost = nccl_lossy.stats()["total"]["lost_packets"] - before
+    if (lost > 0) != integ.injecting():
+        wrong.append(f"trial {trial}: phase {integ.phase}, injecting {integ.injecting()}, lost {lost}")
+for trial in range(200):
+    race(lambda: integ.step(1000 + 2 * trial), lambda: nccl_lossy.set_step(1001 + 2 * trial))
+    before = by_step()
+    link.send()
+    grown = {s: n - before.get(s, 0) for s, n in by_step().items() if n != before.get(s, 0)}
+    if grown != {RECORDER.step: 128}:
+        wrong.append(f"step trial {trial}: recorder at step {RECORDER.step}, plugin counted {grown}")
+link.close()
+print(json.dumps(wrong[:5] + [f"{len(wrong)} of 400 races left a wrong state"] if wrong else []))
+"""
+
+
+def test_control_calls_from_several_threads_at_once_leave_the_plugin_as_python_says():
+    proc = run_python(RACES, env=clean_env(NCCL_SOCKET_IFNAME="lo"), args=(str(TESTS),))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []

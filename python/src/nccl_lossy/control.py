@@ -197,6 +197,13 @@ class Control:
 _lock = threading.Lock()
 _control: Optional[Control] = None
 
+#: Held while the plugin's process-wide switch, phase or step changes together with the Python
+#: state that mirrors it (an integration's phase, the step recorder): a change is several steps
+#: (a phase push is two control calls), and two threads interleaving them (a forward hook in the
+#: training thread, a gradient hook in one of autograd's) left the plugin injecting in a phase
+#: the integration keeps lossless, or counting traffic under another step than the recorder's.
+STATE_LOCK = threading.RLock()
+
 
 def _open(path: str, mode: int) -> Tuple[Optional[ctypes.CDLL], str]:
     """The library at ``path`` when it has the control API, else None and why not (the
@@ -278,13 +285,15 @@ def set_enabled(enabled: bool) -> None:
     """Turns loss injection on or off in this process (``True`` / ``False``; anything else is a
     ValueError naming it)."""
     switch_value(enabled)  # a bad value is named before any library is looked for
-    control().set_enabled(enabled)
+    with STATE_LOCK:
+        control().set_enabled(enabled)
 
 
 def set_phase(phase: Any) -> None:
     """Sets the training phase profile rules match: ``"any"``, ``"forward"``, ``"backward"``."""
     phase_code(phase)  # a bad value is named before any library is looked for
-    control().set_phase(phase)
+    with STATE_LOCK:
+        control().set_phase(phase)
 
 
 def set_step(step: int) -> None:
@@ -295,7 +304,8 @@ def set_step(step: int) -> None:
     value = step_value(step)  # a bad value is named before any library is looked for
     from .steps import RECORDER  # reads the plugin through this module: imported here
 
-    RECORDER.move_to(value, control().set_step)
+    with STATE_LOCK:
+        RECORDER.move_to(value, control().set_step)
 
 
 def stats() -> Dict[str, Any]:

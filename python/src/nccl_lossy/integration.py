@@ -226,8 +226,10 @@ class LossyMegatronIntegration:
 
     @enable_on_forward.setter
     def enable_on_forward(self, value: bool) -> None:
-        self._enable_on_forward = check_bool("enable_on_forward", value)
-        self._push()
+        value = check_bool("enable_on_forward", value)
+        with _control.STATE_LOCK:
+            self._enable_on_forward = value
+            self._push()
 
     @property
     def enable_on_backward(self) -> bool:
@@ -236,8 +238,10 @@ class LossyMegatronIntegration:
 
     @enable_on_backward.setter
     def enable_on_backward(self, value: bool) -> None:
-        self._enable_on_backward = check_bool("enable_on_backward", value)
-        self._push()
+        value = check_bool("enable_on_backward", value)
+        with _control.STATE_LOCK:
+            self._enable_on_backward = value
+            self._push()
 
     @property
     def enabled(self) -> bool:
@@ -246,8 +250,10 @@ class LossyMegatronIntegration:
 
     @enabled.setter
     def enabled(self, value: bool) -> None:
-        self._enabled = check_bool("enabled", value)
-        self._push()
+        value = check_bool("enabled", value)
+        with _control.STATE_LOCK:
+            self._enabled = value
+            self._push()
 
     @property
     def phase(self) -> str:
@@ -258,9 +264,10 @@ class LossyMegatronIntegration:
     def phase(self, value: str) -> None:
         if value not in PHASES:
             raise LossyConfigError(f"phase={value!r}: allowed: {', '.join(PHASES)}")
-        self._phase = value
-        self._push()
-        self._mark_ranges(new_step=False)
+        with _control.STATE_LOCK:
+            self._phase = value
+            self._push()
+            self._mark_ranges(new_step=False)
 
     @property
     def step_number(self) -> int:
@@ -275,9 +282,10 @@ class LossyMegatronIntegration:
             raise LossyConfigError(
                 f"step_number={value!r}: allowed: an integer from 0 to 2**64 - 1"
             ) from None
-        self._recorder.move_to(value, _control.control().set_step)
-        self._step = value
-        self._mark_ranges(new_step=True)
+        with _control.STATE_LOCK:
+            self._recorder.move_to(value, _control.control().set_step)
+            self._step = value
+            self._mark_ranges(new_step=True)
 
     # -- profiler ranges ------------------------------------------------------------------
 
@@ -364,17 +372,18 @@ class LossyMegatronIntegration:
                 "first, or drive both models through one integration (attach() takes a list)",
                 stacklevel=2,
             )
-        _ENABLED.add(self)
-        self._enabled = True
-        # The plugin's step is process-wide and may be another integration's (or an earlier
-        # set_step()); from here on this integration's step is the one traffic counts under.
-        self._recorder.move_to(self._step, _control.control().set_step)
-        self._push()
-        self._mark_ranges(new_step=False)
-        if self.record_steps and not self._recorder.started:
-            # Once only: what is sent while disabled (an evaluation) counts towards its step,
-            # as the plugin's per-step series counts it.
-            self._recorder.start()
+        with _control.STATE_LOCK:
+            _ENABLED.add(self)
+            self._enabled = True
+            # The plugin's step is process-wide and may be another integration's (or an earlier
+            # set_step()); from here on this integration's step is the one traffic counts under.
+            self._recorder.move_to(self._step, _control.control().set_step)
+            self._push()
+            self._mark_ranges(new_step=False)
+            if self.record_steps and not self._recorder.started:
+                # Once only: what is sent while disabled (an evaluation) counts towards its
+                # step, as the plugin's per-step series counts it.
+                self._recorder.start()
         log.info(
             "lossy injection enabled (forward: %s, backward: %s)",
             self._enable_on_forward,
@@ -387,16 +396,17 @@ class LossyMegatronIntegration:
         communication functions under a running model do not change; ``revert_patches=True``
         also reverts the patches this object applied. The step being recorded ends here, and
         with a statistics directory the per-step file is written (:meth:`write_stats`)."""
-        self._enabled = False
-        _ENABLED.discard(self)
-        self._phase = "any"
-        self._push()
-        self._close_ranges(step_too=True)
-        if self._recorder.started:
-            self._recorder.end_step(self._recorder.step)
-            stats_dir = self.stats_dir()
-            if stats_dir is not None:
-                self._recorder.write(stats_dir)
+        with _control.STATE_LOCK:
+            self._enabled = False
+            _ENABLED.discard(self)
+            self._phase = "any"
+            self._push()
+            self._close_ranges(step_too=True)
+            if self._recorder.started:
+                self._recorder.end_step(self._recorder.step)
+                stats_dir = self.stats_dir()
+                if stats_dir is not None:
+                    self._recorder.write(stats_dir)
         if check_bool("revert_patches", revert_patches) and self._patched_here:
             revert_megatron_core_patch()
             self._patched_here = False
@@ -432,8 +442,9 @@ class LossyMegatronIntegration:
 
     def step(self, step: Optional[int] = None) -> int:
         """Sets the training step (default: the next one) and returns it."""
-        self.step_number = self._step + 1 if step is None else step
-        return self._step
+        with _control.STATE_LOCK:
+            self.step_number = self._step + 1 if step is None else step
+            return self._step
 
     # -- hooks ----------------------------------------------------------------------------
 
@@ -524,7 +535,9 @@ class LossyMegatronIntegration:
         ``lost_packets``, ``loss_events`` (bursts within a message), ``packets_injection_off``,
         ``loss_rate`` and ``loss_rate_injecting`` (see :func:`nccl_lossy.statsfile.loss_rates`).
         Steps end at :meth:`step` (and :meth:`disable`)."""
-        rows = [{**r, **loss_rates(r)} for r in self._recorder.rows]
+        with _control.STATE_LOCK:
+            recorded = self._recorder.rows
+        rows = [{**r, **loss_rates(r)} for r in recorded]
         columns = ("step", "op", "phase") + STEP_OP_COUNTERS + ("loss_rate", "loss_rate_injecting")
         return as_table(rows, columns, dataframe)
 
@@ -541,10 +554,11 @@ class LossyMegatronIntegration:
         """Asks the plugin to write its statistics file into the statistics directory now and
         writes the per-step file next to it (:meth:`stats_dir`); returns the per-step file's
         path (None without a statistics directory)."""
-        if self._recorder.started:
-            # The step under way so far, as the plugin's file written now holds it (its rest
-            # adds to the same rows when the step ends).
-            self._recorder.end_step(self._recorder.step)
+        with _control.STATE_LOCK:
+            if self._recorder.started:
+                # The step under way so far, as the plugin's file written now holds it (its
+                # rest adds to the same rows when the step ends).
+                self._recorder.end_step(self._recorder.step)
         wrote = _control.control().write_stats()
         stats_dir = self.stats_dir()
         if stats_dir is None:
@@ -567,7 +581,8 @@ class LossyMegatronIntegration:
                 "sees half of the run",
                 stacklevel=2,
             )
-        return self._recorder.write(stats_dir)
+        with _control.STATE_LOCK:
+            return self._recorder.write(stats_dir)
 
 
 def _same_file(path: Union[str, "os.PathLike[str]"]) -> Path:
