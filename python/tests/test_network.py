@@ -177,6 +177,32 @@ def test_a_profile_that_is_no_file_says_what_it_is_instead_of_that_it_does_not_e
         LossyNetwork(profile="nope.toml")
 
 
+def test_a_library_that_is_not_this_plugin_is_named_with_what_it_is(tmp_path):
+    # library= (or NCCL_LOSSY_LIBRARY) naming a directory, a file that is no shared library, or
+    # another library (libc): the answer was a child interpreter's traceback, or "predates
+    # ncclLossyCheckProfile: install matching versions" for a library that is no build of
+    # this plugin at all.
+    libc = next(line.split()[-1] for line in open("/proc/self/maps") if "/libc.so" in line)
+    text = tmp_path / "libnccl-net-lossy.so"
+    text.write_text("not a shared library\n")
+    cases = [
+        (tmp_path, r"cannot be loaded: .*Is a directory"),
+        (text, r"cannot be loaded: .*(file too short|invalid ELF header)"),
+        (libc, r"is not this plugin: it has no control API \(ncclLossyControlVersion\)"),
+    ]
+    for library, reason in cases:
+        with pytest.raises(LossyConfigError) as info:
+            LossyNetwork(library=library)
+        message = str(info.value)
+        assert f"library {library}" in message and "Traceback" not in message, message
+        assert "predates" not in message, message
+        assert __import__("re").search(reason, message), message
+    # through the environment, as a launcher sets it
+    proc = run_python("import nccl_lossy; nccl_lossy.LossyNetwork()",
+                      env=clean_env(NCCL_LOSSY_LIBRARY=libc))
+    assert proc.returncode != 0 and "is not this plugin" in proc.stderr, proc.stderr[-2000:]
+
+
 def test_apply_sets_what_is_missing_and_keeps_inherited_variables(tmp_path):
     inherited = profile(tmp_path, "seed = 2\n", "inherited.toml")
     code = (

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
 
-from ._library import CARGO_NAME, PACKAGED_NAME, library_path, mapped_library_paths
+from ._library import CARGO_NAME, LIBRARY_ENV, PACKAGED_NAME, library_path, mapped_library_paths
 from .config import LossyConfigError, loss_overrides
 
 log = logging.getLogger("nccl_lossy")
@@ -133,7 +133,13 @@ def same_overrides(a: str, b: str) -> bool:
 # must be the one to load it; see nccl_started_reason) and a crash there cannot take it down.
 _CHECK_SCRIPT = """
 import ctypes, sys
-lib = ctypes.CDLL(sys.argv[1])
+try:
+    lib = ctypes.CDLL(sys.argv[1])
+except OSError as err:
+    sys.stderr.write(str(err))
+    sys.exit(5)
+if not hasattr(lib, "ncclLossyControlVersion"):
+    sys.exit(6)
 if not hasattr(lib, "ncclLossyCheckProfile"):
     sys.exit(3)
 fn = lib.ncclLossyCheckProfile
@@ -213,8 +219,26 @@ def _check_in_child(lib: Path, profile: Optional[Union[str, Path]], overrides: s
         proc = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired) as err:
         raise LossyConfigError(f"cannot check the profile with {lib}: {err}") from err
+    # Which library: the library= keyword's, else NCCL_LOSSY_LIBRARY's or the packaged one.
+    env_library = os.environ.get(LIBRARY_ENV, "")
+    from_env = bool(env_library) and Path(env_library).expanduser().resolve() == lib
+    named = f" ({LIBRARY_ENV}={env_library})" if from_env else ""
+    allowed = "allowed: this plugin's library (libnccl-net-lossy.so)" + (
+        f", or unset {LIBRARY_ENV}" if from_env else ""
+    )
+    if proc.returncode == 5:
+        raise LossyConfigError(
+            f"plugin library {lib}{named} cannot be loaded: {proc.stderr.strip()[-2000:]}; {allowed}"
+        )
+    if proc.returncode == 6:
+        raise LossyConfigError(
+            f"plugin library {lib}{named} is not this plugin: it has no control API "
+            f"(ncclLossyControlVersion); {allowed}"
+        )
     if proc.returncode == 3:
-        raise LossyConfigError(f"{lib} predates ncclLossyCheckProfile: install matching versions")
+        raise LossyConfigError(
+            f"plugin library {lib}{named} predates ncclLossyCheckProfile: install matching versions"
+        )
     if proc.returncode != 0:
         raise LossyConfigError(f"checking the profile with {lib} failed: {proc.stderr.strip()[-2000:]}")
     try:
