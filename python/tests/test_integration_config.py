@@ -185,3 +185,38 @@ def test_a_network_value_of_the_wrong_type_is_refused_naming_the_keyword(kwargs,
     with pytest.raises(LossyConfigError) as err:
         LossyNetwork(**kwargs)
     assert message in str(err.value), str(err.value)
+
+
+# enable() when the plugin's control API cannot be reached (NCCL_NET_PLUGIN names another
+# library): the ControlError came after the integration had marked itself enabled, so it said
+# injecting() True for a plugin it never reached, and the next integration was warned about
+# this one as "another LossyMegatronIntegration enabled".
+UNREACHABLE = r"""
+import os, warnings
+import nccl_lossy
+from nccl_lossy.control import ControlError
+integ = nccl_lossy.LossyMegatronIntegration(apply_env=False, patch_megatron=False)
+os.environ["NCCL_NET_PLUGIN"] = os.environ["OTHER_LIBRARY"]
+for enter in (integ.enable, integ.__enter__):
+    try:
+        enter()
+    except ControlError as err:
+        print("refused:", "cannot serve the control API" in str(err))
+    print("enabled:", integ.enabled, "injecting:", integ.injecting())
+del os.environ["NCCL_NET_PLUGIN"]
+with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    other = nccl_lossy.LossyMegatronIntegration(apply_env=False, patch_megatron=False).enable()
+print("other enabled:", other.enabled)
+"""
+
+
+def test_enable_that_cannot_reach_the_plugin_leaves_the_integration_disabled():
+    libc = next(line.split()[-1] for line in open("/proc/self/maps") if "/libc.so" in line)
+    proc = run_python(UNREACHABLE, env=clean_env(OTHER_LIBRARY=libc))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == [
+        "refused: True", "enabled: False injecting: False",
+        "refused: True", "enabled: False injecting: False",
+        "other enabled: True",
+    ]

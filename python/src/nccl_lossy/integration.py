@@ -373,6 +373,9 @@ class LossyMegatronIntegration:
                 stacklevel=2,
             )
         with _control.STATE_LOCK:
+            # The control API first: when it cannot be reached (ControlError) this integration
+            # stays disabled, instead of saying injecting() for a plugin it never told.
+            _control.control()
             _ENABLED.add(self)
             self._enabled = True
             # The plugin's step is process-wide and may be another integration's (or an earlier
