@@ -464,3 +464,32 @@ def test_a_socket_under_a_statistics_file_name_is_refused_saying_what_it_is(tmp_
             nccl_lossy.read_stats(tmp_path)
     message = str(err.value)
     assert str(tmp_path / name) in message and "a socket" in message and "regular file" in message, message
+
+
+def test_a_statistics_path_that_is_no_path_is_refused_naming_it(tmp_path, monkeypatch, recwarn):
+    # read_stats(integ.stats_dir()) without a statistics directory passes None: that was a bare
+    # TypeError "expected str, bytes or os.PathLike object, not NoneType", naming no argument;
+    # an empty string (an unset variable read as "") read the working directory, with a
+    # warning that named "" as the directory.
+    (tmp_path / "lossy-stats-rank0-h-1.json").write_text(json.dumps(PLUGIN_DOC))
+    monkeypatch.chdir(tmp_path)
+    for read in (nccl_lossy.read_stats, nccl_lossy.read_all):
+        with pytest.raises(TypeError, match=r"path=None: allowed: a statistics directory \(NCCL_LOSSY_STATS\) "
+                           r"or one statistics file, as str or os.PathLike"):
+            read(None)
+        with pytest.raises(TypeError, match=r"path=3: allowed: a statistics directory"):
+            read(3)
+        with pytest.raises(ValueError, match=r"path='': names no directory or file; allowed: a statistics "
+                           r"directory"):
+            read("")
+    assert not recwarn.list, [str(w.message) for w in recwarn.list]
+    assert nccl_lossy.read_stats(".") == []  # the working directory, said as such, still reads
+
+
+def test_summarize_refuses_a_grouping_that_is_no_column_name():
+    rows = [{"op": "AllReduce", "packets": 4, "lost_packets": 1}]
+    for by in (None, 3, ["op", 3]):
+        with pytest.raises(TypeError, match=r"summarize: by=.*: allowed: a column name or a sequence of "
+                           r"column names \(str\)"):
+            nccl_lossy.summarize(rows, by=by)
+    assert nccl_lossy.summarize(rows, by=["op"])[0]["packets"] == 4

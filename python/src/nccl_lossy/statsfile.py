@@ -554,6 +554,7 @@ def read_stats(path: Union[str, Path], dataframe: Union[bool, str] = False, tabl
     ``path`` is a directory given as ``NCCL_LOSSY_STATS`` (or one file). ``dataframe=True``
     returns a pandas DataFrame (pandas must be installed), ``"auto"`` a DataFrame when pandas
     is installed and the list of row dicts otherwise, False the list."""
+    _check_path(path)
     if table not in TABLES:
         raise ValueError(f"table={table!r}: allowed: {', '.join(TABLES)}")
     _warn_no_files(path)
@@ -582,7 +583,19 @@ def read_stats(path: Union[str, Path], dataframe: Union[bool, str] = False, tabl
 
 def read_all(path: Union[str, Path], dataframe: Union[bool, str] = False) -> Dict[str, Any]:
     """Every table of :data:`TABLES` for a run, by name (see :func:`read_stats`)."""
+    _check_path(path)
     return {table: read_stats(path, dataframe, table) for table in TABLES}
+
+
+def _check_path(path: Any) -> None:
+    """Refuses a ``path`` that names no directory or file: None (``integ.stats_dir()`` without
+    a statistics directory), another type, or "" (an unset variable read as text), which
+    ``Path`` would take as the working directory."""
+    allowed = "allowed: a statistics directory (NCCL_LOSSY_STATS) or one statistics file, as str or os.PathLike"
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path={path!r}: {allowed}")
+    if not os.fspath(path):
+        raise ValueError(f"path={path!r}: names no directory or file; {allowed}")
 
 
 def as_table(rows: List[Dict[str, Any]], columns: Iterable[str], dataframe: Union[bool, str]) -> Any:
@@ -626,7 +639,12 @@ def summarize(rows: Iterable[Dict[str, Any]], by: Union[str, Iterable[str]] = ("
     if hasattr(rows, "to_dict"):
         rows = rows.to_dict("records")
     rows = list(rows)
-    keys = (by,) if isinstance(by, str) else tuple(by)
+    try:
+        keys = (by,) if isinstance(by, str) else tuple(by)
+    except TypeError:
+        keys = (None,)  # None, a number: no column names
+    if not all(isinstance(k, str) for k in keys):
+        raise TypeError(f"summarize: by={by!r}: allowed: a column name or a sequence of column names (str)")
     if rows:
         columns: Dict[str, None] = {}
         for row in rows:
