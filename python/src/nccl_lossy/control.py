@@ -205,6 +205,18 @@ _control: Optional[Control] = None
 STATE_LOCK = threading.RLock()
 
 
+def _fresh_locks_in_child() -> None:
+    # A forked child (a DataLoader worker) has one thread: a lock another thread of the parent
+    # held at the fork would stay held forever, and the child's first control call would hang.
+    global _lock, STATE_LOCK
+    _lock = threading.Lock()
+    STATE_LOCK = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_locks_in_child)
+
+
 def _open(path: str, mode: int) -> Tuple[Optional[ctypes.CDLL], str]:
     """The library at ``path`` when it has the control API, else None and why not (the
     dynamic loader's own message when it cannot be loaded)."""
