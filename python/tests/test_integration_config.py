@@ -220,3 +220,53 @@ def test_enable_that_cannot_reach_the_plugin_leaves_the_integration_disabled():
         "refused: True", "enabled: False injecting: False",
         "other enabled: True",
     ]
+
+
+# attach() with what is no module (None from a builder that returned nothing, an optimizer in
+# the model's place) failed with "'NoneType' object has no attribute
+# 'register_forward_pre_hook'" after noting the object as attached, so attaching the same
+# object again later was silently skipped; a torch.nn.ModuleList of model chunks (which has no
+# forward of its own, so its hooks never run) was hooked without a word and no phase was ever
+# marked.
+ATTACH = r"""
+import torch, nccl_lossy
+integ = nccl_lossy.LossyMegatronIntegration(apply_env=False, patch_megatron=False).enable()
+model = torch.nn.Linear(2, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for args in ((None,), (3,), ([model, None],), (model, 3), (model, object()), (opt,)):
+    try:
+        integ.attach(*args)
+    except TypeError as err:
+        print("refused:", err)
+    else:
+        print("attached", args)
+chunks = torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)])
+integ.attach(chunks, opt)
+integ.mark_any()
+out = chunks[0](torch.ones(1, 2, requires_grad=True))
+print("after a chunk's forward:", integ.phase)
+out.sum().backward()
+print("after backward:", integ.phase)
+opt.step()
+print("after the optimizer step:", integ.phase, integ.step_number)
+"""
+
+
+def test_attach_refuses_what_is_no_module_and_hooks_the_chunks_of_a_module_list():
+    pytest.importorskip("torch")
+    proc = run_python(ATTACH, env=clean_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    module = "allowed: a torch.nn.Module (one with a forward) or a list or tuple of them"
+    assert proc.stdout.splitlines() == [
+        f"refused: attach: model=None is no module; {module}",
+        f"refused: attach: model=3 is no module; {module}",
+        f"refused: attach: model[1]=None is no module; {module}",
+        "refused: attach: optimizer=3 has no step(); allowed: a torch optimizer, megatron-core's "
+        "MegatronOptimizer, or anything with a step method",
+        "refused: attach: optimizer=<object> has no step(); allowed: a torch optimizer, "
+        "megatron-core's MegatronOptimizer, or anything with a step method",
+        "refused: attach: model=<SGD> is no module; " + module,
+        "after a chunk's forward: forward",
+        "after backward: backward",
+        "after the optimizer step: any 1",
+    ]

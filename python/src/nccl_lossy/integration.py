@@ -455,8 +455,15 @@ class LossyMegatronIntegration:
         """Hooks ``model`` (a module or a list of modules, e.g. virtual pipeline chunks) and,
         when given, ``optimizer`` (a torch optimizer or anything with a ``step`` method). A
         module or optimizer already attached (and not detached since) is not hooked again, so
-        attaching each chunk with the same optimizer advances the step once per optimizer step."""
-        modules = list(model) if isinstance(model, (list, tuple)) else [model]
+        attaching each chunk with the same optimizer advances the step once per optimizer step.
+        A ``torch.nn.ModuleList`` / ``ModuleDict`` stands for its modules (it has no forward, so
+        hooks on it would never run); anything else that is no module is a TypeError."""
+        modules = _modules(model, "model")
+        if optimizer is not None and not callable(getattr(optimizer, "step", None)):
+            raise TypeError(
+                f"attach: optimizer={_what(optimizer)} has no step(); allowed: a torch optimizer, "
+                "megatron-core's MegatronOptimizer, or anything with a step method"
+            )
         for module in modules:
             if self._remember(module):
                 pre = module.register_forward_pre_hook(self._on_forward_pre)
@@ -586,6 +593,32 @@ class LossyMegatronIntegration:
             )
         with _control.STATE_LOCK:
             return self._recorder.write(stats_dir)
+
+
+_MODULE_ALLOWED = "allowed: a torch.nn.Module (one with a forward) or a list or tuple of them"
+
+
+def _what(obj: Any) -> str:
+    """``obj`` as an error message names it: a plain value as itself, another by its type."""
+    return repr(obj) if obj is None or isinstance(obj, (int, float, str)) else f"<{type(obj).__name__}>"
+
+
+def _modules(model: Any, name: str) -> List[Any]:
+    """The modules ``attach`` hooks for ``model``, checked before anything is hooked: a
+    container without a forward of its own (``torch.nn.ModuleList``, ``ModuleDict``), whose
+    hooks would never run, stands for the modules it holds."""
+    if isinstance(model, (list, tuple)):
+        return [m for i, item in enumerate(model) for m in _modules(item, f"{name}[{i}]")]
+    hooks = ("register_forward_pre_hook", "register_forward_hook")
+    if not all(callable(getattr(model, hook, None)) for hook in hooks):
+        raise TypeError(f"attach: {name}={_what(model)} is no module; {_MODULE_ALLOWED}")
+    forward = getattr(type(model), "forward", None)
+    if getattr(forward, "__name__", "") == "_forward_unimplemented":
+        children = list(model.children()) if callable(getattr(model, "children", None)) else []
+        if not children:
+            raise TypeError(f"attach: {name}={_what(model)} has no forward and holds no module; {_MODULE_ALLOWED}")
+        return [m for i, child in enumerate(children) for m in _modules(child, f"{name}[{i}]")]
+    return [model]
 
 
 def _same_file(path: Union[str, "os.PathLike[str]"]) -> Path:
