@@ -561,6 +561,27 @@ def test_a_step_set_through_the_module_moves_the_integrations_recorder_too(tmp_p
     assert [(r["step"], r["packets"]) for r in steps] == [(1, 128), (7, 256), (8, 128)]
 
 
+# A resume from a checkpoint told through the module (nccl_lossy.set_step(iteration)) while an
+# integration counts the optimizer's steps: the integration kept its own count, said
+# step_number 1 for a plugin at step 7, and its next step() took the plugin back to step 2.
+RESUMED_THROUGH_THE_MODULE = STEPPING_HEAD + r"""
+integ.step(1); link.send()
+nccl_lossy.set_step(7); link.send()
+assert integ.step_number == 7, integ.step_number
+integ.step(); link.send()
+link.close()
+integ.disable()
+assert integ.step_number == 8, integ.step_number
+print(json.dumps({"table": integ.step_table()}))
+"""
+
+
+def test_the_integration_counts_on_from_a_step_set_through_the_module(tmp_path):
+    live, step_ops, steps = step_tables(RESUMED_THROUGH_THE_MODULE, tmp_path)
+    assert [(r["step"], r["packets"]) for r in steps] == [(1, 128), (7, 128), (8, 128)]
+    assert [(r["step"], r["packets"]) for r in live] == [(1, 128), (7, 128), (8, 128)]
+
+
 # A relative NCCL_LOSSY_STATS and a script that changes its working directory after NCCL
 # started: the plugin keeps the directory its init resolved, but the integration resolved the
 # variable again at disable() and wrote the per-step file into the new working directory, apart

@@ -271,8 +271,11 @@ class LossyMegatronIntegration:
 
     @property
     def step_number(self) -> int:
-        """The training step the plugin was told (assigning pushes it)."""
-        return self._step
+        """The training step the plugin was told (assigning pushes it). While enabled, that is
+        the process's step, also when :func:`nccl_lossy.set_step` set it (a resume from a
+        checkpoint): the next :meth:`step` counts on from there."""
+        with _control.STATE_LOCK:
+            return self._recorder.step if self._enabled else self._step
 
     @step_number.setter
     def step_number(self, value: int) -> None:
@@ -366,7 +369,7 @@ class LossyMegatronIntegration:
         if others:
             warnings.warn(
                 f"nccl_lossy: another LossyMegatronIntegration is enabled in this process (at step "
-                f"{others[0].step_number}, phase {others[0].phase}); the plugin's switch, phase and "
+                f"{others[0]._step}, phase {others[0].phase}); the plugin's switch, phase and "
                 f"step are process-wide, so this one (step {self._step}) and that one overwrite "
                 "each other's and both step tables count the same traffic; disable() the other "
                 "first, or drive both models through one integration (attach() takes a list)",
@@ -400,6 +403,7 @@ class LossyMegatronIntegration:
         also reverts the patches this object applied. The step being recorded ends here, and
         with a statistics directory the per-step file is written (:meth:`write_stats`)."""
         with _control.STATE_LOCK:
+            self._step = self.step_number  # the step in force, wherever it was set
             self._enabled = False
             _ENABLED.discard(self)
             self._phase = "any"
@@ -446,7 +450,7 @@ class LossyMegatronIntegration:
     def step(self, step: Optional[int] = None) -> int:
         """Sets the training step (default: the next one) and returns it."""
         with _control.STATE_LOCK:
-            self.step_number = self._step + 1 if step is None else step
+            self.step_number = self.step_number + 1 if step is None else step
             return self._step
 
     # -- hooks ----------------------------------------------------------------------------
