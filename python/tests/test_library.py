@@ -41,6 +41,23 @@ def test_nccl_plugin_name_resolution_matches_nccl():
     assert nccl_plugin_candidates(None) == []
 
 
+def test_a_plugin_name_with_spaces_is_read_as_nccl_reads_it(lib_path):
+    # NCCL splits NCCL_NET_PLUGIN at commas with strtok_r (empty entries skipped) and opens each
+    # entry as it is, spaces included (src/plugin/net.cc, src/plugin/plugin_open.cc):
+    # " lossy" opens no library. It was taken as "lossy", so apply() kept a value with which
+    # NCCL then found no lossy network at init.
+    from nccl_lossy import LossyConfigError
+    from nccl_lossy.network import names_this_plugin
+
+    assert nccl_plugin_candidates(" lossy") == [" lossy", "libnccl-net- lossy.so"]
+    assert nccl_plugin_candidates(",lossy,") == ["lossy", "libnccl-net-lossy.so"]
+    assert nccl_plugin_candidates("NONE") == []
+    assert not names_this_plugin(" lossy") and not names_this_plugin(f"{lib_path} ")
+    assert names_this_plugin(",lossy") and names_this_plugin("lossy, other")
+    with pytest.raises(LossyConfigError, match=r"NCCL_NET_PLUGIN= lossy \(in the environment\) names another"):
+        nccl_lossy.LossyNetwork().resolved(base={"NCCL_NET_PLUGIN": " lossy"})
+
+
 def test_mapped_library_is_found_in_proc_maps(lib_path):
     code = (
         "import ctypes, sys\n"

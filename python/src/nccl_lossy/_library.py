@@ -92,15 +92,20 @@ def mapped_library_paths(maps_file: str = "/proc/self/maps", any_net_plugin: boo
     return found
 
 
-def nccl_plugin_candidates(value: Optional[str]) -> List[str]:
-    """The names NCCL's loader tries for an ``NCCL_NET_PLUGIN`` value, in order."""
-    if not value:
+def nccl_plugin_entries(value: Optional[str]) -> List[str]:
+    """The entries of an ``NCCL_NET_PLUGIN`` value as NCCL reads them (``src/plugin/net.cc``):
+    none for ``none`` (any case), else split at commas with ``strtok_r`` (empty entries
+    skipped), each kept as it is: NCCL opens ``" lossy"`` with its space, which finds no file."""
+    if not value or value.lower() == "none":
         return []
+    return [item for item in value.split(",") if item]
+
+
+def nccl_plugin_candidates(value: Optional[str]) -> List[str]:
+    """The names NCCL's loader tries for an ``NCCL_NET_PLUGIN`` value, in order
+    (``src/plugin/plugin_open.cc``)."""
     names: List[str] = []
-    for item in value.split(","):
-        item = item.strip()
-        if not item or item.lower() == "none":
-            continue
+    for item in nccl_plugin_entries(value):
         names.append(item)
         base = os.path.basename(item)
         if "/" not in item and not (base.startswith("lib") and base.endswith(".so")):

@@ -13,7 +13,14 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
 
-from ._library import CARGO_NAME, LIBRARY_ENV, PACKAGED_NAME, library_path, mapped_library_paths
+from ._library import (
+    CARGO_NAME,
+    LIBRARY_ENV,
+    PACKAGED_NAME,
+    library_path,
+    mapped_library_paths,
+    nccl_plugin_entries,
+)
 from .config import LossyConfigError, loss_overrides
 
 log = logging.getLogger("nccl_lossy")
@@ -590,7 +597,8 @@ class LossyNetwork:
 
         plugin = _from_env(base, "NCCL_NET_PLUGIN")
         if plugin is not None:
-            first = plugin.split(",")[0].strip()
+            entries = nccl_plugin_entries(plugin)
+            first = entries[0] if entries else ""
             if self.library is not None:
                 if not ("/" in first and os.path.isfile(first) and os.path.samefile(first, self.library)):
                     raise _clash("NCCL_NET_PLUGIN", plugin, str(self.library), "library")
@@ -679,7 +687,8 @@ def names_this_plugin(value: str) -> bool:
     ``lossy`` (NCCL opens ``libnccl-net-lossy.so``), a file named ``libnccl-net-lossy.so`` /
     ``libnccl_net_lossy.so``, or a file under another name that exports this plugin's control
     API (a renamed copy)."""
-    first = value.split(",")[0].strip()
+    entries = nccl_plugin_entries(value)
+    first = entries[0] if entries else ""
     if first == "lossy" or os.path.basename(first) in (PACKAGED_NAME, CARGO_NAME):
         return True
     return "/" in first and _exports_control_api(first)
