@@ -58,6 +58,20 @@ def test_a_plugin_name_with_spaces_is_read_as_nccl_reads_it(lib_path):
         nccl_lossy.LossyNetwork().resolved(base={"NCCL_NET_PLUGIN": " lossy"})
 
 
+def test_this_plugin_anywhere_in_a_plugin_list_is_the_one_nccl_uses(lib_path):
+    # NCCL loads every entry of NCCL_NET_PLUGIN in order and gives the communicator the first
+    # whose network is named NCCL_NET (src/plugin/net.cc, ncclNetInit), so with NCCL_NET=lossy
+    # "other,lossy" (a cluster's plugin set by its modules, this one after it) runs this
+    # plugin. Only the first entry was read: apply() refused what NCCL accepts.
+    from nccl_lossy.network import names_this_plugin
+
+    assert names_this_plugin("other,lossy") and names_this_plugin(f"libnccl-net-ofi.so,{lib_path}")
+    assert not names_this_plugin("other,libnccl-net-ofi.so")
+    resolved = nccl_lossy.LossyNetwork().resolved(base={"NCCL_NET_PLUGIN": f"other,{lib_path}"})
+    assert resolved.library == lib_path.resolve()
+    nccl_lossy.LossyNetwork(library=lib_path).resolved(base={"NCCL_NET_PLUGIN": f"other,{lib_path}"})
+
+
 def test_mapped_library_is_found_in_proc_maps(lib_path):
     code = (
         "import ctypes, sys\n"

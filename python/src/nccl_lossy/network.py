@@ -597,12 +597,12 @@ class LossyNetwork:
 
         plugin = _from_env(base, "NCCL_NET_PLUGIN")
         if plugin is not None:
-            entries = nccl_plugin_entries(plugin)
-            first = entries[0] if entries else ""
+            first = plugin_entry(plugin) or ""
             if self.library is not None:
-                if not ("/" in first and os.path.isfile(first) and os.path.samefile(first, self.library)):
+                if not any("/" in entry and os.path.isfile(entry) and os.path.samefile(entry, self.library)
+                           for entry in nccl_plugin_entries(plugin)):
                     raise _clash("NCCL_NET_PLUGIN", plugin, str(self.library), "library")
-            elif not names_this_plugin(plugin):
+            elif not first:
                 raise LossyConfigError(
                     f"NCCL_NET_PLUGIN={plugin} (in the environment) names another library than "
                     f"this plugin ({library_path()}): NCCL would load it and find no lossy "
@@ -683,15 +683,24 @@ class LossyNetwork:
 
 
 def names_this_plugin(value: str) -> bool:
-    """Whether an ``NCCL_NET_PLUGIN`` value makes NCCL load this plugin: its first entry is
-    ``lossy`` (NCCL opens ``libnccl-net-lossy.so``), a file named ``libnccl-net-lossy.so`` /
+    """Whether an ``NCCL_NET_PLUGIN`` value makes NCCL load this plugin (with
+    ``NCCL_NET=lossy``): one of its entries names it (:func:`plugin_entry`)."""
+    return plugin_entry(value) is not None
+
+
+def plugin_entry(value: str) -> Optional[str]:
+    """The first entry of an ``NCCL_NET_PLUGIN`` value that names this plugin: ``lossy`` (NCCL
+    opens ``libnccl-net-lossy.so``), a file named ``libnccl-net-lossy.so`` /
     ``libnccl_net_lossy.so``, or a file under another name that exports this plugin's control
-    API (a renamed copy)."""
-    entries = nccl_plugin_entries(value)
-    first = entries[0] if entries else ""
-    if first == "lossy" or os.path.basename(first) in (PACKAGED_NAME, CARGO_NAME):
-        return True
-    return "/" in first and _exports_control_api(first)
+    API (a renamed copy). NCCL loads every entry in order and gives a communicator the first
+    whose network is named ``NCCL_NET`` (``ncclNetInit`` in ``src/plugin/net.cc``), so an
+    entry after another plugin's is the one used."""
+    for entry in nccl_plugin_entries(value):
+        if entry == "lossy" or os.path.basename(entry) in (PACKAGED_NAME, CARGO_NAME):
+            return entry
+        if "/" in entry and _exports_control_api(entry):
+            return entry
+    return None
 
 
 #: A name only this plugin's library exports (``nccl_headers/nccl_lossy_control.h``): its
