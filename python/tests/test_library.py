@@ -72,6 +72,17 @@ def test_this_plugin_anywhere_in_a_plugin_list_is_the_one_nccl_uses(lib_path):
     nccl_lossy.LossyNetwork(library=lib_path).resolved(base={"NCCL_NET_PLUGIN": f"other,{lib_path}"})
 
 
+def test_nccl_net_plugin_none_is_refused_as_no_plugin_not_as_another_library():
+    # NCCL reads NCCL_NET_PLUGIN=none (any case) as "load no external plugin"
+    # (src/plugin/net.cc): refused, but the error said it "names another library" NCCL "would
+    # load", sending the user to look for a library that does not exist.
+    for value in ("none", "NONE"):
+        with pytest.raises(nccl_lossy.LossyConfigError) as err:
+            nccl_lossy.LossyNetwork().resolved(base={"NCCL_NET_PLUGIN": value})
+        said = str(err.value)
+        assert "no external plugin" in said and "another library" not in said, said
+
+
 def test_mapped_library_is_found_in_proc_maps(lib_path):
     code = (
         "import ctypes, sys\n"

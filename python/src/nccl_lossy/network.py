@@ -602,6 +602,12 @@ class LossyNetwork:
                 if not any("/" in entry and os.path.isfile(entry) and os.path.samefile(entry, self.library)
                            for entry in nccl_plugin_entries(plugin)):
                     raise _clash("NCCL_NET_PLUGIN", plugin, str(self.library), "library")
+            elif not first and plugin.lower() == "none":
+                raise LossyConfigError(
+                    f"NCCL_NET_PLUGIN={plugin} (in the environment) tells NCCL to load no "
+                    "external plugin ('none', in any case), so this one would never run; allowed: lossy, or the path of libnccl-net-lossy.so / "
+                    f"libnccl_net_lossy.so: unset NCCL_NET_PLUGIN, {_RESOLVE}"
+                )
             elif not first:
                 raise LossyConfigError(
                     f"NCCL_NET_PLUGIN={plugin} (in the environment) names another library than "
