@@ -605,8 +605,9 @@ class LossyNetwork:
             elif not first and plugin.lower() == "none":
                 raise LossyConfigError(
                     f"NCCL_NET_PLUGIN={plugin} (in the environment) tells NCCL to load no "
-                    "external plugin ('none', in any case), so this one would never run; allowed: lossy, or the path of libnccl-net-lossy.so / "
-                    f"libnccl_net_lossy.so: unset NCCL_NET_PLUGIN, {_RESOLVE}"
+                    "external plugin ('none', in any case), so this one would never run; "
+                    "allowed: lossy, or the path of libnccl-net-lossy.so / libnccl_net_lossy.so: "
+                    f"unset NCCL_NET_PLUGIN, {_RESOLVE}"
                 )
             elif not first:
                 raise LossyConfigError(
