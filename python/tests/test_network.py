@@ -162,6 +162,23 @@ def test_bad_profiles_are_reported_with_their_path(tmp_path):
         LossyNetwork(set={"a;b": 1})
 
 
+def test_a_nul_byte_in_a_value_is_refused_naming_the_keyword():
+    # A NUL byte (no environment variable or path can hold one) gave a bare "ValueError:
+    # embedded null byte" from deep inside subprocess or realpath, naming no keyword.
+    cases = [
+        ({"set": {"effect": "ze\x00ro"}}, "effect"),
+        ({"set": "description=a\x00b"}, "description"),
+        ({"profile": "a\x00b.toml"}, "profile"),
+        ({"stats_dir": "st\x00ats"}, "stats_dir"),
+        ({"library": "lib\x00.so"}, "library"),
+    ]
+    for kwargs, name in cases:
+        with pytest.raises(nccl_lossy.LossyConfigError) as err:
+            nccl_lossy.LossyNetwork(**kwargs).env(base={})
+        said = str(err.value)
+        assert name in said and "NUL" in said, (kwargs, said)
+
+
 def test_a_profile_that_is_no_file_says_what_it_is_instead_of_that_it_does_not_exist(tmp_path, monkeypatch):
     # A directory (the runs' folder passed as profile=) or an empty string (a config field left
     # empty, which Path reads as the working directory) exists: "does not exist" sends the

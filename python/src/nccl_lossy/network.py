@@ -112,6 +112,9 @@ def parse_overrides(text: str) -> List[Tuple[str, str]]:
         key, sep, value = item.partition("=")
         if not sep:
             raise LossyConfigError(f"override {item!r} has no '=' (expected dotted.key=value)")
+        if "\0" in item:
+            raise LossyConfigError(f"override {item!r} holds a NUL byte, which no environment "
+                                   f"variable can carry; allowed: {key.strip()}=<text without NUL>")
         pairs.append((key.strip(), value.strip().strip("'\"")))
     return pairs
 
@@ -357,6 +360,9 @@ class LossyNetwork:
         for keyword, value in (("profile", profile), ("stats_dir", stats_dir), ("library", library)):
             if value is not None and not isinstance(value, (str, os.PathLike)):
                 raise LossyConfigError(f"{keyword}={value!r}: allowed: a path (str or os.PathLike) or None")
+            if value is not None and "\0" in str(os.fspath(value)):
+                raise LossyConfigError(f"{keyword}={value!r}: holds a NUL byte, which no path can; "
+                                       "allowed: a path (str or os.PathLike) or None")
         if profile is not None and not os.fspath(profile):
             # Path("") is the working directory, which exists: name the empty value instead.
             raise LossyConfigError(
