@@ -126,6 +126,42 @@ fn a_forced_ll_protocol_or_a_bad_trace_ring_size_is_refused_before_the_run_as_at
 }
 
 #[test]
+fn a_socket_setting_init_refuses_is_refused_by_validate_and_simulate_too() {
+    // The socket transport reads NCCL_LOSSY_NSOCKS, NCCL_LOSSY_TIMEOUT, ... at init and fails
+    // on a malformed one; `lossy validate` and `lossy simulate` said the run was fine.
+    let dir = fresh_dir("init-verdicts-socket");
+    let plain = dir.join("plain.toml");
+    std::fs::write(&plain, "model = \"none\"\n").expect("write profile");
+    let plain = plain.to_str().expect("utf-8 path");
+    for (key, value, allowed) in [
+        ("NCCL_LOSSY_NSOCKS", "0", "from 1 to"),
+        ("NCCL_LOSSY_NSOCKS", "4.5", "from 1 to"),
+        ("NCCL_LOSSY_SOCKBUF", "-1", "from"),
+        ("NCCL_LOSSY_DELAYED_ACKS", "yes", "1 (delay"),
+        ("NCCL_SOCKET_FAMILY", "AF_UNIX", "AF_INET"),
+    ] {
+        let said = format!("{key}={value}");
+        all_refuse(plain, &[(key, value)], &[&said, allowed]);
+    }
+    // What init accepts, both accept.
+    let env = [("NCCL_LOSSY_NSOCKS", "2")];
+    let (init, log) = init_outcome(&[env[0], ("NCCL_LOSSY_PROFILE", plain)]);
+    assert_eq!(init, "INIT ok", "{log}");
+    for args in [
+        &["validate", plain][..],
+        &["simulate", "--packets", "1000", plain][..],
+    ] {
+        let out = lossy(args, &env);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn an_output_directory_that_is_a_file_is_refused_before_the_run_as_at_init() {
     // The profile's `trace`, NCCL_LOSSY_TRACE and NCCL_LOSSY_STATS name directories that init
     // creates and probes; one that is a file fails init, and validate said the profile was fine.

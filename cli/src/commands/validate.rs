@@ -6,7 +6,7 @@
 //! overrides it applied are printed below each summary with where they came from. What the
 //! plugin's init refuses of the environment around the profile (wrap mode against
 //! `NCCL_LOSSY_INNER`, a data-loss effect under a forced LL protocol, a bad
-//! `NCCL_LOSSY_TRACE_EVENTS`, a file where an output directory goes) it refuses too, and what
+//! `NCCL_LOSSY_TRACE_EVENTS`, a malformed socket setting (`NCCL_LOSSY_NSOCKS`, ...), a file where an output directory goes) it refuses too, and what
 //! init warns of it warns of.
 
 use std::path::{Path, PathBuf};
@@ -15,6 +15,7 @@ use std::process::ExitCode;
 use nccl_net_lossy::profile::{Profile, SET_ENV};
 use nccl_net_lossy::stats::timeline::{TRACE_DIR_ENV, TRACE_EVENTS_ENV};
 use nccl_net_lossy::stats::writer::STATS_DIR_ENV;
+use nccl_net_lossy::transport::socket::SocketConfig;
 use nccl_net_lossy::{
     check_forced_protocol, check_output_dirs_in_place, trace_capacity, unknown_comm_size_warning,
     unused_stats_interval_warning, wrap_target, INNER_ENV,
@@ -90,7 +91,8 @@ impl InitEnv {
 
 /// The profile at `file` (`None`: the embedded default) with `layers` of overrides, refused
 /// for what the plugin's `init` refuses of it under `env` besides the profile itself: wrap
-/// mode without a plugin to wrap, `NCCL_LOSSY_INNER` under `transport = "socket"`, a trace ring
+/// mode without a plugin to wrap, `NCCL_LOSSY_INNER` under `transport = "socket"`, a malformed
+/// socket setting of the environment (`NCCL_LOSSY_NSOCKS`, ...) outside wrap mode, a trace ring
 /// size out of range, a file where a statistics or trace directory goes, or a data-loss effect
 /// under an `NCCL_PROTO` that forces LL or LL128 (nothing is created to check).
 /// `lossy validate` and `lossy simulate` both load through here, so they give init's verdict.
@@ -100,7 +102,11 @@ pub(crate) fn load_checked(
     env: &InitEnv,
 ) -> nccl_net_lossy::Result<Profile> {
     let profile = Profile::load_layers(file, layers)?;
-    wrap_target(&profile, env.inner.clone())?;
+    if wrap_target(&profile, env.inner.clone())?.is_none() {
+        // The socket transport's settings (NCCL_LOSSY_NSOCKS, NCCL_LOSSY_TIMEOUT, ...), which
+        // init reads unless it wraps another plugin, and refuses when one is malformed.
+        SocketConfig::from_env()?;
+    }
     trace_capacity(&profile, env.trace_events.clone())?;
     check_output_dirs_in_place(&profile, env.stats_dir.clone(), env.trace_dir.clone())?;
     check_forced_protocol(&profile, env.proto.as_deref())?;
