@@ -86,6 +86,22 @@ fn bench_counts_that_would_run_something_else_are_refused() {
 }
 
 #[test]
+fn bench_counts_beyond_what_nccl_opens_are_refused_before_any_rank_starts() {
+    // --comms had no upper bound: 100000 channels spent many minutes opening connections
+    // before running out of descriptors; --raw-streams 100000 failed a minute later as
+    // "connection timed out", naming neither the option nor the value.
+    for (option, value, allowed) in [
+        ("--comms", "100000", "at most 64"),
+        ("--comms", "65", "at most 64"),
+        ("--raw-streams", "100000", "at most 64"),
+        ("--raw-streams", "65", "at most 64"),
+    ] {
+        let out = lossy_str(&["bench", "--sizes", "4K", option, value]);
+        assert_refused(&out, 1, &[option, value, allowed]);
+    }
+}
+
+#[test]
 fn demo_table_gives_the_size_that_ran() {
     // The demo runs f32 elements: `5` moved 4 bytes and `3` none, yet the table said 5 B and
     // 3 B ("bit-exact", with a bandwidth computed from them). It now runs whole elements, at

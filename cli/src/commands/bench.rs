@@ -15,6 +15,8 @@ use crate::harness::worker::{raw_streams_default, Job, LinkKind, RunSpec, Worker
 use nccl_net_lossy::profile::Profile;
 use nccl_net_lossy::Result;
 
+pub use super::sizes::{parse_bench_sizes, parse_size, parse_sizes, MAX_SIZE};
+
 /// Arguments of `lossy bench`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -36,11 +38,12 @@ pub struct Args {
     #[arg(long)]
     pub iters: Option<usize>,
     /// Ring channels (NCCL's channels): send/receive comm pairs per neighbour, each carrying
-    /// a contiguous slice of the buffer; the raw TCP baseline opens as many.
+    /// a contiguous slice of the buffer; the raw TCP baseline opens as many. 1 to 64 (NCCL's
+    /// most channels).
     #[arg(long, default_value_t = 1)]
     pub comms: usize,
     /// Streams per comm of the raw TCP baseline (default: the plugin's sockets per
-    /// connection, `NCCL_LOSSY_NSOCKS` as the plugin reads it).
+    /// connection, `NCCL_LOSSY_NSOCKS` as the plugin reads it); 1 to 64, as NCCL's Socket transport.
     #[arg(long)]
     pub raw_streams: Option<usize>,
     /// Untimed iterations per size.
@@ -108,75 +111,15 @@ pub fn plugin_library(arg: Option<&Path>) -> Result<PathBuf> {
     }
 }
 
-/// Largest size `--sizes` and `--chunk` take, in bytes: 4 times the largest sweep (256 MiB).
-/// Each rank allocates a few buffers of the size (input, output, staging), so a larger one
-/// would exhaust memory or abort the ranks rather than measure anything.
-pub const MAX_SIZE: usize = 1 << 30;
+/// Most ring channels `--comms` takes: NCCL's `MAXCHANNELS` (src/include/device.h).
+pub const MAX_COMMS: usize = 64;
+
+/// Most streams per comm `--raw-streams` takes: the most sockets NCCL's Socket transport gives
+/// one connection (`MAX_SOCKETS`, src/transport/net_socket.cc).
+pub const MAX_RAW_STREAMS: usize = 64;
 
 /// Most timed iterations `--iters` takes (each keeps a time sample per link and rank).
 pub const MAX_ITERS_ARG: usize = 1_000_000;
-
-/// Parses `4096`, `4K`, `1M`, `64MiB`, `1G` into bytes, at most [`MAX_SIZE`].
-pub fn parse_size(text: &str) -> std::result::Result<usize, String> {
-    let t = text.trim();
-    let t = t
-        .strip_suffix("iB")
-        .or_else(|| t.strip_suffix('B'))
-        .unwrap_or(t);
-    let (num, shift) = match t.chars().last() {
-        Some('K' | 'k') => (&t[..t.len() - 1], 10),
-        Some('M' | 'm') => (&t[..t.len() - 1], 20),
-        Some('G' | 'g') => (&t[..t.len() - 1], 30),
-        _ => (t, 0),
-    };
-    let too_large = || {
-        format!(
-            "bad size `{text}`: at most {} ({MAX_SIZE} bytes)",
-            fmt_bytes(MAX_SIZE)
-        )
-    };
-    let digits = num.trim();
-    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
-        // Only digits, yet not a usize times the unit: too large, not malformed.
-        let bytes = digits
-            .parse::<usize>()
-            .ok()
-            .and_then(|n| n.checked_mul(1usize << shift))
-            .ok_or_else(too_large)?;
-        return if bytes > MAX_SIZE {
-            Err(too_large())
-        } else {
-            Ok(bytes)
-        };
-    }
-    Err(format!("bad size `{text}` (e.g. 4096, 64K, 1M, 1G)"))
-}
-
-/// Sizes from `from` to `to` bytes, doubling (nccl-tests' `-b from -e to -f 2`).
-fn doubling(from: usize, to: usize) -> Vec<usize> {
-    std::iter::successors(Some(from), |&b| b.checked_mul(2))
-        .take_while(|&b| b <= to)
-        .collect()
-}
-
-/// Parses a size list or preset (`lossy demo`'s: `small` is 4 KiB, 64 KiB and 1 MiB).
-pub fn parse_sizes(text: &str) -> std::result::Result<Vec<usize>, String> {
-    match text {
-        "small" => Ok(vec![4 << 10, 64 << 10, 1 << 20]),
-        "large" => Ok(vec![1 << 20, 4 << 20, 16 << 20, 64 << 20, 128 << 20]),
-        list => list.split(',').map(parse_size).collect(),
-    }
-}
-
-/// Parses `lossy bench`'s sizes: the sweeps `small` (8 B to 1 MiB) and `all` (8 B to
-/// 256 MiB), doubling as nccl-tests' `-f 2` does, else as [`parse_sizes`].
-pub fn parse_bench_sizes(text: &str) -> std::result::Result<Vec<usize>, String> {
-    match text {
-        "small" => Ok(doubling(8, 1 << 20)),
-        "all" => Ok(doubling(8, 256 << 20)),
-        other => parse_sizes(other),
-    }
-}
 
 /// Bytes the default iteration count aims to move per size and link.
 const ITER_BYTES: usize = 64 << 20;
@@ -343,8 +286,15 @@ fn bench(args: &Args) -> Result<()> {
         .into_iter()
         .map(|b| element_bytes(b, dtype))
         .collect();
-    if args.comms == 0 {
-        return Err(bad("--comms must be at least 1".into()));
+    // Beyond NCCL's channels a run spent minutes opening connections before it ran out of
+    // descriptors, and streams beyond the plugin's sockets per connection failed as a
+    // connection timeout naming neither.
+    if args.comms == 0 || args.comms > MAX_COMMS {
+        return Err(bad(format!(
+            "--comms {}: allowed: at least 1 and at most {MAX_COMMS} (ring channels, as NCCL \
+             has at most {MAX_COMMS})",
+            args.comms
+        )));
     }
     // Counts that would run something else than asked are refused: `--iters 0` ran one
     // iteration, `--raw-streams 0` one stream, a chunk under one element one element, and a
@@ -360,11 +310,12 @@ fn bench(args: &Args) -> Result<()> {
             args.warmup
         )));
     }
-    if args.raw_streams == Some(0) {
-        return Err(bad(
-            "--raw-streams 0: allowed: at least 1 (streams per comm of the raw TCP baseline)"
-                .into(),
-        ));
+    if let Some(streams) = args.raw_streams.filter(|&n| n == 0 || n > MAX_RAW_STREAMS) {
+        return Err(bad(format!(
+            "--raw-streams {streams}: allowed: at least 1 and at most {MAX_RAW_STREAMS} \
+             (streams per comm of the raw TCP baseline, as NCCL's Socket transport's sockets \
+             per connection)"
+        )));
     }
     if chunk < dtype.size() {
         return Err(bad(format!(

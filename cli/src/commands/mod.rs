@@ -7,6 +7,7 @@ pub mod report;
 pub mod report_steps;
 pub mod run;
 pub mod simulate;
+pub mod sizes;
 pub mod validate;
 pub mod worker;
 
