@@ -102,6 +102,30 @@ fn bench_counts_beyond_what_nccl_opens_are_refused_before_any_rank_starts() {
 }
 
 #[test]
+fn a_bad_size_names_the_option_it_was_given_to() {
+    // `lossy bench --sizes 64K --chunk 1.5M` said "bad size `1.5M`", naming no option: with
+    // two size options (and a list of sizes) the user had to guess which one was meant.
+    for (command, option, value, bad, allowed) in [
+        ("bench", "--chunk", "1.5M", "`1.5M`", "e.g. 4096"),
+        ("bench", "--chunk", "64Q", "`64Q`", "e.g. 4096"),
+        ("bench", "--sizes", "4K,1.5M", "`1.5M`", "e.g. 4096"),
+        ("bench", "--sizes", "4K,,1M", "``", "e.g. 4096"),
+        (
+            "bench",
+            "--sizes",
+            "99999999999999999999",
+            "`9999",
+            "at most 1 GiB",
+        ),
+        ("demo", "--sizes", "1.5M", "`1.5M`", "e.g. 4096"),
+        ("demo", "--sizes", "", "``", "e.g. 4096"),
+    ] {
+        let out = lossy_str(&[command, option, value]);
+        assert_refused(&out, 1, &[&format!("{option} {value}"), bad, allowed]);
+    }
+}
+
+#[test]
 fn demo_table_gives_the_size_that_ran() {
     // The demo runs f32 elements: `5` moved 4 bytes and `3` none, yet the table said 5 B and
     // 3 B ("bit-exact", with a bandwidth computed from them). It now runs whole elements, at

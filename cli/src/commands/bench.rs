@@ -279,10 +279,11 @@ fn link_head(name: &str) -> (String, String) {
 
 fn bench(args: &Args) -> Result<()> {
     let bad = nccl_net_lossy::Error::invalid_argument;
-    let chunk = parse_size(&args.chunk).map_err(bad)?;
+    // Each error names the option too: two take sizes, and a list holds several.
+    let chunk = parse_size(&args.chunk).map_err(|e| bad(format!("--chunk {}: {e}", args.chunk)))?;
     let dtype = parse_dtype(&args.dtype).map_err(bad)?;
     let sizes: Vec<usize> = parse_bench_sizes(&args.sizes)
-        .map_err(bad)?
+        .map_err(|e| bad(format!("--sizes {}: {e}", args.sizes)))?
         .into_iter()
         .map(|b| element_bytes(b, dtype))
         .collect();

@@ -57,7 +57,9 @@ fn demo(args: &Args) -> Result<bool> {
     // Whole f32 elements, at least one, as bench runs them: the table says what ran (`5`
     // moved 4 bytes and `3` none while the table said 5 B and 3 B).
     let sizes: Vec<usize> = parse_sizes(&args.sizes)
-        .map_err(nccl_net_lossy::Error::invalid_argument)?
+        .map_err(|e| {
+            nccl_net_lossy::Error::invalid_argument(format!("--sizes {}: {e}", args.sizes))
+        })?
         .into_iter()
         .map(|bytes| element_bytes(bytes, DataType::F32))
         .collect();
