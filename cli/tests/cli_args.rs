@@ -126,6 +126,18 @@ fn a_bad_size_names_the_option_it_was_given_to() {
 }
 
 #[test]
+fn a_net_version_the_harness_does_not_drive_is_refused_before_any_rank_starts() {
+    // --net-version 7 started every rank, each failing with "net plugin version 7 (the
+    // harness drives 8 to 12)", naming no option.
+    for value in ["0", "7", "13", "4294967295"] {
+        let out = lossy_str(&["bench", "--sizes", "4K", "--net-version", value]);
+        assert_refused(&out, 1, &["--net-version", value, "8 to 12"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("rank"), "ranks were started: {stderr}");
+    }
+}
+
+#[test]
 fn demo_table_gives_the_size_that_ran() {
     // The demo runs f32 elements: `5` moved 4 bytes and `3` none, yet the table said 5 B and
     // 3 B ("bit-exact", with a bandwidth computed from them). It now runs whole elements, at

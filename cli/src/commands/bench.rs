@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use crate::harness::cluster::{rank_lines, run_ranks, ClusterArgs, Ranks};
 use crate::harness::collectives::{Collective, DataType};
 use crate::harness::launch::Launch;
-use crate::harness::plugin_client::default_library_path;
+use crate::harness::plugin_client::{default_library_path, MAX_VERSION, MIN_VERSION};
 use crate::harness::worker::{raw_streams_default, Job, LinkKind, RunSpec, WorkerReport};
 use nccl_net_lossy::profile::Profile;
 use nccl_net_lossy::Result;
@@ -309,6 +309,14 @@ fn bench(args: &Args) -> Result<()> {
         return Err(bad(format!(
             "--warmup {}: allowed: 0 to {MAX_ITERS_ARG} (at most {MAX_ITERS_ARG})",
             args.warmup
+        )));
+    }
+    // Checked here, not by each rank after the launch (every rank failed, naming no option).
+    if !(MIN_VERSION..=MAX_VERSION).contains(&args.net_version) {
+        return Err(bad(format!(
+            "--net-version {}: allowed: {MIN_VERSION} to {MAX_VERSION} (the net plugin ABI \
+             versions the harness drives)",
+            args.net_version
         )));
     }
     if let Some(streams) = args.raw_streams.filter(|&n| n == 0 || n > MAX_RAW_STREAMS) {
