@@ -458,6 +458,42 @@ fn a_command_that_cannot_be_run_exits_as_a_shell_would() {
 }
 
 #[test]
+fn a_command_that_cannot_be_run_says_why_not_beyond_the_errno() {
+    // The bare errno misled: a directory was "Permission denied", a script whose `#!`
+    // interpreter is missing "No such file or directory" (the script is right there), and an
+    // empty command word "cannot run : No such file or directory".
+    let dir = common::fresh_dir("run-cannot-run");
+    let folder = dir.join("train dir");
+    std::fs::create_dir(&folder).expect("make the directory");
+    let script = dir.join("train.sh");
+    std::fs::write(&script, "#!/no/such/interpreter -u\nexit 0\n").expect("write the script");
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("make it executable");
+    let folder = folder.to_str().expect("utf-8");
+    let script = script.to_str().expect("utf-8");
+    for (program, code, words) in [
+        (folder, 126, &[folder, "is a directory"][..]),
+        (
+            script,
+            127,
+            &[script, "/no/such/interpreter", "interpreter"][..],
+        ),
+        ("", 127, &["empty"][..]),
+    ] {
+        let out = lossy(&["run", "--", program], &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{program:?}: {stderr}");
+        for word in words {
+            assert!(
+                stderr.contains(word),
+                "{program:?}: no `{word}` in {stderr}"
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn run_warns_when_another_tuner_leaves_ll_allowed_under_a_data_loss_effect() {
     // This library's tuner rules LL/LL128 out under a data-loss effect; NCCL loads it from
     // the net plugin only when NCCL_TUNER_PLUGIN names nothing it can open. With another

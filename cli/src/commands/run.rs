@@ -275,6 +275,12 @@ fn launch(args: &Args, env: &[(String, OsString)]) -> ExitCode {
         Some(split) => split,
         None => return ExitCode::from(2),
     };
+    if program.is_empty() {
+        eprintln!(
+            "lossy run: the command is empty (an empty word after `--`): name the program to run"
+        );
+        return ExitCode::from(127);
+    }
     let mut command = Command::new(program);
     command.args(rest);
     for (key, value) in env {
@@ -283,8 +289,9 @@ fn launch(args: &Args, env: &[(String, OsString)]) -> ExitCode {
     // exec: the command takes this process's place, so signals and the exit status are its own.
     let err = command.exec();
     eprintln!(
-        "lossy run: cannot run {}: {err}",
-        Path::new(program).display()
+        "lossy run: cannot run {}: {}",
+        Path::new(program).display(),
+        why_not_run(program, &err)
     );
     // As a shell answers: 127 for a program not found, 126 for one found but not executable.
     ExitCode::from(if err.kind() == std::io::ErrorKind::NotFound {
@@ -292,6 +299,47 @@ fn launch(args: &Args, env: &[(String, OsString)]) -> ExitCode {
     } else {
         126
     })
+}
+
+/// Why `program` did not run, in more words than `err` (exec's errno) where those mislead:
+/// a directory is EACCES ("Permission denied"), and a script whose `#!` interpreter is
+/// missing is ENOENT ("No such file or directory") although the script is there.
+fn why_not_run(program: &OsString, err: &std::io::Error) -> String {
+    let Some(path) = resolve(program) else {
+        return format!("no such program in any directory of PATH ({err})");
+    };
+    if path.is_dir() {
+        return format!("it is a directory ({err})");
+    }
+    if err.kind() == std::io::ErrorKind::NotFound {
+        if let Some(interpreter) = shebang_interpreter(&path) {
+            return format!("its interpreter {interpreter} (its `#!` line) was not found ({err})");
+        }
+    }
+    err.to_string()
+}
+
+/// The file exec ran for `program`: itself when it holds a `/`, else the first entry of
+/// `PATH` that holds it, as `execvp` looks it up.
+fn resolve(program: &OsString) -> Option<PathBuf> {
+    if program.as_bytes().contains(&b'/') {
+        return Some(PathBuf::from(program));
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.exists())
+}
+
+/// The interpreter a script's `#!` line names (its first word), if it has one.
+fn shebang_interpreter(path: &Path) -> Option<String> {
+    use std::io::Read;
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(path).ok()?.read(&mut head).ok()?;
+    let line = head[..n].strip_prefix(b"#!")?;
+    let line = line.split(|&b| b == b'\n').next()?;
+    let text = String::from_utf8_lossy(line);
+    text.split_whitespace().next().map(str::to_string)
 }
 
 fn absolute(path: &Path) -> Result<PathBuf, String> {
