@@ -216,6 +216,30 @@ fn an_output_directory_that_is_a_file_is_refused_before_the_run_as_at_init() {
 }
 
 #[test]
+fn an_output_directory_where_nothing_can_be_written_is_refused_before_the_run_as_at_init() {
+    // init creates the statistics and trace directories and writes a probe file in them;
+    // validate only looked for a file in the way, and passed a directory (or the parent of
+    // one to create) where nothing can be written. /proc takes no new file, even from root.
+    let dir = fresh_dir("init-verdicts-unwritable");
+    let plain = dir.join("plain.toml");
+    std::fs::write(&plain, "model = \"none\"\n").expect("write profile");
+    let plain = plain.to_str().expect("utf-8 path");
+    for place in ["/proc", "/proc/lossy-no-such-dir/stats"] {
+        all_refuse(
+            plain,
+            &[("NCCL_LOSSY_STATS", place)],
+            &[&format!("NCCL_LOSSY_STATS={place}"), "cannot"],
+        );
+        all_refuse(
+            plain,
+            &[("NCCL_LOSSY_TRACE", place)],
+            &[&format!("NCCL_LOSSY_TRACE={place}"), "cannot"],
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn a_comm_size_rule_under_another_tuner_is_warned_about_at_init_and_by_validate() {
     // `comm_size` is learnt from this library's tuner; NCCL loads the tuner NCCL_TUNER_PLUGIN
     // names instead (or none for "none", src/plugin/tuner.cc), and the rule then never matched

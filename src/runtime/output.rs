@@ -15,7 +15,7 @@ use crate::profile::{Profile, MAX_TRACE_EVENTS};
 use crate::stats::periodic::PeriodicWriter;
 use crate::stats::timeline::{self, DEFAULT_CAPACITY, TRACE_DIR_ENV, TRACE_EVENTS_ENV};
 use crate::stats::writer::{
-    check_output_dir, dir_setting, output_dir_in_the_way, StatsFile, STATS_DIR_ENV,
+    check_output_dir, dir_setting, output_dir_writable_in_place, StatsFile, STATS_DIR_ENV,
 };
 use crate::switches;
 use crate::{log, stats, Result};
@@ -240,20 +240,21 @@ pub fn unused_stats_interval_warning(
 
 /// What `init` refuses of the statistics directory (`stats_env`, `NCCL_LOSSY_STATS`) and the
 /// trace directory (`trace_env`, `NCCL_LOSSY_TRACE`, else the profile's `trace`) that shows
-/// without creating anything (a file where a directory goes), in `init`'s words: `lossy
-/// validate` and `lossy simulate` check with it what `init` will create.
+/// without creating a directory (a file where a directory goes, a place that takes no new
+/// file; a probe file is created and removed), in `init`'s words: `lossy validate` and `lossy
+/// simulate` check with it what `init` will create.
 pub fn check_output_dirs_in_place(
     profile: &Profile,
     stats_env: Option<std::ffi::OsString>,
     trace_env: Option<String>,
 ) -> Result<()> {
     if let Some(dir) = dir_setting(stats_env) {
-        output_dir_in_the_way(Path::new(&dir), "stats")
+        output_dir_writable_in_place(Path::new(&dir), "stats")
             .map_err(|err| stats_dir_context(err, &dir))?;
     }
     if let Some((dir, source)) = trace_dir_setting(profile, trace_env) {
         let dir = PathBuf::from(dir);
-        output_dir_in_the_way(&dir, "trace")
+        output_dir_writable_in_place(&dir, "trace")
             .map_err(|err| trace_dir_context(err, &source, &dir))?;
     }
     Ok(())

@@ -365,6 +365,47 @@ pub fn output_dir_in_the_way(dir: &Path, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// What [`check_output_dir`] would refuse of `dir` beyond [`output_dir_in_the_way`], found
+/// without creating a directory: the directory, or the nearest of its ancestors that exists
+/// (where `init` would create it), takes no new file (a read-only file system, a directory
+/// without write permission, /proc). A probe file is created there and removed at once.
+/// `lossy validate` judges with it the directories `init` creates and writes in.
+pub fn output_dir_writable_in_place(dir: &Path, what: &str) -> Result<()> {
+    output_dir_in_the_way(dir, what)?;
+    let Some(existing) = dir
+        .ancestors()
+        .find(|path| !path.as_os_str().is_empty() && path.is_dir())
+        .or_else(|| dir.is_relative().then_some(Path::new(".")))
+    else {
+        return Ok(());
+    };
+    let probe = existing.join(format!(
+        ".lossy-{what}-check-{}-{}.tmp",
+        std::process::id(),
+        TEMPORARIES.fetch_add(1, Ordering::Relaxed)
+    ));
+    match fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Ok(_) => {
+            // Nothing is left behind; a probe that cannot be removed is no verdict on the run.
+            let _ = fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) if existing == dir => Err(Error::system(format!(
+            "cannot write a file in {what} directory {}: {e}",
+            dir.display()
+        ))),
+        Err(e) => Err(Error::system(format!(
+            "cannot create {what} directory {}: nothing can be written in {}: {e}",
+            dir.display(),
+            existing.display()
+        ))),
+    }
+}
+
 /// Temporaries this process created: with the pid, it gives each write a temporary name no
 /// other write (of this process or another) shares.
 static TEMPORARIES: AtomicU64 = AtomicU64::new(0);

@@ -93,8 +93,9 @@ impl InitEnv {
 /// for what the plugin's `init` refuses of it under `env` besides the profile itself: wrap
 /// mode without a plugin to wrap, `NCCL_LOSSY_INNER` under `transport = "socket"`, a malformed
 /// socket setting of the environment (`NCCL_LOSSY_NSOCKS`, ...) outside wrap mode, a trace ring
-/// size out of range, a file where a statistics or trace directory goes, or a data-loss effect
-/// under an `NCCL_PROTO` that forces LL or LL128 (nothing is created to check).
+/// size out of range, a file where a statistics or trace directory goes or a place where it
+/// cannot be written, or a data-loss effect under an `NCCL_PROTO` that forces LL or LL128 (no
+/// directory is created to check; a probe file is created and removed).
 /// `lossy validate` and `lossy simulate` both load through here, so they give init's verdict.
 pub(crate) fn load_checked(
     file: Option<&Path>,
