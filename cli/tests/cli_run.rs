@@ -494,6 +494,46 @@ fn a_command_that_cannot_be_run_says_why_not_beyond_the_errno() {
 }
 
 #[test]
+fn run_refuses_a_library_path_nccl_cannot_take_from_nccl_net_plugin() {
+    // NCCL cuts NCCL_NET_PLUGIN at commas (a list of plugins) and skips a name of 255
+    // characters or more (src/plugin/net.cc): `lossy run` set such a path, and every rank
+    // failed with "Failed to initialize any NET plugin" after the launch.
+    let dir = fresh_dir("run-library-path");
+    let comma = dir.join("build,old");
+    let long = dir.join("l".repeat(250));
+    for place in [&comma, &long] {
+        std::fs::create_dir_all(place).expect("make the directory");
+        let copy = place.join("libnccl-net-lossy.so");
+        std::fs::copy(library(), &copy).expect("copy the library");
+        let copy = copy.to_str().expect("utf-8");
+        let out = lossy(&["run", "--print-env", "--library", copy], &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{copy}: {stderr}");
+        for word in [copy, "NCCL_NET_PLUGIN"] {
+            assert!(stderr.contains(word), "no `{word}` in {stderr}");
+        }
+    }
+    // A plain path of the same directory is fine.
+    let plain = dir.join("libnccl-net-lossy.so");
+    std::fs::copy(library(), &plain).expect("copy the library");
+    let out = lossy(
+        &[
+            "run",
+            "--print-env",
+            "--library",
+            plain.to_str().expect("utf-8"),
+        ],
+        &[],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn run_warns_when_another_tuner_leaves_ll_allowed_under_a_data_loss_effect() {
     // This library's tuner rules LL/LL128 out under a data-loss effect; NCCL loads it from
     // the net plugin only when NCCL_TUNER_PLUGIN names nothing it can open. With another

@@ -165,6 +165,7 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
             nccl_net_lossy::files::why_not_a_file(&library)
         ));
     }
+    check_plugin_path(&library)?;
 
     let mut env: Vec<(String, OsString)> = vec![
         ("NCCL_NET_PLUGIN".into(), library.into_os_string()),
@@ -340,6 +341,32 @@ fn shebang_interpreter(path: &Path) -> Option<String> {
     let line = line.split(|&b| b == b'\n').next()?;
     let text = String::from_utf8_lossy(line);
     text.split_whitespace().next().map(str::to_string)
+}
+
+/// Longest name NCCL takes from `NCCL_NET_PLUGIN`: it skips a longer one (`MAX_STR_LEN` 255,
+/// the name and its terminating NUL, in src/plugin/net.cc).
+const MAX_PLUGIN_NAME: usize = 254;
+
+/// Refuses a library path NCCL cannot load from `NCCL_NET_PLUGIN`: NCCL cuts the value at
+/// commas (a list of plugins) and skips a name over [`MAX_PLUGIN_NAME`] bytes
+/// (src/plugin/net.cc), and every rank then failed at init after the launch.
+fn check_plugin_path(library: &Path) -> Result<(), String> {
+    let bytes = library.as_os_str().as_bytes();
+    let why = if bytes.contains(&b',') {
+        "holds a comma, where NCCL cuts NCCL_NET_PLUGIN into a list of plugins".to_string()
+    } else if bytes.len() > MAX_PLUGIN_NAME {
+        format!(
+            "is {} bytes long, and NCCL skips an NCCL_NET_PLUGIN name over {MAX_PLUGIN_NAME}",
+            bytes.len()
+        )
+    } else {
+        return Ok(());
+    };
+    Err(format!(
+        "plugin library {} {why}: NCCL could not load it; install it elsewhere (`lossy install \
+         --prefix DIR`) or give --library a link to it from a shorter path without commas",
+        library.display()
+    ))
 }
 
 fn absolute(path: &Path) -> Result<PathBuf, String> {
