@@ -393,6 +393,41 @@ fn a_stats_interval_with_nowhere_to_write_is_warned_about_at_init_and_by_validat
     std::fs::remove_dir_all(&dir).ok();
 }
 
+#[test]
+fn a_misspelt_variable_of_ours_is_named_with_the_one_meant_at_init_and_by_validate_and_run() {
+    // NCCL_LOSSY_PROFIL=p.toml (a letter short) was ignored without a word: the run used the
+    // embedded default, 1% loss, instead of the profile meant.
+    let dir = fresh_dir("init-verdicts-misspelt");
+    let profile = dir.join("p.toml");
+    std::fs::write(&profile, "model = \"none\"\n").expect("write profile");
+    let profile = profile.to_str().expect("utf-8 path");
+    for (typo, meant) in [
+        ("NCCL_LOSSY_PROFIL", "NCCL_LOSSY_PROFILE"),
+        ("NCCL_LOSSY_NSOCK", "NCCL_LOSSY_NSOCKS"),
+        ("NCCL_LOSSY_STAT", "NCCL_LOSSY_STATS"),
+    ] {
+        let env = [(typo, profile)];
+        let (init, log) = init_outcome(&env);
+        assert_eq!(init, "INIT ok", "{log}");
+        let validate = lossy(&["validate"], &env);
+        let run = lossy(&["run", "--print-env"], &env);
+        assert!(validate.status.success() && run.status.success());
+        let validate = String::from_utf8_lossy(&validate.stderr).into_owned();
+        let run = String::from_utf8_lossy(&run.stderr).into_owned();
+        for (who, text) in [("init", &log), ("validate", &validate), ("run", &run)] {
+            assert!(
+                text.contains(&format!("{typo}=")) && text.contains(&format!("{meant}?")),
+                "{who} said nothing of {typo}: {text}"
+            );
+        }
+    }
+    // Our own variables are not warned about.
+    let (init, log) = init_outcome(&[("NCCL_LOSSY_PROFILE", profile)]);
+    assert_eq!(init, "INIT ok", "{log}");
+    assert!(!log.contains("not a variable"), "{log}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// The child side of the tests above: acts on [`ROLE_ENV`].
 #[test]
 #[ignore = "run by the other tests of this file in a process of its own"]

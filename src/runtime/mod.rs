@@ -138,6 +138,9 @@ impl Runtime {
             runtime.rank = None;
             return Ok(runtime);
         }
+        for warning in env::unknown_var_warnings() {
+            log::loud(&warning);
+        }
         let mut profile = Profile::from_env()?;
         output::settle_stats_dir()?;
         let trace_dir = env::var(crate::stats::timeline::TRACE_DIR_ENV)?;

@@ -88,6 +88,11 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
             words.join(" ")
         ));
     }
+    // A misspelt variable of ours (NCCL_LOSSY_PROFIL) is ignored by the plugin: said here,
+    // as init says it.
+    for warning in nccl_net_lossy::env::unknown_var_warnings() {
+        eprintln!("lossy run: warning: {warning}");
+    }
     // A variable that is not UTF-8 is an error, as in the plugin's init, not unset.
     let utf8 = |name: &str| nccl_net_lossy::env::var(name).map_err(|e| e.to_string());
     // NCCL_LOSSY_SET, then each --set, as `lossy validate` takes them.

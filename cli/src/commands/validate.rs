@@ -128,6 +128,11 @@ pub fn run(args: Args) -> ExitCode {
         .iter()
         .map(|(from, set)| (from.as_str(), set.as_str()))
         .collect();
+    // A misspelt variable of ours (NCCL_LOSSY_PROFIL) is ignored by the plugin: said here,
+    // as init says it.
+    for warning in nccl_net_lossy::env::unknown_var_warnings() {
+        eprintln!("lossy validate: warning: {warning}");
+    }
     let mut failed = false;
     // No file: what a run would load, the profile NCCL_LOSSY_PROFILE names or the embedded
     // default, so `lossy validate --set ...` previews the run.
