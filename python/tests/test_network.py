@@ -162,6 +162,16 @@ def test_bad_profiles_are_reported_with_their_path(tmp_path):
         LossyNetwork(set={"a;b": 1})
 
 
+def test_a_base_environment_that_is_no_mapping_is_refused_naming_it():
+    # env(base=[...]) failed with AttributeError ('list' object has no attribute 'get').
+    net = nccl_lossy.LossyNetwork()
+    for call in (net.env, net.resolved):
+        for bad in ([1], "PATH=/bin", 3):
+            with pytest.raises(nccl_lossy.LossyConfigError) as err:
+                call(base=bad)
+            assert "base=" in str(err.value) and "mapping" in str(err.value), err.value
+
+
 def test_a_nul_byte_in_a_value_is_refused_naming_the_keyword():
     # A NUL byte (no environment variable or path can hold one) gave a bare "ValueError:
     # embedded null byte" from deep inside subprocess or realpath, naming no keyword.

@@ -449,7 +449,7 @@ class LossyNetwork:
         ``os.environ`` by default, consulted only for a user's own ``NCCL_PROTO``). These are
         this object's own values; ``resolved(base).env(base)`` takes the variables ``base``
         already holds into account (what :meth:`apply` does)."""
-        base = os.environ if base is None else base
+        base = _base_environment(base)
         lib = self.library or library_path()
         env = {"NCCL_NET_PLUGIN": str(lib), "NCCL_NET": "lossy"}
         if self.profile is not None:
@@ -566,7 +566,7 @@ class LossyNetwork:
 
         The copy is checked by the plugin library (:meth:`check`), so the protocol guard of
         :meth:`env` follows the profile and overrides actually in force."""
-        base = os.environ if base is None else base
+        base = _base_environment(base)
         net = copy.copy(self)
         changed = False
 
@@ -738,6 +738,17 @@ def _exports_control_api(path: str) -> bool:
                 tail = block[-len(_CONTROL_SYMBOL):]
     except OSError:
         return False
+
+
+def _base_environment(base: Any) -> Mapping[str, str]:
+    """``base`` as the environment to read (``os.environ`` when None); what is no mapping is
+    a LossyConfigError naming it."""
+    if base is None:
+        return os.environ
+    if not isinstance(base, Mapping):
+        raise LossyConfigError(f"base={base!r}: allowed: a mapping of environment variables "
+                               "(os.environ, a dict of str to str) or None for os.environ")
+    return base
 
 
 def _from_env(base: Mapping[str, str], name: str) -> Optional[str]:
