@@ -222,6 +222,26 @@ def test_enable_that_cannot_reach_the_plugin_leaves_the_integration_disabled():
     ]
 
 
+# disable(revert_patches="yes") checked the flag last: it raised only after injection was off
+# and the per-step file written, so the caller's retry found a disabled integration.
+BAD_DISABLE = r"""
+import nccl_lossy
+from nccl_lossy.config import LossyConfigError
+integ = nccl_lossy.LossyMegatronIntegration(apply_env=False, patch_megatron=False).enable()
+try:
+    integ.disable(revert_patches="yes")
+except LossyConfigError as err:
+    print("refused:", "revert_patches" in str(err))
+print("enabled:", integ.enabled, "injecting:", integ.injecting())
+"""
+
+
+def test_a_bad_disable_flag_is_refused_before_anything_changes():
+    proc = run_python(BAD_DISABLE, env=clean_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["refused: True", "enabled: True injecting: True"], proc.stdout
+
+
 # attach() with what is no module (None from a builder that returned nothing, an optimizer in
 # the model's place) failed with "'NoneType' object has no attribute
 # 'register_forward_pre_hook'" after noting the object as attached, so attaching the same

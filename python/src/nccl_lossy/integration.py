@@ -402,6 +402,7 @@ class LossyMegatronIntegration:
         communication functions under a running model do not change; ``revert_patches=True``
         also reverts the patches this object applied. The step being recorded ends here, and
         with a statistics directory the per-step file is written (:meth:`write_stats`)."""
+        revert = check_bool("revert_patches", revert_patches)  # before anything changes
         with _control.STATE_LOCK:
             self._step = self.step_number  # the step in force, wherever it was set
             self._enabled = False
@@ -414,7 +415,7 @@ class LossyMegatronIntegration:
                 stats_dir = self.stats_dir()
                 if stats_dir is not None:
                     self._recorder.write(stats_dir)
-        if check_bool("revert_patches", revert_patches) and self._patched_here:
+        if revert and self._patched_here:
             revert_megatron_core_patch()
             self._patched_here = False
         log.info("lossy injection disabled%s", " and megatron-core patches reverted" if revert_patches else "")
