@@ -373,3 +373,43 @@ fn demo_says_why_a_statistics_file_of_its_run_cannot_be_read() {
         "{stdout}"
     );
 }
+
+#[test]
+fn messages_into_a_closed_stderr_pipe_do_not_turn_a_refusal_into_a_panic() {
+    // `lossy validate P 2>&1 | head -1`: Rust ignores SIGPIPE, so a message written into a
+    // pipe nobody reads any more failed, and `eprintln!` panicked: exit 101 (a crash, its
+    // message written nowhere) instead of the command's own exit code. (Output on stdout was
+    // already ended quietly.)
+    let args = [OsStr::new("validate"), OsStr::new("/no/such/profile.toml")];
+    let open = lossy(&args);
+    assert!(
+        !open.status.success() && !open.stderr.is_empty(),
+        "{open:?}"
+    );
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let mut child = Command::new(lossy_exe())
+        .args(args)
+        .env_remove("NCCL_LOSSY_SET")
+        .env_remove("NCCL_LOSSY_PROFILE")
+        .stdout(std::process::Stdio::null())
+        .stderr(writer)
+        .spawn()
+        .expect("spawn lossy");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "lossy {args:?} did not end within 10 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    assert_eq!(
+        status.code(),
+        open.status.code(),
+        "{status:?} (101: a panic)"
+    );
+}
