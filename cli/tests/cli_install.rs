@@ -43,3 +43,43 @@ fn install_with_a_file_in_the_way_installs_nothing_and_names_it() {
         );
     }
 }
+
+#[test]
+fn install_does_not_print_a_line_to_paste_that_cannot_work_for_its_prefix() {
+    // A prefix with a `:` got `export LD_LIBRARY_PATH=PREFIX/lib...`, which the loader cuts at
+    // the `:`; one with a `,` got `NCCL_NET_PLUGIN=PREFIX/lib/...`, which NCCL cuts into a list
+    // of plugins: both printed as if they worked. Each is left out, saying why, and the other
+    // way is offered.
+    let top = fresh_dir("install-odd-prefix");
+    // (prefix, the start of the export that cannot work, the start of the one that can)
+    for (name, cut, kept) in [
+        (
+            "a:b",
+            ["LD_LIBRARY_PATH="; 2],
+            ["NCCL_NET_PLUGIN='", "NCCL_NET_PLUGIN=/"],
+        ),
+        (
+            "a,b",
+            ["NCCL_NET_PLUGIN='", "NCCL_NET_PLUGIN=/"],
+            ["LD_LIBRARY_PATH="; 2],
+        ),
+    ] {
+        let prefix = top.join(name);
+        let out = install(&prefix);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{name}: {out:?}");
+        let exports: Vec<&str> = stdout.lines().filter(|l| l.contains("export")).collect();
+        assert!(
+            exports.iter().all(|l| cut.iter().all(|c| !l.contains(c))),
+            "{name}: a line that cannot work: {stdout}"
+        );
+        assert!(
+            exports.iter().any(|l| kept.iter().any(|k| l.contains(k))),
+            "{name}: the way that works is missing: {stdout}"
+        );
+        assert!(
+            stdout.contains(&format!("not with this prefix: {}", prefix.display())),
+            "{name}: {stdout}"
+        );
+    }
+}

@@ -119,15 +119,31 @@ fn install(args: &Args) -> Result<()> {
     println!("installed {}", bin_dest.display());
     // Quoted for a shell byte for byte: the lines are meant to be pasted, whatever the prefix
     // holds (a prefix that is not UTF-8 was printed with U+FFFD, naming another directory).
+    // A way that cannot work with this prefix is left out, saying why: the loader cuts
+    // LD_LIBRARY_PATH at ':', and NCCL cuts NCCL_NET_PLUGIN at ',' and skips a long name.
+    let not_here =
+        |why: &str| format!("  (not with this prefix: {}: {why})\n", prefix.display()).into_bytes();
     let mut text = b"\nUse it with NCCL, either by name (library on the loader path):\n".to_vec();
-    text.extend_from_slice(b"  export LD_LIBRARY_PATH=");
-    text.extend_from_slice(&shell_quote_bytes(lib_dir.as_os_str().as_bytes()));
-    text.extend_from_slice(
-        b"\"${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}\" NCCL_NET_PLUGIN=lossy NCCL_NET=lossy\n",
-    );
-    text.extend_from_slice(b"or by full path:\n  export NCCL_NET_PLUGIN=");
-    text.extend_from_slice(&shell_quote_bytes(lib_dest.as_os_str().as_bytes()));
-    text.extend_from_slice(b" NCCL_NET=lossy\n");
+    if lib_dir.as_os_str().as_bytes().contains(&b':') {
+        text.extend_from_slice(&not_here(
+            "it holds a ':', where the loader cuts LD_LIBRARY_PATH into a list of directories",
+        ));
+    } else {
+        text.extend_from_slice(b"  export LD_LIBRARY_PATH=");
+        text.extend_from_slice(&shell_quote_bytes(lib_dir.as_os_str().as_bytes()));
+        text.extend_from_slice(
+            b"\"${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}\" NCCL_NET_PLUGIN=lossy NCCL_NET=lossy\n",
+        );
+    }
+    text.extend_from_slice(b"or by full path:\n");
+    match super::run::plugin_path_problem(&lib_dest) {
+        None => {
+            text.extend_from_slice(b"  export NCCL_NET_PLUGIN=");
+            text.extend_from_slice(&shell_quote_bytes(lib_dest.as_os_str().as_bytes()));
+            text.extend_from_slice(b" NCCL_NET=lossy\n");
+        }
+        Some(why) => text.extend_from_slice(&not_here(&format!("the library's path {why}"))),
+    }
     let mut out = std::io::stdout().lock();
     out.write_all(&text)
         .and_then(|()| out.flush())

@@ -352,26 +352,35 @@ fn shebang_interpreter(path: &Path) -> Option<String> {
 /// the name and its terminating NUL, in src/plugin/net.cc).
 const MAX_PLUGIN_NAME: usize = 254;
 
-/// Refuses a library path NCCL cannot load from `NCCL_NET_PLUGIN`: NCCL cuts the value at
+/// Why NCCL cannot load `library` from `NCCL_NET_PLUGIN`, if it cannot: NCCL cuts the value at
 /// commas (a list of plugins) and skips a name over [`MAX_PLUGIN_NAME`] bytes
-/// (src/plugin/net.cc), and every rank then failed at init after the launch.
-fn check_plugin_path(library: &Path) -> Result<(), String> {
+/// (src/plugin/net.cc).
+pub(crate) fn plugin_path_problem(library: &Path) -> Option<String> {
     let bytes = library.as_os_str().as_bytes();
-    let why = if bytes.contains(&b',') {
-        "holds a comma, where NCCL cuts NCCL_NET_PLUGIN into a list of plugins".to_string()
+    if bytes.contains(&b',') {
+        Some("holds a comma, where NCCL cuts NCCL_NET_PLUGIN into a list of plugins".to_string())
     } else if bytes.len() > MAX_PLUGIN_NAME {
-        format!(
+        Some(format!(
             "is {} bytes long, and NCCL skips an NCCL_NET_PLUGIN name over {MAX_PLUGIN_NAME}",
             bytes.len()
-        )
+        ))
     } else {
-        return Ok(());
-    };
-    Err(format!(
-        "plugin library {} {why}: NCCL could not load it; install it elsewhere (`lossy install \
-         --prefix DIR`) or give --library a link to it from a shorter path without commas",
-        library.display()
-    ))
+        None
+    }
+}
+
+/// Refuses a library path NCCL cannot load from `NCCL_NET_PLUGIN` ([`plugin_path_problem`]):
+/// every rank then failed at init after the launch.
+fn check_plugin_path(library: &Path) -> Result<(), String> {
+    match plugin_path_problem(library) {
+        None => Ok(()),
+        Some(why) => Err(format!(
+            "plugin library {} {why}: NCCL could not load it; install it elsewhere (`lossy \
+             install --prefix DIR`) or give --library a link to it from a shorter path without \
+             commas",
+            library.display()
+        )),
+    }
 }
 
 fn absolute(path: &Path) -> Result<PathBuf, String> {
