@@ -11,7 +11,7 @@ use common::{fresh_dir, lossy_exe, make_fifo, output_within_10s};
 fn a_plot_target_that_is_no_file_or_has_no_plot_extension_is_refused_before_the_report() {
     // Opening a FIFO for writing blocks until a reader comes: `--plot x.png` on a FIFO hung
     // after printing the table; a wrong extension or a directory was found only after the
-    // whole report had been printed.
+    // whole report had been printed; a file in a directory that does not exist, too.
     let dir = fresh_dir("report-plot-target");
     let stats = dir.join("run");
     let demo = Command::new(lossy_exe())
@@ -34,6 +34,15 @@ fn a_plot_target_that_is_no_file_or_has_no_plot_extension_is_refused_before_the_
         ("fifo.png", "not a regular file (a FIFO)"),
         ("dir.svg", "not a regular file (a directory)"),
         ("plot.pdf", "allowed: a file name ending in .svg or .png"),
+        // Drawn after the table, failing with the image library's debug text.
+        (
+            "missing/plot.png",
+            "allowed: a file in an existing directory",
+        ),
+        (
+            "missing/plot.svg",
+            "allowed: a file in an existing directory",
+        ),
     ] {
         for per_step in [false, true] {
             let path = dir.join(target);

@@ -202,11 +202,32 @@ fn check_plot_target(path: &Path) -> Result<(), String> {
         return Err("allowed: a file name ending in .svg or .png".to_string());
     }
     match std::fs::metadata(path) {
-        Ok(meta) if !meta.is_file() => Err(format!(
-            "not a regular file ({}); allowed: a new or regular file ending in .svg or .png",
+        Ok(meta) if !meta.is_file() => {
+            return Err(format!(
+                "not a regular file ({}); allowed: a new or regular file ending in .svg or .png",
+                nccl_net_lossy::files::file_kind(&meta.file_type())
+            ))
+        }
+        Ok(_) => return Ok(()),
+        Err(_) => {}
+    }
+    // A new file: its directory must be there (the plot is drawn after the table is printed,
+    // and the image library's error was its debug text).
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(meta) => Err(format!(
+            "{} is not a directory ({}); allowed: a file in an existing directory",
+            dir.display(),
             nccl_net_lossy::files::file_kind(&meta.file_type())
         )),
-        _ => Ok(()),
+        Err(e) => Err(format!(
+            "directory {}: {e}; allowed: a file in an existing directory",
+            dir.display()
+        )),
     }
 }
 
