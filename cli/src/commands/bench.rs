@@ -15,7 +15,7 @@ use crate::harness::worker::{raw_streams_default, Job, LinkKind, RunSpec, Worker
 use nccl_net_lossy::profile::Profile;
 use nccl_net_lossy::Result;
 
-pub use super::sizes::{parse_bench_sizes, parse_size, parse_sizes, MAX_SIZE};
+use super::sizes::{fmt_bytes, parse_bench_sizes, parse_size, MAX_SIZE};
 
 /// Arguments of `lossy bench`.
 #[derive(clap::Args, Debug)]
@@ -207,16 +207,6 @@ impl Check {
     /// False for [`Check::Wrong`].
     pub fn passed(self) -> bool {
         self != Check::Wrong
-    }
-}
-
-/// Human-readable bytes (`64 MiB`).
-pub fn fmt_bytes(bytes: usize) -> String {
-    match bytes {
-        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
-        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
-        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
-        b => format!("{b} B"),
     }
 }
 
@@ -657,6 +647,7 @@ fn congestion_control() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::commands::sizes::parse_sizes;
 
     /// The `--sizes` help of `command` (`bench` or `demo`), as `--help` prints it.
     fn sizes_help(command: &str) -> String {
@@ -706,33 +697,6 @@ mod tests {
         assert_eq!(Check::of(false, false), Check::Wrong);
         assert!(Check::Exact.passed() && Check::Damaged.passed());
         assert!(!Check::Wrong.passed());
-    }
-
-    #[test]
-    fn sizes_parse_with_units_and_presets() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("64K"), Ok(64 << 10));
-        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
-        assert_eq!(parse_size("1G"), Ok(1 << 30));
-        for big in [
-            "2G",
-            "1073741825",
-            "18446744073709551615",
-            "99999999999999999999",
-        ] {
-            let e = parse_size(big).unwrap_err();
-            assert!(e.contains("at most 1 GiB (1073741824 bytes)"), "{big}: {e}");
-        }
-        assert!(parse_size("lots").is_err());
-        assert_eq!(parse_sizes("small").map(|v| v.len()), Ok(3));
-        assert_eq!(parse_bench_sizes("small").map(|v| v.len()), Ok(18));
-        assert_eq!(
-            parse_bench_sizes("all").map(|v| (v[0], v.len())),
-            Ok((8, 26))
-        );
-        assert_eq!(parse_sizes("1K,2K"), Ok(vec![1024, 2048]));
-        assert_eq!(fmt_bytes(64 << 20), "64 MiB");
-        assert_eq!(fmt_bytes(1027), "1027 B");
     }
 
     #[test]

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::SystemTime;
 
-use super::bench::{element_bytes, fmt_bytes, parse_sizes, plugin_library, slowest, Check};
+use super::bench::{element_bytes, plugin_library, slowest, Check};
+use super::sizes::{fmt_bytes, parse_sizes};
 use crate::harness::cluster::{rank_lines, run_ranks, ClusterArgs, Ranks};
 use crate::harness::collectives::{Collective, DataType};
 use crate::harness::launch::Launch;

@@ -1,7 +1,5 @@
 //! Message sizes as `lossy bench` and `lossy demo` take them (`--sizes`, `--chunk`): `4096`,
-//! `64K`, `1M`, lists and presets.
-
-use super::bench::fmt_bytes;
+//! `64K`, `1M`, lists and presets; and as their tables print them.
 
 /// Largest size `--sizes` and `--chunk` take, in bytes: 4 times the largest sweep (256 MiB).
 /// Each rank allocates a few buffers of the size (input, output, staging), so a larger one
@@ -67,5 +65,47 @@ pub fn parse_bench_sizes(text: &str) -> std::result::Result<Vec<usize>, String> 
         "small" => Ok(doubling(8, 1 << 20)),
         "all" => Ok(doubling(8, 256 << 20)),
         other => parse_sizes(other),
+    }
+}
+
+/// Human-readable bytes (`64 MiB`).
+pub fn fmt_bytes(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_units_and_presets() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64K"), Ok(64 << 10));
+        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        for big in [
+            "2G",
+            "1073741825",
+            "18446744073709551615",
+            "99999999999999999999",
+        ] {
+            let e = parse_size(big).unwrap_err();
+            assert!(e.contains("at most 1 GiB (1073741824 bytes)"), "{big}: {e}");
+        }
+        assert!(parse_size("lots").is_err());
+        assert_eq!(parse_sizes("small").map(|v| v.len()), Ok(3));
+        assert_eq!(parse_bench_sizes("small").map(|v| v.len()), Ok(18));
+        assert_eq!(
+            parse_bench_sizes("all").map(|v| (v[0], v.len())),
+            Ok((8, 26))
+        );
+        assert_eq!(parse_sizes("1K,2K"), Ok(vec![1024, 2048]));
+        assert_eq!(fmt_bytes(64 << 20), "64 MiB");
+        assert_eq!(fmt_bytes(1027), "1027 B");
     }
 }
