@@ -90,7 +90,55 @@ fn edit_distance(a: &str, b: &str) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::edit_distance;
+    use super::{edit_distance, KNOWN_VARS};
+
+    /// The `"NCCL_LOSSY_..."` names quoted in `text`.
+    fn quoted_names(text: &str) -> Vec<String> {
+        text.split("\"NCCL_LOSSY_")
+            .skip(1)
+            .filter_map(|rest| {
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                    .collect();
+                rest[name.len()..]
+                    .starts_with('"')
+                    .then(|| format!("NCCL_LOSSY_{name}"))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_variable_the_project_reads_is_a_known_one() {
+        // A variable read somewhere but missing from KNOWN_VARS would be warned about as
+        // misspelt at every init that has it set.
+        fn walk(dir: &std::path::Path, found: &mut Vec<(String, String)>) {
+            for entry in std::fs::read_dir(dir).expect("read_dir").flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    walk(&path, found);
+                } else if path.extension().is_some_and(|e| e == "rs" || e == "py")
+                    && !path.ends_with("src/env.rs")
+                {
+                    let text = std::fs::read_to_string(&path).expect("read source");
+                    for name in quoted_names(&text) {
+                        found.push((name, path.display().to_string()));
+                    }
+                }
+            }
+        }
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut found = Vec::new();
+        for dir in ["src", "cli/src", "python/src"] {
+            walk(&root.join(dir), &mut found);
+        }
+        assert!(found.iter().any(|(name, _)| name == "NCCL_LOSSY_NSOCKS"), "{found:?}");
+        let unknown: Vec<_> = found
+            .iter()
+            .filter(|(name, _)| !KNOWN_VARS.contains(&name.as_str()))
+            .collect();
+        assert!(unknown.is_empty(), "read but not in KNOWN_VARS: {unknown:?}");
+    }
 
     #[test]
     fn edit_distance_counts_single_letter_changes() {
