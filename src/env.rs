@@ -132,12 +132,18 @@ mod tests {
         for dir in ["src", "cli/src", "python/src"] {
             walk(&root.join(dir), &mut found);
         }
-        assert!(found.iter().any(|(name, _)| name == "NCCL_LOSSY_NSOCKS"), "{found:?}");
+        assert!(
+            found.iter().any(|(name, _)| name == "NCCL_LOSSY_NSOCKS"),
+            "{found:?}"
+        );
         let unknown: Vec<_> = found
             .iter()
             .filter(|(name, _)| !KNOWN_VARS.contains(&name.as_str()))
             .collect();
-        assert!(unknown.is_empty(), "read but not in KNOWN_VARS: {unknown:?}");
+        assert!(
+            unknown.is_empty(),
+            "read but not in KNOWN_VARS: {unknown:?}"
+        );
     }
 
     #[test]

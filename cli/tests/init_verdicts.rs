@@ -52,6 +52,13 @@ fn lossy(args: &[&str], env: &[(&str, &str)]) -> Output {
     output_within_10s(&mut cmd, &format!("lossy {args:?} with {env:?}"))
 }
 
+/// A profile that loses nothing, written as `name` in `dir`; its path.
+fn lossless_profile(dir: &std::path::Path, name: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, "model = \"none\"\n").expect("write profile");
+    path.to_str().expect("utf-8 path").to_string()
+}
+
 /// Asserts that `init`, `lossy validate`, `lossy simulate` and `lossy run` all refuse
 /// `profile` under `env`, each naming every one of `words`.
 fn all_refuse(profile: &str, env: &[(&str, &str)], words: &[&str]) {
@@ -130,9 +137,8 @@ fn a_socket_setting_init_refuses_is_refused_by_validate_and_simulate_too() {
     // The socket transport reads NCCL_LOSSY_NSOCKS, NCCL_LOSSY_TIMEOUT, ... at init and fails
     // on a malformed one; `lossy validate` and `lossy simulate` said the run was fine.
     let dir = fresh_dir("init-verdicts-socket");
-    let plain = dir.join("plain.toml");
-    std::fs::write(&plain, "model = \"none\"\n").expect("write profile");
-    let plain = plain.to_str().expect("utf-8 path");
+    let plain = lossless_profile(&dir, "plain.toml");
+    let plain = plain.as_str();
     for (key, value, allowed) in [
         ("NCCL_LOSSY_NSOCKS", "0", "from 1 to"),
         ("NCCL_LOSSY_NSOCKS", "4.5", "from 1 to"),
@@ -173,9 +179,8 @@ fn an_output_directory_that_is_a_file_is_refused_before_the_run_as_at_init() {
     std::fs::write(&traced, format!("trace = \"{file}\"\nmodel = \"none\"\n"))
         .expect("write profile");
     let traced = traced.to_str().expect("utf-8 path");
-    let plain = dir.join("plain.toml");
-    std::fs::write(&plain, "model = \"none\"\n").expect("write profile");
-    let plain = plain.to_str().expect("utf-8 path");
+    let plain = lossless_profile(&dir, "plain.toml");
+    let plain = plain.as_str();
     let below = format!("{file}/sub");
     all_refuse(traced, &[], &["trace (profile", file, "not a directory"]);
     all_refuse(
@@ -221,9 +226,8 @@ fn an_output_directory_where_nothing_can_be_written_is_refused_before_the_run_as
     // validate only looked for a file in the way, and passed a directory (or the parent of
     // one to create) where nothing can be written. /proc takes no new file, even from root.
     let dir = fresh_dir("init-verdicts-unwritable");
-    let plain = dir.join("plain.toml");
-    std::fs::write(&plain, "model = \"none\"\n").expect("write profile");
-    let plain = plain.to_str().expect("utf-8 path");
+    let plain = lossless_profile(&dir, "plain.toml");
+    let plain = plain.as_str();
     for place in ["/proc", "/proc/lossy-no-such-dir/stats"] {
         all_refuse(
             plain,
@@ -398,9 +402,8 @@ fn a_misspelt_variable_of_ours_is_named_with_the_one_meant_at_init_and_by_valida
     // NCCL_LOSSY_PROFIL=p.toml (a letter short) was ignored without a word: the run used the
     // embedded default, 1% loss, instead of the profile meant.
     let dir = fresh_dir("init-verdicts-misspelt");
-    let profile = dir.join("p.toml");
-    std::fs::write(&profile, "model = \"none\"\n").expect("write profile");
-    let profile = profile.to_str().expect("utf-8 path");
+    let profile = lossless_profile(&dir, "p.toml");
+    let profile = profile.as_str();
     for (typo, meant) in [
         ("NCCL_LOSSY_PROFIL", "NCCL_LOSSY_PROFILE"),
         ("NCCL_LOSSY_NSOCK", "NCCL_LOSSY_NSOCKS"),
