@@ -421,6 +421,59 @@ fn set_net_attr_comes_as_nccls_proxy_sends_it_at_connect_and_per_collective_with
 }
 
 #[test]
+fn set_net_attr_per_collective_comes_only_when_the_hints_change_as_from_nccls_proxy() {
+    // NCCL's proxy keeps the hints it last gave (`proxyState->netAttr`) and calls
+    // setNetAttr before a transfer only when the operation's differ (`setXferNetAttrs`
+    // compares them with memcmp, src/transport/net.cc): the same collective run again and
+    // again gives one call, another collective a new one. The harness called it before
+    // every collective, a call per iteration that NCCL's proxy never makes (and that
+    // `lossy bench` timed against raw TCP, which makes none).
+    let plugin = common::build_fixture("inline-net-attr-once", "inline_tcp_plugin.c");
+    let log = plugin.with_file_name("attrs.txt");
+    let run = |collective, iters| RunSpec {
+        collective,
+        dtype: DataType::F32,
+        bytes: 4096,
+        iters,
+        warmup: 1,
+    };
+    let runs = vec![
+        run(Collective::AllReduce, 5),
+        run(Collective::AllReduce, 3),
+        run(Collective::AllGather, 4),
+        run(Collective::AllReduce, 2),
+    ];
+    let job = Job::collectives(plugin, vec![LinkKind::Plugin], runs);
+    let env = vec![("INLINE_TCP_LOG".to_string(), log.display().to_string())];
+    let reports = launch_env(2, job, env).unwrap_or_else(|e| panic!("the job failed: {e}"));
+    assert!(
+        reports.iter().all(|r| r.results.iter().all(|x| x.ok)),
+        "{reports:?}"
+    );
+    let text = std::fs::read_to_string(&log).expect("the plugin's log of attributes");
+    // Both ranks log to the one file; each gives its hints in the same order.
+    let ops: Vec<u32> = text
+        .lines()
+        .filter(|l| l.starts_with("attr "))
+        .filter_map(|l| {
+            let op: u32 = l.split(' ').nth(4)?.parse().ok()?;
+            (op != u32::MAX).then_some(op)
+        })
+        .collect();
+    let (reduce, gather) = (
+        Collective::AllReduce.op_bits(),
+        Collective::AllGather.op_bits(),
+    );
+    let count = |op| ops.iter().filter(|&&o| o == op).count();
+    assert_eq!(
+        count(reduce),
+        4,
+        "two all-reduce stretches per rank:\n{text}"
+    );
+    assert_eq!(count(gather), 2, "one all-gather stretch per rank:\n{text}");
+}
+
+#[test]
 fn a_plugin_whose_set_net_attr_fails_runs_as_under_nccl() {
     // NCCL's proxy discards what setNetAttr returns (`setNetAttrs`, src/transport/net.cc):
     // a plugin that fails it still runs. The harness failed the job at the first call.

@@ -23,7 +23,7 @@ use nccl_net_lossy::ffi::net::{
 pub use nccl_net_lossy::ffi::net::{NetProperties, MAX_GROUPED_RECVS};
 pub use nccl_net_lossy::ffi::HANDLE_BYTES;
 use nccl_net_lossy::ffi::{
-    ncclDebugLogLevel, ncclDebugLogger_t, ncclProfilerCallback_t, ncclResult_t,
+    ncclDebugLogLevel, ncclDebugLogger_t, ncclNetAttr_v11_t, ncclProfilerCallback_t, ncclResult_t,
 };
 use nccl_net_lossy::{Error, Result};
 
@@ -31,7 +31,7 @@ mod net_attr;
 mod request;
 
 pub use net_attr::CommShape;
-use request::{handle_address, posted, Lent, PostedSizes, ProfilerHandles};
+use request::{posted, Parts};
 pub use request::{Posted, Request, RequestFifo};
 
 pub use super::library::{
@@ -166,6 +166,9 @@ struct ClientInner {
     lib: Rc<PluginLibrary>,
     /// What the `setNetAttr` hints describe ([`PluginClient::set_shape`]).
     shape: Cell<CommShape>,
+    /// The hints last given to `setNetAttr` (NCCL's `proxyState->netAttr`), and whether the
+    /// plugin has the call.
+    given: Cell<Option<(ncclNetAttr_v11_t, bool)>>,
 }
 
 impl Drop for ClientInner {
@@ -257,6 +260,7 @@ impl PluginClient {
                 ctx: RefCell::new(Some(ctx)),
                 lib: Rc::clone(lib),
                 shape: Cell::new(CommShape::default()),
+                given: Cell::new(None),
             }),
         };
         // Dropped on failure, the client finalizes the context, as NCCL does.
@@ -343,13 +347,11 @@ impl PluginClient {
 
     /// Tells the plugin which collective is being posted next (v11+ `setNetAttr`, with the
     /// ring algorithm, Simple protocol, one peer each way and the shape's channels, as
-    /// NCCL's `setXferNetAttrs` gives them); `Ok(false)` on older versions, which have no
+    /// NCCL's `setXferNetAttrs` gives them), unless those are the hints it was last given,
+    /// as NCCL's proxy skips the call then; `Ok(false)` on older versions, which have no
     /// such call.
     pub fn set_net_attr(&self, op_bits: u32) -> Result<bool> {
-        net_attr::hint(
-            &self.inner,
-            &net_attr::transfer(self.inner.shape.get(), op_bits),
-        )
+        net_attr::hint_transfer(&self.inner, op_bits)
     }
 
     /// Says what the communicator this client stands for looks like (its ranks, its
@@ -523,6 +525,12 @@ struct CommInner {
     raw: Cell<Option<NetComm>>,
     kind: CommKind,
     client: Rc<ClientInner>,
+    /// The parts of finished requests, for the next posts: after the first few requests no
+    /// post allocates (see [`Parts`]). Boxed in the list too: a request's parts must not
+    /// move while the plugin holds their addresses, so they leave the list as the boxes they
+    /// will be.
+    #[allow(clippy::vec_box)]
+    spare: RefCell<Vec<Box<Parts>>>,
 }
 
 impl CommInner {
@@ -531,6 +539,7 @@ impl CommInner {
             raw: Cell::new(Some(raw)),
             kind,
             client: Rc::clone(client),
+            spare: RefCell::new(Vec::new()),
         })
     }
 
@@ -538,10 +547,22 @@ impl CommInner {
         &self.client.plugin
     }
 
-    /// Fresh profiler handles for one post: v10+ takes them, as NCCL's proxy passes them to
+    /// Whether posts pass profiler handles: v10+ takes them, as NCCL's proxy passes them to
     /// every post (v8 and v9 have none).
-    fn profiler_handles(&self) -> Option<ProfilerHandles> {
-        (self.plugin().version() >= 10).then(|| Box::new([0; MAX_GROUPED_RECVS]))
+    fn profiled(&self) -> bool {
+        self.plugin().version() >= 10
+    }
+
+    /// Empty parts for one post, a finished request's when there is one.
+    fn parts(&self) -> Box<Parts> {
+        self.spare.borrow_mut().pop().unwrap_or_else(Parts::new)
+    }
+
+    /// Takes back the parts of a finished request (its buffers taken back: the plugin uses
+    /// them, and its profiler handles, no more).
+    fn recycle(&self, parts: Box<Parts>) {
+        debug_assert_eq!(parts.n, 0, "recycled parts still hold buffers");
+        self.spare.borrow_mut().push(parts);
     }
 
     /// The comm while it and its context are open (every use below but `close` relies on
@@ -652,28 +673,24 @@ impl SendComm {
                 buf.len()
             )));
         }
-        let mut lent = Lent::new();
-        let data = lent
-            .lend(buf)
-            .ok_or_else(|| Error::internal("a send lends one buffer"))?;
-        let mut phandles = self.inner.profiler_handles();
-        let ph = handle_address(&mut phandles, 0);
-        // SAFETY: a live send comm and its registration (checked); `lent` holds at least
+        let profiled = self.inner.profiled();
+        let mut parts = self.inner.parts();
+        let Some(data) = parts.lend(buf, size) else {
+            self.inner.recycle(parts);
+            return Err(Error::internal("a send lends one buffer"));
+        };
+        let ph = parts.handle(0, profiled);
+        // SAFETY: a live send comm and its registration (checked); `parts` holds at least
         // `size` bytes we own and keep untouched until test reports the request done; the
-        // profiler handle is NULL or boxed memory the request owns (only its address is
-        // used: the plugin hands it back to the callback this client's init was given).
+        // profiler handle is NULL or memory the request owns until it is finished (only its
+        // address is used: the plugin hands it back to the callback this client's init was
+        // given).
         let outcome = unsafe {
             self.inner
                 .plugin()
                 .isend_profiled(raw, data.cast(), size, tag, mr.raw, ph)
         };
-        posted(
-            outcome,
-            &self.inner,
-            lent,
-            phandles,
-            PostedSizes::Send(size),
-        )
+        posted(outcome, &self.inner, parts, true, profiled)
     }
 
     /// Calls `closeSend`.
@@ -709,11 +726,11 @@ impl RecvComm {
             mr: NetMr::from_addr(0),
             phandle: std::ptr::null_mut(),
         };
-        let mut phandles = self.inner.profiler_handles();
+        let profiled = self.inner.profiled();
+        let mut parts = self.inner.parts();
         let mut bufs = [empty; MAX_GROUPED_RECVS];
-        let mut lent = Lent::new();
         for item in items {
-            let bad = if lent.n == MAX_GROUPED_RECVS {
+            let bad = if parts.n == MAX_GROUPED_RECVS {
                 Err(Error::invalid_argument(format!(
                     "irecv of more than {MAX_GROUPED_RECVS} buffers"
                 )))
@@ -726,43 +743,38 @@ impl RecvComm {
             } else {
                 self.inner.check_mr(&item.mr)
             };
-            if let Err(e) = bad {
+            let i = parts.n;
+            let lent = match bad {
+                Ok(_) => parts.lend(item.buf, item.size),
+                Err(_) => None,
+            };
+            let Some(p) = lent else {
                 // SAFETY: nothing was posted, so the plugin holds none of them.
-                drop(unsafe { lent.take_back() }.collect::<Vec<_>>());
-                return Err(e);
-            }
-            let i = lent.n;
-            let p = lent
-                .lend(item.buf)
-                .ok_or_else(|| Error::internal("room checked above"))?;
+                drop(unsafe { parts.take_back() }.collect::<Vec<_>>());
+                self.inner.recycle(parts);
+                return Err(bad
+                    .err()
+                    .unwrap_or_else(|| Error::internal("room checked above")));
+            };
             bufs[i] = NetRecvBuf {
                 data: p.cast(),
                 size: item.size,
                 tag: item.tag,
                 mr: item.mr.raw,
-                phandle: handle_address(&mut phandles, i),
+                phandle: parts.handle(i, profiled),
             };
         }
-        if lent.n == 0 {
+        if parts.n == 0 {
+            self.inner.recycle(parts);
             return Err(Error::invalid_argument(format!(
                 "irecv of 0 buffers (1 to {MAX_GROUPED_RECVS})"
             )));
         }
         // SAFETY: a live receive comm and its registrations (checked); each buffer holds at
-        // least its posted size of bytes we own (leaked into `lent`) and keep untouched
+        // least its posted size of bytes we own (leaked into `parts`) and keep untouched
         // until test reports the request done.
-        let outcome = unsafe { self.inner.plugin().irecv(raw, &bufs[..lent.n]) };
-        let mut sizes = [0; MAX_GROUPED_RECVS];
-        for (to, b) in sizes.iter_mut().zip(&bufs[..lent.n]) {
-            *to = b.size;
-        }
-        posted(
-            outcome,
-            &self.inner,
-            lent,
-            phandles,
-            PostedSizes::Recv(sizes),
-        )
+        let outcome = unsafe { self.inner.plugin().irecv(raw, &bufs[..parts.n]) };
+        posted(outcome, &self.inner, parts, false, profiled)
     }
 
     /// Calls `closeRecv`.

@@ -4,7 +4,8 @@
 //! every bit, and each side has 1 to min(nRanks, 4) peers and 1 to nChannels flows per
 //! peer); before a collective's transfers, its op with the peers and channels of the
 //! operation (`setXferNetAttrs`: a ring has one peer each way, over the collective's
-//! channels). No NCCL run passes zero peers or flows.
+//! channels), only when those differ from the hints it gave last (`proxyState->netAttr`).
+//! No NCCL run passes zero peers or flows.
 
 use std::io::Write;
 
@@ -90,11 +91,40 @@ pub(super) fn hint_connection(inner: &ClientInner) -> Result<()> {
     hint(inner, &connection(inner.shape.get())).map(|_| ())
 }
 
+/// Gives the plugin the hints of ring operation `op` before its transfers, unless they are
+/// the ones it was given last: NCCL's `setXferNetAttrs` compares them with
+/// `proxyState->netAttr` and calls `setNetAttr` only when they differ, so a collective run
+/// again and again is hinted once. `Ok(false)` when the plugin has no `setNetAttr`.
+pub(super) fn hint_transfer(inner: &ClientInner, op: u32) -> Result<bool> {
+    let attr = transfer(inner.shape.get(), op);
+    match inner.given.get() {
+        // Still checked as a call would be: no hint after `finalize`.
+        Some((last, has)) if same(&last, &attr) => with_ctx(inner, |_| Ok(has)),
+        _ => hint(inner, &attr),
+    }
+}
+
+/// Field by field, what NCCL's `memcmp` of two hints finds equal (the struct has no padding).
+fn same(a: &ncclNetAttr_v11_t, b: &ncclNetAttr_v11_t) -> bool {
+    let side = |x: &ncclNetCommAttr_v11_t| {
+        (
+            x.minConcurrentPeers,
+            x.maxConcurrentPeers,
+            x.minFlowsPerPeer,
+            x.maxFlowsPerPeer,
+        )
+    };
+    side(&a.sendCommAttr) == side(&b.sendCommAttr)
+        && side(&a.recvCommAttr) == side(&b.recvCommAttr)
+        && (a.op, a.algo, a.proto) == (b.op, b.algo, b.proto)
+}
+
 /// Calls `setNetAttr(ctx, attr)` (v11+): whether the plugin has it. What it returns is
 /// printed as a warning and otherwise ignored, as NCCL's proxy ignores it (`setNetAttrs`,
-/// src/transport/net.cc); fails only after `finalize`.
+/// src/transport/net.cc), which records the hints as given either way; fails only after
+/// `finalize`.
 pub(super) fn hint(inner: &ClientInner, attr: &ncclNetAttr_v11_t) -> Result<bool> {
-    with_ctx(inner, |ctx| {
+    let has = with_ctx(inner, |ctx| {
         match inner.plugin.set_net_attributes(ctx, attr) {
             Ok(has) => Ok(has),
             Err(err) => {
@@ -107,5 +137,7 @@ pub(super) fn hint(inner: &ClientInner, attr: &ncclNetAttr_v11_t) -> Result<bool
                 Ok(true)
             }
         }
-    })
+    })?;
+    inner.given.set(Some((*attr, has)));
+    Ok(has)
 }

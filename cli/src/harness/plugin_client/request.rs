@@ -10,24 +10,8 @@ use nccl_net_lossy::{Error, Result};
 
 use super::{CommInner, HostBuffer};
 
-/// What a request was posted with, for the sizes `test` may leave unwritten: NCCL never
-/// reads the size of a finished send (`sendProxyProgress`), and reads a receive's only for its
-/// profiler and GPU flushes (`recvProxyProgress`, sizes zeroed before the call), so a plugin
-/// that writes none works there, and must here.
-#[derive(Clone, Copy, Debug)]
-pub(super) enum PostedSizes {
-    /// A send of this many bytes: the plugin's report is not read.
-    Send(usize),
-    /// A receive into buffers of these posted sizes: a size the plugin did not write counts
-    /// as the posted one (the bytes themselves are still checked by the caller).
-    Recv([usize; MAX_GROUPED_RECVS]),
-}
-
 /// What `isend`/`irecv` did: started a request, or (NULL request) asked to retry later, in
 /// which case the buffers come back.
-// A request keeps its buffers and sizes inline (no allocation per message); it is moved once,
-// into the caller's queue, so its size costs less than the allocation boxing it would.
-#[allow(clippy::large_enum_variant)]
 pub enum Posted {
     /// The request, to `test` until done.
     Started(Request),
@@ -35,41 +19,65 @@ pub enum Posted {
     Busy(Vec<HostBuffer>),
 }
 
-/// The buffers of one request, lent to the plugin as raw allocations, kept inline: posting
-/// and completing a request allocates nothing, as NCCL's proxy allocates nothing per request
-/// (an allocation per message would be harness cost charged to the plugin in `lossy bench`).
-pub(super) struct Lent {
+/// What one request lends the plugin and gets back: its buffers (as raw allocations), the
+/// sizes they were posted with, the sizes `test` reported, and the profiler handles the post
+/// passed (v10+, one per buffer; a send uses the first; only their addresses matter: the
+/// plugin gives them back to the profiler callback). Kept in a box the comm recycles
+/// ([`CommInner::parts`]): posting and completing a request allocates nothing once a few
+/// requests have finished, and a request moves as a few words into its caller's queue, as
+/// NCCL's proxy allocates and copies nothing per request (it passes `&sub->pHandles[..]`).
+/// Either would be harness cost charged to the plugin in `lossy bench`.
+pub(super) struct Parts {
     ptrs: [*mut [u8]; MAX_GROUPED_RECVS],
     pub(super) n: usize,
+    posted: [usize; MAX_GROUPED_RECVS],
+    sizes: [usize; MAX_GROUPED_RECVS],
+    handles: [u64; MAX_GROUPED_RECVS],
 }
 
-impl Lent {
-    pub(super) fn new() -> Lent {
-        Lent {
+impl Parts {
+    pub(super) fn new() -> Box<Parts> {
+        Box::new(Parts {
             ptrs: [std::ptr::slice_from_raw_parts_mut(std::ptr::null_mut(), 0); MAX_GROUPED_RECVS],
             n: 0,
-        }
+            posted: [0; MAX_GROUPED_RECVS],
+            sizes: [0; MAX_GROUPED_RECVS],
+            handles: [0; MAX_GROUPED_RECVS],
+        })
     }
 
-    /// Lends `buf`; `None` when the request already has the most buffers one may have.
-    pub(super) fn lend(&mut self, buf: HostBuffer) -> Option<*mut [u8]> {
-        let slot = self.ptrs.get_mut(self.n)?;
+    /// Lends `buf`, posted at `size` bytes; `None` when the request already has the most
+    /// buffers one may have.
+    pub(super) fn lend(&mut self, buf: HostBuffer, size: usize) -> Option<*mut [u8]> {
+        let i = self.n;
+        let slot = self.ptrs.get_mut(i)?;
         *slot = Box::into_raw(buf);
+        self.posted[i] = size;
         self.n += 1;
         Some(*slot)
     }
 
-    /// The buffers back, ours again.
+    /// The address of profiler handle `i` (NULL when the post passes none).
+    pub(super) fn handle(&mut self, i: usize, profiled: bool) -> *mut c_void {
+        match self.handles.get_mut(i) {
+            Some(h) if profiled => (h as *mut u64).cast(),
+            _ => std::ptr::null_mut(),
+        }
+    }
+
+    /// The buffers back, ours again; the parts are empty after.
     ///
     /// # Safety
     /// The plugin holds no request using them (it reported the request done, or none started).
-    pub(super) unsafe fn take_back(self) -> impl Iterator<Item = HostBuffer> {
+    pub(super) unsafe fn take_back(&mut self) -> impl Iterator<Item = HostBuffer> + '_ {
+        let n = std::mem::take(&mut self.n);
         self.ptrs
-            .into_iter()
-            .take(self.n)
-            // SAFETY: each pointer came from `Box::into_raw` in `lend`, and per this
-            // function's contract the plugin no longer uses it.
-            .map(|p| unsafe { Box::from_raw(p) })
+            .iter()
+            .take(n)
+            // SAFETY: each pointer came from `Box::into_raw` in `lend`, is taken back once
+            // (`n` is reset first), and per this function's contract the plugin no longer
+            // uses it.
+            .map(|&p| unsafe { Box::from_raw(p) })
     }
 }
 
@@ -77,25 +85,30 @@ impl Lent {
 pub(super) fn posted(
     outcome: Result<Option<NetRequest>>,
     comm: &Rc<CommInner>,
-    lent: Lent,
-    phandles: Option<ProfilerHandles>,
-    sizes: PostedSizes,
+    mut parts: Box<Parts>,
+    send: bool,
+    profiled: bool,
 ) -> Result<Posted> {
     match outcome {
         Ok(Some(raw)) => Ok(Posted::Started(Request {
             raw,
             comm: Rc::clone(comm),
-            bufs: lent,
-            posted: sizes,
-            sizes: None,
+            parts: Some(parts),
+            send,
+            done: false,
             failed: false,
-            phandles,
+            profiled,
         })),
-        // SAFETY: no request was started, so the plugin did not take the buffers.
-        Ok(None) => Ok(Posted::Busy(unsafe { lent.take_back() }.collect())),
+        Ok(None) => {
+            // SAFETY: no request was started, so the plugin did not take the buffers.
+            let back = unsafe { parts.take_back() }.collect();
+            comm.recycle(parts);
+            Ok(Posted::Busy(back))
+        }
         Err(err) => {
             // SAFETY: as above: a failed post started no request.
-            drop(unsafe { lent.take_back() }.collect::<Vec<_>>());
+            drop(unsafe { parts.take_back() }.collect::<Vec<_>>());
+            comm.recycle(parts);
             Err(err)
         }
     }
@@ -105,36 +118,28 @@ pub(super) fn posted(
 pub struct Request {
     raw: NetRequest,
     comm: Rc<CommInner>,
-    /// The lent buffers, as raw allocations the plugin may use until done.
-    bufs: Lent,
-    /// What it was posted with.
-    posted: PostedSizes,
-    /// Bytes per buffer, once `test` reported the request done.
-    sizes: Option<[usize; MAX_GROUPED_RECVS]>,
+    /// The buffers, sizes and profiler handles; `None` once finished.
+    parts: Option<Box<Parts>>,
+    /// An `isend` (else an `irecv`).
+    send: bool,
+    /// `test` reported the request done (the sizes are in `parts`).
+    done: bool,
     /// `test` failed: the plugin may have released the request.
     failed: bool,
-    /// The profiler handles the post passed, one per buffer (see
-    /// [`PluginClient::init_profiled`]).
-    phandles: Option<ProfilerHandles>,
-}
-
-/// What a post hands the plugin as profiler handles (v10+), one per buffer; a send uses the
-/// first. Only their addresses matter: the plugin gives them back to the profiler callback.
-pub(super) type ProfilerHandles = Box<[u64; MAX_GROUPED_RECVS]>;
-
-/// The address of handle `i` of `handles` (NULL without handles).
-pub(super) fn handle_address(handles: &mut Option<ProfilerHandles>, i: usize) -> *mut c_void {
-    handles
-        .as_deref_mut()
-        .map_or(std::ptr::null_mut(), |h| (&mut h[i] as *mut u64).cast())
+    /// The post passed profiler handles (v10+).
+    profiled: bool,
 }
 
 impl Request {
     /// Calls `test` once: `Ok(Some(sizes))` when done (bytes per buffer), `Ok(None)` while
     /// pending. After an error the request is dead and its buffers are never returned.
     pub fn test(&mut self) -> Result<Option<&[usize]>> {
-        let n = self.bufs.n.max(1);
-        if self.sizes.is_none() {
+        let parts = self
+            .parts
+            .as_deref_mut()
+            .ok_or_else(|| Error::invalid_usage("test of a finished request"))?;
+        let n = parts.n.max(1);
+        if !self.done {
             let _comm = self.comm.live()?;
             if self.failed {
                 return Err(Error::invalid_usage(
@@ -147,84 +152,99 @@ impl Request {
             let Some(reported) = outcome? else {
                 return Ok(None);
             };
-            let mut sizes = [0; MAX_GROUPED_RECVS];
-            match self.posted {
-                PostedSizes::Send(len) => sizes[0] = len,
-                PostedSizes::Recv(posted) => {
-                    for (i, (to, &s)) in sizes.iter_mut().zip(&reported[..n]).enumerate() {
-                        // The client fills the array with -1 before the call: left so, the
-                        // plugin did not write it.
-                        *to = if s == -1 {
-                            posted[i]
-                        } else {
-                            usize::try_from(s).map_err(|_| {
-                                Error::internal(format!("test reported a negative size {s}"))
-                            })?
-                        };
-                    }
+            if self.send {
+                // NCCL never reads the size of a finished send (`sendProxyProgress`): the
+                // plugin's report is not read.
+                parts.sizes[0] = parts.posted[0];
+            } else {
+                // NCCL reads a receive's sizes only for its profiler and GPU flushes
+                // (`recvProxyProgress`, sizes filled with -1 before the call), so a plugin
+                // that writes none works there, and must here: a size left at -1 counts as
+                // the posted one (the bytes themselves are still checked by the caller).
+                let (posted, reported) = (&parts.posted[..n], &reported[..n]);
+                for ((to, &s), &p) in parts.sizes.iter_mut().zip(reported).zip(posted) {
+                    *to = if s == -1 {
+                        p
+                    } else {
+                        usize::try_from(s).map_err(|_| {
+                            Error::internal(format!("test reported a negative size {s}"))
+                        })?
+                    };
                 }
             }
-            self.sizes = Some(sizes);
+            self.done = true;
         }
-        Ok(self.sizes.as_ref().map(|s| &s[..n]))
+        Ok(Some(&parts.sizes[..n]))
     }
 
     /// The address passed to `isend` as its profiler handle (of an `irecv`: its first
     /// buffer's), if any: what the plugin hands back to the profiler callback as the parent
     /// of the message's event.
     pub fn profiler_handle(&self) -> Option<usize> {
-        self.phandles
-            .as_deref()
-            .map(|h| &h[0] as *const u64 as usize)
+        let parts = self.parts.as_deref().filter(|_| self.profiled)?;
+        Some(&parts.handles[0] as *const u64 as usize)
     }
 
     /// True once `test` has reported the request done.
     pub fn is_done(&self) -> bool {
-        self.sizes.is_some()
+        self.done
     }
 
     /// The buffers back, with the size each got, once `test` reported the request done.
     pub fn finish(self) -> Result<(Vec<HostBuffer>, Vec<usize>)> {
-        let n = self.bufs.n.max(1);
-        let (bufs, sizes) = self.finish_with()?;
-        Ok((bufs.collect(), sizes[..n].to_vec()))
+        let comm = Rc::clone(&self.comm);
+        let mut parts = self.release()?;
+        let sizes = parts.sizes[..parts.n.max(1)].to_vec();
+        // SAFETY: `release` checked that the plugin reported the request done.
+        let bufs = unsafe { parts.take_back() }.collect();
+        comm.recycle(parts);
+        Ok((bufs, sizes))
     }
 
     /// As [`Request::finish`] for a request of one buffer, without allocating: the buffer and
     /// the bytes it got.
     pub fn finish_one(self) -> Result<(HostBuffer, usize)> {
-        let (mut bufs, sizes) = self.finish_with()?;
-        match bufs.next() {
-            Some(buf) => Ok((buf, sizes[0])),
-            None => Err(Error::internal("a finished request without its buffer")),
-        }
+        let comm = Rc::clone(&self.comm);
+        let mut parts = self.release()?;
+        let got = parts.sizes[0];
+        // SAFETY: `release` checked that the plugin reported the request done.
+        let buf = unsafe { parts.take_back() }.next();
+        comm.recycle(parts);
+        buf.map(|b| (b, got))
+            .ok_or_else(|| Error::internal("a finished request without its buffer"))
     }
 
-    fn finish_with(
-        mut self,
-    ) -> Result<(impl Iterator<Item = HostBuffer>, [usize; MAX_GROUPED_RECVS])> {
-        let sizes = self
-            .sizes
+    /// The parts of a request `test` reported done, its data consumed: the plugin uses its
+    /// buffers no more.
+    fn release(mut self) -> Result<Box<Parts>> {
+        if !self.done {
+            return Err(Error::invalid_usage(
+                "finish before test reported the request done",
+            ));
+        }
+        let mut parts = self
+            .parts
             .take()
-            .ok_or_else(|| Error::invalid_usage("finish before test reported the request done"))?;
-        let bufs = std::mem::replace(&mut self.bufs, Lent::new());
+            .ok_or_else(|| Error::invalid_usage("finish of a finished request"))?;
         // A receive's data is consumed here, before its buffers can be posted again: NCCL
         // calls `irecvConsumed` (when the plugin has one) for every receive at that point
         // (`recvProxyProgress`, once the GPU has read the step), and a plugin may hold the
         // request's resources until then.
-        let consumed = match self.posted {
-            PostedSizes::Recv(_) => self.comm.live().and_then(|comm| {
+        if !self.send {
+            let consumed = self.comm.live().and_then(|comm| {
                 // SAFETY: the live receive comm this request was posted on; the request
-                // tested done with `bufs.n` buffers, and `sizes` was taken above, so this
-                // is its only `irecvConsumed`.
-                unsafe { self.comm.plugin().irecv_consumed(comm, bufs.n, self.raw) }
-            }),
-            PostedSizes::Send(_) => Ok(()),
-        };
-        // SAFETY: the plugin no longer uses the buffers now that test reported the request
-        // done.
-        let bufs = unsafe { bufs.take_back() };
-        consumed.map(|()| (bufs, sizes))
+                // tested done with `parts.n` buffers, and the parts were taken above, so
+                // this is its only `irecvConsumed`.
+                unsafe { self.comm.plugin().irecv_consumed(comm, parts.n, self.raw) }
+            });
+            if let Err(e) = consumed {
+                // SAFETY: the plugin reported the request done: the buffers are ours.
+                drop(unsafe { parts.take_back() }.collect::<Vec<_>>());
+                self.comm.recycle(parts);
+                return Err(e);
+            }
+        }
+        Ok(parts)
     }
 }
 
@@ -233,3 +253,19 @@ impl Request {
 
 /// Requests of one comm, tested oldest first as NCCL's proxy does.
 pub type RequestFifo = VecDeque<Request>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_moves_as_a_few_words() {
+        // Every post moves its request into the caller's queue and every finish out of it;
+        // with its buffers, sizes and handles inline it was some 300 bytes, copied several
+        // times per message on the plugin's side of `lossy bench` and never on raw TCP's.
+        let words = std::mem::size_of::<Request>() / std::mem::size_of::<usize>();
+        assert!(words <= 4, "a request is {words} words");
+        let posted = std::mem::size_of::<Posted>() / std::mem::size_of::<usize>();
+        assert!(posted <= 4, "a post's outcome is {posted} words");
+    }
+}
