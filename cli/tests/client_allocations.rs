@@ -20,17 +20,23 @@ static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
 // SAFETY: every call goes to the system allocator with the caller's arguments unchanged.
 unsafe impl GlobalAlloc for Counting {
+    /// # Safety
+    /// `GlobalAlloc::alloc`'s contract, passed on unchanged.
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
         // SAFETY: forwarded as given (the caller keeps `alloc`'s contract).
         unsafe { System.alloc(layout) }
     }
 
+    /// # Safety
+    /// `GlobalAlloc::dealloc`'s contract, passed on unchanged.
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: forwarded as given.
         unsafe { System.dealloc(ptr, layout) }
     }
 
+    /// # Safety
+    /// `GlobalAlloc::realloc`'s contract, passed on unchanged.
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
         // SAFETY: forwarded as given.

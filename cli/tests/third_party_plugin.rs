@@ -378,6 +378,21 @@ fn messages_carry_the_ranks_as_tags_as_nccl_posts_them() {
     assert_eq!(senders, vec![0, 1], "{text}");
 }
 
+/// Runs `runs` on two ranks through the inline TCP fixture (built as `name`), which logs
+/// every `setNetAttr` it gets; every result must check out. The log's text.
+fn attributes_logged(name: &str, runs: Vec<RunSpec>) -> String {
+    let plugin = common::build_fixture(name, "inline_tcp_plugin.c");
+    let log = plugin.with_file_name("attrs.txt");
+    let job = Job::collectives(plugin, vec![LinkKind::Plugin], runs);
+    let env = vec![("INLINE_TCP_LOG".to_string(), log.display().to_string())];
+    let reports = launch_env(2, job, env).unwrap_or_else(|e| panic!("the job failed: {e}"));
+    assert!(
+        reports.iter().all(|r| r.results.iter().all(|x| x.ok)),
+        "{reports:?}"
+    );
+    std::fs::read_to_string(&log).expect("the plugin's log of attributes")
+}
+
 #[test]
 fn set_net_attr_comes_as_nccls_proxy_sends_it_at_connect_and_per_collective_with_flows() {
     // NCCL's proxy calls setNetAttr before each connect and accept call with the
@@ -387,17 +402,7 @@ fn set_net_attr_comes_as_nccls_proxy_sends_it_at_connect_and_per_collective_with
     // src/transport/net.cc): never zero flows. The harness sent only the per-collective
     // call, with zero peers and flows, so a plugin that sizes its flows from them got what
     // no NCCL run gives.
-    let plugin = common::build_fixture("inline-net-attr", "inline_tcp_plugin.c");
-    let log = plugin.with_file_name("attrs.txt");
-    let runs = every(&[4096], &[DataType::F32]);
-    let job = Job::collectives(plugin, vec![LinkKind::Plugin], runs);
-    let env = vec![("INLINE_TCP_LOG".to_string(), log.display().to_string())];
-    let reports = launch_env(2, job, env).unwrap_or_else(|e| panic!("the job failed: {e}"));
-    assert!(
-        reports.iter().all(|r| r.results.iter().all(|x| x.ok)),
-        "{reports:?}"
-    );
-    let text = std::fs::read_to_string(&log).expect("the plugin's log of attributes");
+    let text = attributes_logged("inline-net-attr", every(&[4096], &[DataType::F32]));
     let attrs: Vec<&str> = text.lines().filter(|l| l.starts_with("attr ")).collect();
     let undef = format!("op {} ", u32::MAX);
     assert!(
@@ -428,8 +433,6 @@ fn set_net_attr_per_collective_comes_only_when_the_hints_change_as_from_nccls_pr
     // again gives one call, another collective a new one. The harness called it before
     // every collective, a call per iteration that NCCL's proxy never makes (and that
     // `lossy bench` timed against raw TCP, which makes none).
-    let plugin = common::build_fixture("inline-net-attr-once", "inline_tcp_plugin.c");
-    let log = plugin.with_file_name("attrs.txt");
     let run = |collective, iters| RunSpec {
         collective,
         dtype: DataType::F32,
@@ -443,14 +446,7 @@ fn set_net_attr_per_collective_comes_only_when_the_hints_change_as_from_nccls_pr
         run(Collective::AllGather, 4),
         run(Collective::AllReduce, 2),
     ];
-    let job = Job::collectives(plugin, vec![LinkKind::Plugin], runs);
-    let env = vec![("INLINE_TCP_LOG".to_string(), log.display().to_string())];
-    let reports = launch_env(2, job, env).unwrap_or_else(|e| panic!("the job failed: {e}"));
-    assert!(
-        reports.iter().all(|r| r.results.iter().all(|x| x.ok)),
-        "{reports:?}"
-    );
-    let text = std::fs::read_to_string(&log).expect("the plugin's log of attributes");
+    let text = attributes_logged("inline-net-attr-once", runs);
     // Both ranks log to the one file; each gives its hints in the same order.
     let ops: Vec<u32> = text
         .lines()

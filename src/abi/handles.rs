@@ -73,13 +73,26 @@ pub(crate) unsafe fn kind_of(ptr: *mut c_void, expected: Kind) -> Result<Option<
 /// `ptr` must be NULL or point to at least 8 readable bytes; a `T` of `kind` must be a
 /// `#[repr(C)]` struct whose first field is that [`Kind`]. The pointer is only checked, not
 /// dereferenced: the caller decides how to borrow it.
+#[inline]
 pub(crate) unsafe fn checked<T>(ptr: *mut c_void, kind: Kind, what: &str) -> Result<*mut T> {
-    let ptr = super::non_null(ptr, kind.name())?;
-    // SAFETY: per this function's contract. The expected word first: the common case costs
-    // one compare, and only a mismatch looks up what else it is, for the error.
-    if unsafe { *(ptr as *const u64) } == kind as u64 {
+    // SAFETY: per this function's contract (a non-NULL `ptr` has 8 readable bytes). The
+    // expected word first: the common case costs a compare, and only a mismatch looks up
+    // what else it is, for the error, out of line.
+    if !ptr.is_null() && unsafe { *(ptr as *const u64) } == kind as u64 {
         return Ok(ptr.cast());
     }
+    // SAFETY: per this function's contract.
+    unsafe { mismatched(ptr, kind, what) }
+}
+
+/// [`checked`] of a pointer that is NULL or whose first word is not `kind`'s.
+///
+/// # Safety
+/// As [`checked`].
+#[cold]
+#[inline(never)]
+unsafe fn mismatched<T>(ptr: *mut c_void, kind: Kind, what: &str) -> Result<*mut T> {
+    let ptr = super::non_null(ptr, kind.name())?;
     // SAFETY: per this function's contract.
     match unsafe { kind_of(ptr, kind)? } {
         Some(k) if k == kind => Ok(ptr.cast()),

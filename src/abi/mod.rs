@@ -7,18 +7,16 @@
 //! inside [`guard`], which turns errors and panics into `ncclResult_t` codes and log lines.
 
 pub mod control;
+mod guard;
 mod handles;
 mod net_profiler;
 pub mod tables;
 pub mod tuner;
 
 use std::ffi::{c_char, c_int, c_void, CString};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 
-use ffi::{
-    ncclDebugLogLevel, ncclDebugLogger_t, ncclProfilerCallback_t, ncclResult_t, result_code,
-};
+use ffi::{ncclDebugLogLevel, ncclDebugLogger_t, ncclProfilerCallback_t};
 
 use crate::ffi;
 use crate::log;
@@ -30,36 +28,23 @@ use crate::transport::{
     MAX_REQUESTS,
 };
 use crate::{Error, Result};
+use guard::guard;
 use handles::{checked, Kind, Live};
 
-/// Runs one entry point: errors become codes (and a warning naming `what`), and a panic is
-/// caught here, logged and reported as an internal error instead of unwinding into NCCL.
-pub(crate) fn guard(what: &str, body: impl FnOnce() -> Result<()>) -> ncclResult_t {
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => ncclResult_t::ncclSuccess,
-        Ok(Err(err)) => {
-            log::warn(&format!("{what}: {err}"));
-            result_code(err.kind)
-        }
-        Err(panic) => {
-            let detail = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".to_string());
-            log::loud(&format!("{what}: internal error (panic caught): {detail}"));
-            ncclResult_t::ncclInternalError
-        }
-    }
-}
-
 /// Turns a NULL check into an error that names the argument.
+#[inline]
 fn non_null<T>(ptr: *mut T, what: &str) -> Result<*mut T> {
     if ptr.is_null() {
-        Err(Error::invalid_argument(format!("{what} is NULL")))
+        Err(null_argument(what))
     } else {
         Ok(ptr)
     }
+}
+
+#[cold]
+#[inline(never)]
+fn null_argument(what: &str) -> Error {
+    Error::invalid_argument(format!("{what} is NULL"))
 }
 
 /// Checks a device index from NCCL.

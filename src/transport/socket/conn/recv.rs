@@ -722,6 +722,8 @@ fn recv_chunk(
         let segs = &mut job.segs;
         segs.clear();
         match job.effect {
+            // Nothing lost (every message of a lossless run): the chunk as it is.
+            _ if runs.is_empty() => segs.push(span.clone()),
             Effect::Zero | Effect::Stale => {
                 segs.extend(effect::kept_ranges(runs, mtu, size, span.clone()))
             }

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use socket2::Socket;
 
 use super::pool::{Pool, WANT_WRITE};
-use super::shared::{peek_arrived, send_gathered, Guard, Shared, Side, DONE, IO_PIECE, PENDING};
+use super::shared::{
+    coarse_ns, peek_arrived, send_gathered, Guard, Shared, Side, DONE, IO_PIECE, PENDING,
+};
 use super::{chunk_count, chunk_span, roles};
 use crate::loss::effect::{self, MIN_MTU};
 use crate::loss::plan::{Effect, LossPlan, PacketRun};
@@ -55,7 +57,7 @@ struct SendSide {
     posted: VecDeque<(u64, usize)>,
     next_seq: u64,
     /// The coarse clock's reading at the last `isend` on an idle connection (see
-    /// [`coarse_tick`]).
+    /// [`coarse_ns`]).
     last_post: u64,
 }
 
@@ -181,7 +183,7 @@ impl SendConn for SocketSendConn {
         }
         // A message posted behind others is no pause; the clock is read only on an idle post.
         let after_pause = idle && {
-            let tick = coarse_tick();
+            let tick = coarse_ns();
             std::mem::replace(&mut side.last_post, tick) != tick
         };
         let s = &mut side.slots[slot];
@@ -307,8 +309,10 @@ fn next_job(shared: &Shared<SendSide>, s: usize, st: &mut TxSock, g: &Guard<'_, 
         }
         let span = chunk_span(size, k, j);
         st.runs.clear();
-        st.runs
-            .extend_from_slice(effect::runs_in_span(&m.runs, m.mtu, span.clone()));
+        if !m.runs.is_empty() {
+            st.runs
+                .extend_from_slice(effect::runs_in_span(&m.runs, m.mtu, span.clone()));
+        }
         let runs = &st.runs[..];
         let header = Header {
             seq,
@@ -329,6 +333,8 @@ fn next_job(shared: &Shared<SendSide>, s: usize, st: &mut TxSock, g: &Guard<'_, 
         let mut resend_from = usize::MAX;
         let mut delay = Duration::ZERO;
         match m.effect {
+            // Nothing lost (every message of a lossless run): the chunk as it is.
+            _ if runs.is_empty() => segs.push(span),
             Effect::Zero | Effect::Stale => {
                 segs.extend(effect::kept_ranges(runs, m.mtu, size, span));
             }
@@ -476,21 +482,6 @@ fn drive(
 fn said_goodbye(sock: &Socket) -> bool {
     let mut b = [0u8; 1];
     matches!(peek_arrived(sock, &mut b), Ok(1)) && b[0] == wire::GOODBYE
-}
-
-/// The kernel's coarse monotonic clock, in its own ticks of 1-4 ms: cheap enough to read on
-/// every `isend` (no time-stamp counter read), fine enough to tell a pause from a stream of
-/// messages. 0 if it cannot be read.
-fn coarse_tick() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `now` is a valid, writable timespec for the duration of the call.
-    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut now) } != 0 {
-        return 0;
-    }
-    (now.tv_sec as u64).wrapping_mul(1_000_000_000) + now.tv_nsec as u64
 }
 
 /// Before sending a message posted on an idle connection after a pause: whether the receiver
