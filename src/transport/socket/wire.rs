@@ -319,7 +319,7 @@ impl Header {
             return Err(bad(format!("retransmit timeout {retransmit_ns} ns")));
         }
         let runs = get_u32(b, 48);
-        if u64::from(runs) > crate::loss::effect::packet_count(size as usize, mtu) {
+        if runs > 0 && u64::from(runs) > crate::loss::effect::packet_count(size as usize, mtu) {
             return Err(bad(format!("{runs} lost-packet runs for {size} bytes")));
         }
         Ok(Header {
