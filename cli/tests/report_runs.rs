@@ -225,3 +225,60 @@ fn runs_whose_directories_share_a_name_are_told_apart() {
         "{stdout}"
     );
 }
+
+/// Fields of one CSV record as RFC 4180 reads them (quoted fields may hold commas and doubled
+/// quotes; a record ends at a newline outside quotes).
+fn csv_fields(record: &str) -> Vec<String> {
+    let (mut fields, mut field, mut quoted) = (Vec::new(), String::new(), false);
+    let mut chars = record.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (quoted, c) {
+            (true, '"') if chars.peek() == Some(&'"') => {
+                chars.next();
+                field.push('"');
+            }
+            (true, '"') => quoted = false,
+            (false, '"') if field.is_empty() => quoted = true,
+            (false, ',') => fields.push(std::mem::take(&mut field)),
+            (_, c) => field.push(c),
+        }
+    }
+    fields.push(field);
+    fields
+}
+
+#[test]
+fn csv_reports_quote_a_run_name_that_holds_commas_or_quotes() {
+    // A run directory named for its condition (`rate,0.01 "bursty"`) came out of `--csv`
+    // with its commas turned into underscores (and its quotes as they were): a name no
+    // longer the directory's, and a quote a CSV reader takes for the start of a field.
+    // RFC 4180: a field with a comma, a quote or a line break is quoted, quotes doubled.
+    let name = "rate,0.01 \"bursty\"";
+    let run = fresh_dir("report-csv-quoting").join(name);
+    demo_into(&run, 3);
+    let dir = run.to_str().expect("utf-8");
+    for args in [
+        vec!["report", dir, "--csv"],
+        vec!["report", dir, "--per-step", "--csv"],
+    ] {
+        let out = lossy(&args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let mut lines = text.lines().filter(|l| !l.starts_with('#'));
+        let header = csv_fields(lines.next().expect("a header"));
+        let records: Vec<Vec<String>> = lines.map(csv_fields).collect();
+        // The demo sets no training step: the per-step report has its header alone.
+        assert!(
+            !records.is_empty() || args.contains(&"--per-step"),
+            "{args:?}: {text}"
+        );
+        for record in &records {
+            assert_eq!(record.len(), header.len(), "{args:?}: {record:?}\n{text}");
+            assert_eq!(record[0], name, "{args:?}: {text}");
+        }
+    }
+}

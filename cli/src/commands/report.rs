@@ -427,8 +427,8 @@ fn csv(runs: &[RunSummary]) -> String {
             let opt = |v: Option<f64>| v.map_or_else(String::new, |v| v.to_string());
             out += &format!(
                 "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
-                run.run.replace(',', "_"),
-                row.op,
+                report_steps::csv_field(&run.run),
+                report_steps::csv_field(&row.op),
                 run.ranks,
                 row.counts.messages,
                 row.counts.bytes,

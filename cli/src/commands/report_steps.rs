@@ -547,11 +547,21 @@ pub fn table(runs: &[RunSteps], metric: &str) -> String {
 }
 
 /// Comma-separated values: `run,step,collective,packets,lost_packets,loss_rate[,METRIC]`.
+/// `text` as one CSV field (RFC 4180): quoted, its quotes doubled, when it holds a comma, a
+/// quote or a line break, so a reader gets it back whole; as it is otherwise.
+pub fn csv_field(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", text.replace('"', "\"\"")).into()
+    } else {
+        text.into()
+    }
+}
+
 pub fn csv(runs: &[RunSteps], metric: &str) -> String {
     let with_metric = runs.iter().any(|r| !r.metric.is_empty());
     let mut out = String::from("run,step,collective,packets,lost_packets,loss_rate");
     if with_metric {
-        out += &format!(",{}", metric.replace(',', "_"));
+        out += &format!(",{}", csv_field(metric));
     }
     out.push('\n');
     for run in runs {
@@ -559,9 +569,9 @@ pub fn csv(runs: &[RunSteps], metric: &str) -> String {
             let rate = row.loss_rate();
             out += &format!(
                 "{},{},{},{},{},{rate}",
-                run.run.replace(',', "_"),
+                csv_field(&run.run),
                 row.step,
-                row.op,
+                csv_field(&row.op),
                 row.packets,
                 row.lost_packets
             );
@@ -755,4 +765,20 @@ fn metric_axis(range: Option<(f64, f64)>) -> (f64, f64) {
         (lo - pad).max(-2.0 * AXIS_LIMIT),
         (hi + pad).min(2.0 * AXIS_LIMIT),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{csv_field, csv_records};
+
+    #[test]
+    fn a_field_written_for_csv_reads_back_whole() {
+        // Written with `csv_field`, read back with the reader `--train-log` uses.
+        let fields = ["plain", "a,b", "say \"hi\"", "two\nlines", "", "\"", "x\ry"];
+        let line: Vec<String> = fields.iter().map(|f| csv_field(f).into_owned()).collect();
+        let records = csv_records(&format!("{}\n", line.join(","))).expect("well-formed");
+        assert_eq!(records.len(), 1, "{records:?}");
+        // The reader trims unquoted fields; every field here is either quoted or trimmed.
+        assert_eq!(records[0].1, fields.map(str::to_string), "{line:?}");
+    }
 }
