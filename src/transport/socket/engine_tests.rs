@@ -317,6 +317,80 @@ fn idle_child() {
     println!("idle check passed: {used} ticks");
 }
 
+/// Times this process's I/O pool threads went to sleep (voluntary context switches): one per
+/// wake-up, whatever woke them.
+fn pool_wakeups() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("lossy-io"))
+        })
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .filter_map(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        })
+        .sum()
+}
+
+const BUSY_CHILD_ENV: &str = "LOSSY_SOCKET_BUSY_CHILD";
+
+#[test]
+fn a_polling_owner_keeps_its_pool_thread_asleep() {
+    // As above: the pool's wake-ups need a process of its own.
+    run_child(
+        "transport::socket::engine_tests::busy_child",
+        BUSY_CHILD_ENV,
+        &[("NCCL_LOSSY_IO_THREADS", "1")],
+        "busy check passed",
+    );
+}
+
+#[test]
+#[ignore = "run in a process of its own by a_polling_owner_keeps_its_pool_thread_asleep"]
+fn busy_child() {
+    if std::env::var_os(BUSY_CHILD_ENV).is_none() {
+        return;
+    }
+    let t = loopback(1);
+    let (send, recv) = connect_pair(&t);
+    let (mut data, mut into) = (pattern(8, 9), vec![0u8; 8]);
+    let mut message = || {
+        let (a, b) = send_recv(&*send, &*recv, &mut data, &mut into, &LossPlan::lossless());
+        assert!(a.is_ok() && b.is_ok(), "{a:?} {b:?}");
+    };
+    for _ in 0..20 {
+        message();
+    }
+    let before = pool_wakeups();
+    let started = Instant::now();
+    for _ in 0..MESSAGES {
+        message();
+    }
+    let (woke, took) = (pool_wakeups() - before, started.elapsed());
+    // The owner tests both requests until they end, as NCCL's proxy does, so the pool thread
+    // has nothing to do. A receiving socket re-armed at every pass woke it for every message
+    // that arrived (about MESSAGES wake-ups), to hear that the owner was polling. Left to the
+    // owner, the thread looks again once per DEFER (5 ms) of the run, and once more for a
+    // deadline on either side of it: the bound below is what that allows, however slow the
+    // machine, and a tenth of the messages when the run is fast.
+    let allowed = (took.as_millis() as u64 / 5 + 4).clamp(8, MESSAGES / 10);
+    assert!(
+        woke <= allowed,
+        "the pool thread woke {woke} times for {MESSAGES} messages in {took:?} (allowed {allowed})"
+    );
+    drop((send, recv));
+    println!("busy check passed: {woke} wake-ups in {took:?}");
+}
+
+/// Messages the busy check sends.
+const MESSAGES: u64 = 500;
+
 /// Posts a receive into `into` and a lossless send of `data` (tag 7): (send, receive) ids.
 ///
 /// # Safety

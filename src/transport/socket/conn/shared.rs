@@ -199,6 +199,9 @@ struct SockCell<T> {
     pending: AtomicBool,
     /// What the socket is armed for with its pool thread (0: disarmed).
     armed: AtomicU32,
+    /// Its pool thread left the socket to the polling owner and looks again after
+    /// [`DEFER`]: until then the owner does not arm it (see [`Shared::arm`]).
+    deferred: AtomicBool,
 }
 
 /// What the owner and the pool threads of one connection share.
@@ -249,6 +252,7 @@ impl<S: Side> Shared<S> {
                     state: Mutex::new(st),
                     pending: AtomicBool::new(false),
                     armed: AtomicU32::new(0),
+                    deferred: AtomicBool::new(false),
                 })
                 .collect(),
             peer,
@@ -353,12 +357,20 @@ impl<S: Side> Shared<S> {
     }
 
     /// Has the pool thread of socket `s` progress it when `want` is ready, unless it is
-    /// armed for that already (a syscall only when the wait changes, not per `test`).
+    /// armed for that already (a syscall only when the wait changes, not per `test`), or the
+    /// thread left the socket to its polling owner and looks again soon anyway: re-armed
+    /// then, every message that arrives while the owner polls would wake the thread only to
+    /// hear that (a wake-up and an `epoll_ctl` per message; the thread arms the socket
+    /// itself once the owner stops).
     fn arm(&self, s: usize, want: u32) {
         let Some(reg) = self.regs.get().and_then(|r| r.get(s)) else {
             return;
         };
-        if want != 0 && self.cells[s].armed.swap(want, Ordering::AcqRel) != want {
+        let cell = &self.cells[s];
+        if want != 0
+            && !cell.deferred.load(Ordering::Acquire)
+            && cell.armed.swap(want, Ordering::AcqRel) != want
+        {
             reg.arm(want);
         }
     }
@@ -487,16 +499,20 @@ impl<S: Side> Shared<S> {
 
 impl<S: Side> Ready for Shared<S> {
     fn ready(&self, s: usize, fired: bool) -> Option<Instant> {
+        let cell = self.cells.get(s)?;
         if fired {
             // One-shot: reporting the socket disarmed it.
-            if let Some(cell) = self.cells.get(s) {
-                cell.armed.store(0, Ordering::Release);
-            }
+            cell.armed.store(0, Ordering::Release);
         }
         let since_owner = coarse_ns().saturating_sub(self.owner_ns.load(Ordering::Relaxed));
         if since_owner < OWNER_ACTIVE.as_nanos() as u64 && !self.failed.load(Ordering::Acquire) {
+            // The pool keeps a timer for this look (one per socket), so the socket is never
+            // left unwatched: the owner polls it, or this thread looks again.
+            cell.deferred.store(true, Ordering::Release);
             return Some(Instant::now() + DEFER);
         }
+        // From here the thread moves the socket, and arms it for what it waits on next.
+        cell.deferred.store(false, Ordering::Release);
         self.progress_socket(s);
         None
     }
