@@ -7,7 +7,8 @@
 //! (`try_lock`, never waiting), so a caller and a pool thread never move one socket's bytes
 //! at once, and a slow or delayed connection never holds a thread. While the owner polls the
 //! connection (inline progress in the last [`OWNER_ACTIVE`]), the thread leaves the socket to
-//! it and looks again [`DEFER`] later: on a 2-core host a second thread moving the same bytes
+//! it and looks again [`DEFER`] later (the owner does not re-arm the socket meanwhile, so the
+//! messages it polls wake no thread): on a 2-core host a second thread moving the same bytes
 //! costs more than it gains (docs/transport.md). The pool exists while some connection uses
 //! it: created by the first, stopped (threads joined) when the last one closes.
 
