@@ -254,17 +254,24 @@ fn fds_child() {
 
 const IDLE_CHILD_ENV: &str = "LOSSY_SOCKET_IDLE_CHILD";
 
-/// CPU time (user + system, clock ticks) of this process's I/O pool threads.
-fn pool_cpu_ticks() -> u64 {
+/// The file `name` of /proc/self/task/<tid>/ of each of this process's I/O pool threads.
+fn pool_thread_files(name: &str) -> Vec<String> {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return 0;
+        return Vec::new();
     };
     tasks
         .flatten()
         .filter(|t| {
             std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("lossy-io"))
         })
-        .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+        .filter_map(|t| std::fs::read_to_string(t.path().join(name)).ok())
+        .collect()
+}
+
+/// CPU time (user + system, clock ticks) of this process's I/O pool threads.
+fn pool_cpu_ticks() -> u64 {
+    pool_thread_files("stat")
+        .iter()
         .map(|stat| {
             // Fields after the parenthesised name: state is field 3, utime 14, stime 15.
             let rest = stat.rsplit(')').next().unwrap_or("");
@@ -320,15 +327,8 @@ fn idle_child() {
 /// Times this process's I/O pool threads went to sleep (voluntary context switches): one per
 /// wake-up, whatever woke them.
 fn pool_wakeups() -> u64 {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return 0;
-    };
-    tasks
-        .flatten()
-        .filter(|t| {
-            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("lossy-io"))
-        })
-        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+    pool_thread_files("status")
+        .iter()
         .filter_map(|status| {
             status
                 .lines()
