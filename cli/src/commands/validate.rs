@@ -6,8 +6,8 @@
 //! overrides it applied are printed below each summary with where they came from. What the
 //! plugin's init refuses of the environment around the profile (wrap mode against
 //! `NCCL_LOSSY_INNER`, a data-loss effect under a forced LL protocol, a bad
-//! `NCCL_LOSSY_TRACE_EVENTS`, a malformed socket setting (`NCCL_LOSSY_NSOCKS`, ...), a file where an output directory goes) it refuses too, and what
-//! init warns of it warns of.
+//! `NCCL_LOSSY_TRACE_EVENTS`, a malformed socket setting (`NCCL_LOSSY_NSOCKS`, ...), a file
+//! where an output directory goes) it refuses too, and what init warns of it warns of.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
