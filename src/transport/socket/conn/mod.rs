@@ -27,6 +27,8 @@
 
 mod grouped;
 mod pool;
+#[cfg(test)]
+mod probe;
 mod recv;
 mod send;
 mod shared;
@@ -39,6 +41,8 @@ use socket2::Socket;
 
 pub(crate) use pool::Pool;
 pub use pool::{io_threads, MAX_IO_THREADS};
+#[cfg(test)]
+pub(super) use probe::epoll_watched;
 pub use recv::SocketRecvConn;
 #[cfg(test)]
 pub(super) use recv::AFTER_DONE_READ;

@@ -24,7 +24,7 @@ use crate::{Error, Result};
 /// Runs read from the wire per `recv`, so a long list costs a bounded buffer.
 const RUN_BATCH: usize = 4096;
 
-struct RecvSide {
+pub(super) struct RecvSide {
     slots: Vec<RecvSlot>,
     /// Slots with messages still arriving, oldest first.
     posted: VecDeque<usize>,
@@ -123,7 +123,7 @@ pub(super) struct RxSock {
 
 /// The receiving half of a socket connection.
 pub struct SocketRecvConn {
-    shared: Arc<Shared<RecvSide>>,
+    pub(super) shared: Arc<Shared<RecvSide>>,
     _pool: Option<Arc<Pool>>,
 }
 
@@ -178,40 +178,6 @@ impl SocketRecvConn {
             shared,
             _pool: pool,
         })
-    }
-
-    /// Whether each receiving socket delays its acknowledgements now (`TCP_QUICKACK` reads 0
-    /// while the kernel keeps them delayed).
-    #[cfg(test)]
-    pub(crate) fn acks_delayed(&self) -> Vec<bool> {
-        self.shared
-            .sockets
-            .iter()
-            .map(|sock| !sock.quickack().expect("TCP_QUICKACK"))
-            .collect()
-    }
-
-    /// TCP segments the receiving sockets have sent so far (acknowledgements, and a goodbye
-    /// at close): the kernel's own count, `tcpi_segs_out`.
-    #[cfg(test)]
-    pub(crate) fn segments_sent(&self) -> u64 {
-        self.shared
-            .sockets
-            .iter()
-            .map(|sock| u64::from(super::shared::tcp_info(sock).tcpi_segs_out))
-            .sum()
-    }
-
-    /// Bytes that have arrived on the receiving sockets and wait unread (each socket looked
-    /// at up to 8 MiB), read without consuming them.
-    #[cfg(test)]
-    pub(crate) fn bytes_waiting(&self) -> usize {
-        let mut buf = vec![0u8; 8 << 20];
-        self.shared
-            .sockets
-            .iter()
-            .map(|sock| super::shared::peek_arrived(sock, &mut buf).unwrap_or(0))
-            .sum()
     }
 
     /// Sockets whose clean close by the peer has been read (bit `s`: socket `s`).

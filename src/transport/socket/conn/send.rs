@@ -205,8 +205,11 @@ impl SendConn for SocketSendConn {
         // behind others still under way joins them now, keeping the sockets' buffers full; one
         // on an idle connection leaves at the `test` NCCL's proxy calls right after `isend`,
         // as NCCL's Socket transport sends only from `test` (measured: docs/calibration.md).
-        // A pool thread serves connections nobody tests, so with one it goes now.
-        if !idle || shared.has_pool() {
+        // A pool thread serves connections nobody tests: it is told of the message, and sends
+        // it unless the owner is polling (then the owner's `test` does).
+        if idle {
+            shared.offer(WANT_WRITE);
+        } else {
             shared.progress_all();
         }
         Ok(Some(slot as RequestId))

@@ -375,6 +375,16 @@ impl<S: Side> Shared<S> {
         }
     }
 
+    /// New work waits on the owner's next call: has the pool thread look at every socket it
+    /// watches (arming it for `want`), so work nobody tests still moves. A socket the thread
+    /// left to its polling owner is not armed: that owner's next `test` moves it, or the
+    /// thread, which looks again within [`DEFER`], once the owner has stopped.
+    pub(super) fn offer(&self, want: u32) {
+        for s in 0..self.cells.len() {
+            self.arm(s, want);
+        }
+    }
+
     /// Asks the pool thread of socket `s` to progress it at `deadline` (a delayed retransmit).
     pub(super) fn wake_at(&self, s: usize, deadline: Instant) {
         if let Some(reg) = self.regs.get().and_then(|r| r.get(s)) {
@@ -507,12 +517,20 @@ impl<S: Side> Ready for Shared<S> {
         let since_owner = coarse_ns().saturating_sub(self.owner_ns.load(Ordering::Relaxed));
         if since_owner < OWNER_ACTIVE.as_nanos() as u64 && !self.failed.load(Ordering::Acquire) {
             // The pool keeps a timer for this look (one per socket), so the socket is never
-            // left unwatched: the owner polls it, or this thread looks again.
-            cell.deferred.store(true, Ordering::Release);
+            // left unwatched: the owner polls it, or this thread looks again. Out of the
+            // thread's epoll set meanwhile (once per stretch the owner polls, and again if
+            // an owner's arming raced with that and it fired).
+            if !cell.deferred.swap(true, Ordering::AcqRel) || fired {
+                if let Some(reg) = self.regs.get().and_then(|r| r.get(s)) {
+                    reg.leave();
+                }
+            }
             return Some(Instant::now() + DEFER);
         }
-        // From here the thread moves the socket, and arms it for what it waits on next.
+        // From here the thread moves the socket, and arms it for what it waits on next (out
+        // of the set, it is armed for nothing, whatever `armed` last said).
         cell.deferred.store(false, Ordering::Release);
+        cell.armed.store(0, Ordering::Release);
         self.progress_socket(s);
         None
     }

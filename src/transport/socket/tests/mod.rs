@@ -20,6 +20,7 @@ mod effects;
 mod handshake;
 mod lifecycle;
 mod peer_errors;
+mod pool;
 mod reads;
 mod roundtrip;
 mod streams;
