@@ -403,8 +403,8 @@ fn polled_send_child() {
             .expect("slot")
     };
     let receive = |into: &mut [u8]| {
-        // SAFETY: `into` outlives the receive, waited for right here.
         let r = wait("irecv slot", || {
+            // SAFETY: `into` outlives the receive, waited for right here.
             recv.irecv(&[unsafe { HostBuf::from_slice(into) }], &[7])
         })
         .expect("irecv");
