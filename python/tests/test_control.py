@@ -351,8 +351,10 @@ def test_control_calls_from_several_threads_at_once_leave_the_plugin_as_python_s
 # child inherits the lock that call holds, held by a thread that does not exist in the child,
 # and its first control call waited for it forever.
 FORK_WHILE_CHANGING = r"""
-import json, os, sys, threading, time
+import json, sys, threading
 import nccl_lossy
+sys.path.insert(0, sys.argv[1])
+from forking import hung_children
 
 integ = nccl_lossy.LossyMegatronIntegration(apply_env=False, patch_megatron=False).enable()
 stop = threading.Event()
@@ -361,27 +363,13 @@ def hooks():
     while not stop.is_set():
         integ.mark_backward()
 
+def worker():
+    integ.step(5)
+    nccl_lossy.set_phase("any")
+
 thread = threading.Thread(target=hooks)
 thread.start()
-hung = 0
-for _ in range(40):
-    pid = os.fork()
-    if pid == 0:  # the worker
-        integ.step(5)
-        nccl_lossy.set_phase("any")
-        os._exit(0)
-    deadline = time.monotonic() + 5
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            assert os.waitstatus_to_exitcode(status) == 0, status
-            break
-        if time.monotonic() > deadline:
-            hung += 1
-            os.kill(pid, 9)
-            os.waitpid(pid, 0)
-            break
-        time.sleep(0.005)
+hung = hung_children(worker, forks=40)
 stop.set()
 thread.join()
 print(json.dumps({"hung": hung}))
@@ -389,6 +377,6 @@ print(json.dumps({"hung": hung}))
 
 
 def test_a_forked_worker_can_make_control_calls_while_a_thread_of_its_parent_was_in_one():
-    proc = run_python(FORK_WHILE_CHANGING, env=clean_env(), timeout=400)
+    proc = run_python(FORK_WHILE_CHANGING, env=clean_env(), timeout=400, args=(str(TESTS),))
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"hung": 0}

@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import os
 import threading
 import warnings
 from dataclasses import dataclass
@@ -99,6 +100,19 @@ class _Skip(Exception):
 
 _lock = threading.RLock()
 _records: Dict[Tuple[str, str], _Record] = {}
+
+
+def _fresh_lock_in_child() -> None:
+    # A forked child (a DataLoader worker) has one thread: the lock, held at the fork by
+    # another thread of the parent applying or reverting the patch, would stay held forever
+    # and the child's first call here would hang. A fork in the middle of an apply or a revert
+    # leaves the child with the targets done so far, as its modules are.
+    global _lock
+    _lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_lock_in_child)
 
 # Modules that bind their own copy of each name (megatron-core 0.16.1's sources; the tests
 # scan the installed sources for bindings missing from this list).

@@ -1,0 +1,31 @@
+"""Forks children while another thread of this process is busy, for the tests of locks a fork
+inherits (a DataLoader worker forked while a hook or a patch holds one)."""
+
+import os
+import time
+
+
+def hung_children(child, forks, patience=5.0):
+    """Forks `forks` children, each running `child()` and exiting 0; returns how many had not
+    exited `patience` seconds later (those are killed). A child that fails fails the caller."""
+    hung = 0
+    for _ in range(forks):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                child()
+            finally:
+                os._exit(0)
+        deadline = time.monotonic() + patience
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                assert os.waitstatus_to_exitcode(status) == 0, status
+                break
+            if time.monotonic() > deadline:
+                hung += 1
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                break
+            time.sleep(0.005)
+    return hung
