@@ -362,6 +362,16 @@ fn sizes_chunks_and_iterations_beyond_the_limits_are_refused_before_any_rank_sta
         e.contains("--iters") && e.contains("at most 1000000"),
         "{e}"
     );
+    for runs in ["0", "1001"] {
+        let e = bench_refused(&["--sizes", "64K", "--runs", runs]);
+        assert!(
+            e.contains(&format!("--runs {runs}")) && e.contains("at least 1 and at most 1000"),
+            "{e}"
+        );
+    }
+    // One samples file per run would overwrite itself; the runs' medians are the table.
+    let e = bench_refused(&["--sizes", "64K", "--runs", "2", "--samples", "/tmp/x.csv"]);
+    assert!(e.contains("--samples") && e.contains("--runs"), "{e}");
 }
 
 /// One line of a `--samples` file: size, link, iteration, slowest rank's time, each rank's.

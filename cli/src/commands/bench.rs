@@ -7,14 +7,15 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use crate::harness::cluster::{rank_lines, run_ranks, ClusterArgs, Ranks};
+use crate::harness::cluster::{detect, rank_lines, run_ranks, ClusterArgs, Ranks};
 use crate::harness::collectives::{Collective, DataType};
 use crate::harness::launch::Launch;
 use crate::harness::plugin_client::{default_library_path, MAX_VERSION, MIN_VERSION};
-use crate::harness::worker::{raw_streams_default, Job, LinkKind, RunSpec, WorkerReport};
+use crate::harness::worker::{raw_streams_default, Job, LinkKind, RunSpec, Task, WorkerReport};
 use nccl_net_lossy::profile::Profile;
 use nccl_net_lossy::Result;
 
+use super::bench_runs::MAX_RUNS;
 use super::sizes::{fmt_bytes, parse_bench_sizes, parse_size, MAX_SIZE};
 
 /// Arguments of `lossy bench`.
@@ -81,6 +82,15 @@ pub struct Args {
     /// directory; rank 0 writes it
     #[arg(long, value_name = "PATH")]
     pub samples: Option<PathBuf>,
+    /// Repeat the whole measurement N times (1 to 1000), each with new worker processes and
+    /// connections and another link first in every iteration, and print one table instead:
+    /// per size each link's p50 as the median over the runs, and each link's p50 over the
+    /// plugin's as the median over the runs with its range. A TCP connection keeps the pace
+    /// it found for its life, so one run's rows can sit a few percent apart where the median
+    /// of several does not. Each run's p50s go to stderr as it ends. Local runs only (not
+    /// with `--rank`/`--world` or a launcher's ranks), and not with `--samples`.
+    #[arg(long, default_value_t = 1)]
+    pub runs: usize,
     /// Running as one rank of a multi-process job (torchrun, mpirun, srun, or by hand).
     #[command(flatten)]
     pub cluster: ClusterArgs,
@@ -324,6 +334,26 @@ fn bench(args: &Args) -> Result<()> {
             fmt_bytes(MAX_SIZE)
         )));
     }
+    if args.runs == 0 || args.runs > MAX_RUNS {
+        return Err(bad(format!(
+            "--runs {}: allowed: at least 1 and at most {MAX_RUNS}",
+            args.runs
+        )));
+    }
+    if args.runs > 1 && args.samples.is_some() {
+        return Err(bad(format!(
+            "--samples with --runs {}: the samples file holds one run's iterations (each run \
+             would replace it); give --samples to a single run",
+            args.runs
+        )));
+    }
+    if args.runs > 1 && detect(&args.cluster, &|k| std::env::var(k).ok())?.is_some() {
+        return Err(bad(format!(
+            "--runs {}: repeats a local run (the ranks this command starts); as one rank of a \
+             multi-process job, run the job again instead",
+            args.runs
+        )));
+    }
     // Only rank 0 writes the file: another rank of a multi-process job does not look.
     let this_rank = args
         .cluster
@@ -369,6 +399,28 @@ fn bench(args: &Args) -> Result<()> {
     job.raw_streams = streams;
     // Damage is the expected outcome of a profile whose effects change data (and loss is on).
     let corrupts_data = !args.lossless && Profile::from_env()?.corrupts_data();
+    if args.runs > 1 {
+        let mut names = vec!["plugin".to_string(), "raw".to_string()];
+        if args.vs_lossless {
+            names.push("lossless".to_string());
+        }
+        names.extend(peer_names(peer_libraries.len()));
+        let links = match &job.task {
+            Task::Collectives { links, .. } => links.clone(),
+            _ => Vec::new(),
+        };
+        return super::bench_runs::many(&super::bench_runs::Plan {
+            args,
+            job,
+            links,
+            names,
+            specs: runs,
+            library: &library,
+            peers: &peer_libraries,
+            corrupts_data,
+            chunk,
+        });
+    }
     let Some(Ranks { reports, members }) =
         run_ranks(&args.cluster, "bench", &Launch::new(args.ranks, job)?)?
     else {
@@ -391,26 +443,13 @@ fn bench(args: &Args) -> Result<()> {
         fmt_bytes(chunk),
         if args.lossless { "off" } else { "as profiled" }
     );
-    say!(
-        "# plugin {} from {}",
-        reports.first().map_or("?", |r| r.plugin.as_str()),
-        library.display()
-    );
-    // One peer is `peer`; several are `peer1`, `peer2`, ... in the order given.
-    let peer_names: Vec<String> = match peer_libraries.len() {
-        1 => vec!["peer".to_string()],
-        n => (1..=n).map(|i| format!("peer{i}")).collect(),
-    };
-    for (i, (peer, name)) in peer_libraries.iter().zip(&peer_names).enumerate() {
-        say!(
-            "# {name} {} from {}",
-            reports
-                .first()
-                .and_then(|r| r.peers.get(i))
-                .map_or("?", String::as_str),
-            peer.display()
-        );
-    }
+    let peer_names = peer_names(peer_libraries.len());
+    out.push_str(&library_lines(
+        &reports,
+        &library,
+        &peer_libraries,
+        &peer_names,
+    ));
     if let Some(members) = &members {
         out.push_str(&rank_lines(members));
     }
@@ -537,6 +576,41 @@ fn bench(args: &Args) -> Result<()> {
     }
 }
 
+/// The header lines naming the plugin and each peer library (`names`: the peers' names in
+/// the table) as the libraries report themselves, and where they were loaded from.
+pub(super) fn library_lines(
+    reports: &[WorkerReport],
+    library: &Path,
+    peers: &[PathBuf],
+    names: &[String],
+) -> String {
+    let first = reports.first();
+    let mut out = format!(
+        "# plugin {} from {}\n",
+        first.map_or("?", |r| r.plugin.as_str()),
+        library.display()
+    );
+    for (i, (peer, name)) in peers.iter().zip(names).enumerate() {
+        out += &format!(
+            "# {name} {} from {}\n",
+            first
+                .and_then(|r| r.peers.get(i))
+                .map_or("?", String::as_str),
+            peer.display()
+        );
+    }
+    out
+}
+
+/// The table's names of `n` peer libraries: one is `peer`; several are `peer1`, `peer2`, ...
+/// in the order given.
+fn peer_names(n: usize) -> Vec<String> {
+    match n {
+        1 => vec!["peer".to_string()],
+        n => (1..=n).map(|i| format!("peer{i}")).collect(),
+    }
+}
+
 /// What `--samples` may name: an existing regular file, or a new one in an existing
 /// directory. Checked before any rank starts, so a run is not lost to a path that cannot
 /// take its samples; nothing is created here.
@@ -633,7 +707,7 @@ fn write_samples(
 /// with what it means for the table: BBR paces each connection at its own estimate of the
 /// path, and on loopback those estimates settle differently from one connection to the next
 /// (docs/calibration.md, "Congestion control").
-fn congestion_control() -> String {
+pub(super) fn congestion_control() -> String {
     match std::fs::read_to_string("/proc/sys/net/ipv4/tcp_congestion_control") {
         Ok(cc) if cc.trim() == "bbr" => "bbr (paces each connection at its own rate: one \
             connection can run up to a third slower than another in the same run, so compare \

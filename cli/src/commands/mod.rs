@@ -1,6 +1,7 @@
 //! The `lossy` command line: one module per subcommand.
 
 pub mod bench;
+pub mod bench_runs;
 pub mod demo;
 pub mod install;
 pub mod report;
