@@ -2,7 +2,9 @@
 inherits (a DataLoader worker forked while a hook or a patch holds one)."""
 
 import os
+import sys
 import time
+import traceback
 
 
 def hung_children(child, forks, patience=5.0):
@@ -12,10 +14,15 @@ def hung_children(child, forks, patience=5.0):
     for _ in range(forks):
         pid = os.fork()
         if pid == 0:
+            code = 1
             try:
                 child()
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+                sys.stderr.flush()
             finally:
-                os._exit(0)
+                os._exit(code)
         deadline = time.monotonic() + patience
         while True:
             done, status = os.waitpid(pid, os.WNOHANG)

@@ -1,7 +1,6 @@
 """The megatron-core patches on the real, installed megatron-core and torch."""
 
 import ast
-import json
 import importlib
 import logging
 import pathlib
@@ -14,7 +13,7 @@ megatron_core = pytest.importorskip("megatron.core")
 import torch.distributed as dist  # noqa: E402
 
 from nccl_lossy import megatron as patch  # noqa: E402
-from conftest import TESTS, clean_env, run_python  # noqa: E402
+from conftest import clean_env, run_python  # noqa: E402
 
 VERSION = getattr(megatron_core, "__version__", "unknown")
 UTILS = importlib.import_module("megatron.core.utils")
@@ -348,37 +347,3 @@ def test_a_layout_the_patch_does_not_know_is_said_through_warnings(monkeypatch):
     assert proc.returncode == 0, proc.stderr
     assert "megatron-core compatibility patch not applied: megatron-core is not installed" in proc.stderr
 
-
-# A DataLoader worker is forked while another thread of the training process applies or
-# reverts the patch: the child inherits the patch's lock held by a thread that does not exist
-# in it, and its first call into the patch module waited for it forever.
-FORK_WHILE_PATCHING = r"""
-import json, sys, threading
-from nccl_lossy import megatron as patch
-sys.path.insert(0, sys.argv[1])
-from forking import hung_children
-
-stop = threading.Event()
-
-def patcher():
-    while not stop.is_set():
-        patch.apply_megatron_core_patch()
-        patch.revert_megatron_core_patch()
-
-def worker():
-    patch.is_patched()
-    patch.applied_patches()
-
-thread = threading.Thread(target=patcher)
-thread.start()
-hung = hung_children(worker, forks=20)
-stop.set()
-thread.join()
-print(json.dumps({"hung": hung}))
-"""
-
-
-def test_a_forked_worker_can_call_the_patch_module_while_a_thread_of_its_parent_patches():
-    proc = run_python(FORK_WHILE_PATCHING, env=clean_env(), timeout=400, args=(str(TESTS),))
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"hung": 0}

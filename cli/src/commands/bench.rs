@@ -83,7 +83,7 @@ pub struct Args {
     #[arg(long, value_name = "PATH")]
     pub samples: Option<PathBuf>,
     /// Repeat the whole measurement N times (1 to 1000), each with new worker processes and
-    /// connections and another link first in every iteration, and print one table instead:
+    /// connections, the links' order rotated from run to run, and print one table instead:
     /// per size each link's p50 as the median over the runs, and each link's p50 over the
     /// plugin's as the median over the runs with its range. A TCP connection keeps the pace
     /// it found for its life, so one run's rows can sit a few percent apart where the median

@@ -1,5 +1,5 @@
 //! `lossy bench --runs N`: the whole measurement repeated with new worker processes and new
-//! connections, the links' turns rotated each time, and summarized in one table: each link's
+//! connections, the links' order rotated from run to run, and summarized in one table: each link's
 //! p50 as the median over the runs, and each link's p50 over the plugin's as the median over
 //! the runs with its range. One run's rows can sit a few percent apart for the life of its
 //! connections (a TCP connection keeps the pace its congestion control found), where the
@@ -49,6 +49,18 @@ pub fn median_and_range(values: &[f64]) -> (f64, f64, f64) {
     (median, v[0], v[n - 1])
 }
 
+/// Where the result of link `kind` is among the `n` results of one size, from `first` on:
+/// each result names its link (a worker runs a size's links in the run's order), so a
+/// rotation never pairs one link's times with another's name. `usize::MAX` (no result) when
+/// it is missing.
+fn result_index(reports: &[WorkerReport], first: usize, n: usize, kind: LinkKind) -> usize {
+    reports
+        .first()
+        .and_then(|r| r.results.get(first..first + n))
+        .and_then(|size| size.iter().position(|x| x.link == kind))
+        .map_or(usize::MAX, |j| first + j)
+}
+
 /// What one run gave.
 struct Run {
     /// The p50 (seconds) of each link at each size, in the table's link order.
@@ -60,7 +72,7 @@ struct Run {
 
 fn one_run(plan: &Plan<'_>, run: usize) -> Result<Run> {
     let n = plan.links.len();
-    // Each run gives a different link the first turn of every iteration.
+    // Each run rotates the links' order (the order their turns take within an iteration).
     let turns: Vec<LinkKind> = (0..n).map(|k| plan.links[(k + run) % n]).collect();
     let mut job = plan.job.clone();
     job.task = Task::Collectives {
@@ -75,7 +87,7 @@ fn one_run(plan: &Plan<'_>, run: usize) -> Result<Run> {
     let mut p50s = Vec::with_capacity(plan.specs.len());
     let mut checks = Vec::with_capacity(plan.specs.len());
     for i in 0..plan.specs.len() {
-        let index = |kind: LinkKind| n * i + turns.iter().position(|&t| t == kind).unwrap_or(0);
+        let index = |kind: LinkKind| result_index(&reports, n * i, n, kind);
         p50s.push(
             plan.links
                 .iter()
@@ -163,8 +175,8 @@ pub(super) fn many(plan: &Plan<'_>) -> Result<()> {
         super::bench::congestion_control()
     ));
     say(format!(
-        "# {runs} runs, each with new worker processes and connections and another link first \
-         in every iteration; per size: each link's p50 (us, slowest rank per iteration) as the \
+        "# {runs} runs, each with new worker processes and connections, the links' order \
+         rotated from run to run; per size: each link's p50 (us, slowest rank per iteration) as the \
          median over the runs, then each link's p50 over the plugin's, per run: the median \
          (lowest-highest) over the runs; above 100%: the plugin is faster"
     ));
@@ -220,7 +232,45 @@ pub(super) fn many(plan: &Plan<'_>) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::median_and_range;
+    use super::{median_and_range, result_index};
+    use crate::harness::worker::{LinkKind, WorkerReport};
+
+    /// A rank's report of `sizes` sizes, each with the links in `order` (as a worker runs a
+    /// rotated run), every result's time its link's position in `order` plus 10 x size.
+    fn report(order: &[LinkKind], sizes: usize) -> WorkerReport {
+        let results: Vec<serde_json::Value> = (0..sizes)
+            .flat_map(|i| {
+                order.iter().enumerate().map(move |(j, kind)| {
+                    serde_json::json!({
+                        "link": kind, "collective": "all_reduce", "dtype": "f32", "bytes": 8,
+                        "iters": 1, "seconds": (10 * i + j) as f64, "ok": true, "mismatches": 0,
+                    })
+                })
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "rank": 0, "plugin": "p", "version": 12, "results": results, "groups_checked": 0,
+        }))
+        .expect("a worker report")
+    }
+
+    #[test]
+    fn a_rotated_runs_results_are_found_by_their_link_not_their_place() {
+        let order = [LinkKind::Peer(0), LinkKind::Plugin, LinkKind::RawTcp];
+        let reports = [report(&order, 2)];
+        let n = order.len();
+        for i in 0..2 {
+            for (j, &kind) in order.iter().enumerate() {
+                let at = result_index(&reports, n * i, n, kind);
+                assert_eq!(reports[0].results[at].link, kind);
+                assert_eq!(reports[0].results[at].seconds, (10 * i + j) as f64);
+            }
+        }
+        assert_eq!(
+            result_index(&reports, 0, n, LinkKind::PluginLossless),
+            usize::MAX
+        );
+    }
 
     #[test]
     fn the_median_of_an_odd_count_is_the_middle_one_and_of_an_even_count_the_mean_of_two() {

@@ -106,7 +106,8 @@ def _fresh_lock_in_child() -> None:
     # A forked child (a DataLoader worker) has one thread: the lock, held at the fork by
     # another thread of the parent applying or reverting the patch, would stay held forever
     # and the child's first call here would hang. A fork in the middle of an apply or a revert
-    # leaves the child with the targets done so far, as its modules are.
+    # leaves the child with the targets done so far (one caught between rebinding a name and
+    # recording it stays rebound, unrecorded: a revert in the child leaves it).
     global _lock
     _lock = threading.RLock()
 

@@ -229,31 +229,47 @@ pub(super) struct Registration {
 
 impl Registration {
     /// Watches the socket, once, for `want` ([`WANT_READ`] and/or [`WANT_WRITE`]). Edge
-    /// triggered: a socket already ready is reported at once.
-    pub(super) fn arm(&self, want: u32) {
+    /// triggered: a socket already ready is reported at once. False when it could not be
+    /// watched (the kernel's limit on watched descriptors): the caller arms it again later.
+    pub(super) fn arm(&self, want: u32) -> bool {
         let events = want | ARM_FLAGS;
-        match self
-            .worker
-            .ctl(libc::EPOLL_CTL_MOD, self.fd, events, self.key)
-        {
+        let modify = || {
+            self.worker
+                .ctl(libc::EPOLL_CTL_MOD, self.fd, events, self.key)
+        };
+        let err = match modify() {
+            Ok(()) => return true,
             // Out of the set while it was left to its owner ([`Registration::leave`]).
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
-                if let Err(e) = self
+                match self
                     .worker
                     .ctl(libc::EPOLL_CTL_ADD, self.fd, events, self.key)
                 {
-                    // Closing (EBADF), or the kernel's limit on watched descriptors: the
-                    // owner's calls still move the socket.
-                    if e.raw_os_error() != Some(libc::EBADF) {
-                        log_warn(format_args!(
-                            "I/O pool thread: cannot watch a socket again: {e}"
-                        ));
-                    }
+                    Ok(()) => return true,
+                    // Put back by another caller arming it at the same moment.
+                    Err(e) if e.raw_os_error() == Some(libc::EEXIST) => match modify() {
+                        Ok(()) => return true,
+                        Err(e) => e,
+                    },
+                    Err(e) => e,
                 }
             }
-            // Any other error only means the socket is already out (closing).
-            _ => {}
+            Err(e) => e,
+        };
+        // Closing (EBADF: the socket is already out, nothing to watch) is no failure.
+        if err.raw_os_error() == Some(libc::EBADF) {
+            return true;
         }
+        // Tried again at every arming while the limit holds: a few lines, not one per try.
+        static UNWATCHED: crate::log::RateLimit = crate::log::RateLimit::new(5, 10);
+        UNWATCHED.warn(
+            "epoll",
+            &format!(
+                "I/O pool thread: cannot watch a socket: {err}; it moves only inside NCCL's calls \
+                 until it can"
+            ),
+        );
+        false
     }
 
     /// Takes the socket out of the thread's epoll set while its owner polls it: registered,

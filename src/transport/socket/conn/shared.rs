@@ -370,8 +370,10 @@ impl<S: Side> Shared<S> {
         if want != 0
             && !cell.deferred.load(Ordering::Acquire)
             && cell.armed.swap(want, Ordering::AcqRel) != want
+            && !reg.arm(want)
         {
-            reg.arm(want);
+            // Not watched: the next arming tries again.
+            cell.armed.store(0, Ordering::Release);
         }
     }
 
@@ -380,6 +382,9 @@ impl<S: Side> Shared<S> {
     /// left to its polling owner is not armed: that owner's next `test` moves it, or the
     /// thread, which looks again within [`DEFER`], once the owner has stopped.
     pub(super) fn offer(&self, want: u32) {
+        if self.halted() {
+            return;
+        }
         for s in 0..self.cells.len() {
             self.arm(s, want);
         }

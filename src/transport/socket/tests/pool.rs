@@ -387,8 +387,9 @@ fn polled_send_child() {
         return;
     }
     use crate::transport::RecvConn;
-    let (send, recv) = one_socket_pair(true);
+    // The buffers first, so they outlive the connections even when an assertion unwinds.
     let (mut data, mut into) = (pattern(8, 4), vec![0u8; 8]);
+    let (send, recv) = one_socket_pair(true);
     // The owner polls, as NCCL's proxy does: every request is tested until it ends, so the
     // pool thread hears of both sockets and leaves them to the owner.
     for _ in 0..20 {
@@ -412,28 +413,37 @@ fn polled_send_child() {
     };
     // A message posted on the idle connection right after the owner's last test: its bytes
     // leave at the `test` that follows, as with no pool thread (NCCL's Socket transport sends
-    // only from `test`). Sent inside `isend`, they reach the receiving kernel before `isend`
-    // returns (loopback delivers within the send). Nothing is posted on the receiving side
-    // meanwhile, so its pool thread reads nothing either. The pool thread may take a socket
-    // over only once the owner has not polled for 5 ms (OWNER_ACTIVE, in coarse clock ticks):
-    // a trial that took 1 ms or more, the process preempted, says nothing and is not counted.
-    let (mut counted, mut inside) = (0, 0);
+    // only from `test`), not inside `isend` nor from the pool thread meanwhile. Loopback
+    // delivers within the send, so bytes that left are in the receiving kernel's count at
+    // once; half a millisecond gives a pool thread that sent on being told of the message
+    // the time to have done so. Nothing is posted on the receiving side meanwhile, so its
+    // pool thread reads nothing either. The pool thread may take a socket over only once
+    // the owner has not polled for 5 ms (OWNER_ACTIVE, in coarse clock ticks): a trial whose
+    // look came 1 ms or more after the send connection's last test, the process preempted,
+    // says nothing and is not counted.
+    let (mut counted, mut early) = (0, 0);
+    let mut last_test = Instant::now();
     for _ in 0..40 {
         let before = recv.segments_received();
-        let started = Instant::now();
         let id = post(&mut data);
+        let posted = Instant::now();
+        while posted.elapsed() < Duration::from_micros(500) {
+            std::hint::spin_loop();
+        }
         let arrived = recv.segments_received() - before;
-        if started.elapsed() < Duration::from_millis(1) {
+        if last_test.elapsed() < Duration::from_millis(1) {
             counted += 1;
-            inside += usize::from(arrived > 0);
+            early += usize::from(arrived > 0);
         }
         wait("send", || send.test(id)).expect("send");
+        last_test = Instant::now();
         receive(&mut into);
     }
     assert!(counted >= 10, "only {counted} of 40 trials ran undisturbed");
     assert_eq!(
-        inside, 0,
-        "{inside} of {counted} sends on an idle connection left inside isend while its owner polled"
+        early, 0,
+        "{early} of {counted} sends on an idle connection left before their test while the \
+         owner polled"
     );
     // Now the owner stops polling: a message nobody tests is the pool thread's to send once
     // it sees the owner gone (it looks every 5 ms).
@@ -470,10 +480,11 @@ fn left_child() {
         return;
     }
     use crate::transport::socket::conn::epoll_watched;
+    // The buffers first, so they outlive the connections even when an assertion unwinds.
+    let (mut data, mut into) = (pattern(8, 6), vec![0u8; 8]);
     let (send, recv) = one_socket_pair(true);
     let fds = recv.socket_fds();
     let watched = || fds.iter().any(|fd| epoll_watched().contains(fd));
-    let (mut data, mut into) = (pattern(8, 6), vec![0u8; 8]);
     let mut message = || {
         let (a, b) = send_recv(&*send, &recv, &mut data, &mut into, &LossPlan::lossless());
         assert!(a.is_ok() && b.is_ok(), "{a:?} {b:?}");
