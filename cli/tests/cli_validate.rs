@@ -174,10 +174,10 @@ fn a_malformed_number_is_named_as_malformed_with_its_text_not_as_out_of_range() 
     for (body, want) in [
         ("seed = 0x\n", "x.toml:1: seed = 0x: not a valid integer"),
         ("seed = 0b2\n", "x.toml:1: seed = 0b2: not a valid integer"),
-        // Too large: out of range, shown with its prefix (it read "seed = ffff...").
+        // Too large: out of the key's range, shown with its prefix (it read "seed = ffff...").
         (
             "seed = 0xffffffffffffffffff\n",
-            "x.toml:1: seed = 0xffffffffffffffffff: integer out of range",
+            "x.toml:1: seed = 0xffffffffffffffffff: must be an integer in [0, 9223372036854775807]: out of range",
         ),
         (
             "\nmodel = { kind = \"uniform\", rate = 1e }\n",

@@ -125,7 +125,7 @@ impl Checker<'_> {
     fn integer(&self, node: &Node, key: &str, lo: i64, hi: i64) -> Result<i64> {
         match node.val {
             Val::Int(i) if (lo..=hi).contains(&i) => Ok(i),
-            Val::Int(_) => Err(self.bad(
+            Val::Int(_) | Val::BigInt(..) => Err(self.bad(
                 node,
                 key,
                 format!("must be an integer in [{lo}, {hi}]: out of range"),
@@ -146,6 +146,8 @@ impl Checker<'_> {
     fn number(&self, node: &Node, key: &str) -> Result<f64> {
         match node.val {
             Val::Int(i) => Ok(i as f64),
+            // Beyond every number key's range, which its check names.
+            Val::BigInt(_, approx) => Ok(approx),
             Val::Float(f) => Ok(f),
             _ => Err(self.bad(node, key, "must be a number")),
         }

@@ -196,9 +196,22 @@ fn errors_name_file_line_key_and_what_is_allowed() {
         ("seed = 1\nmtu = [\n", "configs/x.toml:2: not valid TOML: unclosed array"),
         ("seed = 1\nmtu = [1,\n\n", "configs/x.toml:2: not valid TOML: unclosed array"),
         ("seed = 1\nmtu = 2\nmtu = 3\n", "configs/x.toml:3: not valid TOML: duplicate key"),
+        // An integer too large for 64 bits gets the key's own range, as any other out of it.
         (
             "mtu = 100\n\nseed = 99999999999999999999\n",
-            "configs/x.toml:3: seed = 99999999999999999999: integer out of range: at most 9223372036854775807",
+            "configs/x.toml:3: seed = 99999999999999999999: must be an integer in [0, 9223372036854775807]: out of range",
+        ),
+        (
+            "mtu = 0x1_0000_0000_0000_0000\n",
+            "configs/x.toml:1: mtu = 0x1_0000_0000_0000_0000: must be an integer in [64, 4294967295]: out of range",
+        ),
+        (
+            "mtu = -99999999999999999999\n",
+            "configs/x.toml:1: mtu = -99999999999999999999: must be an integer in [64, 4294967295]: out of range",
+        ),
+        (
+            "[[rules]]\nmodel = { kind = \"uniform\", rate = 99999999999999999999 }\n",
+            "configs/x.toml:2: rules.0.model.rate = 99999999999999999999: must be a probability in [0, 1]",
         ),
         (
             "[[rules]]\nmodel = { kind = \"uniform\", rate = 1e400 }\n",
@@ -206,7 +219,7 @@ fn errors_name_file_line_key_and_what_is_allowed() {
         ),
         (
             "[[rules]]\npeer = [1, 99999999999999999999]\n",
-            "configs/x.toml:2: rules.0.peer.1 = 99999999999999999999: integer out of range",
+            "configs/x.toml:2: rules.0.peer.1 = 99999999999999999999: must be an integer in [0, 4294967295]: out of range",
         ),
         (
             "seed = 1\nrate = 1e400\n",
@@ -224,6 +237,15 @@ fn errors_name_file_line_key_and_what_is_allowed() {
             "for {text:?}\n got: {got}\nwant: {want}"
         );
     }
+}
+
+#[test]
+fn an_override_too_large_for_64_bits_names_the_keys_range() {
+    let e = err("", "mtu=99999999999999999999");
+    assert!(
+        e.contains("mtu = 99999999999999999999: must be an integer in [64, 4294967295]"),
+        "{e}"
+    );
 }
 
 #[test]
