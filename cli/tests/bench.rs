@@ -268,11 +268,7 @@ fn vs_library_given_twice_times_both_libraries_in_the_same_run() {
     let dir = common::fresh_dir("bench-peers");
     let copies: Vec<String> = ["a", "b"]
         .iter()
-        .map(|c| {
-            let copy = dir.join(format!("libnccl-net-peer{c}.so"));
-            std::fs::copy(common::library(), &copy).expect("copy the plugin library");
-            copy.display().to_string()
-        })
+        .map(|c| common::library_copy(&dir, &format!("libnccl-net-peer{c}.so")))
         .collect();
     let (out, lines) = bench_with_peers(&copies);
     // Each name comes from its own link's `init`: both copies were driven, in order.
@@ -295,9 +291,7 @@ fn vs_library_times_a_second_library_in_the_same_processes_with_its_ratio() {
     // A copy of our library at another path: a second, independent `dlopen` (a library opened
     // twice from one path would be one instance).
     let dir = common::fresh_dir("bench-peer");
-    let copy = dir.join("libnccl-net-peercopy.so");
-    std::fs::copy(common::library(), &copy).expect("copy the plugin library");
-    let copy_s = copy.display().to_string();
+    let copy_s = common::library_copy(&dir, "libnccl-net-peercopy.so");
     // `--lossless` must switch the other build off too.
     let (out, lines) = bench_with_peers(std::slice::from_ref(&copy_s));
     // The name comes from the peer link's own `init`, so the copy really was driven.

@@ -53,9 +53,7 @@ fn numbers(cell: &str) -> Vec<f64> {
 fn runs_3_prints_each_links_median_p50_over_the_runs_and_each_ratios_median_and_range() {
     // A copy at another path: the same path would be the plugin's own `dlopen` handle.
     let dir = common::fresh_dir("bench-runs");
-    let copy = dir.join("libnccl-net-peer.so");
-    std::fs::copy(common::library(), &copy).expect("copy the plugin library");
-    let peer = copy.display().to_string();
+    let peer = common::library_copy(&dir, "libnccl-net-peer.so");
     let (out, err) = bench(&[
         "--runs",
         "3",

@@ -3,6 +3,7 @@ inherits (a DataLoader worker forked while a hook or a patch holds one)."""
 
 import os
 import sys
+import threading
 import time
 import traceback
 
@@ -36,3 +37,21 @@ def hung_children(child, forks, patience=5.0):
                 break
             time.sleep(0.005)
     return hung
+
+
+def hung_while(busy, child, forks):
+    """Calls `busy()` over and over on another thread (a hook, a patcher) while forking `forks`
+    children that each run `child()`: :func:`hung_children` of that."""
+    stop = threading.Event()
+
+    def loop():
+        while not stop.is_set():
+            busy()
+
+    thread = threading.Thread(target=loop)
+    thread.start()
+    try:
+        return hung_children(child, forks)
+    finally:
+        stop.set()
+        thread.join()

@@ -351,28 +351,18 @@ def test_control_calls_from_several_threads_at_once_leave_the_plugin_as_python_s
 # child inherits the lock that call holds, held by a thread that does not exist in the child,
 # and its first control call waited for it forever.
 FORK_WHILE_CHANGING = r"""
-import json, sys, threading
+import json, sys
 import nccl_lossy
 sys.path.insert(0, sys.argv[1])
-from forking import hung_children
+from forking import hung_while
 
 integ = nccl_lossy.LossyMegatronIntegration(apply_env=False, patch_megatron=False).enable()
-stop = threading.Event()
-
-def hooks():
-    while not stop.is_set():
-        integ.mark_backward()
 
 def worker():
     integ.step(5)
     nccl_lossy.set_phase("any")
 
-thread = threading.Thread(target=hooks)
-thread.start()
-hung = hung_children(worker, forks=40)
-stop.set()
-thread.join()
-print(json.dumps({"hung": hung}))
+print(json.dumps({"hung": hung_while(integ.mark_backward, worker, forks=40)}))
 """
 
 

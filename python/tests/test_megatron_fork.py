@@ -10,28 +10,20 @@ from conftest import TESTS, clean_env, run_python
 # reverts the patch: the child inherits the patch's lock held by a thread that does not exist
 # in it, and its first call into the patch module waited for it forever.
 FORK_WHILE_PATCHING = r"""
-import json, sys, threading
+import json, sys
 from nccl_lossy import megatron as patch
 sys.path.insert(0, sys.argv[1])
-from forking import hung_children
-
-stop = threading.Event()
+from forking import hung_while
 
 def patcher():
-    while not stop.is_set():
-        patch.apply_megatron_core_patch()
-        patch.revert_megatron_core_patch()
+    patch.apply_megatron_core_patch()
+    patch.revert_megatron_core_patch()
 
 def worker():
     patch.is_patched()
     patch.applied_patches()
 
-thread = threading.Thread(target=patcher)
-thread.start()
-hung = hung_children(worker, forks=20)
-stop.set()
-thread.join()
-print(json.dumps({"hung": hung}))
+print(json.dumps({"hung": hung_while(patcher, worker, forks=20)}))
 """
 
 

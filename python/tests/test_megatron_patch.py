@@ -346,4 +346,3 @@ def test_a_layout_the_patch_does_not_know_is_said_through_warnings(monkeypatch):
     proc = run_python(code, env=clean_env())  # no logging configured, as in a training script
     assert proc.returncode == 0, proc.stderr
     assert "megatron-core compatibility patch not applied: megatron-core is not installed" in proc.stderr
-

@@ -174,85 +174,69 @@ impl Convert<'_> {
             literal: literal.to_string(),
             message,
         };
-        let val =
-            match value.get_ref() {
-                DeValue::String(s) => Val::Str(s.to_string()),
-                DeValue::Integer(i) => {
-                    match i64::from_str_radix(i.as_str(), i.radix()) {
-                        Ok(v) => Val::Int(v),
-                        Err(e) => {
-                            use std::num::IntErrorKind::{NegOverflow, PosOverflow};
-                            // Too large for 64 bits: out of the key's range, which the key's check
-                            // names (`mtu = 99999999999999999999` is no more an mtu than `mtu = 1`).
-                            // The parser recovers from a malformed literal (`0x`, `0b2`) with no
-                            // digits or stray ones: that is no number at all, not one too large.
-                            match e.kind() {
-                        PosOverflow | NegOverflow => {
-                            let approx = u128::from_str_radix(
-                                i.as_str().trim_start_matches(['+', '-']),
-                                i.radix(),
-                            )
-                            .map_or(f64::INFINITY, |v| v as f64);
-                            let sign = if matches!(e.kind(), NegOverflow) { -1.0 } else { 1.0 };
-                            Val::BigInt(self.written(&span, i.as_str()).to_string(), sign * approx)
-                        }
-                        _ => {
-                            return Err(invalid(
-                                self.written(&span, i.as_str()),
-                                "not a valid integer: decimal digits, or 0x, 0o or 0b followed \
-                                 by digits of that base",
-                            ))
-                        }
-                    }
-                        }
-                    }
-                }
-                DeValue::Float(f) => {
-                    // A finite literal too large for f64 is out of range, not infinity.
-                    let literal = f.as_str();
-                    if literal.parse::<f64>().is_err() {
-                        // `1e`, `1.`: recovered from by the parser, but no number.
+        let val = match value.get_ref() {
+            DeValue::String(s) => Val::Str(s.to_string()),
+            DeValue::Integer(i) => {
+                let written = self.written(&span, i.as_str());
+                match integer_value(i.as_str(), i.radix(), written) {
+                    Some(val) => val,
+                    // The parser recovers from a malformed literal (`0x`, `0b2`) with no
+                    // digits or stray ones: that is no number at all, not one too large.
+                    None => {
                         return Err(invalid(
-                            self.written(&span, literal),
-                            "not a valid number (like 0.01, 1e-3, 5, inf or nan)",
-                        ));
-                    }
-                    // A literal with a non-zero digit that comes out 0 underflowed.
-                    let mantissa = literal.split(['e', 'E']).next().unwrap_or("");
-                    let nonzero = mantissa.bytes().any(|b| (b'1'..=b'9').contains(&b));
-                    match literal.parse::<f64>() {
-                        Ok(x) if x == 0.0 && nonzero => {
-                            return Err(invalid(
-                                literal,
-                                "float underflows to 0: the smallest is about 4.9e-324 (64-bit \
-                             float); write 0 for none",
-                            ))
-                        }
-                        Ok(x) if !x.is_infinite() || literal.contains("inf") => Val::Float(x),
-                        _ => {
-                            return Err(invalid(
-                                literal,
-                                "float out of range: at most about 1.8e308 (64-bit float)",
-                            ))
-                        }
+                            written,
+                            "not a valid integer: decimal digits, or 0x, 0o or 0b followed by \
+                             digits of that base",
+                        ))
                     }
                 }
-                DeValue::Boolean(b) => Val::Bool(*b),
-                DeValue::Datetime(_) => Val::Other,
-                DeValue::Array(items) => Val::Array(
-                    items
-                        .iter()
-                        .enumerate()
-                        .map(|(i, x)| {
-                            self.value(x, at).map_err(|mut e| {
-                                e.key.push(i.to_string());
-                                e
-                            })
+            }
+            DeValue::Float(f) => {
+                // A finite literal too large for f64 is out of range, not infinity.
+                let literal = f.as_str();
+                if literal.parse::<f64>().is_err() {
+                    // `1e`, `1.`: recovered from by the parser, but no number.
+                    return Err(invalid(
+                        self.written(&span, literal),
+                        "not a valid number (like 0.01, 1e-3, 5, inf or nan)",
+                    ));
+                }
+                // A literal with a non-zero digit that comes out 0 underflowed.
+                let mantissa = literal.split(['e', 'E']).next().unwrap_or("");
+                let nonzero = mantissa.bytes().any(|b| (b'1'..=b'9').contains(&b));
+                match literal.parse::<f64>() {
+                    Ok(x) if x == 0.0 && nonzero => {
+                        return Err(invalid(
+                            literal,
+                            "float underflows to 0: the smallest is about 4.9e-324 (64-bit \
+                             float); write 0 for none",
+                        ))
+                    }
+                    Ok(x) if !x.is_infinite() || literal.contains("inf") => Val::Float(x),
+                    _ => {
+                        return Err(invalid(
+                            literal,
+                            "float out of range: at most about 1.8e308 (64-bit float)",
+                        ))
+                    }
+                }
+            }
+            DeValue::Boolean(b) => Val::Bool(*b),
+            DeValue::Datetime(_) => Val::Other,
+            DeValue::Array(items) => Val::Array(
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, x)| {
+                        self.value(x, at).map_err(|mut e| {
+                            e.key.push(i.to_string());
+                            e
                         })
-                        .collect::<std::result::Result<_, _>>()?,
-                ),
-                DeValue::Table(table) => Val::Table(self.table_entries(table)?),
-            };
+                    })
+                    .collect::<std::result::Result<_, _>>()?,
+            ),
+            DeValue::Table(table) => Val::Table(self.table_entries(table)?),
+        };
         Ok(Node { val, at })
     }
 }
@@ -327,6 +311,26 @@ fn dotted_paths(table: &DeTable<'_>, prefix: &str, name: &str, out: &mut Vec<Str
         }
         dotted_value_paths(value.get_ref(), &path, name, out);
     }
+}
+
+/// The value of an integer literal's `digits` in `radix` (`written`: the literal as written):
+/// `Int`, or `BigInt` when it is too large for 64 bits, which is out of every integer key's
+/// range and so left for the key's check to name (`mtu = 99999999999999999999` is no more an
+/// mtu than `mtu = 1`); `None` when the digits are malformed.
+fn integer_value(digits: &str, radix: u32, written: &str) -> Option<Val> {
+    use std::num::IntErrorKind::{NegOverflow, PosOverflow};
+    let e = match i64::from_str_radix(digits, radix) {
+        Ok(v) => return Some(Val::Int(v)),
+        Err(e) => e,
+    };
+    let sign = match e.kind() {
+        PosOverflow => 1.0,
+        NegOverflow => -1.0,
+        _ => return None,
+    };
+    let magnitude = u128::from_str_radix(digits.trim_start_matches(['+', '-']), radix)
+        .map_or(f64::INFINITY, |v| v as f64);
+    Some(Val::BigInt(written.to_string(), sign * magnitude))
 }
 
 fn dotted_value_paths(value: &DeValue<'_>, prefix: &str, name: &str, out: &mut Vec<String>) {

@@ -130,6 +130,15 @@ pub fn library() -> PathBuf {
     library_near(dir).expect("the plugin library is built next to the lossy binary")
 }
 
+/// A copy of the plugin library as `dir/name`, its path as text: a second, independent
+/// `dlopen` beside the plugin's (a library opened twice from one path is one instance), to
+/// drive as another plugin (`--vs-library`).
+pub fn library_copy(dir: &Path, name: &str) -> String {
+    let copy = dir.join(name);
+    std::fs::copy(library(), &copy).expect("copy the plugin library");
+    copy.display().to_string()
+}
+
 /// Runs `runs` on `nranks` worker processes through the plugin (version `version`).
 pub fn run_ranks(nranks: usize, version: u32, runs: Vec<RunSpec>) -> Vec<WorkerReport> {
     let mut job = Job::collectives(library(), vec![LinkKind::Plugin], runs);

@@ -382,7 +382,7 @@ impl<S: Side> Shared<S> {
     /// left to its polling owner is not armed: that owner's next `test` moves it, or the
     /// thread, which looks again within [`DEFER`], once the owner has stopped.
     pub(super) fn offer(&self, want: u32) {
-        if self.halted() {
+        if !self.has_pool() || self.halted() {
             return;
         }
         for s in 0..self.cells.len() {

@@ -12,6 +12,18 @@ use super::{
 use crate::loss::plan::LossPlan;
 use crate::transport::{HostBuf, SendConn};
 
+/// Runs this module's ignored test `child` in a process of its own with one pool thread
+/// (the pool's threads are the process's: other tests' traffic would run beside them), with
+/// `flag` set; it must print `passed`.
+fn with_one_pool_thread(child: &str, flag: &str, passed: &str) {
+    run_child(
+        &format!("transport::socket::tests::pool::{child}"),
+        flag,
+        &[("NCCL_LOSSY_IO_THREADS", "1")],
+        passed,
+    );
+}
+
 const IDLE_CHILD_ENV: &str = "LOSSY_SOCKET_IDLE_CHILD";
 
 /// The file `name` of /proc/self/task/<tid>/ of each of this process's I/O pool threads.
@@ -45,12 +57,7 @@ fn pool_cpu_ticks() -> u64 {
 #[test]
 fn idle_connections_cost_their_pool_thread_no_cpu() {
     // The pool's CPU time needs a process of its own: other tests' traffic runs beside us.
-    run_child(
-        "transport::socket::tests::pool::idle_child",
-        IDLE_CHILD_ENV,
-        &[("NCCL_LOSSY_IO_THREADS", "1")],
-        "idle check passed",
-    );
+    with_one_pool_thread("idle_child", IDLE_CHILD_ENV, "idle check passed");
 }
 
 #[test]
@@ -103,12 +110,7 @@ const BUSY_CHILD_ENV: &str = "LOSSY_SOCKET_BUSY_CHILD";
 #[test]
 fn a_polling_owner_keeps_its_pool_thread_asleep() {
     // As above: the pool's wake-ups need a process of its own.
-    run_child(
-        "transport::socket::tests::pool::busy_child",
-        BUSY_CHILD_ENV,
-        &[("NCCL_LOSSY_IO_THREADS", "1")],
-        "busy check passed",
-    );
+    with_one_pool_thread("busy_child", BUSY_CHILD_ENV, "busy check passed");
 }
 
 #[test]
@@ -183,12 +185,7 @@ const FAILED_CHILD_ENV: &str = "LOSSY_SOCKET_FAILED_CHILD";
 #[test]
 fn a_failed_connection_costs_its_pool_thread_no_cpu() {
     // As above: the pool's CPU time needs a process of its own.
-    run_child(
-        "transport::socket::tests::pool::failed_child",
-        FAILED_CHILD_ENV,
-        &[("NCCL_LOSSY_IO_THREADS", "1")],
-        "failed check passed",
-    );
+    with_one_pool_thread("failed_child", FAILED_CHILD_ENV, "failed check passed");
 }
 
 #[test]
@@ -234,10 +231,9 @@ const UNTESTED_CHILD_ENV: &str = "LOSSY_SOCKET_UNTESTED_CHILD";
 
 #[test]
 fn with_a_pool_thread_a_posted_receive_moves_before_anyone_tests_it() {
-    run_child(
-        "transport::socket::tests::pool::untested_child",
+    with_one_pool_thread(
+        "untested_child",
         UNTESTED_CHILD_ENV,
-        &[("NCCL_LOSSY_IO_THREADS", "1")],
         "untested check passed",
     );
 }
@@ -283,10 +279,9 @@ fn without_a_pool_thread_a_send_on_an_idle_connection_leaves_at_its_test_and_one
 
 #[test]
 fn with_a_pool_thread_a_send_nobody_tests_leaves_at_once() {
-    run_child(
-        "transport::socket::tests::pool::send_start_child",
+    with_one_pool_thread(
+        "send_start_child",
         SEND_START_CHILD_ENV,
-        &[("NCCL_LOSSY_IO_THREADS", "1")],
         "send start check passed (pool)",
     );
 }
@@ -372,10 +367,9 @@ const POLLED_SEND_CHILD_ENV: &str = "LOSSY_SOCKET_POLLED_SEND_CHILD";
 
 #[test]
 fn with_a_pool_thread_a_send_its_owner_polls_leaves_at_its_test_and_one_left_untested_still_goes() {
-    run_child(
-        "transport::socket::tests::pool::polled_send_child",
+    with_one_pool_thread(
+        "polled_send_child",
         POLLED_SEND_CHILD_ENV,
-        &[("NCCL_LOSSY_IO_THREADS", "1")],
         "polled send check passed",
     );
 }
@@ -465,12 +459,7 @@ const LEFT_CHILD_ENV: &str = "LOSSY_SOCKET_LEFT_CHILD";
 
 #[test]
 fn a_socket_left_to_its_polling_owner_leaves_the_pool_threads_watch_until_the_owner_stops() {
-    run_child(
-        "transport::socket::tests::pool::left_child",
-        LEFT_CHILD_ENV,
-        &[("NCCL_LOSSY_IO_THREADS", "1")],
-        "left check passed",
-    );
+    with_one_pool_thread("left_child", LEFT_CHILD_ENV, "left check passed");
 }
 
 #[test]
