@@ -1,5 +1,6 @@
 //! `lossy bench --runs N`: the whole measurement repeated with new worker processes and
-//! connections each time, summarized as the median over runs, with each ratio's range.
+//! connections each time, summarized as the median over runs, with each ratio's range, and
+//! each ratio's geometric mean with its 95% confidence interval.
 
 mod common;
 
@@ -50,7 +51,7 @@ fn numbers(cell: &str) -> Vec<f64> {
 }
 
 #[test]
-fn runs_3_prints_each_links_median_p50_over_the_runs_and_each_ratios_median_and_range() {
+fn runs_3_prints_each_links_median_p50_and_each_ratios_median_range_mean_and_interval() {
     // A copy at another path: the same path would be the plugin's own `dlopen` handle.
     let dir = common::fresh_dir("bench-runs");
     let peer = common::library_copy(&dir, "libnccl-net-peer.so");
@@ -91,8 +92,9 @@ fn runs_3_prints_each_links_median_p50_over_the_runs_and_each_ratios_median_and_
     assert_eq!(rows.len(), 2, "{out}");
     for row in rows {
         let cells: Vec<&str> = row.split('|').map(str::trim).collect();
-        // size count iters | plugin | raw | peer | raw/plugin | peer/plugin | check
-        assert_eq!(cells.len(), 7, "{row}");
+        // size count iters | plugin | raw | peer | raw/plugin | peer/plugin | raw mean |
+        // peer mean | check
+        assert_eq!(cells.len(), 9, "{row}");
         let size = numbers(cells[0])[0] as usize;
         let runs = &per_run[&size];
         assert_eq!(runs.len(), 3, "{size} B ran {} times: {err}", runs.len());
@@ -130,8 +132,35 @@ fn runs_3_prints_each_links_median_p50_over_the_runs_and_each_ratios_median_and_
                 );
             }
             assert!(v[1] <= v[0] && v[0] <= v[2], "{row}");
+            // The geometric mean of the ratios and its 95% interval: Student's t with 2
+            // degrees of freedom (4.3027) over the runs' log ratios. Each printed p50 is off
+            // by up to 0.05 us, so each log ratio by up to d = 0.1 us / the least p50; the
+            // mean moves by at most d, the standard deviation by at most d * sqrt(3/2), so a
+            // bound by at most d * (1 + 4.3027 / sqrt(2)) < 4.05 d of its value. (With 1.96,
+            // the normal quantile, in its place, the interval is less than half as wide.)
+            let logs: Vec<f64> = runs.iter().map(|r| (r[k] / r[0]).ln()).collect();
+            let mean = logs.iter().sum::<f64>() / 3.0;
+            let sd = (logs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / 2.0).sqrt();
+            let half = 4.3027 * sd / 3f64.sqrt();
+            let d = 0.1
+                / runs
+                    .iter()
+                    .flat_map(|r| [r[0], r[k]])
+                    .fold(f64::MAX, f64::min);
+            let v = numbers(cells[5 + k]);
+            assert_eq!(v.len(), 3, "{row}");
+            for (printed, want, what) in [
+                (v[0], 100.0 * mean.exp(), "mean"),
+                (v[1], 100.0 * (mean - half).exp(), "interval's low end"),
+                (v[2], 100.0 * (mean + half).exp(), "interval's high end"),
+            ] {
+                assert!(
+                    (printed - want).abs() <= 0.051 + want * 4.05 * d,
+                    "{size} B {name} {what}: printed {printed}%, the runs give {want:.3}%\n{out}\n{err}"
+                );
+            }
         }
-        assert_eq!(cells[6], "ok", "{row}");
+        assert_eq!(cells[8], "ok", "{row}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -85,9 +85,11 @@ pub struct Args {
     /// Repeat the whole measurement N times (1 to 1000), each with new worker processes and
     /// connections, the links' order rotated from run to run, and print one table instead:
     /// per size each link's p50 as the median over the runs, and each link's p50 over the
-    /// plugin's as the median over the runs with its range. A TCP connection keeps the pace
-    /// it found for its life, so one run's rows can sit a few percent apart where the median
-    /// of several does not. Each run's p50s go to stderr as it ends. Local runs only (not
+    /// plugin's as the median over the runs with its range, and as the geometric mean with
+    /// its 95% confidence interval (an interval that leaves out 100% is a difference the runs
+    /// resolve). A TCP connection keeps the pace it found for its life, so one run's rows can
+    /// sit a few percent apart where the median of several does not. Each run's p50s go to
+    /// stderr as it ends. Local runs only (not
     /// with `--rank`/`--world` or a launcher's ranks), and not with `--samples`.
     #[arg(long, default_value_t = 1)]
     pub runs: usize,

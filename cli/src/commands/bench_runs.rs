@@ -1,9 +1,11 @@
 //! `lossy bench --runs N`: the whole measurement repeated with new worker processes and new
 //! connections, the links' order rotated from run to run, and summarized in one table: each link's
 //! p50 as the median over the runs, and each link's p50 over the plugin's as the median over
-//! the runs with its range. One run's rows can sit a few percent apart for the life of its
-//! connections (a TCP connection keeps the pace its congestion control found), where the
-//! median of several runs does not; the range says how far a single run could have misled.
+//! the runs with its range, and as the geometric mean with its 95% confidence interval. One
+//! run's rows can sit a few percent apart for the life of its connections (a TCP connection
+//! keeps the pace its congestion control found), where the median of several runs does not;
+//! the range says how far a single run could have misled, and the interval whether the runs
+//! tell the two links apart at all.
 
 use std::path::{Path, PathBuf};
 
@@ -47,6 +49,42 @@ pub fn median_and_range(values: &[f64]) -> (f64, f64, f64) {
         (v[n / 2 - 1] + v[n / 2]) / 2.0
     };
     (median, v[0], v[n - 1])
+}
+
+/// Student's t two-sided 95% quantiles for 1 to 30 degrees of freedom.
+const T95: [f64; 30] = [
+    12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.3060, 2.2622, 2.2281, 2.2010,
+    2.1788, 2.1604, 2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.0930, 2.0860, 2.0796, 2.0739, 2.0687,
+    2.0639, 2.0595, 2.0555, 2.0518, 2.0484, 2.0452, 2.0423,
+];
+
+/// The two-sided 95% quantile of Student's t with `df` (at least 1) degrees of freedom: the
+/// table up to 30, beyond it the normal quantile with the first two terms of its
+/// Cornish-Fisher correction (within 0.0002 of the exact value from 31 on).
+fn t95(df: usize) -> f64 {
+    if let Some(&t) = T95.get(df.max(1) - 1) {
+        return t;
+    }
+    let (z, n): (f64, f64) = (1.959_964, df as f64);
+    let g1 = (z.powi(3) + z) / 4.0;
+    let g2 = (5.0 * z.powi(5) + 16.0 * z.powi(3) + 3.0 * z) / 96.0;
+    z + g1 / n + g2 / (n * n)
+}
+
+/// The geometric mean of `ratios` and its 95% confidence interval: Student's t over their
+/// logarithms, as the runs are independent (new processes and connections each) and a
+/// ratio's two links ran side by side in each. `None` under two ratios, or with one not
+/// finite and above 0.
+pub fn mean_and_interval(ratios: &[f64]) -> Option<(f64, f64, f64)> {
+    let n = ratios.len();
+    if n < 2 || ratios.iter().any(|r| !(r.is_finite() && *r > 0.0)) {
+        return None;
+    }
+    let logs: Vec<f64> = ratios.iter().map(|r| r.ln()).collect();
+    let mean = logs.iter().sum::<f64>() / n as f64;
+    let var = logs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+    let half = t95(n - 1) * (var / n as f64).sqrt();
+    Some((mean.exp(), (mean - half).exp(), (mean + half).exp()))
 }
 
 /// Where the result of link `kind` is among the `n` results of one size, from `first` on:
@@ -178,7 +216,9 @@ pub(super) fn many(plan: &Plan<'_>) -> Result<()> {
         "# {runs} runs, each with new worker processes and connections, the links' order \
          rotated from run to run; per size: each link's p50 (us, slowest rank per iteration) as the \
          median over the runs, then each link's p50 over the plugin's, per run: the median \
-         (lowest-highest) over the runs; above 100%: the plugin is faster"
+         (lowest-highest) over the runs, and their geometric mean (95% confidence interval, \
+         Student's t over the runs' log ratios: an interval that leaves out 100% is a \
+         difference the runs resolve); above 100%: the plugin is faster"
     ));
     let mut head = format!("# {:>10} {:>10} {:>5}", "size", "count", "iters");
     for name in &plan.names {
@@ -186,6 +226,9 @@ pub(super) fn many(plan: &Plan<'_>) -> Result<()> {
     }
     for name in &plan.names[1..] {
         head += &format!(" | {:>22}", format!("{name}/plugin"));
+    }
+    for name in &plan.names[1..] {
+        head += &format!(" | {:>22}", format!("{name} mean (95%)"));
     }
     say(head + &format!(" | {:>5}", "check"));
     let mut all_ok = true;
@@ -199,14 +242,24 @@ pub(super) fn many(plan: &Plan<'_>) -> Result<()> {
         for link in &p50[i] {
             row += &format!(" | {:>10.1}", median_and_range(link).0 * 1e6);
         }
-        for k in 1..links {
-            let ratios: Vec<f64> = p50[i][0]
-                .iter()
-                .zip(&p50[i][k])
-                .map(|(&plugin, &other)| 100.0 * other / plugin.max(1e-12))
-                .collect();
-            let (m, lo, hi) = median_and_range(&ratios);
+        let ratios: Vec<Vec<f64>> = (1..links)
+            .map(|k| {
+                p50[i][0]
+                    .iter()
+                    .zip(&p50[i][k])
+                    .map(|(&plugin, &other)| 100.0 * other / plugin.max(1e-12))
+                    .collect()
+            })
+            .collect();
+        for r in &ratios {
+            let (m, lo, hi) = median_and_range(r);
             row += &format!(" | {:>22}", format!("{m:.1}% ({lo:.1}-{hi:.1}%)"));
+        }
+        for r in &ratios {
+            let cell = mean_and_interval(r).map_or("-".to_string(), |(m, lo, hi)| {
+                format!("{m:.1}% ({lo:.1}-{hi:.1}%)")
+            });
+            row += &format!(" | {cell:>22}");
         }
         all_ok &= checks[i].passed();
         row += &format!(
@@ -232,7 +285,7 @@ pub(super) fn many(plan: &Plan<'_>) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{median_and_range, result_index};
+    use super::{mean_and_interval, median_and_range, result_index, t95};
     use crate::harness::worker::{LinkKind, WorkerReport};
 
     /// A rank's report of `sizes` sizes, each with the links in `order` (as a worker runs a
@@ -277,5 +330,31 @@ mod tests {
         assert_eq!(median_and_range(&[3.0, 1.0, 2.0]), (2.0, 1.0, 3.0));
         assert_eq!(median_and_range(&[4.0, 1.0, 3.0, 2.0]), (2.5, 1.0, 4.0));
         assert_eq!(median_and_range(&[7.0]), (7.0, 7.0, 7.0));
+    }
+
+    #[test]
+    fn the_interval_is_students_t_over_the_log_ratios_around_their_geometric_mean() {
+        // Logs 0, ln 1.1, 2 ln 1.1: mean ln 1.1 (110%), standard deviation ln 1.1, and with
+        // t(2) = 4.3027 the interval 110% / 1.1^2.4842 to 110% x 1.1^2.4842 (by hand:
+        // 86.810% to 139.386%).
+        let (m, lo, hi) = mean_and_interval(&[100.0, 110.0, 121.0]).expect("three ratios");
+        for (got, want) in [(m, 110.0), (lo, 86.810), (hi, 139.386)] {
+            assert!((got - want).abs() < 0.002, "{got} against {want}");
+        }
+        // Equal ratios: no spread, no width.
+        assert_eq!(mean_and_interval(&[95.0; 4]), Some((95.0, 95.0, 95.0)));
+        assert_eq!(mean_and_interval(&[100.0]), None);
+        assert_eq!(mean_and_interval(&[100.0, 0.0]), None);
+        assert_eq!(mean_and_interval(&[100.0, f64::INFINITY]), None);
+    }
+
+    #[test]
+    fn t_quantiles_follow_the_table_and_then_the_expansion() {
+        assert_eq!(t95(1), 12.7062);
+        assert_eq!(t95(30), 2.0423);
+        // Exact values: 2.0395 (31), 2.0211 (40), 1.9799 (120), 1.9623 (1000).
+        for (df, exact) in [(31, 2.0395), (40, 2.0211), (120, 1.9799), (1000, 1.9623)] {
+            assert!((t95(df) - exact).abs() < 2e-4, "t95({df}) = {}", t95(df));
+        }
     }
 }
