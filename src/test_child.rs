@@ -39,3 +39,14 @@ pub fn run(name: &str, flag: &str, env: &[(&str, &str)], passed: &str) -> String
     );
     text
 }
+
+/// Limits this process's address space to `bytes` (`RLIMIT_AS`): for a child that runs one
+/// test under a memory limit.
+pub fn limit_address_space(bytes: u64) {
+    let limit = libc::rlimit {
+        rlim_cur: bytes,
+        rlim_max: bytes,
+    };
+    // SAFETY: a valid rlimit for this process, which runs the one test that asked for it.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) }, 0);
+}

@@ -9,6 +9,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -294,6 +295,43 @@ fn a_killed_rank_leaves_the_trace_of_its_last_interval() {
     let events = checked_events(&traces[0].1);
     assert_eq!(events.len(), 10);
     assert_eq!(traces[0].1["lossy_trace"]["recorded"], 10);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_periodic_write_with_no_new_message_rewrites_nothing() {
+    // Writing a ring of a million messages takes seconds: rewriting an unchanged one every
+    // interval kept a core busy for as long as the job sat idle.
+    let dir = fresh_dir("timeline-idle");
+    let (mut peer, _) = run_child(
+        "killed",
+        &[
+            ("NCCL_LOSSY_TRACE", dir.to_str().expect("utf-8")),
+            ("NCCL_LOSSY_SET", "stats_interval=0.1"),
+        ],
+    );
+    // The file of the first interval after the messages (each write renames a new file in).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let first = loop {
+        let found = traces(&dir);
+        if let Some((path, trace)) = found.first() {
+            if trace["lossy_trace"]["recorded"] == 10 {
+                break std::fs::metadata(path).expect("the trace").ino();
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no trace of the 10 messages"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // Eight more intervals with nothing sent.
+    std::thread::sleep(Duration::from_millis(800));
+    let found = traces(&dir);
+    assert_eq!(found.len(), 1);
+    let now = std::fs::metadata(&found[0].0).expect("the trace").ino();
+    peer.kill();
+    assert_eq!(now, first, "the unchanged trace was written again");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

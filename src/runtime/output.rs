@@ -156,8 +156,11 @@ pub(super) fn settle_stats_dir() -> Result<()> {
 /// snapshot from replacing a newer one, which a write that took its numbers first but renamed
 /// last would do. A writer waits for at most the one write in progress.
 static STATS_WRITES: Mutex<()> = Mutex::new(());
-/// The same for the trace file: snapshot and write one at a time.
-static TRACE_WRITES: Mutex<()> = Mutex::new(());
+/// The same for the trace file: snapshot and write one at a time. It holds the file last
+/// written and the messages the ring had recorded for it: a write with no message recorded
+/// since, while that file is still there, writes nothing (a ring of millions takes seconds
+/// to write, and the periodic writer would rewrite it every interval of an idle job).
+static TRACE_WRITES: Mutex<Option<(u64, PathBuf)>> = Mutex::new(None);
 
 /// Writes the statistics file into `NCCL_LOSSY_STATS`; `Ok(None)` when it is not set.
 pub fn write_stats() -> Result<Option<PathBuf>> {
@@ -401,9 +404,16 @@ pub fn write_trace() -> Result<Option<PathBuf>> {
     let (Some(dir), Some(ring)) = (trace_dir(), timeline::ring()) else {
         return Ok(None);
     };
-    let _one_at_a_time = TRACE_WRITES.lock().unwrap_or_else(PoisonError::into_inner);
-    let trace = timeline::trace_json(&ring.snapshot(), &super::comms::effect_name);
-    timeline::write_trace(dir, &trace).map(Some)
+    let mut last = TRACE_WRITES.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((recorded, path)) = last.as_ref() {
+        if *recorded == ring.recorded() && path.exists() {
+            return Ok(Some(path.clone()));
+        }
+    }
+    let snapshot = ring.snapshot()?;
+    let path = timeline::write_trace(dir, &snapshot, &super::comms::effect_name)?;
+    *last = Some((snapshot.recorded, path.clone()));
+    Ok(Some(path))
 }
 
 #[cfg(test)]
@@ -459,12 +469,7 @@ mod tests {
         if std::env::var_os(SMALL_MEMORY_CHILD).is_none() {
             return;
         }
-        let limit = libc::rlimit {
-            rlim_cur: 512 << 20,
-            rlim_max: 512 << 20,
-        };
-        // SAFETY: a valid rlimit for this child process alone (it runs this one test).
-        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) }, 0);
+        crate::test_child::limit_address_space(512 << 20);
         let profile = Profile::parse("", "p.toml", "").expect("profile");
         let dir = std::env::temp_dir().join(format!("lossy-trace-small-{}", std::process::id()));
         let result = start_trace(

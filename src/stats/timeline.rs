@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::fs;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -15,7 +16,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
-use super::writer::{host_name, launcher_rank, sanitize, write_atomically};
+use super::writer::{host_name, launcher_rank, sanitize, write_atomically_with};
 use crate::ids::{op_name, phase_name};
 use crate::{Error, Result};
 
@@ -200,11 +201,26 @@ impl Timeline {
         slot.seq.store(2 * index + 2, Ordering::Release);
     }
 
+    /// Messages recorded since the ring was made (one atomic read).
+    pub fn recorded(&self) -> u64 {
+        self.head.load(Ordering::Acquire)
+    }
+
     /// Reads every complete record the ring holds, oldest first.
-    pub fn snapshot(&self) -> TimelineSnapshot {
+    /// The copy takes about as much memory as the ring; when that cannot be had (a ring that
+    /// just fit under a memory limit), the read fails rather than abort the process.
+    pub fn snapshot(&self) -> Result<TimelineSnapshot> {
         let recorded = self.head.load(Ordering::Acquire);
         let capacity = self.slots.len() as u64;
-        let mut events = Vec::with_capacity(recorded.min(capacity) as usize);
+        let held = recorded.min(capacity) as usize;
+        let mut events = Vec::new();
+        if events.try_reserve_exact(held).is_err() {
+            return Err(Error::system(format!(
+                "cannot read the trace ring: a copy of its {held} messages needs {} MiB, which \
+                 this process cannot allocate (a memory limit, `ulimit -v`?)",
+                (held * std::mem::size_of::<(TimelineEvent, u64)>()).div_ceil(1 << 20)
+            )));
+        }
         for index in recorded.saturating_sub(capacity)..recorded {
             let slot = &self.slots[(index % capacity) as usize];
             let before = slot.seq.load(Ordering::Acquire);
@@ -247,12 +263,12 @@ impl Timeline {
             ));
         }
         let dropped = recorded - events.len() as u64;
-        TimelineSnapshot {
+        Ok(TimelineSnapshot {
             events,
             capacity: self.slots.len(),
             recorded,
             dropped,
-        }
+        })
     }
 }
 
@@ -371,17 +387,46 @@ fn track_ids(events: &[(TimelineEvent, u64)]) -> TrackIds {
     TrackIds { of_event, names }
 }
 
-/// The Chrome trace of `snapshot` (format version 1), `effect_name` naming effect codes.
-pub fn trace_json(snapshot: &TimelineSnapshot, effect_name: &dyn Fn(u8) -> &'static str) -> Value {
+/// Writes the Chrome trace of `snapshot` (format version 1) to `out`, `effect_name` naming
+/// effect codes. Each event is encoded and written on its own, so the write holds a few events
+/// at a time whatever the ring holds (as one JSON value tree, a trace took some 3.6 KB per
+/// event: gigabytes for a ring of millions, and an abort under a memory limit).
+pub fn encode_trace(
+    out: &mut dyn Write,
+    snapshot: &TimelineSnapshot,
+    effect_name: &dyn Fn(u8) -> &'static str,
+) -> io::Result<()> {
     let pid = std::process::id();
     let rank = launcher_rank();
-    let host = host_name();
+    let (monotonic, epoch) = clock_sample();
+    let about = json!({
+        "format_version": TRACE_FORMAT_VERSION, "rank": rank, "host": host_name(), "pid": pid,
+        "clock": "CLOCK_MONOTONIC",
+        "monotonic_to_epoch_ns": epoch as i64 - monotonic as i64,
+        "clock_sample": {"monotonic_ns": monotonic, "epoch_ns": epoch},
+        "ring_capacity": snapshot.capacity, "recorded": snapshot.recorded,
+        "dropped": snapshot.dropped,
+        "written_at_unix_ms": SystemTime::now().duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64).unwrap_or(0),
+    });
+    out.write_all(br#"{"displayTimeUnit":"ns","lossy_trace":"#)?;
+    serde_json::to_writer(&mut *out, &about)?;
+    out.write_all(br#","traceEvents":["#)?;
+    let mut first = true;
+    let mut item = |out: &mut dyn Write, value: Value| -> io::Result<()> {
+        if !std::mem::take(&mut first) {
+            out.write_all(b",")?;
+        }
+        serde_json::to_writer(out, &value).map_err(io::Error::from)
+    };
     let process = match rank {
         Some(rank) => format!("nccl-net-lossy rank {rank}"),
         None => format!("nccl-net-lossy pid {pid}"),
     };
-    let mut out = vec![json!({"ph": "M", "name": "process_name", "pid": pid,
-                              "args": {"name": process}})];
+    item(
+        out,
+        json!({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": process}}),
+    )?;
     let tids = track_ids(&snapshot.events);
     for (track, tid) in &tids.names {
         let (event, lane) = (&snapshot.events[track.0].0, track.1);
@@ -401,64 +446,60 @@ pub fn trace_json(snapshot: &TimelineSnapshot, effect_name: &dyn Fn(u8) -> &'sta
         if lane > 0 {
             name.push_str(&format!(" #{}", lane + 1));
         }
-        out.push(
+        item(
+            out,
             json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                        "args": {"name": name}}),
-        );
+                   "args": {"name": name}}),
+        )?;
     }
     for (index, (event, lost_so_far)) in snapshot.events.iter().enumerate() {
         let tid = tids.of_event[index];
         let collective = op_name(event.op);
         let end_ns = event.end_ns.max(event.start_ns);
-        out.push(json!({
-            "ph": "X", "cat": "lossy", "name": collective, "pid": pid, "tid": tid,
-            "ts": event.start_ns as f64 / 1000.0,
-            "dur": (end_ns - event.start_ns) as f64 / 1000.0,
-            "args": {
-                "collective": collective, "comm_id": event.comm_id,
-                "connection": event.connection, "peer": event.peer,
-                "direction": event.side.name(), "phase": phase_name(event.phase),
-                "step": event.step, "bytes": event.bytes, "packets": event.packets,
-                "lost_packets": event.lost_packets, "loss_events": event.loss_events,
-                "effect": effect_name(event.effect),
-                "retransmit_delay_ns": event.retransmit_delay_ns,
-            }
-        }));
+        item(
+            out,
+            json!({
+                "ph": "X", "cat": "lossy", "name": collective, "pid": pid, "tid": tid,
+                "ts": event.start_ns as f64 / 1000.0,
+                "dur": (end_ns - event.start_ns) as f64 / 1000.0,
+                "args": {
+                    "collective": collective, "comm_id": event.comm_id,
+                    "connection": event.connection, "peer": event.peer,
+                    "direction": event.side.name(), "phase": phase_name(event.phase),
+                    "step": event.step, "bytes": event.bytes, "packets": event.packets,
+                    "lost_packets": event.lost_packets, "loss_events": event.loss_events,
+                    "effect": effect_name(event.effect),
+                    "retransmit_delay_ns": event.retransmit_delay_ns,
+                }
+            }),
+        )?;
         if event.lost_packets > 0 {
-            out.push(json!({"ph": "C", "name": "lost_packets", "pid": pid,
-                            "ts": end_ns as f64 / 1000.0,
-                            "args": {"lost_packets": lost_so_far}}));
+            item(
+                out,
+                json!({"ph": "C", "name": "lost_packets", "pid": pid,
+                       "ts": end_ns as f64 / 1000.0, "args": {"lost_packets": lost_so_far}}),
+            )?;
         }
     }
-    let (monotonic, epoch) = clock_sample();
-    json!({
-        "displayTimeUnit": "ns",
-        "traceEvents": out,
-        "lossy_trace": {
-            "format_version": TRACE_FORMAT_VERSION, "rank": rank, "host": host, "pid": pid,
-            "clock": "CLOCK_MONOTONIC",
-            "monotonic_to_epoch_ns": epoch as i64 - monotonic as i64,
-            "clock_sample": {"monotonic_ns": monotonic, "epoch_ns": epoch},
-            "ring_capacity": snapshot.capacity, "recorded": snapshot.recorded,
-            "dropped": snapshot.dropped,
-            "written_at_unix_ms": SystemTime::now().duration_since(UNIX_EPOCH)
-                .map(|d| d.as_millis() as u64).unwrap_or(0),
-        }
-    })
+    out.write_all(b"]}")
 }
 
-/// Writes `trace` into `dir` atomically (a temporary file of its own, then rename); returns its
-/// path.
-pub fn write_trace(dir: &Path, trace: &Value) -> Result<PathBuf> {
+/// Writes the trace of `snapshot` into `dir` atomically (a temporary file of its own, then
+/// rename), as it is encoded; returns its path.
+pub fn write_trace(
+    dir: &Path,
+    snapshot: &TimelineSnapshot,
+    effect_name: &dyn Fn(u8) -> &'static str,
+) -> Result<PathBuf> {
     fs::create_dir_all(dir).map_err(|e| {
         Error::system(format!(
             "cannot create trace directory {}: {e}",
             dir.display()
         ))
     })?;
-    let json = serde_json::to_vec(trace)
-        .map_err(|e| Error::internal(format!("cannot encode the trace: {e}")))?;
-    write_atomically(dir, &trace_file_name(), &json)
+    write_atomically_with(dir, &trace_file_name(), |out| {
+        encode_trace(out, snapshot, effect_name)
+    })
 }
 
 #[cfg(test)]
@@ -485,13 +526,20 @@ mod tests {
         }
     }
 
+    /// The trace of `snapshot` as [`encode_trace`] writes it, read back.
+    fn trace_of(snapshot: &TimelineSnapshot, effect_name: &dyn Fn(u8) -> &'static str) -> Value {
+        let mut bytes = Vec::new();
+        encode_trace(&mut bytes, snapshot, effect_name).expect("encoded");
+        serde_json::from_slice(&bytes).expect("a JSON document")
+    }
+
     #[test]
     fn a_full_ring_keeps_the_newest_and_counts_the_dropped() {
         let ring = Timeline::new(16).expect("a small ring");
         for i in 0..100 {
             ring.record(&event(i, i % 2));
         }
-        let snap = ring.snapshot();
+        let snap = ring.snapshot().expect("a snapshot");
         assert_eq!(snap.events.len(), 16);
         assert_eq!((snap.recorded, snap.dropped, snap.capacity), (100, 84, 16));
         let steps: Vec<u64> = snap.events.iter().map(|(e, _)| e.step).collect();
@@ -504,7 +552,9 @@ mod tests {
     fn the_trace_has_the_documented_shape() {
         let ring = Timeline::new(8).expect("a small ring");
         ring.record(&event(3, 2));
-        let trace = trace_json(&ring.snapshot(), &|code| ["a", "b", "c"][code as usize]);
+        let trace = trace_of(&ring.snapshot().expect("a snapshot"), &|code| {
+            ["a", "b", "c"][code as usize]
+        });
         let events = trace["traceEvents"].as_array().expect("events");
         let x = events.iter().find(|e| e["ph"] == "X").expect("an X event");
         assert_eq!(x["ts"], 3.0);
@@ -546,7 +596,7 @@ mod tests {
             e.end_ns = end;
             ring.record(&e);
         }
-        let trace = trace_json(&ring.snapshot(), &|_| "zero");
+        let trace = trace_of(&ring.snapshot().expect("a snapshot"), &|_| "zero");
         let events = trace["traceEvents"].as_array().expect("events");
         let mut by_tid: HashMap<u64, Vec<(f64, f64)>> = HashMap::new();
         for x in events.iter().filter(|e| e["ph"] == "X") {
@@ -579,6 +629,54 @@ mod tests {
         );
     }
 
+    const TRACE_MEMORY_CHILD: &str = "LOSSY_TRACE_MEMORY_CHILD";
+    const MEMORY_CHILD_EVENTS: u64 = 200_000;
+
+    #[test]
+    fn writing_a_full_ring_takes_memory_of_the_rings_order_not_kilobytes_per_event() {
+        // Built as one JSON value tree, the trace took about 3.6 KB per event while the file
+        // was written: 200,000 events, some 720 MB, which under a 384 MiB limit aborted the
+        // process (at NCCL's last close, the write that close waits for). Written as it is
+        // encoded, it needs the ring's snapshot (112 bytes an event: some 22 MB) and a buffer.
+        let said = crate::test_child::run(
+            "stats::timeline::tests::trace_memory_child",
+            TRACE_MEMORY_CHILD,
+            &[],
+            "written:",
+        );
+        // Every third message lost nothing, and only the others add to the lost-packets counter.
+        let counters = MEMORY_CHILD_EVENTS - MEMORY_CHILD_EVENTS.div_ceil(3);
+        assert!(
+            said.contains(&format!(
+                "written: {MEMORY_CHILD_EVENTS} messages, {counters} counters"
+            )),
+            "{said}"
+        );
+    }
+
+    #[test]
+    #[ignore = "run under a memory limit of its own by the test above"]
+    fn trace_memory_child() {
+        if std::env::var_os(TRACE_MEMORY_CHILD).is_none() {
+            return;
+        }
+        crate::test_child::limit_address_space(384 << 20);
+        let ring = Timeline::new(MEMORY_CHILD_EVENTS as usize).expect("a ring of 21 MB");
+        for i in 0..MEMORY_CHILD_EVENTS {
+            ring.record(&event(i, i % 3));
+        }
+        let dir = std::env::temp_dir().join(format!("lossy-trace-memory-{}", std::process::id()));
+        let path = write_trace(&dir, &ring.snapshot().expect("a snapshot"), &|_| "zero")
+            .expect("the trace written");
+        let text = fs::read_to_string(&path).expect("the trace read back");
+        std::fs::remove_dir_all(&dir).ok();
+        println!(
+            "written: {} messages, {} counters",
+            text.matches(r#""ph":"X""#).count(),
+            text.matches(r#""ph":"C""#).count()
+        );
+    }
+
     #[test]
     fn instants_convert_to_the_monotonic_clock() {
         let ring = Timeline::new(1).expect("a small ring");
@@ -606,6 +704,6 @@ mod tests {
         }
         let ns = started.elapsed().as_nanos() as f64 / n as f64;
         println!("{ns:.1} ns per message (Instant::now + record)");
-        assert_eq!(ring.snapshot().recorded, n);
+        assert_eq!(ring.snapshot().expect("a snapshot").recorded, n);
     }
 }

@@ -423,13 +423,24 @@ const TEMPORARY_ATTEMPTS: u32 = 16;
 /// caller's to order (the runtime writes one file at a time). A write that fails removes its
 /// temporary (best effort: a full disk leaves no partial file behind).
 pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
+    write_atomically_with(dir, name, |out| out.write_all(bytes))
+}
+
+/// As [`write_atomically`], with the bytes `encode` writes as it goes (through a buffer), so
+/// a large document never has to be held whole in memory.
+pub(crate) fn write_atomically_with(
+    dir: &Path,
+    name: &str,
+    encode: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<PathBuf> {
     let path = dir.join(name);
     let failed = |e: std::io::Error| Error::system(format!("cannot write {}: {e}", path.display()));
-    let (tmp, mut file) = create_temporary(dir, name).map_err(failed)?;
-    let written = file
-        .write_all(bytes)
-        .and_then(|()| file.sync_all())
-        .and_then(|()| {
+    let (tmp, file) = create_temporary(dir, name).map_err(failed)?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 16, file);
+    let written = encode(&mut out)
+        .and_then(|()| out.into_inner().map_err(|e| e.into_error()))
+        .and_then(|file| {
+            file.sync_all()?;
             drop(file);
             fs::rename(&tmp, &path)
         });
