@@ -151,12 +151,6 @@ struct Conn {
     id: u64,
 }
 
-/// The plugin's v12 table, as each of NCCL's threads finds it (the library stays loaded).
-fn table() -> &'static ncclNet_v12_t {
-    // SAFETY: the v12 table of our plugin library, kept loaded for the process.
-    unsafe { common::library_table("ncclNetPlugin_v12") }
-}
-
 /// What one progress thread moved.
 #[derive(Default)]
 struct Moved {
@@ -172,7 +166,7 @@ fn threads() {
         std::process::abort();
     });
     // Loads the library, as NCCL does before its first communicator.
-    table();
+    common::table_v12();
     let control = Arc::new(LoadedControl::of_loaded_library());
     // Steps start at 1, so every message lands in the per-step series.
     assert_eq!((control.set_step)(1), 0);
@@ -262,7 +256,7 @@ fn train(control: &LoadedControl, stop: &AtomicBool) -> u64 {
 /// `PAIRS` connections handed to the progress thread as they are made, finalized once the
 /// progress thread has closed them all.
 fn service(c: usize, moved: &Arc<Moved>) {
-    let t = table();
+    let t = common::table_v12();
     let (to_progress, conns) = mpsc::channel::<Conn>();
     let (closed_tx, closed) = mpsc::channel::<()>();
     let progress = {
@@ -270,7 +264,7 @@ fn service(c: usize, moved: &Arc<Moved>) {
         std::thread::Builder::new()
             .name(format!("progress{c}"))
             .spawn(move || {
-                let t = table();
+                let t = common::table_v12();
                 for conn in conns {
                     carry(t, &conn, &moved);
                     closed_tx.send(()).expect("the service thread is gone");

@@ -11,19 +11,14 @@ mod common;
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
 
-use nccl_net_lossy::ffi::{ncclNet_v12_t, ncclResult_t, NCCL_PTR_CUDA, NCCL_PTR_HOST};
+use nccl_net_lossy::ffi::{ncclResult_t, NCCL_PTR_CUDA, NCCL_PTR_HOST};
 
 const OK: ncclResult_t = ncclResult_t::ncclSuccess;
 const INTERNAL: ncclResult_t = ncclResult_t::ncclInternalError;
 
-fn table() -> &'static ncclNet_v12_t {
-    // SAFETY: ncclNetPlugin_v12 is a ncclNet_v12_t in our headers.
-    unsafe { common::library_table::<ncclNet_v12_t>("ncclNetPlugin_v12") }
-}
-
 #[test]
 fn conditions_nccls_socket_plugin_fails_with_an_internal_error_give_the_same_code() {
-    let t = table();
+    let t = common::table_v12();
     let ctx = common::raw_context(t, 0x50c, None);
     let mut ndev: c_int = 0;
     // SAFETY: a valid out-pointer.

@@ -108,10 +108,18 @@ unsafe fn mismatched<T>(ptr: *mut c_void, kind: Kind, what: &str) -> Result<*mut
     }
 }
 
-/// The addresses of one kind of context handed out and not yet finalized.
+/// The addresses of one kind of context handed out, each with whether its `finalize` came:
+/// a finalized one the owner keeps for a while (see [`Live::finalize`]) stays readable until
+/// [`Live::drain_finalized`] takes it out.
 pub(crate) struct Live {
     kind: Kind,
-    addrs: Mutex<Vec<usize>>,
+    addrs: Mutex<Vec<Entry>>,
+}
+
+#[derive(Clone, Copy)]
+struct Entry {
+    addr: usize,
+    finalized: bool,
 }
 
 impl Live {
@@ -123,10 +131,10 @@ impl Live {
     }
 
     /// The list. A poisoned lock only means a thread panicked while holding it; no step of
-    /// `add` or `take` can leave the list half-changed, so it is used as it is. (Failing
+    /// the methods below can leave the list half-changed, so it is used as it is. (Failing
     /// instead would leak the context `add` was about to record, and its hold on the
     /// runtime.)
-    fn lock(&self) -> MutexGuard<'_, Vec<usize>> {
+    fn lock(&self) -> MutexGuard<'_, Vec<Entry>> {
         self.addrs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -138,7 +146,10 @@ impl Live {
 
     /// Records `ptr` as handed out.
     pub(crate) fn add<T>(&self, ptr: *mut T) {
-        self.lock().push(ptr as usize);
+        self.lock().push(Entry {
+            addr: ptr as usize,
+            finalized: false,
+        });
     }
 
     fn not_live(&self, what: &str) -> Error {
@@ -149,9 +160,9 @@ impl Live {
         ))
     }
 
-    /// `read(ptr)` while `ptr` is live, under the list's lock (so no `take` frees it
-    /// meanwhile), or an error naming `what` (the entry point) if it is not live: never
-    /// handed out, or finalized already. `ptr` is not read when it is not live.
+    /// `read(ptr)` while `ptr` is in the list (live, or finalized and kept), under the list's
+    /// lock (so nothing frees it meanwhile), or an error naming `what` (the entry point) if it
+    /// is not: never handed out, or gone. `ptr` is not read when it is not in the list.
     pub(crate) fn read<R>(
         &self,
         ptr: *mut c_void,
@@ -159,7 +170,7 @@ impl Live {
         read: impl FnOnce() -> R,
     ) -> Result<R> {
         let live = self.lock();
-        if !live.contains(&(ptr as usize)) {
+        if !live.iter().any(|e| e.addr == ptr as usize) {
             return Err(self.not_live(what));
         }
         Ok(read())
@@ -171,9 +182,34 @@ impl Live {
         let mut live = self.lock();
         let at = live
             .iter()
-            .position(|&a| a == ptr as usize)
+            .position(|e| e.addr == ptr as usize && !e.finalized)
             .ok_or_else(|| self.not_live("finalize"))?;
         live.swap_remove(at);
         Ok(())
+    }
+
+    /// Marks `ptr` finalized, keeping it in the list (still readable, never finalized again),
+    /// or fails if it is not live: never handed out, or finalized already.
+    pub(crate) fn finalize(&self, ptr: *mut c_void) -> Result<()> {
+        let mut live = self.lock();
+        let entry = live
+            .iter_mut()
+            .find(|e| e.addr == ptr as usize && !e.finalized)
+            .ok_or_else(|| self.not_live("finalize"))?;
+        entry.finalized = true;
+        Ok(())
+    }
+
+    /// Takes every finalized address out of the list (their owner frees them): none is read
+    /// through the list afterwards.
+    pub(crate) fn drain_finalized(&self) -> Vec<usize> {
+        let mut live = self.lock();
+        let gone = live
+            .iter()
+            .filter(|e| e.finalized)
+            .map(|e| e.addr)
+            .collect();
+        live.retain(|e| !e.finalized);
+        gone
     }
 }

@@ -111,7 +111,8 @@ fn init_legacy(logger: ncclDebugLogger_t, profiler: Option<ncclProfilerCallback_
     Ok(())
 }
 
-/// Net contexts handed out by [`init_context`] and not yet finalized.
+/// Net contexts handed out by [`init_context`]: live, or finalized while another context
+/// still holds the plugin (see [`finalize_context`]).
 static LIVE_CONTEXTS: Live = Live::new(Kind::Context);
 
 /// The device names and PCI paths handed to NCCL ([`interned`]).
@@ -123,6 +124,7 @@ static STRINGS: Mutex<Vec<CString>> = Mutex::new(Vec::new());
 /// by then (no context, no comm, no property string is used after the unload).
 extern "C" fn forget_at_unload() {
     let _ = std::panic::catch_unwind(|| {
+        free_finalized_contexts();
         LIVE_CONTEXTS.forget_all();
         tuner::forget_at_unload();
         if let Ok(mut strings) = STRINGS.lock() {
@@ -170,24 +172,33 @@ fn init_context(
 }
 
 /// The context behind the v11/v12 `ctx` pointer `what` was given: one [`init_context`]
-/// made and not finalized (anything else is an error, and is not read), or, for NULL, the
-/// process's implicit context (the one v8-v10 use: NCCL's Socket plugin ignores the context,
-/// so a driver may pass none).
+/// made and the plugin still holds (finalized or not: see [`finalize_context`]; anything
+/// else is an error, and is not read), or, for NULL, the process's implicit context (the one
+/// v8-v10 use: NCCL's Socket plugin ignores the context, so a driver may pass none).
 fn context_of(ctx: *mut c_void, what: &str) -> Result<Arc<Context>> {
     if ctx.is_null() {
         return Ok(Context::implicit());
     }
     LIVE_CONTEXTS.read(ctx, what, || {
-        // SAFETY: `ctx` is in the live list, so it is an AbiContext made at init and not
-        // freed: `finalize` takes it out of the list, under the lock held here, before it
-        // frees it.
+        // SAFETY: `ctx` is in the list, so it is an AbiContext made at init and not freed:
+        // only [`free_finalized_contexts`] frees one, after taking it out of the list under
+        // the lock held here.
         Arc::clone(unsafe { &(*ctx.cast::<AbiContext>()).ctx })
     })
 }
 
-/// `finalize` of v11/v12: drops the context and the connects it left in progress (its comms
-/// hold their own references), and gives back its hold on the runtime: the last one
-/// releases it.
+/// `finalize` of v11/v12: drops the context's connects in progress (its comms hold their own
+/// references) and gives back its hold on the runtime: the last one releases it.
+///
+/// The context itself stays usable until the last context is finalized, as with NCCL's own
+/// plugins, which ignore the context: NCCL 2.28.3 gives a communicator split off with
+/// `splitShare` its parent's proxy thread, which keeps the parent's context
+/// (`ncclProxyCreate`, src/proxy.cc), and finalizes each communicator's context when that
+/// communicator is destroyed (`commFree`, src/init.cc), so a parent destroyed first leaves
+/// the child's later connections calling `listen`/`connect`/`setNetAttr` with the parent's
+/// finalized context (src/transport/net.cc). By the last `finalize` the shared proxy is
+/// gone (`commFree` destroys it first), and every finalized context is freed. A context
+/// finalized twice is an error.
 ///
 /// NULL is nothing to finalize, as a NULL close is nothing to close: NCCL 2.28-2.29.3
 /// finalizes the context a failed `init` left NULL (`ncclNetPluginInit`'s `fail:` path in
@@ -197,13 +208,26 @@ fn finalize_context(ctx: *mut c_void) -> Result<()> {
     if ctx.is_null() {
         return Ok(());
     }
-    LIVE_CONTEXTS.take(ctx)?;
-    // SAFETY: `ctx` was a live AbiContext made at init (checked), and is now out of the list,
-    // so nothing else will free it.
-    let ctx = unsafe { Box::from_raw(ctx as *mut AbiContext) }.ctx;
-    ctx.abandon_pending();
-    drop(ctx);
-    Runtime::release()
+    let context = context_of(ctx, "finalize")?;
+    LIVE_CONTEXTS.finalize(ctx)?;
+    context.abandon_pending();
+    drop(context);
+    let released = Runtime::release();
+    if Runtime::current().is_err() {
+        free_finalized_contexts();
+    }
+    released
+}
+
+/// Frees the finalized contexts (the runtime is gone, or the library is being unloaded:
+/// nothing passes them any more).
+fn free_finalized_contexts() {
+    for addr in LIVE_CONTEXTS.drain_finalized() {
+        // SAFETY: each was an AbiContext made by `init_context` (Box::into_raw), finalized,
+        // and is now out of the list, so nothing reads it through the list, and nothing else
+        // frees it.
+        drop(unsafe { Box::from_raw(addr as *mut AbiContext) });
+    }
 }
 
 fn devices(ndev: *mut c_int) -> Result<()> {

@@ -678,6 +678,14 @@ pub fn sockets() -> usize {
         .count()
 }
 
+/// The plugin's v12 table, with the library kept loaded for the process's life.
+pub fn table_v12() -> &'static ncclNet_v12_t {
+    // SAFETY: ncclNetPlugin_v12 is a ncclNet_v12_t in our headers.
+    unsafe { library_table::<ncclNet_v12_t>("ncclNetPlugin_v12") }
+}
+
+/// A context from `t`'s `init` for communicator `comm_id` (with traffic class `class`),
+/// checked to be made.
 pub fn raw_context(t: &ncclNet_v12_t, comm_id: u64, class: Option<i32>) -> *mut c_void {
     let mut config = class.map(|c| ncclNetCommConfig_v10_t { trafficClass: c });
     let config_ptr = config.as_mut().map_or(null_mut(), |c| c as *mut _);
@@ -685,6 +693,7 @@ pub fn raw_context(t: &ncclNet_v12_t, comm_id: u64, class: Option<i32>) -> *mut 
     // SAFETY: a valid out-pointer and config (or NULL); NULL logger and profiler are allowed.
     let rc = unsafe { t.init.expect("init")(&mut ctx, comm_id, config_ptr, None, None) };
     assert_eq!(rc, ncclResult_t::ncclSuccess, "init");
+    assert!(!ctx.is_null(), "init returned no context");
     ctx
 }
 
