@@ -37,8 +37,8 @@ pub(crate) mod test_child;
 
 pub use error::{Error, ErrorKind, Result};
 pub use runtime::{
-    check_forced_protocol, check_output_dirs_in_place, check_stats_dir, trace_capacity,
-    trace_setting, unguarded_ll_warning, unknown_comm_size_warning, unused_stats_interval_warning,
-    wrap_target, TraceSetting, CARGO_LIBRARY_NAME, INNER_ENV, INTRA_NODE_THROUGH_NET,
-    NCCL_LIBRARY_NAME, PLUGIN_NAME,
+    check_forced_protocol, check_output_dirs_in_place, check_p2p_ll, check_stats_dir,
+    trace_capacity, trace_setting, unguarded_ll_warning, unknown_comm_size_warning,
+    unused_stats_interval_warning, wrap_target, P2pLlSettings, TraceSetting, CARGO_LIBRARY_NAME,
+    INNER_ENV, INTRA_NODE_THROUGH_NET, NCCL_LIBRARY_NAME, PLUGIN_NAME,
 };

@@ -13,7 +13,7 @@ use common::{fresh_dir, lossy_exe, output_within_10s};
 const CHILD: &str = "init_verdicts_child";
 
 /// The variables these tests set or that change a verdict, cleared before each run.
-const CLEARED: [&str; 8] = [
+const CLEARED: [&str; 11] = [
     "NCCL_LOSSY_PROFILE",
     "NCCL_LOSSY_SET",
     "NCCL_LOSSY_STATS",
@@ -22,6 +22,9 @@ const CLEARED: [&str; 8] = [
     "NCCL_LOSSY_TRACE_EVENTS",
     "NCCL_PROTO",
     "NCCL_TUNER_PLUGIN",
+    "NCCL_NET_SHARED_BUFFERS",
+    "NCCL_ALLOC_P2P_NET_LL_BUFFERS",
+    "NCCL_P2P_LL_THRESHOLD",
 ];
 
 fn cleared(cmd: &mut Command, env: &[(&str, &str)]) {
@@ -102,6 +105,13 @@ fn a_forced_ll_protocol_or_a_bad_trace_ring_size_is_refused_before_the_run_as_at
     // A data-loss effect under a forced LL protocol would hang the receiving GPU: init
     // refuses it, and validate said the profile was fine.
     all_refuse(zero, &[("NCCL_PROTO", "LL")], &["NCCL_PROTO=LL", zero]);
+    // So would a point-to-point LL transfer, which dedicated network buffers let NCCL pick
+    // whatever NCCL_PROTO and the tuner say.
+    all_refuse(
+        zero,
+        &[("NCCL_NET_SHARED_BUFFERS", "0")],
+        &["NCCL_NET_SHARED_BUFFERS=0", "NCCL_P2P_LL_THRESHOLD=0", zero],
+    );
     // The trace ring's size is checked at every init, tracing or not.
     all_refuse(
         zero,
@@ -112,6 +122,10 @@ fn a_forced_ll_protocol_or_a_bad_trace_ring_size_is_refused_before_the_run_as_at
     for env in [
         &[("NCCL_PROTO", "Simple")][..],
         &[("NCCL_LOSSY_TRACE_EVENTS", "64")][..],
+        &[
+            ("NCCL_NET_SHARED_BUFFERS", "0"),
+            ("NCCL_P2P_LL_THRESHOLD", "0"),
+        ][..],
     ] {
         let mut init_env = env.to_vec();
         init_env.push(("NCCL_LOSSY_PROFILE", zero));

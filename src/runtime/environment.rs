@@ -102,6 +102,96 @@ pub fn check_forced_protocol(profile: &Profile, nccl_proto: Option<&str>) -> Res
     )))
 }
 
+/// NCCL's settings that give network point-to-point connections LL buffers, and the size
+/// up to which NCCL then sends point-to-point transfers with LL.
+#[derive(Clone, Debug, Default)]
+pub struct P2pLlSettings {
+    /// `NCCL_NET_SHARED_BUFFERS`.
+    pub shared_buffers: Option<String>,
+    /// `NCCL_ALLOC_P2P_NET_LL_BUFFERS`.
+    pub alloc_ll_buffers: Option<String>,
+    /// `NCCL_P2P_LL_THRESHOLD`.
+    pub ll_threshold: Option<String>,
+}
+
+impl P2pLlSettings {
+    /// The three variables as this process has them.
+    pub fn from_env() -> Result<P2pLlSettings> {
+        Ok(P2pLlSettings {
+            shared_buffers: crate::env::var("NCCL_NET_SHARED_BUFFERS")?,
+            alloc_ll_buffers: crate::env::var("NCCL_ALLOC_P2P_NET_LL_BUFFERS")?,
+            ll_threshold: crate::env::var("NCCL_P2P_LL_THRESHOLD")?,
+        })
+    }
+}
+
+/// An integer setting as NCCL reads it (`ncclLoadParam`, src/misc/param.cc: `strtoll` in
+/// base 0): leading blanks, a sign, then decimal, `0x` hexadecimal or `0` octal digits, as
+/// many as there are; none is 0. `None` (unset or blank): the setting's default.
+fn nccl_integer(value: Option<&str>) -> Option<i64> {
+    let text = value?.trim_start();
+    if text.is_empty() {
+        return None;
+    }
+    let (negative, text) = match text.as_bytes()[0] {
+        b'-' => (true, &text[1..]),
+        b'+' => (false, &text[1..]),
+        _ => (false, text),
+    };
+    let (radix, digits) = if let Some(hex) = text
+        .strip_prefix("0x")
+        .or_else(|| text.strip_prefix("0X"))
+        .filter(|h| h.starts_with(|c: char| c.is_ascii_hexdigit()))
+    {
+        (16, hex)
+    } else if text.len() > 1 && text.starts_with('0') {
+        (8, &text[1..])
+    } else {
+        (10, text)
+    };
+    let end = digits
+        .find(|c: char| !c.is_digit(radix))
+        .unwrap_or(digits.len());
+    let n =
+        i64::from_str_radix(&digits[..end], radix).unwrap_or(if end == 0 { 0 } else { i64::MAX });
+    Some(if negative { -n } else { n })
+}
+
+/// Refuses a data-loss profile when NCCL may send point-to-point transfers over the network
+/// with LL, which neither `NCCL_PROTO` nor this library's tuner can rule out: NCCL picks LL
+/// for a send or receive of up to `NCCL_P2P_LL_THRESHOLD` bytes (16 KiB) per channel whenever
+/// the connection has LL buffers (`src/enqueue.cc`), and a network connection has them with
+/// `NCCL_NET_SHARED_BUFFERS=0` or `NCCL_ALLOC_P2P_NET_LL_BUFFERS` set (`src/transport/net.cc`;
+/// by default point-to-point connections share Simple buffers only). A lost packet of an LL
+/// transfer hangs the receiving GPU. `NCCL_P2P_LL_THRESHOLD=0` keeps point-to-point on Simple.
+pub fn check_p2p_ll(profile: &Profile, settings: &P2pLlSettings) -> Result<()> {
+    if !profile.corrupts_data() || nccl_integer(settings.ll_threshold.as_deref()) == Some(0) {
+        return Ok(());
+    }
+    let shared = settings.shared_buffers.as_deref();
+    let alloc = settings.alloc_ll_buffers.as_deref();
+    let cause = if nccl_integer(shared) == Some(0) {
+        format!("NCCL_NET_SHARED_BUFFERS={}", shared.unwrap_or_default())
+    } else if nccl_integer(alloc).is_some_and(|n| n != 0) {
+        format!(
+            "NCCL_ALLOC_P2P_NET_LL_BUFFERS={}",
+            alloc.unwrap_or_default()
+        )
+    } else {
+        return Ok(());
+    };
+    Err(Error::invalid_usage(format!(
+        "{cause} gives network point-to-point connections LL buffers, and NCCL then sends \
+         transfers of up to NCCL_P2P_LL_THRESHOLD bytes per channel (16 KiB unless set) with LL \
+         whatever NCCL_PROTO or the tuner say; the loss profile ({}) has a data-loss effect \
+         (zero, stale or bitflip), and a lost packet of an LL transfer hangs the receiving GPU. \
+         Set NCCL_P2P_LL_THRESHOLD=0 (point-to-point on Simple), unset {}, or use the \
+         `retransmit` effect",
+        profile.origin,
+        cause.split('=').next().unwrap_or_default()
+    )))
+}
+
 /// The tuner `NCCL_TUNER_PLUGIN` (`tuner_plugin`) names when it is not this library: NCCL
 /// then loads that one (or none, for "none") instead of ours, unless it fails to open
 /// (`src/plugin/tuner.cc`).
@@ -390,6 +480,61 @@ mod tests {
             );
         }
         assert_eq!(unguarded_ll_warning(&retransmit, None, other), None);
+    }
+
+    #[test]
+    fn network_point_to_point_ll_under_a_data_loss_effect_is_refused_unless_its_threshold_is_0() {
+        // NCCL picks LL for a send/receive of up to NCCL_P2P_LL_THRESHOLD bytes per channel
+        // when the connection has LL buffers, whatever NCCL_PROTO or the tuner say
+        // (src/enqueue.cc); a network connection has them with NCCL_NET_SHARED_BUFFERS=0 or
+        // NCCL_ALLOC_P2P_NET_LL_BUFFERS=1 (src/transport/net.cc), not by default.
+        let p = |text: &str| Profile::parse(text, "p.toml", "").unwrap();
+        let zero = p("effect = \"zero\"\nmodel = { kind = \"uniform\", rate = 0.01 }\n");
+        let retransmit = p("model = { kind = \"uniform\", rate = 0.01 }\n");
+        let settings =
+            |shared: Option<&str>, alloc: Option<&str>, threshold: Option<&str>| P2pLlSettings {
+                shared_buffers: shared.map(str::to_string),
+                alloc_ll_buffers: alloc.map(str::to_string),
+                ll_threshold: threshold.map(str::to_string),
+            };
+        for fine in [
+            settings(None, None, None),
+            settings(Some("1"), Some("0"), None),
+            settings(Some("-2"), None, None),
+            settings(Some(" "), None, None),
+            settings(Some("0"), None, Some("0")),
+            settings(None, Some("1"), Some("0x0")),
+        ] {
+            assert_eq!(check_p2p_ll(&zero, &fine), Ok(()), "{fine:?}");
+        }
+        for (bad, var) in [
+            (settings(Some("0"), None, None), "NCCL_NET_SHARED_BUFFERS=0"),
+            (
+                settings(None, Some("1"), None),
+                "NCCL_ALLOC_P2P_NET_LL_BUFFERS=1",
+            ),
+            (
+                settings(Some("0"), None, Some("16384")),
+                "NCCL_NET_SHARED_BUFFERS=0",
+            ),
+            // Read as NCCL reads numbers (strtoll, base 0): no digits is 0.
+            (
+                settings(Some("none"), None, None),
+                "NCCL_NET_SHARED_BUFFERS=none",
+            ),
+        ] {
+            let err = check_p2p_ll(&zero, &bad).expect_err(var);
+            assert!(
+                err.message.contains(var)
+                    && err.message.contains("NCCL_P2P_LL_THRESHOLD=0")
+                    && err.message.contains("p.toml"),
+                "{err}"
+            );
+        }
+        assert_eq!(
+            check_p2p_ll(&retransmit, &settings(Some("0"), Some("1"), None)),
+            Ok(())
+        );
     }
 
     #[test]

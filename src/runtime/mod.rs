@@ -42,8 +42,8 @@ use std::time::Duration;
 pub use comms::{Connecting, ListenComm, RecvComm, SendComm};
 pub use context::{Context, PendingKey};
 pub use environment::{
-    check_forced_protocol, unguarded_ll_warning, unknown_comm_size_warning, unknown_rank_warning,
-    wrap_target, INNER_ENV, INTRA_NODE_THROUGH_NET,
+    check_forced_protocol, check_p2p_ll, unguarded_ll_warning, unknown_comm_size_warning,
+    unknown_rank_warning, wrap_target, P2pLlSettings, INNER_ENV, INTRA_NODE_THROUGH_NET,
 };
 pub use net_profiler::{MessageProfiler, MessageReport, ProfilerEvent, ProfilerParent};
 pub use output::{
@@ -155,6 +155,7 @@ impl Runtime {
         }
         let nccl_proto = env::var("NCCL_PROTO")?;
         check_forced_protocol(&profile, nccl_proto.as_deref())?;
+        check_p2p_ll(&profile, &P2pLlSettings::from_env()?)?;
         let tuner = env::var("NCCL_TUNER_PLUGIN")?;
         let warnings = [
             unguarded_ll_warning(&profile, nccl_proto.as_deref(), tuner.as_deref()),

@@ -14,8 +14,8 @@ use nccl_net_lossy::stats::writer::STATS_DIR_ENV;
 use nccl_net_lossy::transport::socket::SocketConfig;
 use nccl_net_lossy::transport::wrap::inner::{check_loadable, InnerCheck};
 use nccl_net_lossy::{
-    check_forced_protocol, check_stats_dir, trace_setting, unguarded_ll_warning, wrap_target,
-    INTRA_NODE_THROUGH_NET, PLUGIN_NAME,
+    check_forced_protocol, check_p2p_ll, check_stats_dir, trace_setting, unguarded_ll_warning,
+    wrap_target, INTRA_NODE_THROUGH_NET, PLUGIN_NAME,
 };
 
 use super::validate::InitEnv;
@@ -151,6 +151,7 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
     }
     let user_proto = init.proto.clone().filter(|p| !p.is_empty());
     check_forced_protocol(&profile, user_proto.as_deref()).map_err(|err| err.to_string())?;
+    check_p2p_ll(&profile, &init.p2p_ll).map_err(|err| err.to_string())?;
     // Unset, NCCL_PROTO becomes Simple below; a user's value stays, so say what it leaves.
     if user_proto.is_some() {
         if let Some(warning) =

@@ -17,8 +17,9 @@ use nccl_net_lossy::stats::timeline::{TRACE_DIR_ENV, TRACE_EVENTS_ENV};
 use nccl_net_lossy::stats::writer::STATS_DIR_ENV;
 use nccl_net_lossy::transport::socket::SocketConfig;
 use nccl_net_lossy::{
-    check_forced_protocol, check_output_dirs_in_place, trace_capacity, unknown_comm_size_warning,
-    unused_stats_interval_warning, wrap_target, INNER_ENV,
+    check_forced_protocol, check_output_dirs_in_place, check_p2p_ll, trace_capacity,
+    unknown_comm_size_warning, unused_stats_interval_warning, wrap_target, P2pLlSettings,
+    INNER_ENV,
 };
 
 /// Arguments of `lossy validate`.
@@ -61,6 +62,8 @@ pub(crate) struct InitEnv {
     pub(crate) stats_dir: Option<std::ffi::OsString>,
     /// `NCCL_TUNER_PLUGIN`.
     pub(crate) tuner: Option<String>,
+    /// The settings that let NCCL send point-to-point transfers with LL.
+    pub(crate) p2p_ll: P2pLlSettings,
 }
 
 impl InitEnv {
@@ -74,6 +77,7 @@ impl InitEnv {
             trace_dir: var(TRACE_DIR_ENV)?,
             stats_dir: std::env::var_os(STATS_DIR_ENV),
             tuner: var("NCCL_TUNER_PLUGIN")?,
+            p2p_ll: P2pLlSettings::from_env().map_err(|e| e.to_string())?,
         })
     }
 }
@@ -111,6 +115,7 @@ pub(crate) fn load_checked(
     trace_capacity(&profile, env.trace_events.clone())?;
     check_output_dirs_in_place(&profile, env.stats_dir.clone(), env.trace_dir.clone())?;
     check_forced_protocol(&profile, env.proto.as_deref())?;
+    check_p2p_ll(&profile, &env.p2p_ll)?;
     Ok(profile)
 }
 
