@@ -283,9 +283,9 @@ impl<S: Side> Shared<S> {
         self.locked.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Moves what every socket can move now (the owner's inline progress). Never blocks.
+    /// Moves what every socket can move now (the owner's inline progress, in a call that
+    /// marks the owner active itself: `test`, or a post). Never blocks.
     pub(super) fn progress_all(&self) {
-        self.owner_active();
         for s in 0..self.cells.len() {
             self.progress_socket(s);
         }
@@ -385,6 +385,8 @@ impl<S: Side> Shared<S> {
         if !self.has_pool() || self.halted() {
             return;
         }
+        // The owner posting is the owner polling.
+        self.owner_active();
         for s in 0..self.cells.len() {
             self.arm(s, want);
         }
@@ -477,6 +479,11 @@ impl<S: Side> Shared<S> {
             )));
         }
         let not_in_flight = || Error::invalid_argument(format!("request {id} is not in flight"));
+        // Every `test` says the owner polls, one that finds its request done at once too:
+        // only those that ran progress said it, so once the pool thread had sent a message
+        // for an owner that looked away, the owner's next tests found theirs done, the owner
+        // looked gone for good, and the thread sent every later message itself.
+        self.owner_active();
         let mut state = self.slot_state[slot].load(Ordering::Acquire);
         if state == PENDING && !self.failed.load(Ordering::Acquire) {
             self.progress_all();
