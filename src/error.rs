@@ -96,3 +96,40 @@ impl From<std::io::Error> for Error {
         Error::new(kind, err.to_string())
     }
 }
+
+/// Most characters of a value, a key or a line of input that an error message echoes: past
+/// it the message shows the first ones and says how long the whole is. Every rank logs an
+/// `init` error, and a value of megabytes echoed whole made an error of megabytes.
+pub const ECHO_CHARS: usize = 60;
+
+/// `text` as an error message echoes it, written by `show` (as it is, quoted, between
+/// backticks): whole when it has at most [`ECHO_CHARS`] characters, else its first
+/// [`ECHO_CHARS`] and "…", followed by how long the whole is:
+/// "`a.a.a…` (80001 bytes in all)".
+pub fn echo(text: &str, show: impl FnOnce(&str) -> String) -> String {
+    match text.char_indices().nth(ECHO_CHARS) {
+        None => show(text),
+        Some((end, _)) => format!(
+            "{} ({} bytes in all)",
+            show(&format!("{}…", &text[..end])),
+            text.len()
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn echo_cuts_long_text_and_says_how_long_it_was() {
+        assert_eq!(echo("seed", str::to_string), "seed");
+        let exact = "é".repeat(ECHO_CHARS);
+        assert_eq!(echo(&exact, |t| format!("`{t}`")), format!("`{exact}`"));
+        let long = format!("{exact}x");
+        assert_eq!(
+            echo(&long, |t| format!("{t:?}")),
+            format!("\"{exact}…\" ({} bytes in all)", long.len())
+        );
+    }
+}

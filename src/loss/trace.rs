@@ -10,6 +10,7 @@
 
 use std::path::Path;
 
+use crate::error::echo;
 use crate::files::read_regular_file;
 use crate::loss::rng::NEVER;
 
@@ -66,6 +67,9 @@ const MAX_TRACE_PACKETS: u64 = 1 << 48;
 /// runs, one copy per process shared by every connection. docs/loss-models.md says the same.
 pub const MAX_TRACE_BYTES: u64 = 16 << 20;
 
+/// Longest path the system opens (Linux's `PATH_MAX`, 4096 with its NUL).
+const MAX_PATH_BYTES: usize = 4095;
+
 impl TraceData {
     /// Reads and parses the trace at `path`; errors name the file and line.
     pub fn load(
@@ -73,6 +77,13 @@ impl TraceData {
         format: TraceFormat,
         length: Option<u64>,
     ) -> Result<TraceData, String> {
+        // Refused before the system's error would echo it whole (megabytes, from a profile).
+        if path.as_os_str().len() > MAX_PATH_BYTES {
+            return Err(format!(
+                "{}: a path has at most {MAX_PATH_BYTES} bytes",
+                echo(&path.display().to_string(), str::to_string)
+            ));
+        }
         let text = read_regular_file(path, MAX_TRACE_BYTES, "trace")?;
         TraceData::parse(&text, format, length, &path.display().to_string())
     }
@@ -97,8 +108,9 @@ impl TraceData {
                     }
                     let too_large = || {
                         format!(
-                            "{name}:{}: packet index {body} is too large (at most {})",
+                            "{name}:{}: packet index {} is too large (at most {})",
                             i + 1,
+                            echo(body, str::to_string),
                             MAX_TRACE_PACKETS - 1
                         )
                     };
@@ -112,9 +124,10 @@ impl TraceData {
                         Err(_) => {
                             // Escaped: a CR or a NUL printed raw hides what is wrong.
                             return Err(format!(
-                                "{name}:{}: {body:?} is not a packet index (a non-negative \
+                                "{name}:{}: {} is not a packet index (a non-negative \
                                  integer)",
-                                i + 1
+                                i + 1,
+                                echo(body, |b| format!("{b:?}"))
                             ));
                         }
                     };
@@ -382,6 +395,29 @@ mod tests {
         // No loss listed over a stated length is a trace, of no loss.
         let t = TraceData::parse("", TraceFormat::Indices, Some(100), "d").unwrap();
         assert_eq!((t.runs.len(), t.length), (0, 100));
+    }
+
+    #[test]
+    fn a_huge_line_is_cut_in_the_error() {
+        // One line of 15 MiB gave an error of 15.7 MB through `lossy validate`, and a trace
+        // of /proc/self/environ printed the whole environment.
+        let whole = 15 << 20;
+        for (text, what) in [
+            ("x".repeat(whole), "is not a packet index"),
+            ("9".repeat(whole), "is too large"),
+        ] {
+            let err = TraceData::parse(&format!("1\n{text}\n"), TraceFormat::Indices, None, "d")
+                .unwrap_err();
+            let head: String = err.chars().take(300).collect();
+            assert!(err.len() < 300, "{} bytes: {head}", err.len());
+            assert!(
+                err.starts_with("d:2: ")
+                    && err.contains(what)
+                    && err.contains('…')
+                    && err.contains(&format!("{whole} bytes in all")),
+                "{head}"
+            );
+        }
     }
 
     fn replay(data: &TraceData, end: TraceEnd, start: u64, packets: u64) -> Vec<bool> {

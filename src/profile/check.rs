@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use crate::error::{echo, Error, Result};
 use crate::ids::{CollectiveId, Phase};
 use crate::loss::effect::MIN_MTU;
 use crate::loss::model::params::{param_type, ParamType, ParamValue};
@@ -101,13 +101,18 @@ impl Checker<'_> {
                         .chars()
                         .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
                 let shown = if plain {
-                    key.clone()
+                    echo(key, str::to_string)
                 } else {
-                    format!("{key:?}")
+                    echo(key, |k| format!("{k:?}"))
+                };
+                let full = if path.is_empty() {
+                    shown
+                } else {
+                    format!("{path}.{shown}")
                 };
                 return Err(self.bad_key(
                     node.at,
-                    &join(path, &shown),
+                    &full,
                     format!("unknown key; allowed: {}", allowed.join(", ")),
                 ));
             }
@@ -549,13 +554,14 @@ impl Checker<'_> {
     }
 }
 
+/// The dotted key `path.key` as errors name it (a long `key` cut, [`echo`]).
 fn join(path: &str, key: &str) -> String {
     // A key holding a control character (a NUL, a terminal escape) or a byte-order mark is
     // shown quoted and escaped: printed raw it hides what is wrong, or drives the terminal.
     let shown = if key.chars().any(|c| c.is_control() || c == '\u{feff}') {
-        format!("{key:?}")
+        echo(key, |k| format!("{k:?}"))
     } else {
-        key.to_string()
+        echo(key, str::to_string)
     };
     if path.is_empty() {
         shown

@@ -18,6 +18,8 @@ use crate::loss::model::{binary_size, short};
 use crate::loss::plan::Effect;
 use crate::loss::rules::{Action, Direction, Rule};
 
+#[cfg(test)]
+mod bounds_tests;
 mod check;
 #[cfg(test)]
 mod tests;

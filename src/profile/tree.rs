@@ -4,7 +4,7 @@
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
-use crate::error::{Error, Result};
+use crate::error::{echo, Error, Result};
 use crate::profile::check::TOP_KEYS;
 use crate::profile::MAX_KEY_SEGMENTS;
 
@@ -58,14 +58,14 @@ impl Node {
         }
     }
 
-    /// The value as written in errors.
+    /// The value as written in errors (a long string or literal cut, [`echo`]).
     pub(super) fn show(&self) -> String {
         match &self.val {
             Val::Table(_) => "{…}".into(),
             Val::Array(_) => "[…]".into(),
-            Val::Str(s) => format!("{s:?}"),
+            Val::Str(s) => echo(s, |s| format!("{s:?}")),
             Val::Int(i) => i.to_string(),
-            Val::BigInt(literal, _) => literal.clone(),
+            Val::BigInt(literal, _) => echo(literal, str::to_string),
             // Shown as a float: `mtu = 64.0` must not read "mtu = 64: must be an integer".
             Val::Float(f) if f.is_finite() && f.fract() == 0.0 => {
                 format!("{f}.0")
@@ -120,7 +120,12 @@ impl Invalid {
             .filter(|k| !k.is_empty())
             .chain(inner)
             .collect();
-        format!("{} = {}: {}", key.join("."), self.literal, self.message)
+        format!(
+            "{} = {}: {}",
+            echo(&key.join("."), str::to_string),
+            echo(&self.literal, str::to_string),
+            self.message
+        )
     }
 }
 
@@ -289,12 +294,13 @@ fn duplicate(doc: &DeTable<'_>, written: &str) -> String {
     let mut paths = Vec::new();
     dotted_paths(doc, "", name, &mut paths);
     let key = match paths.as_slice() {
-        [path] => path.clone(),
-        _ => name.to_string(),
+        [path] => path.as_str(),
+        _ => name,
     };
     format!(
-        " `{key}`: a key or table is set once in a profile (to change a value for one run, use \
-         NCCL_LOSSY_SET)"
+        " {}: a key or table is set once in a profile (to change a value for one run, use \
+         NCCL_LOSSY_SET)",
+        echo(key, |k| format!("`{k}`"))
     )
 }
 
@@ -360,24 +366,27 @@ pub(super) fn apply_overrides(
         }
         let Some((key, raw)) = item.split_once('=') else {
             return Err(Error::invalid_argument(format!(
-                "{source}: `{item}`: expected key=value, e.g. model.rate=0.01"
+                "{source}: {}: expected key=value, e.g. model.rate=0.01",
+                echo(item, |i| format!("`{i}`"))
             )));
         };
         let key = key.trim();
+        let shown_key = echo(key, str::to_string);
         // Checked before the key is split: a key of thousands of segments would nest the
         // tree (and `set_path`'s recursion) as deep.
         let segments = key.split('.').count();
         if segments > MAX_KEY_SEGMENTS {
             return Err(Error::invalid_argument(format!(
-                "{source}: `{}`: a key has at most {MAX_KEY_SEGMENTS} segments (like \
+                "{source}: {}: a key has at most {MAX_KEY_SEGMENTS} segments (like \
                  rules.0.model.rate), this one has {segments}",
-                cut(key, 60)
+                echo(key, |k| format!("`{k}`"))
             )));
         }
         let path: Vec<&str> = key.split('.').map(str::trim).collect();
         if path.iter().any(|p| p.is_empty()) {
             return Err(Error::invalid_argument(format!(
-                "{source}: `{key}`: not a dotted key (like model.rate or rules.0.effect)"
+                "{source}: {}: not a dotted key (like model.rate or rules.0.effect)",
+                echo(key, |k| format!("`{k}`"))
             )));
         }
         let raw = raw.trim();
@@ -403,8 +412,8 @@ pub(super) fn apply_overrides(
                     ""
                 };
                 return Err(Error::invalid_argument(format!(
-                    "{source}: {key} = `{}`: not valid TOML: {why}{hint}",
-                    cut(raw, 60)
+                    "{source}: {shown_key} = {}: not valid TOML: {why}{hint}",
+                    echo(raw, |r| format!("`{r}`"))
                 )));
             }
             // A bare word holding another override (`description=sweep model.rate=0.5`): a
@@ -412,10 +421,11 @@ pub(super) fn apply_overrides(
             Err(_) => match swallowed_override(raw) {
                 Some(inner) => {
                     return Err(Error::invalid_argument(format!(
-                        "{source}: {key} = `{}`: holds `{inner}`, another override: separate \
+                        "{source}: {shown_key} = {}: holds {}, another override: separate \
                          overrides with `;` (key=value;key=value), or quote a string that holds \
                          `=`",
-                        cut(raw, 60)
+                        echo(raw, |r| format!("`{r}`")),
+                        echo(inner, |i| format!("`{i}`"))
                     )))
                 }
                 None => None,
@@ -426,7 +436,7 @@ pub(super) fn apply_overrides(
             at: At::Set(layer),
         });
         set_path(root, &path, 0, value)
-            .map_err(|msg| Error::invalid_argument(format!("{source}: {key}: {msg}")))?;
+            .map_err(|msg| Error::invalid_argument(format!("{source}: {shown_key}: {msg}")))?;
     }
     Ok(())
 }
@@ -442,14 +452,6 @@ fn swallowed_override(raw: &str) -> Option<&str> {
                 TOP_KEYS.contains(&first)
             })
         })
-}
-
-/// `text`, or its first `max` characters and "…" when it is longer.
-fn cut(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        Some((end, _)) => format!("{}…", &text[..end]),
-        None => text.to_string(),
-    }
 }
 
 /// Splits `a=1;b="x;y"` at the `;` outside quotes: a quoted TOML string (basic `"..."` with
@@ -475,8 +477,8 @@ fn split_overrides<'a>(overrides: &'a str, source: &str) -> Result<Vec<&'a str>>
     }
     if let Some(q) = quote {
         return Err(Error::invalid_argument(format!(
-            "{source}: `{}`: unterminated {q} quote",
-            overrides[start..].trim()
+            "{source}: {}: unterminated {q} quote",
+            echo(overrides[start..].trim(), |o| format!("`{o}`"))
         )));
     }
     items.push(&overrides[start..]);
@@ -507,8 +509,9 @@ fn set_path(
                 None => {
                     if path[depth + 1].parse::<usize>().is_ok() {
                         return Err(format!(
-                            "{prefix} is not in the profile, so it has no entry {}",
-                            path[depth + 1]
+                            "{} is not in the profile, so it has no entry {}",
+                            echo(&prefix, str::to_string),
+                            echo(path[depth + 1], str::to_string)
                         ));
                     }
                     entries.push((head.to_string(), Node::table(value.at)));
@@ -518,7 +521,7 @@ fn set_path(
             set_path(&mut entries[i].1, path, depth + 1, value)
         }
         Val::Array(items) => {
-            let parent = path[..depth].join(".");
+            let parent = echo(&path[..depth].join("."), str::to_string);
             let index: usize = head.parse().map_err(|_| {
                 format!("{parent} is a list: address its entries by number, like {parent}.0")
             })?;
@@ -535,7 +538,7 @@ fn set_path(
         }
         _ => Err(format!(
             "{} is a value, not a table",
-            path[..depth].join(".")
+            echo(&path[..depth].join("."), str::to_string)
         )),
     }
 }

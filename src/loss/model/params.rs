@@ -3,6 +3,7 @@
 //! turn them into a [`ModelSpec`]. The profile parser, its "allowed: ..." messages and the
 //! documentation test all read the kinds and keys from here.
 
+use crate::error::echo;
 use crate::loss::model::{short, ModelError, ModelSpec, TraceSpec};
 use crate::loss::trace::{TraceEnd, TraceFormat, TraceStart};
 
@@ -236,8 +237,8 @@ impl ModelSpec {
             err(
                 "kind",
                 format!(
-                    "unknown model kind \"{}\"; allowed: {}",
-                    raw.kind,
+                    "unknown model kind {}; allowed: {}",
+                    echo(&raw.kind, |k| format!("\"{k}\"")),
                     kind_names()
                 ),
             )
