@@ -1,6 +1,7 @@
-//! What the profile's errors echo stays short: a value, a key or a trace line of megabytes
-//! is cut in the message, which says how long the whole was (every rank logs the message at
-//! init).
+//! What the profile's errors and warnings say stays short: a value, a key or a trace line of
+//! megabytes is cut in the message, which says how long the whole was, and a profile of many
+//! rules an earlier one covers gets a bounded number of warnings and a count of the rest
+//! (every rank logs them at init).
 
 use crate::profile::*;
 
@@ -191,4 +192,66 @@ fn a_huge_override_is_cut_wherever_its_error_echoes_it() {
     for (set, start, why, whole) in cases {
         assert_cut(&err("", &set), 400, start, &[why], whole);
     }
+}
+
+#[test]
+fn warnings_of_rules_covered_by_earlier_ones_are_capped_with_a_count() {
+    // 1024 identical rules with names of 3.9 KB: one warning per rule after the first, each
+    // naming both rules in full, 8 MB from `lossy validate` and 4 MB at every rank's init.
+    let name = "n".repeat(3900);
+    let rule = format!("[[rules]]\nname = \"{name}\"\ncollective = \"AllReduce\"\n");
+    let p = Profile::parse(&rule.repeat(MAX_RULES), "configs/x.toml", "").unwrap();
+    let warnings = p.warnings();
+    let bytes: usize = warnings.iter().map(String::len).sum();
+    let head: Vec<String> = warnings
+        .iter()
+        .take(3)
+        .map(|w| w.chars().take(400).collect())
+        .collect();
+    assert!(
+        bytes <= 8192,
+        "{} warnings, {bytes} bytes: {head:?}",
+        warnings.len()
+    );
+    let (last, listed) = warnings.split_last().expect("warnings");
+    assert!(
+        !listed.is_empty() && listed.iter().all(|w| w.contains("never decides a message")),
+        "{head:?}"
+    );
+    // Each listed warning names both rules, their names cut.
+    for w in listed {
+        assert!(
+            w.contains("rules.0 \"nnn")
+                && w.contains('…')
+                && w.contains("3900 bytes in all")
+                && w.len() < 1000,
+            "{w}"
+        );
+    }
+    // The rest are counted: every covered rule is listed or counted.
+    let left = MAX_RULES - 1 - listed.len();
+    assert!(
+        last.starts_with("configs/x.toml: ")
+            && last.contains(&format!("{left} more rules never decide a message"))
+            && last.contains(&format!("rules.{}", listed.len() + 1)),
+        "{last}"
+    );
+    // A few covered rules are all listed, and nothing is counted.
+    let p = Profile::parse(&rule.repeat(3), "configs/x.toml", "").unwrap();
+    let warnings = p.warnings();
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(warnings.iter().all(|w| !w.contains("more rules")));
+    // One warning longer than the cap by itself (a list of 2000 peers) is counted, and the
+    // count names the rule.
+    let peers: Vec<String> = (0..2000).map(|i| i.to_string()).collect();
+    let rule = format!("[[rules]]\npeer = [{}]\n", peers.join(", "));
+    let p = Profile::parse(&rule.repeat(2), "configs/x.toml", "").unwrap();
+    assert_eq!(
+        p.warnings(),
+        [
+            "configs/x.toml: … 1 more rule never decides a message, rules.1: it matches only \
+          messages an earlier rule matches (the first rule that matches decides; put the \
+          narrower rule first)"
+        ]
+    );
 }

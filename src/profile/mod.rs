@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value as Json};
 
-use crate::error::{Error, Result};
+use crate::error::{echo, Error, Result};
 use crate::files::read_regular_file;
 use crate::loss::engine::LossEngine;
 use crate::loss::model::{binary_size, short};
@@ -49,6 +49,9 @@ pub const MAX_RULES: usize = 1024;
 /// Longest one-line summary (`lossy validate`, the plugin's init log), in bytes: rules past it
 /// are counted, not listed.
 pub const MAX_SUMMARY_BYTES: usize = 4096;
+/// Most bytes of [`Profile::warnings`] listed (`lossy validate`, `lossy run`, every rank's
+/// init log): warnings past it are counted, not listed.
+pub const MAX_WARNINGS_BYTES: usize = 4096;
 /// Shortest `stats_interval`: each write rewrites the whole statistics file.
 pub const MIN_STATS_INTERVAL: Duration = Duration::from_millis(100);
 
@@ -380,28 +383,61 @@ impl Profile {
     /// What is valid but likely not what the author meant, one sentence each: a rule that
     /// never decides a message because an earlier rule matches every message it matches (the
     /// first matching rule decides). `lossy validate` and `lossy run` print these, and the
-    /// plugin logs them at init.
+    /// plugin logs them at init. They are listed up to [`MAX_WARNINGS_BYTES`] (rule names cut,
+    /// [`echo`]), and one last sentence counts the rest.
     pub fn warnings(&self) -> Vec<String> {
         let named = |i: usize, rule: &Rule| match &rule.name {
-            Some(name) => format!("rules.{i} \"{name}\" ({})", rule.when.describe()),
+            Some(name) => format!(
+                "rules.{i} {} ({})",
+                echo(name, |n| format!("\"{n}\"")),
+                rule.when.describe()
+            ),
             None => format!("rules.{i} ({})", rule.when.describe()),
         };
         let mut warnings = Vec::new();
+        let mut bytes = 0;
+        // Once one is left out, so are those after it: the list is the first ones, in order.
+        let mut left_out: Option<(usize, usize)> = None;
         for (j, later) in self.rules.iter().enumerate() {
-            if let Some((i, earlier)) = self.rules[..j]
+            let Some((i, earlier)) = self.rules[..j]
                 .iter()
                 .enumerate()
                 .find(|(_, earlier)| earlier.when.covers(&later.when))
-            {
-                warnings.push(format!(
-                    "{}: {} never decides a message: {} comes first and matches every message \
-                     it matches (the first rule that matches decides; put the narrower rule \
-                     first)",
-                    self.origin,
-                    named(j, later),
-                    named(i, earlier)
-                ));
+            else {
+                continue;
+            };
+            if let Some((_, count)) = &mut left_out {
+                *count += 1;
+                continue;
             }
+            let warning = format!(
+                "{}: {} never decides a message: {} comes first and matches every message it \
+                 matches (the first rule that matches decides; put the narrower rule first)",
+                self.origin,
+                named(j, later),
+                named(i, earlier)
+            );
+            if bytes + warning.len() > MAX_WARNINGS_BYTES {
+                left_out = Some((j, 1));
+                continue;
+            }
+            bytes += warning.len();
+            warnings.push(warning);
+        }
+        if let Some((first, count)) = left_out {
+            let which = if count == 1 {
+                format!("1 more rule never decides a message, rules.{first}: it matches")
+            } else {
+                format!(
+                    "{count} more rules never decide a message, the first of them \
+                     rules.{first}: each matches"
+                )
+            };
+            warnings.push(format!(
+                "{}: … {which} only messages an earlier rule matches (the first rule that \
+                 matches decides; put the narrower rule first)",
+                self.origin
+            ));
         }
         warnings
     }
