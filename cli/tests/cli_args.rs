@@ -214,6 +214,52 @@ fn demo_takes_a_blank_stats_variable_as_unset() {
 }
 
 #[test]
+fn demo_names_the_option_and_what_is_in_the_way_of_its_statistics_directory() {
+    // A file where the statistics directory goes said "cannot create PATH: File exists (os
+    // error 17)", naming neither the option nor what is in the way; `validate`, `run --stats`
+    // and the plugin's init say what it is.
+    let dir = fresh_dir("demo-stats-in-the-way");
+    let file = dir.join("regular");
+    std::fs::write(&file, "x").expect("write");
+    let fifo = dir.join("fifo");
+    common::make_fifo(&fifo);
+    let file_arg = file.to_str().expect("utf-8 path");
+    let out = lossy_str(&[
+        "demo",
+        "--ranks",
+        "2",
+        "--sizes",
+        "4K",
+        "--stats-dir",
+        file_arg,
+    ]);
+    assert_refused(
+        &out,
+        1,
+        &[
+            &format!("--stats-dir {file_arg}"),
+            &format!("{file_arg} is not a directory (a regular file)"),
+        ],
+    );
+    let fifo_arg = fifo.to_str().expect("utf-8 path");
+    let mut cmd = Command::new(lossy_exe());
+    cmd.args(["demo", "--ranks", "2", "--sizes", "4K"])
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .env("NCCL_LOSSY_STATS", &fifo)
+        .env_remove("NCCL_LOSSY_SET")
+        .env_remove("NCCL_LOSSY_PROFILE");
+    let out = common::output_within_10s(&mut cmd, "lossy demo with NCCL_LOSSY_STATS a FIFO");
+    assert_refused(
+        &out,
+        1,
+        &[
+            &format!("NCCL_LOSSY_STATS={fifo_arg}"),
+            &format!("{fifo_arg} is not a directory (a FIFO)"),
+        ],
+    );
+}
+
+#[test]
 fn run_print_env_with_a_command_is_refused() {
     // `--print-env -- train.py` printed the exports and exited 0 without running anything.
     let out = lossy_str(&["run", "--print-env", "--", "true"]);

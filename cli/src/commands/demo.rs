@@ -16,8 +16,8 @@ use crate::harness::scratch::ScratchDir;
 use crate::harness::worker::{Job, LinkKind, RunSpec};
 use nccl_net_lossy::profile::Profile;
 use nccl_net_lossy::stats::report::{stats_files, summarize_run, RunSummary};
-use nccl_net_lossy::stats::writer::{dir_setting, StatsFile, STATS_DIR_ENV};
-use nccl_net_lossy::Result;
+use nccl_net_lossy::stats::writer::{check_output_dir, dir_setting, StatsFile, STATS_DIR_ENV};
+use nccl_net_lossy::{check_stats_dir, Result};
 
 /// Arguments of `lossy demo`.
 #[derive(clap::Args, Debug)]
@@ -80,14 +80,23 @@ fn demo(args: &Args) -> Result<bool> {
     // A blank value is unset, as the plugin reads it.
     let inherited = dir_setting(std::env::var_os(STATS_DIR_ENV)).map(PathBuf::from);
     // A temporary directory goes when the demo ends, whichever way it ends.
-    let (stats_dir, scratch) = match args.stats_dir.clone().or(inherited) {
-        Some(dir) => {
-            std::fs::create_dir_all(&dir).map_err(|e| {
-                nccl_net_lossy::Error::system(format!("cannot create {}: {e}", dir.display()))
+    // Checked as `run --stats` and the plugin's init check theirs (created, a file can be
+    // written in it), naming what is in the way and the option or variable that named it.
+    let (stats_dir, scratch) = match (args.stats_dir.clone(), inherited) {
+        (Some(dir), _) => {
+            check_output_dir(&dir, "stats").map_err(|e| {
+                e.context(format!(
+                    "--stats-dir {}: statistics cannot be written there",
+                    dir.display()
+                ))
             })?;
             (dir, None)
         }
-        None => {
+        (None, Some(dir)) => {
+            check_stats_dir()?;
+            (dir, None)
+        }
+        (None, None) => {
             let scratch = ScratchDir::new("lossy-demo")?;
             (scratch.path().to_path_buf(), Some(scratch))
         }
