@@ -435,7 +435,7 @@ pub(crate) fn write_atomically_with(
 ) -> Result<PathBuf> {
     let path = dir.join(name);
     let failed = |e: std::io::Error| Error::system(format!("cannot write {}: {e}", path.display()));
-    let (tmp, file) = create_temporary(dir, name).map_err(failed)?;
+    let (tmp, file) = create_temporary(dir, name, ".tmp").map_err(failed)?;
     let mut out = std::io::BufWriter::with_capacity(1 << 16, file);
     let written = encode(&mut out)
         .and_then(|()| out.into_inner().map_err(|e| e.into_error()))
@@ -452,13 +452,52 @@ pub(crate) fn write_atomically_with(
     Ok(path)
 }
 
-/// Creates a new hidden temporary for `dir/name`, a name no other write uses.
-fn create_temporary(dir: &Path, name: &str) -> std::io::Result<(PathBuf, fs::File)> {
+/// Replaces the file at `path` as [`write_atomically`] does, for a writer that insists on a
+/// path (an image library): `write` writes a new hidden temporary beside `path` that ends in
+/// `path`'s extension (such a writer may take the format from it), which is then synced and
+/// renamed over `path`. A write or rename that fails removes the temporary, and a file that
+/// was at `path` stays as it was. The error is the cause alone (`write`'s own, or the
+/// system's): the caller names the file.
+pub fn replace_atomically(
+    path: &Path,
+    write: impl FnOnce(&Path) -> std::result::Result<(), String>,
+) -> std::result::Result<(), String> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| "not a file name".to_string())?
+        .to_string_lossy();
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let suffix = match path.extension() {
+        Some(ext) => format!(".tmp.{}", ext.to_string_lossy()),
+        None => ".tmp".to_string(),
+    };
+    let (tmp, file) = create_temporary(dir, &name, &suffix)
+        .map_err(|e| format!("cannot create a temporary file in {}: {e}", dir.display()))?;
+    drop(file);
+    let written = write(&tmp).and_then(|()| {
+        fs::File::open(&tmp)
+            .and_then(|file| file.sync_all())
+            .and_then(|()| fs::rename(&tmp, path))
+            .map_err(|e| e.to_string())
+    });
+    if written.is_err() {
+        // Best effort: the error that matters is the write's.
+        let _ = fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// Creates a new hidden temporary for `dir/name`, a name no other write uses, ending in
+/// `suffix`.
+fn create_temporary(dir: &Path, name: &str, suffix: &str) -> std::io::Result<(PathBuf, fs::File)> {
     let pid = std::process::id();
     let mut attempt = 0;
     loop {
         let n = TEMPORARIES.fetch_add(1, Ordering::Relaxed);
-        let tmp = dir.join(format!(".{name}.{pid}-{n}.tmp"));
+        let tmp = dir.join(format!(".{name}.{pid}-{n}{suffix}"));
         match fs::OpenOptions::new()
             .write(true)
             .create_new(true)

@@ -10,6 +10,7 @@ use plotters::prelude::*;
 use super::report_steps::{self, RunSteps};
 use nccl_net_lossy::loss::model::binary_size;
 use nccl_net_lossy::stats::report::{load_run, OpSummary, RunSummary};
+use nccl_net_lossy::stats::writer::replace_atomically;
 
 /// Arguments of `lossy report`.
 #[derive(clap::Args, Debug)]
@@ -122,7 +123,9 @@ fn emit<T: serde::Serialize>(
         return ExitCode::FAILURE;
     }
     if let Some(path) = &args.plot {
-        if let Err(err) = plot(path) {
+        // Drawn into a temporary renamed over the file: a write that fails (a full disk)
+        // leaves an older plot as it was, not a part of the new one.
+        if let Err(err) = replace_atomically(path, plot) {
             eprintln!("lossy report: cannot draw {}: {err}", path.display());
             return ExitCode::FAILURE;
         }
