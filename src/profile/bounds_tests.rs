@@ -255,3 +255,34 @@ fn warnings_of_rules_covered_by_earlier_ones_are_capped_with_a_count() {
         ]
     );
 }
+
+#[test]
+fn a_retransmit_wait_of_a_second_or_more_per_message_is_warned_about() {
+    // mtu 64, a 10 s timeout and half the packets lost: a 512 KiB message waits some 5.7
+    // hours on average, which `lossy validate` printed as a number and accepted without a
+    // word (a benchmark sat until its deadline).
+    let p = |text: &str| Profile::parse(text, "configs/x.toml", "").expect("a valid profile");
+    let slow = p("mtu = 64\nretransmit_timeout_us = 10000000\n\
+                  model = { kind = \"uniform\", rate = 0.5 }\n");
+    let warnings = slow.warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    let w = &warnings[0];
+    assert!(
+        w.starts_with("configs/x.toml: default")
+            && w.contains("512 KiB message waits 20482.5 s on average")
+            && w.contains("retransmit_timeout_us"),
+        "{w}"
+    );
+    // A rule of its own, named; 200 us at 1% (the default timeout) is nothing to say.
+    let rule = p(
+        "model = { kind = \"uniform\", rate = 0.01 }\n[[rules]]\nname = \"slow\"\n\
+                  collective = \"AllReduce\"\nretransmit_timeout_us = 1000000\n\
+                  model = { kind = \"uniform\", rate = 0.2 }\n",
+    );
+    let warnings = rule.warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("rules.0 \"slow\""), "{}", warnings[0]);
+    // Data-loss effects wait for nothing.
+    let zero = p("effect = \"zero\"\nmtu = 64\nmodel = { kind = \"uniform\", rate = 0.5 }\n");
+    assert!(zero.warnings().is_empty(), "{:?}", zero.warnings());
+}

@@ -161,6 +161,10 @@ fn burst_spacing(rate: f64, burst: f64, mtu: u32) -> String {
 /// Reference message of [`expected_wait`]: NCCL's 512 KiB slices of a large transfer.
 const WAIT_REFERENCE_BYTES: u64 = 512 << 10;
 
+/// Seconds of retransmit wait per [`WAIT_REFERENCE_BYTES`] message from which a profile is
+/// warned about: a step of a training run posts hundreds of such messages.
+const LONG_WAIT_S: f64 = 1.0;
+
 /// For a `retransmit` action that can lose: the loss events a 512 KiB message has on average
 /// and the time they add (one timeout each, docs/loss-models.md). Each run of losses within
 /// a message is one event: its first packet is lost with probability `rate`, and a run
@@ -436,6 +440,53 @@ impl Profile {
             warnings.push(format!(
                 "{}: … {which} only messages an earlier rule matches (the first rule that \
                  matches decides; put the narrower rule first)",
+                self.origin
+            ));
+        }
+        warnings.extend(self.long_wait_warnings(&named));
+        warnings
+    }
+
+    /// A warning for each action (the defaults, then each rule) whose retransmissions make a
+    /// 512 KiB message wait [`LONG_WAIT_S`] or more on average, up to [`MAX_WARNINGS_BYTES`],
+    /// then a count of the rest: every value may be in range while together they stall a job
+    /// for hours (mtu 64, a 10 s timeout, half the packets lost: 5.7 hours a message).
+    fn long_wait_warnings(&self, named: &dyn Fn(usize, &Rule) -> String) -> Vec<String> {
+        let actions = std::iter::once(("default".to_string(), &self.defaults)).chain(
+            self.rules
+                .iter()
+                .enumerate()
+                .map(|(i, rule)| (named(i, rule), &rule.action)),
+        );
+        let (mut warnings, mut bytes, mut left_out) = (Vec::new(), 0, 0);
+        for (which, action) in actions {
+            let Some((events, wait_us)) = expected_wait(action) else {
+                continue;
+            };
+            if wait_us < LONG_WAIT_S * 1e6 {
+                continue;
+            }
+            let warning = format!(
+                "{}: {which}: a 512 KiB message waits {} s on average for its retransmissions \
+                 ({} loss events x {} us): collectives crawl, and a watchdog (PyTorch's NCCL \
+                 timeout) may end the job; lower retransmit_timeout_us or the loss, or raise \
+                 mtu",
+                self.origin,
+                short(wait_us / 1e6),
+                short(events),
+                short(action.retransmit_timeout.as_secs_f64() * 1e6)
+            );
+            if left_out > 0 || bytes + warning.len() > MAX_WARNINGS_BYTES {
+                left_out += 1;
+                continue;
+            }
+            bytes += warning.len();
+            warnings.push(warning);
+        }
+        if left_out > 0 {
+            warnings.push(format!(
+                "{}: … {left_out} more rule(s) make a 512 KiB message wait {LONG_WAIT_S} s or \
+                 more on average for its retransmissions",
                 self.origin
             ));
         }
