@@ -9,12 +9,27 @@ use std::path::Path;
 /// and checked on the open descriptor, so nothing can be swapped in between. `what` names the
 /// file's role in errors ("profile", "trace").
 pub fn read_regular_file(path: &Path, cap: u64, what: &str) -> Result<String, String> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let allowed = format!(
+    let (file, meta) = open_regular_file(path, cap, what)?;
+    read_opened_file(file, &meta, path, cap, what)
+}
+
+/// What [`read_regular_file`] accepts, said in its errors.
+fn allowed(what: &str, cap: u64) -> String {
+    format!(
         "a {what} must be a regular file of at most {}",
         human_bytes(cap)
-    );
+    )
+}
+
+/// Opens a regular file of at most `cap` bytes, as [`read_regular_file`] does, without
+/// reading it: the file and the metadata of the open descriptor, whose device and inode name
+/// the file itself, whichever path (a link, another spelling) reached it.
+pub fn open_regular_file(
+    path: &Path,
+    cap: u64,
+    what: &str,
+) -> Result<(std::fs::File, std::fs::Metadata), String> {
+    use std::os::unix::fs::OpenOptionsExt;
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
@@ -24,9 +39,10 @@ pub fn read_regular_file(path: &Path, cap: u64, what: &str) -> Result<String, St
             // if it were missing: say what is there instead.
             match std::fs::metadata(path) {
                 Ok(meta) if !meta.is_file() => format!(
-                    "{}: not a regular file ({}); {allowed}",
+                    "{}: not a regular file ({}); {}",
                     path.display(),
-                    file_kind(&meta.file_type())
+                    file_kind(&meta.file_type()),
+                    allowed(what, cap)
                 ),
                 _ => format!("{}: cannot read {what}: {err}", path.display()),
             }
@@ -38,26 +54,42 @@ pub fn read_regular_file(path: &Path, cap: u64, what: &str) -> Result<String, St
     if !kind.is_file() {
         let is = file_kind(&kind);
         return Err(format!(
-            "{}: not a regular file ({is}); {allowed}",
-            path.display()
+            "{}: not a regular file ({is}); {}",
+            path.display(),
+            allowed(what, cap)
         ));
     }
     if meta.len() > cap {
         return Err(format!(
-            "{}: {} bytes, larger than the limit; {allowed}",
+            "{}: {} bytes, larger than the limit; {}",
             path.display(),
-            meta.len()
+            meta.len(),
+            allowed(what, cap)
         ));
     }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    Ok((file, meta))
+}
+
+/// Reads the text of a file [`open_regular_file`] opened (`meta` is what it returned), at
+/// most `cap` bytes: a file that grew past it since it was opened is refused.
+pub fn read_opened_file(
+    file: std::fs::File,
+    meta: &std::fs::Metadata,
+    path: &Path,
+    cap: u64,
+    what: &str,
+) -> Result<String, String> {
+    use std::io::Read;
+    let mut bytes = Vec::with_capacity(meta.len().min(cap) as usize);
     // One byte more than the cap tells a file that grew since the check.
     file.take(cap + 1)
         .read_to_end(&mut bytes)
         .map_err(|err| format!("{}: cannot read {what}: {err}", path.display()))?;
     if bytes.len() as u64 > cap {
         return Err(format!(
-            "{}: grew past the limit while read; {allowed}",
-            path.display()
+            "{}: grew past the limit while read; {}",
+            path.display(),
+            allowed(what, cap)
         ));
     }
     String::from_utf8(bytes).map_err(|err| {

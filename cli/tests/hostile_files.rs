@@ -141,6 +141,74 @@ fn a_socket_or_a_non_utf8_profile_is_refused_saying_what_and_where() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+#[test]
+fn traces_that_keep_more_than_the_limit_together_are_refused_by_validate_simulate_and_init() {
+    // Each trace file was limited, not a profile's traces together, and a link to a loaded
+    // file loaded it again: 12 links to one 16 MiB bitmap held 1.7 GB in `lossy simulate`,
+    // and `validate` under a 1.2 GB `ulimit -v` aborted ("memory allocation of 67108864
+    // bytes failed"). Here every bitmap alternates 1 and 0 over 16 MiB, so each keeps
+    // 8388608 runs of 16 bytes: 128 MiB. The links to the first share its copy; the third
+    // distinct file takes the total to 384 MiB, over the limit of 256 MiB.
+    let dir = common::fresh_dir("trace-budget");
+    let bitmap = "10".repeat(8 << 20);
+    for name in ["a.bitmap", "b.bitmap", "c.bitmap"] {
+        std::fs::write(dir.join(name), &bitmap).expect("write a trace");
+    }
+    std::os::unix::fs::symlink(dir.join("a.bitmap"), dir.join("link.bitmap")).expect("link");
+    std::fs::hard_link(dir.join("a.bitmap"), dir.join("hard.bitmap")).expect("hard link");
+    let mut text = String::new();
+    for (peer, file) in ["a", "link", "hard", "b", "link", "c"].iter().enumerate() {
+        text.push_str(&format!(
+            "[[rules]]\npeer = {peer}\nmodel = {{ kind = \"trace\", file = \"{file}.bitmap\", \
+             format = \"bitmap\" }}\n"
+        ));
+    }
+    let profile = dir.join("p.toml");
+    std::fs::write(&profile, text).expect("write the profile");
+    let profile = path_str(&profile);
+    let expected = [
+        format!("{profile}:18: rules.5.model.file = \"c.bitmap\": "),
+        format!("{}: ", dir.join("c.bitmap").display()),
+        "would keep 384.0 MiB".to_string(),
+        "over the limit of 256.0 MiB".to_string(),
+    ];
+    let check = |stderr: &str, what: &str| {
+        for part in &expected {
+            assert!(
+                stderr.contains(part.as_str()),
+                "{what}: no {part:?} in {stderr}"
+            );
+        }
+    };
+    for args in [
+        &["validate", profile][..],
+        &["simulate", "--packets", "100", profile][..],
+    ] {
+        let out = output_within_10s(Command::new(lossy_exe()).args(args), args[0]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        check(&stderr, args[0]);
+    }
+    let (stdout, stderr) = init_only(&[("NCCL_LOSSY_PROFILE", profile)], "init");
+    assert!(stdout.contains("INIT failed"), "{stdout}\n{stderr}");
+    check(&stderr, "init");
+    // Without the last file the profile loads: two distinct traces, 256 MiB.
+    let two = dir.join("two.toml");
+    let text = std::fs::read_to_string(profile).expect("read the profile");
+    let cut = text.rfind("[[rules]]").expect("a rule");
+    std::fs::write(&two, &text[..cut]).expect("write");
+    let out = output_within_10s(
+        Command::new(lossy_exe()).args(["validate", path_str(&two)]),
+        "validate",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// The child side of the tests above: acts on [`ROLE_ENV`].
 #[test]
 #[ignore = "run by the other tests of this file in a process of its own"]

@@ -9,6 +9,7 @@
 //! In both, `#` starts a comment that runs to the end of the line, and blank lines are ignored.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use crate::error::echo;
 use crate::files::read_regular_file;
@@ -52,8 +53,9 @@ pub enum TraceStart {
 /// A loaded trace: its lost packets as sorted, disjoint, non-adjacent runs `(start, len)`.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct TraceData {
-    /// Lost runs, sorted; adjacent indices are merged into one run.
-    pub runs: Vec<(u64, u64)>,
+    /// Lost runs, sorted; adjacent indices are merged into one run. Shared by the traces of
+    /// one file that differ in `length` only.
+    pub runs: Arc<Vec<(u64, u64)>>,
     /// Length of the trace in packets (every run ends at or before it).
     pub length: u64,
 }
@@ -62,9 +64,12 @@ pub struct TraceData {
 const MAX_TRACE_PACKETS: u64 = 1 << 48;
 
 /// Largest trace file we read, in bytes. Memory while loading is at most the text plus 8 bytes
-/// per listed index (each index takes at least 2 bytes of text, so under 4x the file: 64 MiB)
-/// plus 16 bytes per lost run (under 8x the file: 128 MiB); what stays for the run is the
-/// runs, one copy per process shared by every connection. docs/loss-models.md says the same.
+/// per listed index of the indices format (each index takes at least 2 bytes of text, so
+/// under 4x the file: 64 MiB) plus 16 bytes per lost run (a run takes at least 2 bytes of
+/// text in either format, so under 8x the file: 128 MiB); what stays for the run is the runs,
+/// one copy per file and process shared by every connection and rule, and a profile's traces
+/// together keep at most [`crate::loss::model::MAX_LOADED_TRACE_BYTES`].
+/// docs/loss-models.md says the same.
 pub const MAX_TRACE_BYTES: u64 = 16 << 20;
 
 /// Longest path the system opens (Linux's `PATH_MAX`, 4096 with its NUL).
@@ -95,9 +100,17 @@ impl TraceData {
         length: Option<u64>,
         name: &str,
     ) -> Result<TraceData, String> {
+        TraceData::parse_runs(text, format, name)?.with_length(format, length, name)
+    }
+
+    /// Parses trace text into its runs, the trace as long as the text makes it (the largest
+    /// index + 1, or the number of `0`/`1`s; 0 for none): [`TraceData::with_length`] then
+    /// applies a profile's `length` and refuses a trace of no packets.
+    pub fn parse_runs(text: &str, format: TraceFormat, name: &str) -> Result<TraceData, String> {
         // A byte-order mark, which some editors write first, is not part of the trace.
         let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         let mut lost: Vec<u64> = Vec::new();
+        let mut runs: Vec<(u64, u64)> = Vec::new();
         let mut packets = 0u64;
         match format {
             TraceFormat::Indices => {
@@ -136,33 +149,16 @@ impl TraceData {
                 lost.sort_unstable();
                 lost.dedup();
                 packets = lost.last().map_or(0, |&last| last + 1);
-                if let Some(len) = length {
-                    if len > MAX_TRACE_PACKETS {
-                        return Err(format!(
-                            "{name}: length = {len} is too long (at most {MAX_TRACE_PACKETS} packets)"
-                        ));
-                    }
-                    if len < packets {
-                        return Err(format!(
-                            "{name}: length = {len} but the trace loses packet {}: length must be larger than every index",
-                            packets - 1
-                        ));
-                    }
-                    packets = len;
-                }
             }
             TraceFormat::Bitmap => {
-                if length.is_some() {
-                    return Err(format!(
-                        "{name}: length applies to the indices format only; a bitmap's length is its number of 0/1 characters"
-                    ));
-                }
                 for (i, line) in text.lines().enumerate() {
                     for c in strip_comment(line).chars() {
                         match c {
                             '0' => packets += 1,
                             '1' => {
-                                lost.push(packets);
+                                // Straight into the runs: a list of every lost packet
+                                // would take 8 bytes per `1` on top.
+                                push_lost(&mut runs, packets);
                                 packets += 1;
                             }
                             c if c.is_whitespace() => {}
@@ -177,6 +173,48 @@ impl TraceData {
                 }
             }
         }
+        for index in lost {
+            push_lost(&mut runs, index);
+        }
+        // What stays is what the runs hold: not up to twice that, as the vector grew.
+        runs.shrink_to_fit();
+        Ok(TraceData {
+            runs: Arc::new(runs),
+            length: packets,
+        })
+    }
+
+    /// This trace (from [`TraceData::parse_runs`]) with a profile's `length` applied, sharing
+    /// its runs; refuses a trace of no packets.
+    pub fn with_length(
+        &self,
+        format: TraceFormat,
+        length: Option<u64>,
+        name: &str,
+    ) -> Result<TraceData, String> {
+        let mut packets = self.length;
+        match (format, length) {
+            (_, None) => {}
+            (TraceFormat::Bitmap, Some(_)) => {
+                return Err(format!(
+                    "{name}: length applies to the indices format only; a bitmap's length is its number of 0/1 characters"
+                ))
+            }
+            (TraceFormat::Indices, Some(len)) => {
+                if len > MAX_TRACE_PACKETS {
+                    return Err(format!(
+                        "{name}: length = {len} is too long (at most {MAX_TRACE_PACKETS} packets)"
+                    ));
+                }
+                if len < packets {
+                    return Err(format!(
+                        "{name}: length = {len} but the trace loses packet {}: length must be larger than every index",
+                        packets - 1
+                    ));
+                }
+                packets = len;
+            }
+        }
         if packets == 0 {
             return Err(format!(
                 "{name}: no packets: the file lists no lost packet index and no length is set \
@@ -184,17 +222,15 @@ impl TraceData {
                  packet (for a trace of no loss, set length with format = \"indices\")"
             ));
         }
-        let mut runs: Vec<(u64, u64)> = Vec::new();
-        for index in lost {
-            match runs.last_mut() {
-                Some((start, len)) if *start + *len == index => *len += 1,
-                _ => runs.push((index, 1)),
-            }
-        }
         Ok(TraceData {
-            runs,
+            runs: Arc::clone(&self.runs),
             length: packets,
         })
+    }
+
+    /// Bytes this trace's runs keep in memory (16 a run, as allocated).
+    pub fn kept_bytes(&self) -> u64 {
+        (self.runs.capacity() * std::mem::size_of::<(u64, u64)>()) as u64
     }
 
     /// Lost packets in one pass.
@@ -231,6 +267,14 @@ impl TraceData {
         } else {
             lost as f64 / bursts as f64
         }
+    }
+}
+
+/// Adds lost packet `index`, at or after every packet in `runs`, to the runs.
+fn push_lost(runs: &mut Vec<(u64, u64)>, index: u64) {
+    match runs.last_mut() {
+        Some((start, len)) if *start + *len == index => *len += 1,
+        _ => runs.push((index, 1)),
     }
 }
 
@@ -321,7 +365,7 @@ mod tests {
             "t",
         )
         .unwrap();
-        assert_eq!(t.runs, vec![(3, 3), (9, 1)]);
+        assert_eq!(*t.runs, vec![(3, 3), (9, 1)]);
         assert_eq!(t.length, 10);
         assert_eq!(t.lost_packets(), 4);
         assert!((t.loss_rate() - 0.4).abs() < 1e-12);
@@ -333,7 +377,7 @@ mod tests {
     #[test]
     fn bitmap_parses_and_wrap_joins_edge_runs() {
         let t = TraceData::parse("1100\n0011 # c\n", TraceFormat::Bitmap, None, "t").unwrap();
-        assert_eq!(t.runs, vec![(0, 2), (6, 2)]);
+        assert_eq!(*t.runs, vec![(0, 2), (6, 2)]);
         assert_eq!(t.length, 8);
         assert!((t.mean_burst(TraceEnd::Stop) - 2.0).abs() < 1e-12);
         // Wrapping, the run at the end continues into the run at the start: one burst of 4.
@@ -379,9 +423,9 @@ mod tests {
         assert!(err.contains(r"'\0' is not allowed"), "{err}");
         // A byte-order mark (what some editors put first) is not data.
         let t = TraceData::parse("\u{feff}5\n", TraceFormat::Indices, None, "d").unwrap();
-        assert_eq!(t.runs, vec![(5, 1)]);
+        assert_eq!(*t.runs, vec![(5, 1)]);
         let t = TraceData::parse("\u{feff}01\n", TraceFormat::Bitmap, None, "b").unwrap();
-        assert_eq!((t.runs.clone(), t.length), (vec![(1, 1)], 2));
+        assert_eq!((t.runs.to_vec(), t.length), (vec![(1, 1)], 2));
         // A trace of no packets (an empty or comment-only file) replays nothing: the run it
         // was meant to make lossy would run lossless without a word.
         for (text, format) in [

@@ -23,6 +23,8 @@ mod bounds_tests;
 mod check;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod trace_tests;
 mod tree;
 
 /// Environment variable naming the profile file.

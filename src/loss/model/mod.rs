@@ -15,17 +15,19 @@
 //! reproduces those per-packet processes in distribution (tests check it against a per-packet
 //! reference), not draw for draw.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use crate::loss::trace::{TraceData, TraceEnd, TraceFormat, TraceStart};
 
 mod closed_form;
+mod loaded;
 pub mod params;
 mod state;
 #[cfg(test)]
 pub(crate) mod tests;
 
+pub use loaded::{LoadedTraces, MAX_LOADED_TRACE_BYTES};
 pub use params::{kind_names, model_keys, RawModel, MODEL_KINDS, MODEL_PARAMS};
 pub use state::ModelState;
 
@@ -67,10 +69,6 @@ pub enum ModelSpec {
     /// A recorded drop pattern replayed from a file.
     Trace(TraceSpec),
 }
-
-/// The traces one profile has loaded, by (file, format, length), for
-/// [`ModelSpec::load_trace`] to share among the rules that name the same one.
-pub type LoadedTraces = Vec<((PathBuf, TraceFormat, Option<u64>), Arc<TraceData>)>;
 
 /// Where a trace comes from and how it is replayed.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -166,9 +164,10 @@ impl ModelSpec {
     }
 
     /// Reads a trace model's file (relative paths from `base`); other kinds: nothing to do.
-    /// A trace `loaded` already holds (same file, format and length: another rule naming it)
-    /// is shared, not read again: each copy holds 16 bytes per lost run, so rules naming one
-    /// trace would multiply the memory by their number.
+    /// A file `loaded` already holds (the same file, by any path: another rule naming it) is
+    /// shared, not read again: each copy holds 16 bytes per lost run, so rules naming one
+    /// trace would multiply the memory by their number; and all the profile's traces together
+    /// keep at most [`MAX_LOADED_TRACE_BYTES`].
     pub fn load_trace(
         &mut self,
         base: Option<&Path>,
@@ -180,20 +179,13 @@ impl ModelSpec {
                 Some(dir) if path.is_relative() => dir.join(path),
                 _ => path.to_path_buf(),
             };
-            let key = (path, spec.format, spec.length);
-            if let Some((_, data)) = loaded.iter().find(|(k, _)| *k == key) {
-                spec.data = Some(Arc::clone(data));
-                return Ok(());
-            }
-            let data = TraceData::load(&key.0, spec.format, spec.length).map_err(|message| {
-                ModelError {
+            let data = loaded
+                .load(&path, spec.format, spec.length)
+                .map_err(|message| ModelError {
                     key: "file",
                     message,
-                }
-            })?;
-            let data = Arc::new(data);
-            spec.data = Some(Arc::clone(&data));
-            loaded.push((key, data));
+                })?;
+            spec.data = Some(data);
         }
         Ok(())
     }
