@@ -8,11 +8,9 @@
 //!
 //! In both, `#` starts a comment that runs to the end of the line, and blank lines are ignored.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::echo;
-use crate::files::read_regular_file;
 use crate::loss::rng::NEVER;
 
 /// How the file lists the drops.
@@ -72,27 +70,7 @@ const MAX_TRACE_PACKETS: u64 = 1 << 48;
 /// docs/loss-models.md says the same.
 pub const MAX_TRACE_BYTES: u64 = 16 << 20;
 
-/// Longest path the system opens (Linux's `PATH_MAX`, 4096 with its NUL).
-const MAX_PATH_BYTES: usize = 4095;
-
 impl TraceData {
-    /// Reads and parses the trace at `path`; errors name the file and line.
-    pub fn load(
-        path: &Path,
-        format: TraceFormat,
-        length: Option<u64>,
-    ) -> Result<TraceData, String> {
-        // Refused before the system's error would echo it whole (megabytes, from a profile).
-        if path.as_os_str().len() > MAX_PATH_BYTES {
-            return Err(format!(
-                "{}: a path has at most {MAX_PATH_BYTES} bytes",
-                echo(&path.display().to_string(), str::to_string)
-            ));
-        }
-        let text = read_regular_file(path, MAX_TRACE_BYTES, "trace")?;
-        TraceData::parse(&text, format, length, &path.display().to_string())
-    }
-
     /// Parses trace text; `name` labels errors.
     pub fn parse(
         text: &str,
