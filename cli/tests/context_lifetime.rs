@@ -6,8 +6,10 @@
 //! holds). A parent destroyed before its child leaves the child's later connections
 //! (made lazily, at first use) going through `listen`/`connect` with the parent's finalized
 //! context (src/transport/net.cc). NCCL's Socket and IB plugins ignore the context, so that
-//! works there; it must work here. Once the last context is finalized, no shared proxy is
-//! left (it goes before the last `finalize`), and a finalized context is an error.
+//! works there; it must work here (2.28.3 drives the v11 table). Once the last context is
+//! finalized, no shared proxy is left (it goes before the last `finalize`), and a finalized
+//! context is an error. NCCL 2.30 (v12) shares a parent's context with its children and
+//! finalizes it once: a v12 context is freed at its `finalize`.
 //!
 //! Each case runs in a process of its own, so that no other test's context holds the plugin.
 
@@ -62,6 +64,18 @@ fn after_the_last_finalize_a_context_is_an_error_even_when_its_memory_is_reused(
     run("reuse");
 }
 
+#[test]
+fn a_v12_context_is_freed_at_its_finalize_while_another_holds_the_plugin() {
+    run("v12");
+}
+
+/// The v11 table (NCCL 2.28-2.29), seen through the v12 type the helpers take.
+fn table_v11() -> &'static ncclNet_v12_t {
+    // SAFETY: ncclNetPlugin_v11 has the v12 table's layout (the same entry points in the same
+    // order; only getProperties' properties type differs, which these tests never call).
+    unsafe { common::library_table::<ncclNet_v12_t>("ncclNetPlugin_v11") }
+}
+
 /// The cases above, each in its own process.
 #[test]
 #[ignore = "run by the other tests of this file in a process of its own"]
@@ -72,12 +86,52 @@ fn context_lifetime_child() {
     let t = common::table_v12();
     match role.as_str() {
         "split" => {
+            let t = table_v11();
             // NCCL 2.28.3's order: the parent's init, the child's (splitShare: the child's
             // own context, which the shared proxy never uses), the parent destroyed first.
             let parent = common::raw_context(t, 0x2283, None);
             let child = common::raw_context(t, 0x2284, None);
+            // A connect of the child's under way through the shared proxy when the parent is
+            // destroyed (its peer has not accepted yet): it goes on after the finalize, with
+            // the same handle, as NCCL's plugins (which keep a connect's state in the handle)
+            // let it.
+            let mut handle = [0u8; 128];
+            let mut early_lc = null_mut();
+            // SAFETY: a 128-byte handle buffer and a valid out-pointer, as NCCL passes them.
+            let rc = unsafe {
+                t.listen.expect("listen")(parent, 0, handle.as_mut_ptr().cast(), &mut early_lc)
+            };
+            assert_eq!(rc, OK, "listen");
+            let mut connect = |sc: &mut *mut c_void| {
+                let mut dev = null_mut();
+                // SAFETY: the same handle memory every call, as NCCL does; valid out-pointers.
+                unsafe {
+                    t.connect.expect("connect")(parent, 0, handle.as_mut_ptr().cast(), sc, &mut dev)
+                }
+            };
+            let mut early_sc = null_mut();
+            assert_eq!(connect(&mut early_sc), OK, "connect");
             // SAFETY: the parent's live context, finalized once here.
             assert_eq!(unsafe { t.finalize.expect("finalize")(parent) }, OK);
+            let (early_sc, early_rc) = if early_sc.is_null() {
+                common::raw_connect_pair(t, early_lc, &mut connect)
+            } else {
+                common::raw_connect_pair(t, early_lc, |sc: &mut *mut c_void| {
+                    *sc = early_sc;
+                    OK
+                })
+            };
+            let mut data: Vec<u8> = (0..4096u32).map(|i| (i * 3 + 1) as u8).collect();
+            assert!(
+                common::raw_transfer(t, early_sc, early_rc, &mut data) == data,
+                "the message arrived changed"
+            );
+            // SAFETY: live comms, each closed once.
+            unsafe {
+                assert_eq!(t.closeSend.expect("closeSend")(early_sc), OK);
+                assert_eq!(t.closeRecv.expect("closeRecv")(early_rc), OK);
+                assert_eq!(t.closeListen.expect("closeListen")(early_lc), OK);
+            }
             // The child's next connection, through the shared proxy: the parent's context.
             let (sc, rc, lc) = common::raw_connected(t, parent);
             let mut data: Vec<u8> = (0..65536u32).map(|i| (i * 13 + 5) as u8).collect();
@@ -120,6 +174,21 @@ fn context_lifetime_child() {
             assert_ne!(listen_code(t, ctx), OK, "listen on a finalized context");
             drop(forgeries);
             say("OK reuse");
+        }
+        "v12" => {
+            let first = common::raw_context(t, 0x2300, None);
+            let second = common::raw_context(t, 0x2301, None);
+            // SAFETY: a live context, finalized once here.
+            assert_eq!(unsafe { t.finalize.expect("finalize")(first) }, OK);
+            assert_ne!(
+                listen_code(t, first),
+                OK,
+                "listen on a finalized v12 context"
+            );
+            assert_eq!(listen_code(t, second), OK, "listen on the live one");
+            // SAFETY: the other live context, finalized once.
+            assert_eq!(unsafe { t.finalize.expect("finalize")(second) }, OK);
+            say("OK v12");
         }
         other => panic!("unknown role {other}"),
     }

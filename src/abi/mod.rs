@@ -6,6 +6,7 @@
 //! No panic may unwind into NCCL (it would abort the training job): every entry point runs
 //! inside [`guard`], which turns errors and panics into `ncclResult_t` codes and log lines.
 
+mod contexts;
 pub mod control;
 mod guard;
 mod handles;
@@ -29,7 +30,7 @@ use crate::transport::{
 };
 use crate::{Error, Result};
 use guard::guard;
-use handles::{checked, Kind, Live};
+use handles::{checked, Kind};
 
 /// Turns a NULL check into an error that names the argument.
 #[inline]
@@ -111,10 +112,6 @@ fn init_legacy(logger: ncclDebugLogger_t, profiler: Option<ncclProfilerCallback_
     Ok(())
 }
 
-/// Net contexts handed out by [`init_context`]: live, or finalized while another context
-/// still holds the plugin (see [`finalize_context`]).
-static LIVE_CONTEXTS: Live = Live::new(Kind::Context);
-
 /// The device names and PCI paths handed to NCCL ([`interned`]).
 static STRINGS: Mutex<Vec<CString>> = Mutex::new(Vec::new());
 
@@ -124,8 +121,7 @@ static STRINGS: Mutex<Vec<CString>> = Mutex::new(Vec::new());
 /// by then (no context, no comm, no property string is used after the unload).
 extern "C" fn forget_at_unload() {
     let _ = std::panic::catch_unwind(|| {
-        free_finalized_contexts();
-        LIVE_CONTEXTS.forget_all();
+        contexts::forget_at_unload();
         tuner::forget_at_unload();
         if let Ok(mut strings) = STRINGS.lock() {
             *strings = Vec::new();
@@ -137,98 +133,6 @@ extern "C" fn forget_at_unload() {
 #[used]
 #[link_section = ".fini_array"]
 static FORGET_AT_UNLOAD: extern "C" fn() = forget_at_unload;
-
-/// A v11/v12 context as NCCL holds it: the kind word, then the context.
-#[repr(C)]
-struct AbiContext {
-    kind: Kind,
-    ctx: Arc<Context>,
-}
-
-/// `init` of v11/v12: one context per communicator.
-fn init_context(
-    ctx_out: *mut *mut c_void,
-    comm_id: u64,
-    traffic_class: Option<i32>,
-    logger: ncclDebugLogger_t,
-    profiler: ncclProfilerCallback_t,
-) -> Result<()> {
-    let ctx_out = non_null(ctx_out, "ctx")?;
-    install_logger(logger);
-    // Held until this context's finalize.
-    let runtime = Runtime::acquire(Hold::Counted, logger)?;
-    let number = runtime.number_context();
-    let ctx = Context::new(comm_id, number, traffic_class, runtime.takes_net_attr());
-    crate::ffi::net::profiler::set_nccl_callback(profiler);
-    ctx.set_profiler(net_profiler::from_callback(profiler));
-    let ptr = Box::into_raw(Box::new(AbiContext {
-        kind: Kind::Context,
-        ctx,
-    }));
-    LIVE_CONTEXTS.add(ptr);
-    // SAFETY: NCCL passes a valid pointer to where it keeps the context (checked non-NULL).
-    unsafe { *ctx_out = ptr.cast() };
-    Ok(())
-}
-
-/// The context behind the v11/v12 `ctx` pointer `what` was given: one [`init_context`]
-/// made and the plugin still holds (finalized or not: see [`finalize_context`]; anything
-/// else is an error, and is not read), or, for NULL, the process's implicit context (the one
-/// v8-v10 use: NCCL's Socket plugin ignores the context, so a driver may pass none).
-fn context_of(ctx: *mut c_void, what: &str) -> Result<Arc<Context>> {
-    if ctx.is_null() {
-        return Ok(Context::implicit());
-    }
-    LIVE_CONTEXTS.read(ctx, what, || {
-        // SAFETY: `ctx` is in the list, so it is an AbiContext made at init and not freed:
-        // only [`free_finalized_contexts`] frees one, after taking it out of the list under
-        // the lock held here.
-        Arc::clone(unsafe { &(*ctx.cast::<AbiContext>()).ctx })
-    })
-}
-
-/// `finalize` of v11/v12: drops the context's connects in progress (its comms hold their own
-/// references) and gives back its hold on the runtime: the last one releases it.
-///
-/// The context itself stays usable until the last context is finalized, as with NCCL's own
-/// plugins, which ignore the context: NCCL 2.28.3 gives a communicator split off with
-/// `splitShare` its parent's proxy thread, which keeps the parent's context
-/// (`ncclProxyCreate`, src/proxy.cc), and finalizes each communicator's context when that
-/// communicator is destroyed (`commFree`, src/init.cc), so a parent destroyed first leaves
-/// the child's later connections calling `listen`/`connect`/`setNetAttr` with the parent's
-/// finalized context (src/transport/net.cc). By the last `finalize` the shared proxy is
-/// gone (`commFree` destroys it first), and every finalized context is freed. A context
-/// finalized twice is an error.
-///
-/// NULL is nothing to finalize, as a NULL close is nothing to close: NCCL 2.28-2.29.3
-/// finalizes the context a failed `init` left NULL (`ncclNetPluginInit`'s `fail:` path in
-/// src/plugin/net.cc). Any other pointer that is not a live context (foreign, finalized
-/// already) is an error.
-fn finalize_context(ctx: *mut c_void) -> Result<()> {
-    if ctx.is_null() {
-        return Ok(());
-    }
-    let context = context_of(ctx, "finalize")?;
-    LIVE_CONTEXTS.finalize(ctx)?;
-    context.abandon_pending();
-    drop(context);
-    let released = Runtime::release();
-    if Runtime::current().is_err() {
-        free_finalized_contexts();
-    }
-    released
-}
-
-/// Frees the finalized contexts (the runtime is gone, or the library is being unloaded:
-/// nothing passes them any more).
-fn free_finalized_contexts() {
-    for addr in LIVE_CONTEXTS.drain_finalized() {
-        // SAFETY: each was an AbiContext made by `init_context` (Box::into_raw), finalized,
-        // and is now out of the list, so nothing reads it through the list, and nothing else
-        // frees it.
-        drop(unsafe { Box::from_raw(addr as *mut AbiContext) });
-    }
-}
 
 fn devices(ndev: *mut c_int) -> Result<()> {
     let ndev = non_null(ndev, "ndev")?;
@@ -779,7 +683,7 @@ fn get_device_mr(dptr_mhandle: *mut *mut c_void) -> Result<()> {
 /// # Safety
 /// `attr` is NCCL's attribute struct or NULL.
 unsafe fn set_net_attr(ctx: *mut c_void, attr: *mut ffi::ncclNetAttr_v11_t) -> Result<()> {
-    let ctx = context_of(ctx, "setNetAttr")?;
+    let ctx = contexts::context_of(ctx, "setNetAttr")?;
     let attr = non_null(attr, "netAttr")?;
     // SAFETY: NCCL passes a valid attribute struct for the duration of the call.
     let attr = unsafe { &*attr };

@@ -376,8 +376,40 @@ extern "C" fn init_v11(
     logger: ncclDebugLogger_t,
     profiler: ncclProfilerCallback_t,
 ) -> ncclResult_t {
+    // NCCL 2.28.3 may pass a finalized context on (docs/abi.md, "Contexts").
+    let keep = super::contexts::AfterFinalize::KeepWhilePluginHeld;
+    init_context(ctx, comm_id, config, logger, profiler, keep)
+}
+
+extern "C" fn init_v12(
+    ctx: *mut *mut c_void,
+    comm_id: u64,
+    config: *mut ncclNetCommConfig_v10_t,
+    logger: ncclDebugLogger_t,
+    profiler: ncclProfilerCallback_t,
+) -> ncclResult_t {
+    init_context(
+        ctx,
+        comm_id,
+        config,
+        logger,
+        profiler,
+        super::contexts::AfterFinalize::Free,
+    )
+}
+
+/// `init` of v11 and v12, which differ in what `finalize` does with the context.
+fn init_context(
+    ctx: *mut *mut c_void,
+    comm_id: u64,
+    config: *mut ncclNetCommConfig_v10_t,
+    logger: ncclDebugLogger_t,
+    profiler: ncclProfilerCallback_t,
+    after_finalize: super::contexts::AfterFinalize,
+) -> ncclResult_t {
     guard("init", || {
-        super::init_context(ctx, comm_id, traffic_class_of(config), logger, profiler)
+        let class = traffic_class_of(config);
+        super::contexts::init_context(ctx, comm_id, class, logger, profiler, after_finalize)
     })
 }
 
@@ -388,7 +420,7 @@ extern "C" fn listen_v11(
     listen_comm: *mut *mut c_void,
 ) -> ncclResult_t {
     guard("listen", || {
-        let ctx = super::context_of(ctx, "listen")?;
+        let ctx = super::contexts::context_of(ctx, "listen")?;
         super::listen(&ctx, dev, handle, listen_comm)
     })
 }
@@ -401,13 +433,13 @@ extern "C" fn connect_v11(
     _dev_comm: *mut *mut ncclNetDeviceHandle_v8_t,
 ) -> ncclResult_t {
     guard("connect", || {
-        let ctx = super::context_of(ctx, "connect")?;
+        let ctx = super::contexts::context_of(ctx, "connect")?;
         super::connect(&ctx, dev, handle, send_comm, None)
     })
 }
 
 extern "C" fn finalize(ctx: *mut c_void) -> ncclResult_t {
-    guard("finalize", || super::finalize_context(ctx))
+    guard("finalize", || super::contexts::finalize_context(ctx))
 }
 
 extern "C" fn set_net_attr(ctx: *mut c_void, attr: *mut ncclNetAttr_v11_t) -> ncclResult_t {
@@ -466,7 +498,7 @@ macro_rules! export_table {
 export_table! {
     /// Net plugin API v12 (NCCL 2.30+).
     ncclNetPlugin_v12: ncclNet_v12_t {
-        init: init_v11,
+        init: init_v12,
         getProperties: get_properties_v12,
         listen: listen_v11,
         connect: connect_v11,

@@ -91,7 +91,7 @@ fn tuner_destroy(context: *mut c_void) -> crate::Result<()> {
     LIVE_TUNERS.take(context)?;
     // SAFETY: the Box our init created, now out of the live list, so freed only here.
     drop(unsafe { Box::from_raw(context as *mut TunerContext) });
-    Runtime::release()
+    super::contexts::release_hold()
 }
 
 /// Marks LL and LL128 as not allowed in NCCL's cost table (a flat numAlgo x numProto array).

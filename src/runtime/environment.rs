@@ -115,27 +115,28 @@ pub struct P2pLlSettings {
 }
 
 impl P2pLlSettings {
-    /// The three variables as this process has them.
-    pub fn from_env() -> Result<P2pLlSettings> {
-        Ok(P2pLlSettings {
-            shared_buffers: crate::env::var("NCCL_NET_SHARED_BUFFERS")?,
-            alloc_ll_buffers: crate::env::var("NCCL_ALLOC_P2P_NET_LL_BUFFERS")?,
-            ll_threshold: crate::env::var("NCCL_P2P_LL_THRESHOLD")?,
-        })
+    /// The three variables as this process has them (bytes that are not UTF-8 read lossily:
+    /// NCCL reads them as bytes, and no digit is lost that way).
+    pub fn from_env() -> P2pLlSettings {
+        let var = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
+        P2pLlSettings {
+            shared_buffers: var("NCCL_NET_SHARED_BUFFERS"),
+            alloc_ll_buffers: var("NCCL_ALLOC_P2P_NET_LL_BUFFERS"),
+            ll_threshold: var("NCCL_P2P_LL_THRESHOLD"),
+        }
     }
 }
 
-/// An integer setting as NCCL reads it (`ncclLoadParam`, src/misc/param.cc: `strtoll` in
-/// base 0): leading blanks, a sign, then decimal, `0x` hexadecimal or `0` octal digits, as
-/// many as there are; none is 0. `None` (unset or blank): the setting's default.
+/// An integer setting as NCCL reads it (`ncclLoadParam`, src/misc/param.cc): unset or empty
+/// is the default (`None`); anything else goes through `strtoll` in base 0: C blanks, a
+/// sign, then decimal, `0x` hexadecimal or `0` octal digits, as many as there are (none is
+/// 0, blanks alone too); a value out of range (ERANGE) is the default again.
 fn nccl_integer(value: Option<&str>) -> Option<i64> {
-    let text = value?.trim_start();
-    if text.is_empty() {
-        return None;
-    }
-    let (negative, text) = match text.as_bytes()[0] {
-        b'-' => (true, &text[1..]),
-        b'+' => (false, &text[1..]),
+    let text = value.filter(|v| !v.is_empty())?;
+    let text = text.trim_start_matches([' ', '\t', '\n', '\x0b', '\x0c', '\r']);
+    let (negative, text) = match text.as_bytes().first() {
+        Some(b'-') => (true, &text[1..]),
+        Some(b'+') => (false, &text[1..]),
         _ => (false, text),
     };
     let (radix, digits) = if let Some(hex) = text
@@ -152,43 +153,45 @@ fn nccl_integer(value: Option<&str>) -> Option<i64> {
     let end = digits
         .find(|c: char| !c.is_digit(radix))
         .unwrap_or(digits.len());
-    let n =
-        i64::from_str_radix(&digits[..end], radix).unwrap_or(if end == 0 { 0 } else { i64::MAX });
-    Some(if negative { -n } else { n })
+    if end == 0 {
+        return Some(0);
+    }
+    let magnitude = i128::from_str_radix(&digits[..end], radix).ok()?;
+    i64::try_from(if negative { -magnitude } else { magnitude }).ok()
 }
 
 /// Refuses a data-loss profile when NCCL may send point-to-point transfers over the network
 /// with LL, which neither `NCCL_PROTO` nor this library's tuner can rule out: NCCL picks LL
 /// for a send or receive of up to `NCCL_P2P_LL_THRESHOLD` bytes (16 KiB) per channel whenever
 /// the connection has LL buffers (`src/enqueue.cc`), and a network connection has them with
-/// `NCCL_NET_SHARED_BUFFERS=0` or `NCCL_ALLOC_P2P_NET_LL_BUFFERS` set (`src/transport/net.cc`;
-/// by default point-to-point connections share Simple buffers only). A lost packet of an LL
-/// transfer hangs the receiving GPU. `NCCL_P2P_LL_THRESHOLD=0` keeps point-to-point on Simple.
+/// `NCCL_NET_SHARED_BUFFERS=0` (kept in an `int`: dedicated buffers) or
+/// `NCCL_ALLOC_P2P_NET_LL_BUFFERS=1` (`src/transport/net.cc`, src/init.cc; by default
+/// point-to-point connections share Simple buffers only). A lost packet of an LL transfer
+/// hangs the receiving GPU. A threshold of 0 or less keeps point-to-point on Simple.
 pub fn check_p2p_ll(profile: &Profile, settings: &P2pLlSettings) -> Result<()> {
-    if !profile.corrupts_data() || nccl_integer(settings.ll_threshold.as_deref()) == Some(0) {
+    if !profile.corrupts_data()
+        || nccl_integer(settings.ll_threshold.as_deref()).is_some_and(|t| t <= 0)
+    {
         return Ok(());
     }
     let shared = settings.shared_buffers.as_deref();
     let alloc = settings.alloc_ll_buffers.as_deref();
-    let cause = if nccl_integer(shared) == Some(0) {
-        format!("NCCL_NET_SHARED_BUFFERS={}", shared.unwrap_or_default())
-    } else if nccl_integer(alloc).is_some_and(|n| n != 0) {
-        format!(
-            "NCCL_ALLOC_P2P_NET_LL_BUFFERS={}",
-            alloc.unwrap_or_default()
-        )
+    let (var, value) = if nccl_integer(shared).is_some_and(|n| n != -2 && n as i32 == 0) {
+        ("NCCL_NET_SHARED_BUFFERS", shared)
+    } else if nccl_integer(alloc) == Some(1) {
+        ("NCCL_ALLOC_P2P_NET_LL_BUFFERS", alloc)
     } else {
         return Ok(());
     };
+    let value = crate::error::echo(value.unwrap_or_default(), str::to_string);
     Err(Error::invalid_usage(format!(
-        "{cause} gives network point-to-point connections LL buffers, and NCCL then sends \
-         transfers of up to NCCL_P2P_LL_THRESHOLD bytes per channel (16 KiB unless set) with LL \
-         whatever NCCL_PROTO or the tuner say; the loss profile ({}) has a data-loss effect \
-         (zero, stale or bitflip), and a lost packet of an LL transfer hangs the receiving GPU. \
-         Set NCCL_P2P_LL_THRESHOLD=0 (point-to-point on Simple), unset {}, or use the \
-         `retransmit` effect",
-        profile.origin,
-        cause.split('=').next().unwrap_or_default()
+        "{var}={value} gives network point-to-point connections LL buffers, and NCCL then \
+         sends transfers of up to NCCL_P2P_LL_THRESHOLD bytes per channel (16 KiB unless set) \
+         with LL whatever NCCL_PROTO or the tuner say; the loss profile ({}) has a data-loss \
+         effect (zero, stale or bitflip), and a lost packet of an LL transfer hangs the \
+         receiving GPU. Set NCCL_P2P_LL_THRESHOLD=0 (point-to-point on Simple), unset {var}, \
+         or use the `retransmit` effect",
+        profile.origin
     )))
 }
 
@@ -501,9 +504,14 @@ mod tests {
             settings(None, None, None),
             settings(Some("1"), Some("0"), None),
             settings(Some("-2"), None, None),
-            settings(Some(" "), None, None),
+            settings(Some(""), Some(""), None),
+            // Only 1 turns the LL buffers on (`== 1`, src/init.cc).
+            settings(None, Some("2"), None),
+            // Out of range: NCCL keeps the default (ERANGE).
+            settings(Some("99999999999999999999"), None, None),
             settings(Some("0"), None, Some("0")),
             settings(None, Some("1"), Some("0x0")),
+            settings(Some("0"), None, Some("-1")),
         ] {
             assert_eq!(check_p2p_ll(&zero, &fine), Ok(()), "{fine:?}");
         }
@@ -517,10 +525,20 @@ mod tests {
                 settings(Some("0"), None, Some("16384")),
                 "NCCL_NET_SHARED_BUFFERS=0",
             ),
-            // Read as NCCL reads numbers (strtoll, base 0): no digits is 0.
+            // Read as NCCL reads numbers (strtoll, base 0): no digits is 0, blanks alone too,
+            // and the value is kept in an `int`.
             (
                 settings(Some("none"), None, None),
                 "NCCL_NET_SHARED_BUFFERS=none",
+            ),
+            (settings(Some(" "), None, None), "NCCL_NET_SHARED_BUFFERS= "),
+            (
+                settings(Some("4294967296"), None, None),
+                "NCCL_NET_SHARED_BUFFERS=4294967296",
+            ),
+            (
+                settings(Some("0x"), None, None),
+                "NCCL_NET_SHARED_BUFFERS=0x",
             ),
         ] {
             let err = check_p2p_ll(&zero, &bad).expect_err(var);

@@ -155,7 +155,7 @@ impl Runtime {
         }
         let nccl_proto = env::var("NCCL_PROTO")?;
         check_forced_protocol(&profile, nccl_proto.as_deref())?;
-        check_p2p_ll(&profile, &P2pLlSettings::from_env()?)?;
+        check_p2p_ll(&profile, &P2pLlSettings::from_env())?;
         let tuner = env::var("NCCL_TUNER_PLUGIN")?;
         let warnings = [
             unguarded_ll_warning(&profile, nccl_proto.as_deref(), tuner.as_deref()),

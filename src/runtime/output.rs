@@ -412,7 +412,8 @@ pub fn write_trace() -> Result<Option<PathBuf>> {
     }
     let snapshot = ring.snapshot()?;
     let path = timeline::write_trace(dir, &snapshot, &super::comms::effect_name)?;
-    *last = Some((snapshot.recorded, path.clone()));
+    // A record still being written is in the next file: the next write must not be skipped.
+    *last = (snapshot.unsettled == 0).then(|| (snapshot.recorded, path.clone()));
     Ok(Some(path))
 }
 

@@ -118,6 +118,9 @@ pub struct TimelineSnapshot {
     pub recorded: u64,
     /// Recorded messages the ring no longer holds.
     pub dropped: u64,
+    /// Recorded messages whose records were still being written (counted in `recorded`, in
+    /// neither `events` nor `dropped`): a later read holds them.
+    pub unsettled: u64,
 }
 
 impl Timeline {
@@ -221,10 +224,14 @@ impl Timeline {
                 (held * std::mem::size_of::<(TimelineEvent, u64)>()).div_ceil(1 << 20)
             )));
         }
+        let mut unsettled = 0;
         for index in recorded.saturating_sub(capacity)..recorded {
             let slot = &self.slots[(index % capacity) as usize];
             let before = slot.seq.load(Ordering::Acquire);
             if before != 2 * index + 2 {
+                // Below: its writer took the index but has not finished (or not begun) the
+                // record; above: a later lap's writer took the slot (the record is dropped).
+                unsettled += u64::from(before < 2 * index + 2);
                 continue;
             }
             let mut words = [0u64; WORDS];
@@ -262,12 +269,13 @@ impl Timeline {
                 words[11],
             ));
         }
-        let dropped = recorded - events.len() as u64;
+        let dropped = recorded - events.len() as u64 - unsettled;
         Ok(TimelineSnapshot {
             events,
             capacity: self.slots.len(),
             recorded,
             dropped,
+            unsettled,
         })
     }
 }
@@ -546,6 +554,24 @@ mod tests {
         assert_eq!(steps, (84..100).collect::<Vec<_>>());
         assert_eq!(snap.events[15].0, event(99, 1));
         assert_eq!(snap.events[15].1, 50, "lost packets so far");
+    }
+
+    #[test]
+    fn a_record_still_being_written_is_unsettled_not_dropped() {
+        let ring = Timeline::new(4).expect("a small ring");
+        ring.record(&event(0, 0));
+        // A writer that took its index and has not written its record yet.
+        ring.head.fetch_add(1, Ordering::Relaxed);
+        let snap = ring.snapshot().expect("a snapshot");
+        assert_eq!(
+            (
+                snap.recorded,
+                snap.events.len(),
+                snap.unsettled,
+                snap.dropped
+            ),
+            (2, 1, 1, 0)
+        );
     }
 
     #[test]

@@ -77,7 +77,7 @@ impl InitEnv {
             trace_dir: var(TRACE_DIR_ENV)?,
             stats_dir: std::env::var_os(STATS_DIR_ENV),
             tuner: var("NCCL_TUNER_PLUGIN")?,
-            p2p_ll: P2pLlSettings::from_env().map_err(|e| e.to_string())?,
+            p2p_ll: P2pLlSettings::from_env(),
         })
     }
 }

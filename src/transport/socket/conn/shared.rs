@@ -283,9 +283,9 @@ impl<S: Side> Shared<S> {
         self.locked.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Moves what every socket can move now (the owner's inline progress, in a call that
-    /// marks the owner active itself: `test`, or a post). Never blocks.
+    /// Moves what every socket can move now (the owner's inline progress). Never blocks.
     pub(super) fn progress_all(&self) {
+        self.owner_active();
         for s in 0..self.cells.len() {
             self.progress_socket(s);
         }
@@ -307,10 +307,10 @@ impl<S: Side> Shared<S> {
 
     /// Moves what the sockets of `mask` (bit `s`: socket `s`) can move now, as the owner.
     pub(super) fn progress_sockets(&self, mask: u16) {
+        self.owner_active();
         if mask == 0 {
             return;
         }
-        self.owner_active();
         for s in (0..self.cells.len()).filter(|s| mask & (1 << s) != 0) {
             self.progress_socket(s);
         }
@@ -479,10 +479,10 @@ impl<S: Side> Shared<S> {
             )));
         }
         let not_in_flight = || Error::invalid_argument(format!("request {id} is not in flight"));
-        // Every `test` says the owner polls, one that finds its request done at once too:
-        // only those that ran progress said it, so once the pool thread had sent a message
-        // for an owner that looked away, the owner's next tests found theirs done, the owner
-        // looked gone for good, and the thread sent every later message itself.
+        // Every `test` says the owner polls (as every post does), one that finds its request
+        // done at once too: only those that ran progress said it, so once the pool thread had
+        // sent a message for an owner that looked away, the owner's next tests found theirs
+        // done, the owner looked gone for good, and the thread sent every later message.
         self.owner_active();
         let mut state = self.slot_state[slot].load(Ordering::Acquire);
         if state == PENDING && !self.failed.load(Ordering::Acquire) {
