@@ -107,7 +107,17 @@ pub const ECHO_CHARS: usize = 60;
 /// [`ECHO_CHARS`] and "…", followed by how long the whole is:
 /// "`a.a.a…` (80001 bytes in all)".
 pub fn echo(text: &str, show: impl FnOnce(&str) -> String) -> String {
-    match text.char_indices().nth(ECHO_CHARS) {
+    echo_at_most(text, ECHO_CHARS, show)
+}
+
+/// Most characters of a valid value a summary or a log line shows (overrides, a plugin's
+/// path): every rank logs the summary at `init`, and a value of megabytes made a line of
+/// megabytes; past it, cut as [`echo`] cuts.
+pub const SHOWN_CHARS: usize = 4096;
+
+/// As [`echo`], cut past `chars` characters.
+pub fn echo_at_most(text: &str, chars: usize, show: impl FnOnce(&str) -> String) -> String {
+    match text.char_indices().nth(chars) {
         None => show(text),
         Some((end, _)) => format!(
             "{} ({} bytes in all)",

@@ -24,6 +24,18 @@ fn allowed(what: &str, cap: u64) -> String {
 /// Longest path the system opens (Linux's `PATH_MAX`, 4096 with its NUL).
 const MAX_PATH_BYTES: usize = 4095;
 
+/// Refuses a path longer than the system opens, before the system's error (or a loader's)
+/// would echo it whole: megabytes, from a profile or a variable, logged by every rank.
+pub fn check_path_length(path: &Path) -> Result<(), String> {
+    if path.as_os_str().len() > MAX_PATH_BYTES {
+        return Err(format!(
+            "{}: a path has at most {MAX_PATH_BYTES} bytes",
+            crate::error::echo(&path.display().to_string(), str::to_string)
+        ));
+    }
+    Ok(())
+}
+
 /// Opens a regular file of at most `cap` bytes, as [`read_regular_file`] does, without
 /// reading it: the file and the metadata of the open descriptor, whose device and inode name
 /// the file itself, whichever path (a link, another spelling) reached it.
@@ -33,13 +45,7 @@ pub fn open_regular_file(
     what: &str,
 ) -> Result<(std::fs::File, std::fs::Metadata), String> {
     use std::os::unix::fs::OpenOptionsExt;
-    // Refused before the system's error would echo it whole (megabytes, from a profile).
-    if path.as_os_str().len() > MAX_PATH_BYTES {
-        return Err(format!(
-            "{}: a path has at most {MAX_PATH_BYTES} bytes",
-            crate::error::echo(&path.display().to_string(), str::to_string)
-        ));
-    }
+    check_path_length(path)?;
     let file = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)

@@ -580,3 +580,34 @@ fn a_bursty_model_says_how_much_traffic_its_mean_needs() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn long_overrides_and_an_inner_plugin_path_are_shown_cut() {
+    // Valid values a summary shows are cut past 4096 characters (a 100 KB override was
+    // printed whole twice, and every rank logs the summary at init); a plugin to wrap whose
+    // path is longer than the system opens is refused with the path cut, where init passed
+    // it to the loader, whose error named it whole.
+    let lossless = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/lossless.toml");
+    let long = "x".repeat(100_000);
+    let set = format!("description={long}");
+    let out = lossy(&["validate", "--set", &set, lossless], &[]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.len() < 10_000 && stdout.contains("…") && stdout.contains("bytes in all"),
+        "{} bytes: {}",
+        stdout.len(),
+        &stdout[..stdout.len().min(300)]
+    );
+    let inner = format!("/tmp/{long}");
+    let out = lossy(&["validate", lossless], &[("NCCL_LOSSY_INNER", &inner)]);
+    let (stdout, stderr) = text(&out);
+    assert!(!out.status.success(), "a 100 KB plugin path was accepted");
+    let all = format!("{stdout}{stderr}");
+    assert!(
+        all.len() < 1_000 && all.contains("a path has at most 4095 bytes"),
+        "{} bytes: {}",
+        all.len(),
+        &all[..all.len().min(300)]
+    );
+}

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value as Json};
 
-use crate::error::{echo, Error, Result};
+use crate::error::{echo, echo_at_most, Error, Result, SHOWN_CHARS};
 use crate::files::read_regular_file;
 use crate::loss::engine::LossEngine;
 use crate::loss::model::{binary_size, short};
@@ -284,7 +284,10 @@ impl Profile {
             .iter()
             .map(|(source, overrides)| (source, overrides.trim()))
             .filter(|(_, overrides)| !overrides.is_empty())
-            .map(|(source, overrides)| format!("{source}: {overrides}"))
+            .map(|(source, overrides)| {
+                let shown = echo_at_most(overrides, SHOWN_CHARS, str::to_string);
+                format!("{source}: {shown}")
+            })
             .collect::<Vec<_>>()
             .join("; ");
         let checked = check::Checker {

@@ -25,10 +25,23 @@ pub const INTRA_NODE_THROUGH_NET: [(&str, &str, &str); 3] = [
 /// `inner`; `transport = "wrap"` without either, or `transport = "socket"` with
 /// `NCCL_LOSSY_INNER`, is an error.
 pub fn wrap_target(profile: &Profile, inner_env: Option<String>) -> Result<Option<String>> {
+    let target = wrap_target_unchecked(profile, inner_env)?;
+    if let Some(inner) = &target {
+        crate::files::check_path_length(std::path::Path::new(inner)).map_err(|why| {
+            Error::invalid_argument(format!(
+                "the net plugin to wrap ({INNER_ENV} or `inner`): {why}"
+            ))
+        })?;
+    }
+    Ok(target)
+}
+
+fn wrap_target_unchecked(profile: &Profile, inner_env: Option<String>) -> Result<Option<String>> {
     match (profile.transport, inner_env) {
         (Some(TransportKind::Socket), Some(inner)) => Err(Error::invalid_argument(format!(
-            "{INNER_ENV}={inner} asks to wrap a net plugin, but the profile ({}) says \
+            "{INNER_ENV}={} asks to wrap a net plugin, but the profile ({}) says \
              transport = \"socket\"; unset one of them",
+            crate::error::echo(&inner, str::to_string),
             profile.origin
         ))),
         (_, Some(inner)) => Ok(Some(inner)),

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use serde_json::json;
 
+use nccl_net_lossy::error::{echo_at_most, SHOWN_CHARS};
 use nccl_net_lossy::loss::model::{short, ModelState};
 use nccl_net_lossy::loss::rng::{derive_seed, stream_rng};
 use nccl_net_lossy::loss::rules::Action;
@@ -226,7 +227,8 @@ pub fn run(args: Args) -> ExitCode {
     let mut out = String::new();
     let _ = writeln!(out, "{}", profile.summary());
     for (from, set) in &applied {
-        let _ = writeln!(out, "  override from {from}: {}", set.trim());
+        let set = echo_at_most(set.trim(), SHOWN_CHARS, str::to_string);
+        let _ = writeln!(out, "  override from {from}: {set}");
     }
     for (label, name, action, m) in &results {
         let name = name

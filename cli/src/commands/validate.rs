@@ -12,6 +12,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use nccl_net_lossy::error::{echo_at_most, SHOWN_CHARS};
 use nccl_net_lossy::profile::{Profile, SET_ENV};
 use nccl_net_lossy::stats::timeline::{TRACE_DIR_ENV, TRACE_EVENTS_ENV};
 use nccl_net_lossy::stats::writer::STATS_DIR_ENV;
@@ -172,11 +173,13 @@ pub fn run(args: Args) -> ExitCode {
                 // output quietly; the exit status still says whether every file is valid.
                 let mut out = format!("{}\n", profile.summary());
                 for (from, set) in &applied {
-                    out += &format!("  override from {from}: {}\n", set.trim());
+                    let set = echo_at_most(set.trim(), SHOWN_CHARS, str::to_string);
+                    out += &format!("  override from {from}: {set}\n");
                 }
                 // NCCL_LOSSY_INNER puts the run in wrap mode over its plugin whatever the
                 // profile says of it (a `transport = "socket"` was refused above).
                 if let Some(inner) = &init_env.inner {
+                    let inner = echo_at_most(inner, SHOWN_CHARS, str::to_string);
                     out += &format!("  wrap mode: inner {inner} (from {INNER_ENV})\n");
                 }
                 if let Err(err) = super::write_stdout(&out) {
