@@ -5,6 +5,7 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
+pub(crate) use super::handles::AfterFinalize;
 use super::handles::{Kind, Live};
 use super::{install_logger, net_profiler, non_null};
 use crate::ffi::{ncclDebugLogger_t, ncclProfilerCallback_t};
@@ -26,17 +27,6 @@ pub(super) fn forget_at_unload() {
 struct AbiContext {
     kind: Kind,
     ctx: Arc<Context>,
-    after_finalize: AfterFinalize,
-}
-
-/// What `finalize` does with a net context (see [`finalize_context`]).
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum AfterFinalize {
-    /// Freed at its `finalize` (v12: NCCL 2.30+ finalizes a context once nothing uses it).
-    Free,
-    /// Kept usable while another context holds the plugin, freed at the last `finalize`
-    /// (v11: NCCL 2.28.3 passes a split parent's finalized context on).
-    KeepWhilePluginHeld,
 }
 
 /// `init` of v11/v12: one context per communicator.
@@ -59,9 +49,8 @@ pub(super) fn init_context(
     let ptr = Box::into_raw(Box::new(AbiContext {
         kind: Kind::Context,
         ctx,
-        after_finalize,
     }));
-    LIVE_CONTEXTS.add(ptr);
+    LIVE_CONTEXTS.add(ptr, after_finalize);
     // SAFETY: NCCL passes a valid pointer to where it keeps the context (checked non-NULL).
     unsafe { *ctx_out = ptr.cast() };
     Ok(())
@@ -109,15 +98,7 @@ pub(super) fn finalize_context(ctx: *mut c_void) -> Result<()> {
     if ctx.is_null() {
         return Ok(());
     }
-    let keep = LIVE_CONTEXTS.read(ctx, "finalize", || {
-        // SAFETY: in the list, so an AbiContext made at init and not freed (see
-        // `context_of`).
-        unsafe { (*ctx.cast::<AbiContext>()).after_finalize }
-    })? == AfterFinalize::KeepWhilePluginHeld;
-    if keep {
-        LIVE_CONTEXTS.finalize(ctx)?;
-    } else {
-        LIVE_CONTEXTS.take(ctx)?;
+    if LIVE_CONTEXTS.finalize(ctx)? == AfterFinalize::Free {
         // SAFETY: an AbiContext made at init, now out of the list, so nothing reads it
         // through the list and nothing else frees it.
         let context = unsafe { Box::from_raw(ctx.cast::<AbiContext>()) };

@@ -108,9 +108,19 @@ unsafe fn mismatched<T>(ptr: *mut c_void, kind: Kind, what: &str) -> Result<*mut
     }
 }
 
-/// The addresses of one kind of context handed out, each with whether its `finalize` came:
-/// a finalized one the owner keeps for a while (see [`Live::finalize`]) stays readable until
-/// [`Live::drain_finalized`] takes it out.
+/// What `finalize` (or a tuner's `destroy`) does with a context (see
+/// `contexts::finalize_context`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AfterFinalize {
+    /// Out of the list: its owner frees it now.
+    Free,
+    /// Kept in the list, readable and never finalized again, until [`Live::drain_finalized`]
+    /// (v11 net contexts: NCCL 2.28.3 passes a split parent's finalized context on).
+    KeepWhilePluginHeld,
+}
+
+/// The addresses of one kind of context handed out, each with what its `finalize` does and
+/// whether it came: a kept one stays readable until [`Live::drain_finalized`] takes it out.
 pub(crate) struct Live {
     kind: Kind,
     addrs: Mutex<Vec<Entry>>,
@@ -119,6 +129,7 @@ pub(crate) struct Live {
 #[derive(Clone, Copy)]
 struct Entry {
     addr: usize,
+    after_finalize: AfterFinalize,
     finalized: bool,
 }
 
@@ -144,10 +155,11 @@ impl Live {
         *self.lock() = Vec::new();
     }
 
-    /// Records `ptr` as handed out.
-    pub(crate) fn add<T>(&self, ptr: *mut T) {
+    /// Records `ptr` as handed out, with what its `finalize` will do.
+    pub(crate) fn add<T>(&self, ptr: *mut T, after_finalize: AfterFinalize) {
         self.lock().push(Entry {
             addr: ptr as usize,
+            after_finalize,
             finalized: false,
         });
     }
@@ -176,28 +188,23 @@ impl Live {
         Ok(read())
     }
 
-    /// Takes `ptr` out (its owner is about to free it), or fails if it is not live: never
-    /// handed out, or finalized already.
-    pub(crate) fn take(&self, ptr: *mut c_void) -> Result<()> {
+    /// Finalizes `ptr` as it was added to be finalized: taken out of the list (`Free`: its
+    /// owner frees it now) or marked and kept (`KeepWhilePluginHeld`); fails if it is not
+    /// live: never handed out, or finalized already.
+    pub(crate) fn finalize(&self, ptr: *mut c_void) -> Result<AfterFinalize> {
         let mut live = self.lock();
         let at = live
             .iter()
             .position(|e| e.addr == ptr as usize && !e.finalized)
             .ok_or_else(|| self.not_live("finalize"))?;
-        live.swap_remove(at);
-        Ok(())
-    }
-
-    /// Marks `ptr` finalized, keeping it in the list (still readable, never finalized again),
-    /// or fails if it is not live: never handed out, or finalized already.
-    pub(crate) fn finalize(&self, ptr: *mut c_void) -> Result<()> {
-        let mut live = self.lock();
-        let entry = live
-            .iter_mut()
-            .find(|e| e.addr == ptr as usize && !e.finalized)
-            .ok_or_else(|| self.not_live("finalize"))?;
-        entry.finalized = true;
-        Ok(())
+        let after = live[at].after_finalize;
+        match after {
+            AfterFinalize::Free => {
+                live.swap_remove(at);
+            }
+            AfterFinalize::KeepWhilePluginHeld => live[at].finalized = true,
+        }
+        Ok(after)
     }
 
     /// Takes every finalized address out of the list (their owner frees them): none is read

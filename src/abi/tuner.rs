@@ -10,7 +10,7 @@ use super::ffi::{
     ncclTuner_v5_t, ncclTuner_v6_t, NCCL_LOSSY_ALGO_RING, NCCL_LOSSY_PROTO_LL,
     NCCL_LOSSY_PROTO_LL128, NCCL_LOSSY_PROTO_SIMPLE,
 };
-use super::handles::{Kind, Live};
+use super::handles::{AfterFinalize, Kind, Live};
 use super::tables::Exported;
 use super::{guard, non_null};
 use crate::log;
@@ -65,7 +65,7 @@ fn tuner_init(
         ));
     }
     let ctx = Box::into_raw(Box::new(TunerContext::new(force_simple)));
-    LIVE_TUNERS.add(ctx);
+    LIVE_TUNERS.add(ctx, AfterFinalize::Free);
     // SAFETY: NCCL passes a valid pointer to where it keeps the tuner context.
     unsafe { *context = ctx.cast() };
     Ok(())
@@ -88,7 +88,7 @@ fn forces_simple(context: *mut c_void) -> crate::Result<bool> {
 /// gives back no hold on the runtime.
 fn tuner_destroy(context: *mut c_void) -> crate::Result<()> {
     let context = non_null(context, "tuner context")?;
-    LIVE_TUNERS.take(context)?;
+    LIVE_TUNERS.finalize(context)?;
     // SAFETY: the Box our init created, now out of the live list, so freed only here.
     drop(unsafe { Box::from_raw(context as *mut TunerContext) });
     super::contexts::release_hold()
@@ -293,10 +293,10 @@ mod tests {
     fn context_without_guard_leaves_the_table_alone() {
         // A live context, as init makes one (only those are read).
         let ctx = Box::into_raw(Box::new(TunerContext::new(false)));
-        LIVE_TUNERS.add(ctx);
+        LIVE_TUNERS.add(ctx, AfterFinalize::Free);
         let mut table = vec![2.0f32; 7 * 3];
         let rc = coll_info(ctx.cast(), &mut table);
-        LIVE_TUNERS.take(ctx.cast()).expect("live");
+        LIVE_TUNERS.finalize(ctx.cast()).expect("live");
         // SAFETY: the box made above, out of the live list: freed once, here.
         drop(unsafe { Box::from_raw(ctx) });
         assert_eq!(rc, ncclResult_t::ncclSuccess);
@@ -329,8 +329,8 @@ mod tests {
         // Destroyed: a second destroy freed the box twice before (and gave back a hold on
         // the runtime it did not have); now it is refused.
         let ctx = Box::into_raw(Box::new(TunerContext::new(false)));
-        LIVE_TUNERS.add(ctx);
-        LIVE_TUNERS.take(ctx.cast()).expect("live");
+        LIVE_TUNERS.add(ctx, AfterFinalize::Free);
+        LIVE_TUNERS.finalize(ctx.cast()).expect("live");
         // SAFETY: the box made above, out of the live list: freed once, here.
         drop(unsafe { Box::from_raw(ctx) });
         assert!(tuner_destroy(ctx.cast()).is_err());

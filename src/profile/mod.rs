@@ -163,6 +163,26 @@ fn burst_spacing(rate: f64, burst: f64, mtu: u32) -> String {
 /// Reference message of [`expected_wait`]: NCCL's 512 KiB slices of a large transfer.
 const WAIT_REFERENCE_BYTES: u64 = 512 << 10;
 
+/// The first of `warnings` (each with what it is about) that fit in [`MAX_WARNINGS_BYTES`]
+/// together, in order, and, when some were left out, what the first of those was about and
+/// how many they were: once one is left out so are those after it, so the list is the first.
+fn within_budget<T>(
+    warnings: impl Iterator<Item = (T, String)>,
+) -> (Vec<String>, Option<(T, usize)>) {
+    let (mut listed, mut bytes, mut left_out) = (Vec::new(), 0, None);
+    for (about, warning) in warnings {
+        match &mut left_out {
+            Some((_, count)) => *count += 1,
+            None if bytes + warning.len() > MAX_WARNINGS_BYTES => left_out = Some((about, 1)),
+            None => {
+                bytes += warning.len();
+                listed.push(warning);
+            }
+        }
+    }
+    (listed, left_out)
+}
+
 /// Seconds of retransmit wait per [`WAIT_REFERENCE_BYTES`] message from which a profile is
 /// warned about: a step of a training run posts hundreds of such messages.
 const LONG_WAIT_S: f64 = 1.0;
@@ -403,22 +423,11 @@ impl Profile {
             ),
             None => format!("rules.{i} ({})", rule.when.describe()),
         };
-        let mut warnings = Vec::new();
-        let mut bytes = 0;
-        // Once one is left out, so are those after it: the list is the first ones, in order.
-        let mut left_out: Option<(usize, usize)> = None;
-        for (j, later) in self.rules.iter().enumerate() {
-            let Some((i, earlier)) = self.rules[..j]
+        let covered = self.rules.iter().enumerate().filter_map(|(j, later)| {
+            let (i, earlier) = self.rules[..j]
                 .iter()
                 .enumerate()
-                .find(|(_, earlier)| earlier.when.covers(&later.when))
-            else {
-                continue;
-            };
-            if let Some((_, count)) = &mut left_out {
-                *count += 1;
-                continue;
-            }
+                .find(|(_, earlier)| earlier.when.covers(&later.when))?;
             let warning = format!(
                 "{}: {} never decides a message: {} comes first and matches every message it \
                  matches (the first rule that matches decides; put the narrower rule first)",
@@ -426,13 +435,9 @@ impl Profile {
                 named(j, later),
                 named(i, earlier)
             );
-            if bytes + warning.len() > MAX_WARNINGS_BYTES {
-                left_out = Some((j, 1));
-                continue;
-            }
-            bytes += warning.len();
-            warnings.push(warning);
-        }
+            Some((j, warning))
+        });
+        let (mut warnings, left_out) = within_budget(covered);
         if let Some((first, count)) = left_out {
             let which = if count == 1 {
                 format!("1 more rule never decides a message, rules.{first}: it matches")
@@ -457,20 +462,18 @@ impl Profile {
     /// then a count of the rest: every value may be in range while together they stall a job
     /// for hours (mtu 64, a 10 s timeout, half the packets lost: 5.7 hours a message).
     fn long_wait_warnings(&self, named: &dyn Fn(usize, &Rule) -> String) -> Vec<String> {
-        let actions = std::iter::once(("default".to_string(), &self.defaults)).chain(
+        let actions = std::iter::once((None, &self.defaults)).chain(
             self.rules
                 .iter()
                 .enumerate()
-                .map(|(i, rule)| (named(i, rule), &rule.action)),
+                .map(|(i, rule)| (Some(i), &rule.action)),
         );
-        let (mut warnings, mut bytes, mut left_out) = (Vec::new(), 0, 0);
-        for (which, action) in actions {
-            let Some((events, wait_us)) = expected_wait(action) else {
-                continue;
-            };
+        let long = actions.filter_map(|(rule, action)| {
+            let (events, wait_us) = expected_wait(action)?;
             if wait_us < LONG_WAIT_S * 1e6 {
-                continue;
+                return None;
             }
+            let which = rule.map_or("default".to_string(), |i| named(i, &self.rules[i]));
             let warning = format!(
                 "{}: {which}: a 512 KiB message waits {} s on average for its retransmissions \
                  ({} loss events x {} us): collectives crawl, and a watchdog (PyTorch's NCCL \
@@ -481,16 +484,12 @@ impl Profile {
                 short(events),
                 short(action.retransmit_timeout.as_secs_f64() * 1e6)
             );
-            if left_out > 0 || bytes + warning.len() > MAX_WARNINGS_BYTES {
-                left_out += 1;
-                continue;
-            }
-            bytes += warning.len();
-            warnings.push(warning);
-        }
-        if left_out > 0 {
+            Some(((), warning))
+        });
+        let (mut warnings, left_out) = within_budget(long);
+        if let Some(((), count)) = left_out {
             warnings.push(format!(
-                "{}: … {left_out} more rule(s) make a 512 KiB message wait {LONG_WAIT_S} s or \
+                "{}: … {count} more rule(s) make a 512 KiB message wait {LONG_WAIT_S} s or \
                  more on average for its retransmissions",
                 self.origin
             ));

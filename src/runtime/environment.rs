@@ -189,7 +189,7 @@ pub fn check_p2p_ll(profile: &Profile, settings: &P2pLlSettings) -> Result<()> {
     }
     let shared = settings.shared_buffers.as_deref();
     let alloc = settings.alloc_ll_buffers.as_deref();
-    let (var, value) = if nccl_integer(shared).is_some_and(|n| n != -2 && n as i32 == 0) {
+    let (var, value) = if nccl_integer(shared).is_some_and(|n| n as i32 == 0) {
         ("NCCL_NET_SHARED_BUFFERS", shared)
     } else if nccl_integer(alloc) == Some(1) {
         ("NCCL_ALLOC_P2P_NET_LL_BUFFERS", alloc)

@@ -437,19 +437,24 @@ pub(crate) fn write_atomically_with(
     let failed = |e: std::io::Error| Error::system(format!("cannot write {}: {e}", path.display()));
     let (tmp, file) = create_temporary(dir, name, ".tmp").map_err(failed)?;
     let mut out = std::io::BufWriter::with_capacity(1 << 16, file);
-    let written = encode(&mut out)
-        .and_then(|()| out.into_inner().map_err(|e| e.into_error()))
-        .and_then(|file| {
-            file.sync_all()?;
-            drop(file);
-            fs::rename(&tmp, &path)
-        });
-    if let Err(e) = written {
-        // Best effort: the error that matters is the write's.
-        let _ = fs::remove_file(&tmp);
-        return Err(failed(e));
-    }
+    let written = encode(&mut out).and_then(|()| out.into_inner().map_err(|e| e.into_error()));
+    commit(&tmp, &path, written).map_err(failed)?;
     Ok(path)
+}
+
+/// Syncs the temporary `tmp` (`written`: its file, or why writing it failed) and renames it
+/// over `path`; any failure removes the temporary (best effort: the error that matters is
+/// the write's), so a full disk leaves no partial file behind.
+fn commit(tmp: &Path, path: &Path, written: std::io::Result<fs::File>) -> std::io::Result<()> {
+    let done = written.and_then(|file| {
+        file.sync_all()?;
+        drop(file);
+        fs::rename(tmp, path)
+    });
+    if done.is_err() {
+        let _ = fs::remove_file(tmp);
+    }
+    done
 }
 
 /// Replaces the file at `path` as [`write_atomically`] does, for a writer that insists on a
@@ -477,17 +482,12 @@ pub fn replace_atomically(
     let (tmp, file) = create_temporary(dir, &name, &suffix)
         .map_err(|e| format!("cannot create a temporary file in {}: {e}", dir.display()))?;
     drop(file);
-    let written = write(&tmp).and_then(|()| {
-        fs::File::open(&tmp)
-            .and_then(|file| file.sync_all())
-            .and_then(|()| fs::rename(&tmp, path))
-            .map_err(|e| e.to_string())
-    });
-    if written.is_err() {
+    if let Err(e) = write(&tmp) {
         // Best effort: the error that matters is the write's.
         let _ = fs::remove_file(&tmp);
+        return Err(e);
     }
-    written
+    commit(&tmp, path, fs::File::open(&tmp)).map_err(|e| e.to_string())
 }
 
 /// Creates a new hidden temporary for `dir/name`, a name no other write uses, ending in

@@ -210,6 +210,7 @@ impl SendConn for SocketSendConn {
         if idle {
             shared.offer(WANT_WRITE);
         } else {
+            shared.owner_active();
             shared.progress_all();
         }
         Ok(Some(slot as RequestId))

@@ -283,9 +283,9 @@ impl<S: Side> Shared<S> {
         self.locked.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Moves what every socket can move now (the owner's inline progress). Never blocks.
+    /// Moves what every socket can move now (the owner's inline progress, from a call that
+    /// marked the owner active: [`Shared::test_with`], or a post). Never blocks.
     pub(super) fn progress_all(&self) {
-        self.owner_active();
         for s in 0..self.cells.len() {
             self.progress_socket(s);
         }
@@ -299,7 +299,7 @@ impl<S: Side> Shared<S> {
 
     /// Notes that the owner progresses the connection now, for its pool thread (if any) to
     /// leave the sockets to it.
-    fn owner_active(&self) {
+    pub(super) fn owner_active(&self) {
         if self.has_pool() {
             self.owner_ns.store(coarse_ns(), Ordering::Relaxed);
         }
