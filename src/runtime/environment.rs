@@ -553,6 +553,11 @@ mod tests {
                 settings(Some("0x"), None, None),
                 "NCCL_NET_SHARED_BUFFERS=0x",
             ),
+            // A threshold out of range is NCCL's default (16 KiB: LL), not the most negative.
+            (
+                settings(Some("0"), None, Some("-99999999999999999999")),
+                "NCCL_NET_SHARED_BUFFERS=0",
+            ),
         ] {
             let err = check_p2p_ll(&zero, &bad).expect_err(var);
             assert!(
