@@ -287,7 +287,7 @@ fn run_refuses_a_plugin_to_wrap_that_cannot_be_loaded_before_starting_anything()
     let missing = dir.join("libnccl-net-nothing.so");
     let cases = [
         ("/dev/null", "not a regular file"),
-        // A library, but no net plugin: it exports no ncclNetPlugin_v8..v12 table.
+        // A library, but no net plugin: it exports no ncclNetPlugin_v6..v12 table.
         ("libc.so.6", "ncclNetPlugin_v"),
     ];
     for (inner, why) in cases {

@@ -6,10 +6,10 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::library;
-use lossy_cli::harness::plugin_client::{PluginClient, PluginLibrary, Posted, RecvItem};
+use lossy_cli::harness::plugin_client::{PluginClient, PluginLibrary};
 use nccl_net_lossy::ffi::net::{
     NetLibrary, NetPlugin, NetProperties, V8_MAX_BYTES, V8_MAX_COLL_BYTES,
 };
@@ -76,17 +76,6 @@ fn every_version_s_properties_come_back_in_the_current_shape() {
     }
 }
 
-/// Waits until `request` is done; returns its sizes.
-fn wait(req: &mut lossy_cli::harness::plugin_client::Request) -> Vec<usize> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(sizes) = req.test().expect("test") {
-            return sizes.to_vec();
-        }
-        assert!(Instant::now() < deadline, "request did not finish");
-    }
-}
-
 #[test]
 fn every_version_carries_messages_both_ways() {
     let lib = PluginLibrary::open(&library()).expect("dlopen");
@@ -100,29 +89,7 @@ fn every_version_carries_messages_both_ways() {
             let payload: Vec<u8> = (0..len)
                 .map(|i| (i * 31 + version as usize) as u8)
                 .collect();
-            let mut out = vec![0u8; len + 16].into_boxed_slice();
-            let rmr = recv.reg_mr(&mut out).expect("regMr");
-            let mut data = payload.clone().into_boxed_slice();
-            let smr = send.reg_mr(&mut data).expect("regMr");
-            let item = RecvItem {
-                buf: out,
-                size: len + 16,
-                tag: 3,
-                mr: rmr,
-            };
-            let Posted::Started(mut r) = recv.irecv(vec![item]).expect("irecv") else {
-                panic!("v{version}: no receive slot")
-            };
-            let Posted::Started(mut s) = send.isend(data, len, 3, smr).expect("isend") else {
-                panic!("v{version}: no send slot")
-            };
-            wait(&mut s);
-            assert_eq!(wait(&mut r), [len], "v{version}: the real size");
-            let (bufs, _) = r.finish().expect("finish");
-            assert_eq!(&bufs[0][..len], &payload[..], "v{version}, {len} bytes");
-            s.finish().expect("finish send");
-            recv.dereg_mr(rmr).expect("deregMr");
-            send.dereg_mr(smr).expect("deregMr");
+            common::registered_round_trip(&send, &recv, &payload, 3, &format!("v{version}"));
         }
         send.close().expect("closeSend");
         recv.close().expect("closeRecv");

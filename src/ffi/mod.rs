@@ -5,7 +5,7 @@
 //! - the mapping between `ncclResult_t` and [`ErrorKind`] ([`result_code`], [`error_kind`]);
 //! - C-string copying ([`c_string`]) and `dlerror` text ([`dl_error`]);
 //! - [`net`]: the one client of a loaded net plugin, which adapts whichever table
-//!   (`ncclNetPlugin_v12` .. `v8`) it finds into one current-shaped set of calls at load, as
+//!   (`ncclNetPlugin_v12` .. `v6`) it finds into one current-shaped set of calls at load, as
 //!   NCCL's own loader does. Wrap mode and the CPU harness both use it.
 
 mod bindings;

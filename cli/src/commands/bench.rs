@@ -53,8 +53,8 @@ pub struct Args {
     /// Largest message (chunk) size.
     #[arg(long, default_value = "512K")]
     pub chunk: String,
-    /// Newest net plugin ABI version to drive (8 to 12): the library's newest table up to it,
-    /// as NCCL takes the newest it knows.
+    /// Newest net plugin ABI version to drive (8 to 12): the library's newest table up to it
+    /// (down to v6), as NCCL takes the newest it knows.
     #[arg(long, default_value_t = 12)]
     pub net_version: u32,
     /// Element type: f32 or u8.

@@ -6,6 +6,10 @@ pub mod busy;
 pub mod census;
 pub mod forged;
 pub mod init_child;
+mod transfer;
+
+#[allow(unused_imports)] // each test binary uses some of them
+pub use transfer::{move_messages, post_recv, post_send, registered_round_trip, wait_request};
 
 use std::ffi::{c_int, c_void};
 use std::path::{Path, PathBuf};
@@ -256,10 +260,7 @@ pub fn assert_all_exact(reports: &[WorkerReport], runs: usize) {
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
-use lossy_cli::harness::plugin_client::{
-    ConnHandle, Posted, RecvComm, RecvItem, Request, SendComm, HANDLE_BYTES,
-};
-use nccl_net_lossy::Result;
+use lossy_cli::harness::plugin_client::{ConnHandle, HANDLE_BYTES};
 
 /// Environment variable that tells a re-executed test binary which peer role to play.
 pub const ROLE_ENV: &str = "LOSSY_TEST_PEER_ROLE";
@@ -420,63 +421,6 @@ pub fn message_bytes(len: usize, seed: u64) -> Vec<u8> {
                 ^ (i >> 11) as u8
         })
         .collect()
-}
-
-/// Posts one receive of `size` bytes with `tag`.
-pub fn post_recv(recv: &RecvComm, size: usize, tag: i32) -> Result<Request> {
-    let mut buf = vec![0u8; size].into_boxed_slice();
-    let mr = recv.reg_mr(&mut buf)?;
-    match recv.irecv(vec![RecvItem { buf, size, tag, mr }])? {
-        Posted::Started(r) => Ok(r),
-        Posted::Busy(_) => panic!("no receive slot for a single request"),
-    }
-}
-
-/// Posts one send of `data` with `tag`.
-pub fn post_send(send: &SendComm, data: Vec<u8>, tag: i32) -> Result<Request> {
-    let mut buf = data.into_boxed_slice();
-    let size = buf.len();
-    let mr = send.reg_mr(&mut buf)?;
-    match send.isend(buf, size, tag, mr)? {
-        Posted::Started(r) => Ok(r),
-        Posted::Busy(_) => panic!("no send slot for a single request"),
-    }
-}
-
-/// Opens a local connection of `client` and moves `messages` messages of `size` bytes over
-/// it, each waited for at most `hang`; returns the connection, still open.
-pub fn move_messages(
-    client: &lossy_cli::harness::plugin_client::PluginClient,
-    messages: u64,
-    size: usize,
-    hang: Duration,
-) -> (SendComm, RecvComm) {
-    let (send, recv) = client
-        .local_pair(0, Duration::from_secs(20))
-        .expect("local pair");
-    for i in 0..messages {
-        let mut r = post_recv(&recv, size, 0).expect("irecv");
-        let mut s = post_send(&send, vec![i as u8; size], 0).expect("isend");
-        wait_request(&mut s, hang).expect("send");
-        wait_request(&mut r, hang).expect("recv");
-    }
-    (send, recv)
-}
-
-/// Tests `req` until done or failed; a request still pending after `hang` is a hang, and
-/// fails the test.
-pub fn wait_request(req: &mut Request, hang: Duration) -> Result<()> {
-    let start = Instant::now();
-    loop {
-        if req.test()?.is_some() {
-            return Ok(());
-        }
-        assert!(
-            start.elapsed() < hang,
-            "request still pending after {hang:?}: a hang"
-        );
-        std::thread::sleep(Duration::from_micros(100));
-    }
 }
 
 /// The environment that makes [`heap_in_use`] exact in a process started with it: one malloc

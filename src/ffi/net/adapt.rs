@@ -1,191 +1,56 @@
-//! Each table version in the current (v12) shape: its properties struct converted into
-//! [`NetProperties`], and an [`Adapter`] for the entries whose C signature changed, as NCCL's
-//! `src/plugin/net/net_v8.cc` and friends adapt an old table once, at load.
+//! Each table version in the current (v12) shape: an [`Adapter`] for the entries whose C
+//! signature changed (its properties struct is converted by `props`), as NCCL's
+//! `src/plugin/net/net_v6.cc` and friends adapt an old table once, at load.
 
 use std::ffi::{c_char, c_int, c_void};
 
-use super::{Code, MAX_GROUPED_RECVS, MISSING, OK, V8_MAX_BYTES, V8_MAX_COLL_BYTES};
+use super::props::{properties_of, NetProperties};
+use super::{Code, MAX_GROUPED_RECVS, MISSING, OK, V8_MAX_BYTES};
 use crate::ffi::{
-    c_string, ncclDebugLogger_t, ncclNetAttr_v11_t, ncclNetCommConfig_v10_t,
-    ncclNetDeviceHandle_v8_t, ncclNetProperties_v11_t, ncclNetProperties_v12_t,
-    ncclNetProperties_v8_t, ncclNetProperties_v9_t, ncclNet_v10_t, ncclNet_v11_t, ncclNet_v12_t,
-    ncclNet_v8_t, ncclNet_v9_t, ncclProfilerCallback_t, ncclResult_t,
+    ncclDebugLogger_t, ncclNetAttr_v11_t, ncclNetCommConfig_v10_t, ncclNetDeviceHandle_v8_t,
+    ncclNet_v10_t, ncclNet_v11_t, ncclNet_v12_t, ncclNet_v6_t, ncclNet_v7_t, ncclNet_v8_t,
+    ncclNet_v9_t, ncclProfilerCallback_t, ncclResult_t,
 };
 use crate::{Error, Result};
-
-// ---- properties ----------------------------------------------------------------------------
-
-/// A device's properties in the current (v12) shape, whatever the table's version: fields
-/// an older version lacks get the values NCCL's own adapters give them.
-#[derive(Clone, Debug, PartialEq)]
-pub struct NetProperties {
-    /// Device name (e.g. `mlx5_0`).
-    pub name: String,
-    /// PCI path in /sys, when the plugin gave one.
-    pub pci_path: Option<String>,
-    /// Device GUID.
-    pub guid: u64,
-    /// `NCCL_PTR_*` bits the device accepts.
-    pub ptr_support: i32,
-    /// Whether registrations are global.
-    pub reg_is_global: i32,
-    /// Whether receives need a flush (v9+; 0 before).
-    pub force_flush: i32,
-    /// Link speed, Mbps.
-    pub speed_mbps: i32,
-    /// Port number.
-    pub port: i32,
-    /// Latency, microseconds.
-    pub latency_us: f32,
-    /// Most connections.
-    pub max_comms: i32,
-    /// Most buffers per grouped receive.
-    pub max_recvs: i32,
-    /// Device type (0: host).
-    pub net_device_type: i32,
-    /// Device-side API version.
-    pub net_device_version: i32,
-    /// Physical devices behind this one (before v9: the device itself).
-    pub vdevs: Vec<i32>,
-    /// Largest point-to-point message (before v9: 1 GiB, as NCCL assumes).
-    pub max_p2p_bytes: usize,
-    /// Largest collective message (before v9: 512 MiB, as NCCL assumes).
-    pub max_coll_bytes: usize,
-    /// Most requests NCCL may merge (before v11: 1).
-    pub max_multi_request_size: i32,
-    /// Rail id (before v12: -1, unknown).
-    pub rail_id: i16,
-    /// Plane id (before v12: -1, unknown).
-    pub plane_id: i16,
-}
-
-/// One version's properties struct.
-trait PropsLayout: Default {
-    /// The struct in the current shape.
-    ///
-    /// # Safety
-    /// `self` was filled by the plugin's `getProperties`, so its string fields are NULL or
-    /// NUL-terminated strings that live as long as the plugin.
-    unsafe fn adapt(&self, dev: c_int) -> NetProperties;
-}
-
-/// The fields every properties version shares, with v8's defaults for the others.
-macro_rules! base_props {
-    ($p:expr, $dev:expr) => {{
-        let p = $p;
-        NetProperties {
-            // SAFETY: the caller's contract: NULL or a NUL-terminated string of the plugin.
-            name: unsafe { c_string(p.name) }.unwrap_or_default(),
-            // SAFETY: as for `name`.
-            pci_path: unsafe { c_string(p.pciPath) },
-            guid: p.guid,
-            ptr_support: p.ptrSupport,
-            reg_is_global: p.regIsGlobal,
-            force_flush: 0,
-            speed_mbps: p.speed,
-            port: p.port,
-            latency_us: p.latency,
-            max_comms: p.maxComms,
-            max_recvs: p.maxRecvs,
-            net_device_type: p.netDeviceType.0 as i32,
-            net_device_version: p.netDeviceVersion,
-            vdevs: vec![$dev],
-            max_p2p_bytes: V8_MAX_BYTES,
-            max_coll_bytes: V8_MAX_COLL_BYTES,
-            max_multi_request_size: 1,
-            rail_id: -1,
-            plane_id: -1,
-        }
-    }};
-}
-
-/// Adds the fields v9 introduced.
-macro_rules! v9_props {
-    ($p:expr, $dev:expr) => {{
-        let p = $p;
-        let n = usize::try_from(p.vProps.ndevs).unwrap_or(0);
-        NetProperties {
-            force_flush: p.forceFlush,
-            vdevs: p.vProps.devs[..n.min(p.vProps.devs.len())].to_vec(),
-            max_p2p_bytes: p.maxP2pBytes,
-            max_coll_bytes: p.maxCollBytes,
-            ..base_props!(p, $dev)
-        }
-    }};
-}
-
-impl PropsLayout for ncclNetProperties_v8_t {
-    /// # Safety: the [`PropsLayout::adapt`] contract.
-    unsafe fn adapt(&self, dev: c_int) -> NetProperties {
-        base_props!(self, dev)
-    }
-}
-
-impl PropsLayout for ncclNetProperties_v9_t {
-    /// # Safety: the [`PropsLayout::adapt`] contract.
-    unsafe fn adapt(&self, dev: c_int) -> NetProperties {
-        v9_props!(self, dev)
-    }
-}
-
-impl PropsLayout for ncclNetProperties_v11_t {
-    /// # Safety: the [`PropsLayout::adapt`] contract.
-    unsafe fn adapt(&self, dev: c_int) -> NetProperties {
-        NetProperties {
-            max_multi_request_size: self.maxMultiRequestSize,
-            ..v9_props!(self, dev)
-        }
-    }
-}
-
-impl PropsLayout for ncclNetProperties_v12_t {
-    /// # Safety: the [`PropsLayout::adapt`] contract.
-    unsafe fn adapt(&self, dev: c_int) -> NetProperties {
-        NetProperties {
-            max_multi_request_size: self.maxMultiRequestSize,
-            rail_id: self.railId,
-            plane_id: self.planeId,
-            ..v9_props!(self, dev)
-        }
-    }
-}
-
-/// Calls `getProperties` of any version with a struct of its own layout, then adapts it.
-///
-/// # Safety
-/// `get` is a plugin's `getProperties` taking a `*mut P`.
-unsafe fn properties_of<P: PropsLayout>(
-    get: Option<unsafe extern "C" fn(c_int, *mut P) -> Code>,
-    dev: c_int,
-) -> std::result::Result<NetProperties, Code> {
-    let Some(get) = get else { return Err(MISSING) };
-    let mut p = P::default();
-    // SAFETY: a writable struct of the layout this entry takes, owned by this frame.
-    match unsafe { get(dev, &mut p) } {
-        // SAFETY: the plugin filled `p`.
-        OK => Ok(unsafe { p.adapt(dev) }),
-        code => Err(code),
-    }
-}
 
 // ---- adapters: each table version in the current shape ------------------------------------
 
 type DevicesFn = unsafe extern "C" fn(*mut c_int) -> Code;
 type AcceptFn =
     unsafe extern "C" fn(*mut c_void, *mut *mut c_void, *mut *mut ncclNetDeviceHandle_v8_t) -> Code;
+/// v6's `accept`: no device handle.
+type AcceptV6Fn = unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> Code;
 type RegMrFn =
     unsafe extern "C" fn(*mut c_void, *mut c_void, usize, c_int, *mut *mut c_void) -> Code;
+/// v6's and v7's `regMr`: an `int` size.
+type RegMrIntFn =
+    unsafe extern "C" fn(*mut c_void, *mut c_void, c_int, c_int, *mut *mut c_void) -> Code;
 type DeregMrFn = unsafe extern "C" fn(*mut c_void, *mut c_void) -> Code;
 type TestFn = unsafe extern "C" fn(*mut c_void, *mut c_int, *mut c_int) -> Code;
 type CloseFn = unsafe extern "C" fn(*mut c_void) -> Code;
 type IrecvConsumedFn = unsafe extern "C" fn(*mut c_void, c_int, *mut c_void) -> Code;
 
-/// The entries whose C signature is the same in v8 to v12, copied out of the table at load.
+/// `accept`: with a device handle out-pointer from v7 on, without in v6.
+#[derive(Clone, Copy)]
+pub(super) enum AcceptEntry {
+    DevComm(AcceptFn),
+    Plain(AcceptV6Fn),
+}
+
+/// `regMr`: a `size_t` size from v8 on, an `int` in v6 and v7.
+#[derive(Clone, Copy)]
+pub(super) enum RegMrEntry {
+    SizeT(RegMrFn),
+    Int(RegMrIntFn),
+}
+
+/// The entries whose C signature is the same in v6 to v12 (or nearly: `accept` and `regMr`
+/// say which they are), copied out of the table at load.
 #[derive(Clone, Copy)]
 pub(super) struct Shared {
     pub(super) devices: DevicesFn,
-    pub(super) accept: AcceptFn,
-    pub(super) reg_mr: RegMrFn,
+    pub(super) accept: AcceptEntry,
+    pub(super) reg_mr: RegMrEntry,
     pub(super) dereg_mr: DeregMrFn,
     pub(super) test: TestFn,
     pub(super) close_send: CloseFn,
@@ -326,7 +191,7 @@ macro_rules! comm_out {
     }};
 }
 
-/// v8 `int` sizes of a receive (callers checked each against [`V8_MAX_BYTES`]).
+/// v6-v8 `int` sizes of a receive (callers checked each against [`V8_MAX_BYTES`]).
 ///
 /// # Safety
 /// `sizes` has `n` entries, 1 <= n <= MAX_GROUPED_RECVS.
@@ -340,7 +205,7 @@ unsafe fn int_sizes(n: c_int, sizes: *mut usize) -> [c_int; MAX_GROUPED_RECVS] {
     out
 }
 
-/// `listen` of v8 to v10: no context.
+/// `listen` of v6 to v10: no context.
 macro_rules! listen_without_context {
     () => {
         /// # Safety: the [`Adapter`] method's contract.
@@ -356,7 +221,7 @@ macro_rules! listen_without_context {
     };
 }
 
-/// `connect` of v8 and v9: no context, no traffic class.
+/// `connect` of v7 to v9: no context, no traffic class.
 macro_rules! connect_v8_v9 {
     () => {
         /// # Safety: the [`Adapter`] method's contract.
@@ -367,25 +232,99 @@ macro_rules! connect_v8_v9 {
             h: *mut c_void,
             _class: c_int,
         ) -> (Code, *mut c_void) {
-            // SAFETY: the trait's contract; v8 and v9 have no context and no traffic class.
+            // SAFETY: the trait's contract; v7 to v9 have no context and no traffic class.
             unsafe { comm_out!(self.connect, dev, h; dev_comm) }
         }
     };
 }
 
-impl Adapter for ncclNet_v8_t {
+/// `init`, `isend` and `irecv` of v6 to v8: a logger only, `int` sizes, no profiler handles.
+macro_rules! int_sized_v6_to_v8 {
+    () => {
+        /// # Safety: the [`Adapter`] method's contract.
+        unsafe fn init(
+            &self,
+            _ctx: &mut *mut c_void,
+            _id: u64,
+            _class: c_int,
+            logger: ncclDebugLogger_t,
+            _profiler: ncclProfilerCallback_t,
+        ) -> Code {
+            // SAFETY: the trait's contract; no profiler callback before v10.
+            unsafe { call!(self.init, logger) }
+        }
+        /// # Safety: the [`Adapter`] method's contract.
+        unsafe fn isend(
+            &self,
+            comm: *mut c_void,
+            data: *mut c_void,
+            size: usize,
+            tag: c_int,
+            mh: *mut c_void,
+            _phandle: *mut c_void,
+            req: &mut *mut c_void,
+        ) -> Code {
+            let Ok(size) = c_int::try_from(size) else {
+                return ncclResult_t::ncclInvalidArgument;
+            };
+            // SAFETY: the trait's contract; the size fits the version's int.
+            unsafe { call!(self.isend, comm, data, size, tag, mh, req) }
+        }
+        /// # Safety: the [`Adapter`] method's contract.
+        unsafe fn irecv(
+            &self,
+            comm: *mut c_void,
+            n: c_int,
+            data: *mut *mut c_void,
+            sizes: *mut usize,
+            tags: *mut c_int,
+            mhs: *mut *mut c_void,
+            _phandles: *mut *mut c_void,
+            req: &mut *mut c_void,
+        ) -> Code {
+            // SAFETY: the trait's contract: `sizes` has `n` entries, n <= MAX_GROUPED_RECVS.
+            let mut ints = unsafe { int_sizes(n, sizes) };
+            // SAFETY: the trait's contract, with the sizes as the version's ints (alive for
+            // the call).
+            unsafe { call!(self.irecv, comm, n, data, ints.as_mut_ptr(), tags, mhs, req) }
+        }
+    };
+}
+
+impl Adapter for ncclNet_v6_t {
+    int_sized_v6_to_v8!();
     /// # Safety: the [`Adapter`] method's contract.
-    unsafe fn init(
-        &self,
-        _ctx: &mut *mut c_void,
-        _id: u64,
-        _class: c_int,
-        logger: ncclDebugLogger_t,
-        _profiler: ncclProfilerCallback_t,
-    ) -> Code {
-        // SAFETY: the trait's contract; no profiler callback before v10.
-        unsafe { call!(self.init, logger) }
+    unsafe fn properties(&self, dev: c_int) -> std::result::Result<NetProperties, Code> {
+        // SAFETY: v6's getProperties takes a v6 struct.
+        unsafe { properties_of(self.getProperties, dev) }
     }
+    listen_without_context!();
+    /// # Safety: the [`Adapter`] method's contract.
+    unsafe fn connect(
+        &self,
+        _ctx: *mut c_void,
+        dev: c_int,
+        h: *mut c_void,
+        _class: c_int,
+    ) -> (Code, *mut c_void) {
+        // SAFETY: the trait's contract; v6 has no context, traffic class or device handle.
+        unsafe { comm_out!(self.connect, dev, h) }
+    }
+}
+
+impl Adapter for ncclNet_v7_t {
+    int_sized_v6_to_v8!();
+    /// # Safety: the [`Adapter`] method's contract.
+    unsafe fn properties(&self, dev: c_int) -> std::result::Result<NetProperties, Code> {
+        // SAFETY: v7's getProperties takes a v7 struct.
+        unsafe { properties_of(self.getProperties, dev) }
+    }
+    listen_without_context!();
+    connect_v8_v9!();
+}
+
+impl Adapter for ncclNet_v8_t {
+    int_sized_v6_to_v8!();
     /// # Safety: the [`Adapter`] method's contract.
     unsafe fn properties(&self, dev: c_int) -> std::result::Result<NetProperties, Code> {
         // SAFETY: v8's getProperties takes a v8 struct.
@@ -393,40 +332,6 @@ impl Adapter for ncclNet_v8_t {
     }
     listen_without_context!();
     connect_v8_v9!();
-    /// # Safety: the [`Adapter`] method's contract.
-    unsafe fn isend(
-        &self,
-        comm: *mut c_void,
-        data: *mut c_void,
-        size: usize,
-        tag: c_int,
-        mh: *mut c_void,
-        _phandle: *mut c_void,
-        req: &mut *mut c_void,
-    ) -> Code {
-        let Ok(size) = c_int::try_from(size) else {
-            return ncclResult_t::ncclInvalidArgument;
-        };
-        // SAFETY: the trait's contract; the size fits v8's int.
-        unsafe { call!(self.isend, comm, data, size, tag, mh, req) }
-    }
-    /// # Safety: the [`Adapter`] method's contract.
-    unsafe fn irecv(
-        &self,
-        comm: *mut c_void,
-        n: c_int,
-        data: *mut *mut c_void,
-        sizes: *mut usize,
-        tags: *mut c_int,
-        mhs: *mut *mut c_void,
-        _phandles: *mut *mut c_void,
-        req: &mut *mut c_void,
-    ) -> Code {
-        // SAFETY: the trait's contract: `sizes` has `n` entries, n <= MAX_GROUPED_RECVS.
-        let mut ints = unsafe { int_sizes(n, sizes) };
-        // SAFETY: the trait's contract, with the sizes as v8's ints (alive for the call).
-        unsafe { call!(self.irecv, comm, n, data, ints.as_mut_ptr(), tags, mhs, req) }
-    }
 }
 
 impl Adapter for ncclNet_v9_t {
@@ -636,7 +541,8 @@ pub(super) trait Table: Adapter + Copy + 'static {
 }
 
 macro_rules! table {
-    ($t:ty, $version:expr, $max_bytes:expr $(, $extra:ident)*) => {
+    ($t:ty, $version:expr, $max_bytes:expr, $accept:path, $reg_mr:path,
+     |$table:ident| $consumed:expr $(, $extra:ident)*) => {
         impl Table for $t {
             const VERSION: u32 = $version;
             const MAX_BYTES: usize = $max_bytes;
@@ -651,27 +557,52 @@ macro_rules! table {
                 need(self.isend, "isend")?;
                 need(self.irecv, "irecv")?;
                 $(need(self.$extra, stringify!($extra))?;)*
+                let $table = self;
                 Ok(Shared {
                     devices: need(self.devices, "devices")?,
-                    accept: need(self.accept, "accept")?,
-                    reg_mr: need(self.regMr, "regMr")?,
+                    accept: $accept(need(self.accept, "accept")?),
+                    reg_mr: $reg_mr(need(self.regMr, "regMr")?),
                     dereg_mr: need(self.deregMr, "deregMr")?,
                     test: need(self.test, "test")?,
                     close_send: need(self.closeSend, "closeSend")?,
                     close_recv: need(self.closeRecv, "closeRecv")?,
                     close_listen: need(self.closeListen, "closeListen")?,
-                    irecv_consumed: self.irecvConsumed,
+                    irecv_consumed: $consumed,
                 })
             }
         }
     };
 }
 
-table!(ncclNet_v8_t, 8, V8_MAX_BYTES);
-table!(ncclNet_v9_t, 9, usize::MAX);
-table!(ncclNet_v10_t, 10, usize::MAX);
-table!(ncclNet_v11_t, 11, usize::MAX, finalize);
-table!(ncclNet_v12_t, 12, usize::MAX, finalize);
+use AcceptEntry::{DevComm, Plain};
+use RegMrEntry::{Int, SizeT};
+table!(ncclNet_v6_t, 6, V8_MAX_BYTES, Plain, Int, |_t| None);
+table!(ncclNet_v7_t, 7, V8_MAX_BYTES, DevComm, Int, |t| t
+    .irecvConsumed);
+table!(ncclNet_v8_t, 8, V8_MAX_BYTES, DevComm, SizeT, |t| t
+    .irecvConsumed);
+table!(ncclNet_v9_t, 9, usize::MAX, DevComm, SizeT, |t| t
+    .irecvConsumed);
+table!(ncclNet_v10_t, 10, usize::MAX, DevComm, SizeT, |t| t
+    .irecvConsumed);
+table!(
+    ncclNet_v11_t,
+    11,
+    usize::MAX,
+    DevComm,
+    SizeT,
+    |t| t.irecvConsumed,
+    finalize
+);
+table!(
+    ncclNet_v12_t,
+    12,
+    usize::MAX,
+    DevComm,
+    SizeT,
+    |t| t.irecvConsumed,
+    finalize
+);
 
 /// A table adapted into the current shape.
 pub(super) struct Adapted {
@@ -702,10 +633,12 @@ pub(super) unsafe fn adapt<T: Table>(sym: *mut c_void) -> Result<Adapted> {
 /// Adapts the table at a symbol's address (see [`adapt`]).
 type AdaptFn = unsafe fn(*mut c_void) -> Result<Adapted>;
 
-pub(super) const VERSIONS: [(u32, AdaptFn); 5] = [
+pub(super) const VERSIONS: [(u32, AdaptFn); 7] = [
     (ncclNet_v12_t::VERSION, adapt::<ncclNet_v12_t>),
     (ncclNet_v11_t::VERSION, adapt::<ncclNet_v11_t>),
     (ncclNet_v10_t::VERSION, adapt::<ncclNet_v10_t>),
     (ncclNet_v9_t::VERSION, adapt::<ncclNet_v9_t>),
     (ncclNet_v8_t::VERSION, adapt::<ncclNet_v8_t>),
+    (ncclNet_v7_t::VERSION, adapt::<ncclNet_v7_t>),
+    (ncclNet_v6_t::VERSION, adapt::<ncclNet_v6_t>),
 ];

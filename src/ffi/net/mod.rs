@@ -1,7 +1,7 @@
 //! The one client of a loaded NCCL net plugin. [`NetPlugin::load`] looks up
-//! `ncclNetPlugin_v12` down to `_v8` in a [`NetLibrary`] (newest first, as NCCL's
+//! `ncclNetPlugin_v12` down to `_v6` in a [`NetLibrary`] (newest first, as NCCL's
 //! `src/plugin/net.cc` does) and adapts the table it finds, once, into one current-shaped
-//! set of calls (as NCCL's `src/plugin/net/net_v8.cc` and friends do): an adapter per
+//! set of calls (as NCCL's `src/plugin/net/net_v6.cc` and friends do): an adapter per
 //! table version ([`adapt`]) converts argument widths, contexts and properties, and the entries whose C
 //! signature never changed are copied out of the table. Nothing matches on the version
 //! afterwards.
@@ -22,8 +22,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 mod adapt;
 pub mod profiler;
+mod props;
 
-pub use adapt::NetProperties;
+pub use props::NetProperties;
 
 use super::{
     c_string, dl_error, error_kind, ncclDebugLogger_t, ncclNetAttr_v11_t, ncclNetDeviceHandle_v8_t,
@@ -31,10 +32,10 @@ use super::{
     NCCL_PTR_HOST,
 };
 use crate::{Error, Result};
-use adapt::{Adapter, Shared, VERSIONS};
+use adapt::{AcceptEntry, Adapter, RegMrEntry, Shared, VERSIONS};
 
 /// Oldest net-plugin table version the client adapts.
-pub const OLDEST_VERSION: u32 = 8;
+pub const OLDEST_VERSION: u32 = 6;
 /// Newest net-plugin table version (the current shape).
 pub const NEWEST_VERSION: u32 = 12;
 /// Most buffers one grouped receive may carry (NCCL's `NCCL_NET_MAX_RECVS`).
@@ -276,7 +277,7 @@ unsafe impl Send for NetPlugin {}
 unsafe impl Sync for NetPlugin {}
 
 impl NetPlugin {
-    /// Finds the newest `ncclNetPlugin_vN` of `lib` with N in `versions` (within 8..=12) and
+    /// Finds the newest `ncclNetPlugin_vN` of `lib` with N in `versions` (within 6..=12) and
     /// adapts it. Refuses a table that lies in the image this code runs in (loading our own
     /// library into itself would recurse).
     pub fn load(lib: Arc<NetLibrary>, versions: RangeInclusive<u32>) -> Result<NetPlugin> {
@@ -315,7 +316,7 @@ impl NetPlugin {
         })
     }
 
-    /// The table version in use (8 to 12).
+    /// The table version in use (6 to 12).
     pub fn version(&self) -> u32 {
         self.version
     }
@@ -545,8 +546,12 @@ impl NetPlugin {
     pub unsafe fn accept(&self, listen: NetComm) -> Result<Option<NetComm>> {
         let mut comm: *mut c_void = std::ptr::null_mut();
         let mut dev_comm: *mut ncclNetDeviceHandle_v8_t = std::ptr::null_mut();
-        // SAFETY: a live listen comm per this function's contract; valid out-pointers.
-        let code = unsafe { (self.shared.accept)(listen.0, &mut comm, &mut dev_comm) };
+        let code = match self.shared.accept {
+            // SAFETY: a live listen comm per this function's contract; valid out-pointers.
+            AcceptEntry::DevComm(accept) => unsafe { accept(listen.0, &mut comm, &mut dev_comm) },
+            // SAFETY: as above (v6 has no device handle).
+            AcceptEntry::Plain(accept) => unsafe { accept(listen.0, &mut comm) },
+        };
         self.check(code, "accept")?;
         Ok((!comm.is_null()).then_some(NetComm(comm)))
     }
@@ -559,8 +564,22 @@ impl NetPlugin {
     pub unsafe fn reg_mr(&self, comm: NetComm, data: *mut u8, len: usize) -> Result<NetMr> {
         let mut mh: *mut c_void = std::ptr::null_mut();
         let kind = NCCL_PTR_HOST as c_int;
-        // SAFETY: per this function's contract; a valid out-pointer.
-        let code = unsafe { (self.shared.reg_mr)(comm.0, data.cast(), len, kind, &mut mh) };
+        let code = match self.shared.reg_mr {
+            // SAFETY: per this function's contract; a valid out-pointer.
+            RegMrEntry::SizeT(reg) => unsafe { reg(comm.0, data.cast(), len, kind, &mut mh) },
+            RegMrEntry::Int(reg) => match c_int::try_from(len) {
+                // SAFETY: as above, the size in v6's and v7's `int`.
+                Ok(len) => unsafe { reg(comm.0, data.cast(), len, kind, &mut mh) },
+                // What NCCL's `net_v6.cc` and `net_v7.cc` answer for 2 GiB and more.
+                Err(_) => {
+                    return Err(Error::internal(format!(
+                        "regMr of {len} bytes: a v{} table takes at most {} bytes at once",
+                        self.version,
+                        c_int::MAX
+                    )))
+                }
+            },
+        };
         self.check(code, "regMr")?;
         Ok(NetMr(mh))
     }

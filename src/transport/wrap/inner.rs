@@ -1,7 +1,7 @@
 //! Loading the wrapped ("inner") net plugin: resolves its name as NCCL resolves
 //! `NCCL_NET_PLUGIN`, tells a copy of this library that it runs wrapped, and initialises it
 //! through the one net-plugin client ([`crate::ffi::net`]), which adapts whichever table
-//! version (v8 to v12) it exports.
+//! version (v6 to v12) it exports.
 
 use std::ffi::c_int;
 use std::path::{Path, PathBuf};
@@ -85,7 +85,7 @@ pub enum InnerCheck {
 }
 
 /// Checks, before a job starts, that the plugin `spec` names would load as the inner plugin
-/// of wrap mode: a regular file the loader opens, exporting a net table of NCCL's v8 to v12.
+/// of wrap mode: a regular file the loader opens, exporting a net table of NCCL's v6 to v12.
 /// Loads the library (its initialisers run) but does not initialise the plugin, and unloads
 /// it again. An error: the file is there but is no net plugin this library can wrap.
 pub fn check_loadable(spec: &str) -> Result<InnerCheck> {
@@ -166,7 +166,7 @@ impl InnerPlugin {
         self.net.name()
     }
 
-    /// The ABI version used (8 to 12).
+    /// The ABI version used (6 to 12).
     pub fn version(&self) -> u32 {
         self.net.version()
     }

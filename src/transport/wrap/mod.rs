@@ -161,7 +161,7 @@ impl WrapTransport {
 }
 
 impl WrapTransport {
-    /// The inner plugin's API version in use (8 to 12).
+    /// The inner plugin's API version in use (6 to 12).
     pub fn inner_version(&self) -> u32 {
         self.plugin.version()
     }

@@ -41,8 +41,10 @@ pub use super::library::{
 /// A connection handle as `listen` fills it and the peer's `connect` reads it.
 pub type ConnHandle = [u8; HANDLE_BYTES];
 
-/// Oldest net-plugin ABI version the harness drives.
-pub const MIN_VERSION: u32 = OLDEST_VERSION;
+/// Oldest net-plugin ABI version the harness speaks as NCCL (the oldest this project's plugin
+/// exports); under any of them it loads a library's newest table from that version down to
+/// v6, as NCCL 2.30 does.
+pub const MIN_VERSION: u32 = 8;
 
 /// Newest net-plugin ABI version the harness drives (and the default: the newest table a
 /// library exports up to it is used).
@@ -251,8 +253,8 @@ impl PluginClient {
         }
         // As NCCL does: the newest table the library exports, from `version` down (NCCL
         // 2.30 asks for v12, then v11, ...; src/plugin/net.cc), so a plugin built for an
-        // older NCCL runs under the default.
-        let plugin = NetPlugin::load(Arc::clone(&lib.lib), MIN_VERSION..=version)?;
+        // older NCCL runs under the default, down to v6 (src/plugin/net/net_v6.cc).
+        let plugin = NetPlugin::load(Arc::clone(&lib.lib), OLDEST_VERSION..=version)?;
         let ctx = plugin.init_profiled(comm_id, logger(), profiler)?;
         let client = PluginClient {
             inner: Rc::new(ClientInner {
