@@ -61,9 +61,10 @@ pub fn unknown_var_warnings() -> Vec<String> {
                 .map(|(_, known)| format!(": did you mean {known}?"))
                 .unwrap_or_default();
             format!(
-                "{name}={} is not a variable of nccl-net-lossy and is ignored{closest} (its \
+                "{}={} is not a variable of nccl-net-lossy and is ignored{closest} (its \
                  variables: {})",
-                value.to_string_lossy(),
+                crate::error::echo(&name, str::to_string),
+                crate::error::echo(&value.to_string_lossy(), str::to_string),
                 KNOWN_VARS.join(", ")
             )
         })

@@ -91,3 +91,42 @@ fn a_bad_connect_retry_setting_states_the_range() {
         );
     }
 }
+
+#[test]
+fn a_value_of_kilobytes_is_echoed_cut_with_its_length() {
+    // Every rank logs an init failure, on stderr too: a 100 KB value (an environment
+    // variable may hold 128 KiB) was echoed whole, in every variable's error. Cut as the
+    // profile's errors cut values (`error::echo`), with the variable named and the length
+    // said.
+    let long = "9".repeat(100_000);
+    for name in [
+        "NCCL_LOSSY_NSOCKS",
+        "NCCL_LOSSY_SPEED_MBPS",
+        "NCCL_LOSSY_SOCKBUF",
+        "NCCL_LOSSY_IO_THREADS",
+        "NCCL_LOSSY_TIMEOUT",
+        "NCCL_LOSSY_DELAYED_ACKS",
+        "NCCL_SOCKET_FAMILY",
+        "NCCL_SOCKET_RETRY_CNT",
+        "NCCL_SOCKET_RETRY_SLEEP_MSEC",
+    ] {
+        let message = error_of(name, &long);
+        assert!(
+            message.len() < 1_000
+                && message.contains(&format!("{name}=999"))
+                && message.contains("(100000 bytes in all)"),
+            "{name}: {} bytes: {}",
+            message.len(),
+            &message[..message.len().min(300)]
+        );
+    }
+    let none = nccl_net_lossy::transport::socket::iface::none_usable(&[], Some(&long), None);
+    assert!(
+        none.len() < 1_000
+            && none.contains("NCCL_SOCKET_IFNAME=999")
+            && none.contains("(100000 bytes in all)"),
+        "{} bytes: {}",
+        none.len(),
+        &none[..none.len().min(300)]
+    );
+}

@@ -611,3 +611,42 @@ fn long_overrides_and_an_inner_plugin_path_are_shown_cut() {
         &all[..all.len().min(300)]
     );
 }
+
+#[test]
+fn environment_values_of_kilobytes_are_echoed_cut() {
+    // A variable's value is echoed in init's errors and warnings (logged by every rank, on
+    // stderr too) and by validate: cut past 60 characters with its length said, as the
+    // profile's values are. `NCCL_PROTO`, `NCCL_LOSSY_TRACE_EVENTS` and a misspelt
+    // `NCCL_LOSSY_*` of 100 KB were echoed whole.
+    let dir = fresh_dir("validate-long-env");
+    let zero = write(
+        &dir,
+        "zero.toml",
+        "effect = \"zero\"\nmodel = { kind = \"uniform\", rate = 0.01 }\n",
+    );
+    let long = "9".repeat(100_000);
+    let forced = format!("LL,{long}");
+    for (name, value, refused) in [
+        ("NCCL_LOSSY_TRACE_EVENTS", long.as_str(), true),
+        ("NCCL_LOSSY_NSOCKS", long.as_str(), true),
+        ("NCCL_PROTO", forced.as_str(), true),
+        ("NCCL_LOSSY_PROFIL", long.as_str(), false),
+    ] {
+        let out = lossy(&["validate", &zero], &[(name, value)]);
+        let (stdout, stderr) = text(&out);
+        assert_eq!(
+            out.status.success(),
+            !refused,
+            "{name}: {}",
+            &stderr[..stderr.len().min(300)]
+        );
+        assert!(
+            stderr.len() < 2_000 && stderr.contains(name) && stderr.contains("bytes in all"),
+            "{name}: {} bytes: {}{}",
+            stderr.len(),
+            &stdout[..stdout.len().min(300)],
+            &stderr[..stderr.len().min(300)]
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -110,7 +110,7 @@ pub fn check_forced_protocol(profile: &Profile, nccl_proto: Option<&str>) -> Res
          (zero, stale or bitflip): LL and LL128 carry flags inside the payload and a lost \
          packet would hang the receiving GPU. Use NCCL_PROTO=Simple (or unset it: this \
          library's tuner then rules LL/LL128 out), or the `retransmit` effect",
-        nccl_proto.unwrap_or_default(),
+        crate::error::echo(nccl_proto.unwrap_or_default(), str::to_string),
         profile.origin
     )))
 }
@@ -237,6 +237,7 @@ pub fn unknown_comm_size_warning(profile: &Profile, tuner_plugin: Option<&str>) 
     } else {
         ("that tuner instead", "unless it fails to load, ")
     };
+    let tuner = crate::error::echo(tuner, str::to_string);
     Some(format!(
         "NCCL_TUNER_PLUGIN={tuner}: {} of profile {} {} on comm_size, which the plugin learns \
          from this library's tuner, and NCCL loads {loads}: {unless}{}. Unset \
@@ -292,7 +293,7 @@ pub fn unknown_rank_warning(
     } else {
         let values: Vec<String> = set
             .iter()
-            .map(|(var, value)| format!("{var}={value}"))
+            .map(|(var, value)| format!("{var}={}", crate::error::echo(value, str::to_string)))
             .collect();
         format!("{} is not a rank (a number)", values.join(", "))
     };
@@ -335,15 +336,19 @@ pub fn unguarded_ll_warning(
     if !profile.corrupts_data() || !ll_may_run(nccl_proto.unwrap_or("")) {
         return None;
     }
+    let tuner = crate::error::echo(tuner, str::to_string);
     Some(format!(
         "NCCL_TUNER_PLUGIN={tuner}: NCCL loads that tuner instead of this library's, which \
          keeps LL and LL128 off under a data-loss effect (profile {}), and NCCL_PROTO={} \
          leaves them allowed: a lost packet of an LL or LL128 message hangs the receiving GPU. \
          Set NCCL_PROTO=Simple",
         profile.origin,
-        nccl_proto
-            .filter(|p| !p.trim().is_empty())
-            .unwrap_or("(unset)")
+        crate::error::echo(
+            nccl_proto
+                .filter(|p| !p.trim().is_empty())
+                .unwrap_or("(unset)"),
+            str::to_string
+        )
     ))
 }
 

@@ -317,8 +317,9 @@ pub fn trace_capacity(profile: &Profile, env_events: Option<String>) -> Result<(
                 Ok((n as usize, TRACE_EVENTS_ENV.to_string()))
             }
             _ => Err(crate::Error::invalid_argument(format!(
-                "{TRACE_EVENTS_ENV}={text}: must be an integer in [1, {MAX_TRACE_EVENTS}] \
-                 (messages the trace ring holds)"
+                "{TRACE_EVENTS_ENV}={}: must be an integer in [1, {MAX_TRACE_EVENTS}] \
+                 (messages the trace ring holds)",
+                crate::error::echo(&text, str::to_string)
             ))),
         },
         None => Ok(match profile.trace_events {

@@ -51,7 +51,8 @@ impl ConnectRetries {
             let n = v.trim().parse::<u64>().ok().filter(|n| *n <= max);
             n.map(Some).ok_or_else(|| {
                 Error::invalid_argument(format!(
-                    "{name}={v} is not a valid value: {what}, an integer from 0 to {max}"
+                    "{name}={} is not a valid value: {what}, an integer from 0 to {max}",
+                    crate::error::echo(&v, str::to_string)
                 ))
             })
         };

@@ -222,7 +222,7 @@ pub fn none_usable(addrs: &[IfaceAddr], ifname: Option<&str>, family: Option<Fam
         Some(v) if filter.is_none() => {
             format!("{v} (one character or none: ignored, as NCCL does)")
         }
-        Some(v) => v.to_string(),
+        Some(v) => crate::error::echo(v, str::to_string),
     };
     let mut found: Vec<String> = addrs
         .iter()

@@ -136,6 +136,7 @@ pub const MIN_TIMEOUT_SECS: f64 = 0.001;
 /// accepts.
 pub fn parse_timeout(value: &str) -> Result<Option<Duration>> {
     let secs = value.trim().parse::<f64>().ok().filter(|s| s.is_finite());
+    let value = crate::error::echo(value, str::to_string);
     match secs {
         Some(0.0) => Ok(None),
         Some(s) if (MIN_TIMEOUT_SECS..=MAX_TIMEOUT_SECS).contains(&s) => {
@@ -164,6 +165,10 @@ impl SocketConfig {
         let text = |name: &str| -> Result<Option<String>> {
             Ok(lookup(name)?.filter(|v| !v.trim().is_empty()))
         };
+        // A value as the errors echo it: cut, with its length, past a few dozen characters
+        // (every rank logs an init failure, and a variable may hold 128 KiB).
+        let shown = |v: &str| crate::error::echo(v, str::to_string);
+        // The value, or the refused value as the errors echo it.
         fn number<T: std::str::FromStr>(
             v: Option<String>,
             ok: impl Fn(&T) -> bool,
@@ -172,7 +177,7 @@ impl SocketConfig {
                 None => Ok(None),
                 Some(v) => match v.trim().parse::<T>() {
                     Ok(x) if ok(&x) => Ok(Some(x)),
-                    _ => Err(v),
+                    _ => Err(crate::error::echo(&v, str::to_string)),
                 },
             }
         }
@@ -180,7 +185,8 @@ impl SocketConfig {
             None => None,
             Some(v) => Some(Family::parse(&v).ok_or_else(|| {
                 Error::invalid_argument(format!(
-                    "NCCL_SOCKET_FAMILY={v}: expected AF_INET or AF_INET6"
+                    "NCCL_SOCKET_FAMILY={}: expected AF_INET or AF_INET6",
+                    shown(&v)
                 ))
             })?),
         };
@@ -228,9 +234,10 @@ impl SocketConfig {
             Some("0") => false,
             Some(v) => {
                 return Err(Error::invalid_argument(format!(
-                    "NCCL_LOSSY_DELAYED_ACKS={v} is not a valid value: 1 (delay TCP \
+                    "NCCL_LOSSY_DELAYED_ACKS={} is not a valid value: 1 (delay TCP \
                      acknowledgements of messages under 64 KiB, the default) or 0 \
-                     (acknowledge every segment at once)"
+                     (acknowledge every segment at once)",
+                    shown(v)
                 )))
             }
         };

@@ -333,7 +333,8 @@ pub fn io_threads() -> usize {
         Ok(Some(v)) if !v.trim().is_empty() => match v.trim().parse::<usize>() {
             Ok(n) if n <= MAX_IO_THREADS => n,
             _ => fallback(format_args!(
-                "NCCL_LOSSY_IO_THREADS={v} is not valid (an integer from 0 to {MAX_IO_THREADS})"
+                "NCCL_LOSSY_IO_THREADS={} is not valid (an integer from 0 to {MAX_IO_THREADS})",
+                crate::error::echo(&v, str::to_string)
             )),
         },
         Ok(_) => default_io_threads(),
