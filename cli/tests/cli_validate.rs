@@ -650,3 +650,51 @@ fn environment_values_of_kilobytes_are_echoed_cut() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn validate_and_simulate_refuse_a_plugin_to_wrap_that_lossy_run_and_init_refuse() {
+    // `lossy run` and the plugin's init refuse a plugin to wrap that is here but is no net
+    // plugin (a device, a directory, a library without a ncclNetPlugin_v8..v12 table), but
+    // validate and simulate printed the summary and exited 0: the profile they approved
+    // failed every rank at init.
+    let dir = fresh_dir("validate-bad-inner");
+    let missing = dir.join("libnccl-net-nothing.so");
+    for (inner, why) in [
+        ("/dev/null", "not a regular file"),
+        ("libc.so.6", "ncclNetPlugin_v"),
+    ] {
+        let wrap = write(
+            &dir,
+            "wrap.toml",
+            &format!("transport = \"wrap\"\ninner = \"{inner}\"\nmodel = \"none\"\n"),
+        );
+        for command in ["validate", "simulate"] {
+            let out = lossy(&[command, &wrap], &[]);
+            let (stdout, stderr) = text(&out);
+            assert_eq!(
+                out.status.code(),
+                Some(2),
+                "{command} {inner}: {stdout}{stderr}"
+            );
+            assert!(
+                stderr.contains(inner) && stderr.contains(why),
+                "{command} {inner}: {stderr}"
+            );
+        }
+        let lossless = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/lossless.toml");
+        let out = lossy(&["validate", lossless], &[("NCCL_LOSSY_INNER", inner)]);
+        let (stdout, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{inner}: {stdout}{stderr}");
+        assert!(stderr.contains(why), "{inner}: {stderr}");
+    }
+    // A plugin that is not on this machine may be where the job runs: still valid.
+    let out = lossy(
+        &[
+            "validate",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/lossless.toml"),
+        ],
+        &[("NCCL_LOSSY_INNER", missing.to_str().expect("utf-8"))],
+    );
+    assert!(out.status.success(), "{:?}", text(&out));
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -12,11 +12,12 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use nccl_net_lossy::error::{echo_at_most, SHOWN_CHARS};
+use nccl_net_lossy::error::{echo, echo_at_most, SHOWN_CHARS};
 use nccl_net_lossy::profile::{Profile, SET_ENV};
 use nccl_net_lossy::stats::timeline::{TRACE_DIR_ENV, TRACE_EVENTS_ENV};
 use nccl_net_lossy::stats::writer::STATS_DIR_ENV;
 use nccl_net_lossy::transport::socket::SocketConfig;
+use nccl_net_lossy::transport::wrap::inner::check_loadable;
 use nccl_net_lossy::{
     check_forced_protocol, check_output_dirs_in_place, check_p2p_ll, trace_capacity,
     unknown_comm_size_warning, unused_stats_interval_warning, wrap_target, P2pLlSettings,
@@ -96,7 +97,8 @@ impl InitEnv {
 
 /// The profile at `file` (`None`: the embedded default) with `layers` of overrides, refused
 /// for what the plugin's `init` refuses of it under `env` besides the profile itself: wrap
-/// mode without a plugin to wrap, `NCCL_LOSSY_INNER` under `transport = "socket"`, a malformed
+/// mode without a plugin to wrap, `NCCL_LOSSY_INNER` under `transport = "socket"`, a plugin
+/// to wrap that is here but does not load as a net plugin (as `lossy run`), a malformed
 /// socket setting of the environment (`NCCL_LOSSY_NSOCKS`, ...) outside wrap mode, a trace ring
 /// size out of range, a file where a statistics or trace directory goes or a place where it
 /// cannot be written, or a data-loss effect under an `NCCL_PROTO` that forces LL or LL128 (no
@@ -108,10 +110,27 @@ pub(crate) fn load_checked(
     env: &InitEnv,
 ) -> nccl_net_lossy::Result<Profile> {
     let profile = Profile::load_layers(file, layers)?;
-    if wrap_target(&profile, env.inner.clone())?.is_none() {
+    match wrap_target(&profile, env.inner.clone())? {
+        // A plugin to wrap that is here but is no net plugin (a device, a library without a
+        // net table) fails init, and `lossy run` refuses it in the same words; one that is
+        // not here may be where the job runs.
+        Some(inner) => {
+            check_loadable(&inner).map_err(|err| {
+                nccl_net_lossy::Error::new(
+                    err.kind,
+                    format!(
+                        "wrap mode (inner {}): {}",
+                        echo(&inner, |i| format!("{i:?}")),
+                        err.message
+                    ),
+                )
+            })?;
+        }
         // The socket transport's settings (NCCL_LOSSY_NSOCKS, NCCL_LOSSY_TIMEOUT, ...), which
         // init reads unless it wraps another plugin, and refuses when one is malformed.
-        SocketConfig::from_env()?;
+        None => {
+            SocketConfig::from_env()?;
+        }
     }
     trace_capacity(&profile, env.trace_events.clone())?;
     check_output_dirs_in_place(&profile, env.stats_dir.clone(), env.trace_dir.clone())?;
