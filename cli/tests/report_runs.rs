@@ -282,3 +282,35 @@ fn csv_reports_quote_a_run_name_that_holds_commas_or_quotes() {
         }
     }
 }
+
+#[test]
+fn a_statistics_file_with_a_value_of_kilobytes_is_refused_with_the_value_cut() {
+    // A hand-edited or broken statistics file holding a string of 100 KB where a number goes
+    // was refused with the whole string echoed (100 KB of error); cut as every other echo,
+    // the file and the place in it still named.
+    let dir = fresh_dir("report-long-value");
+    demo_into(&dir, 3);
+    let file = std::fs::read_dir(&dir)
+        .expect("read run directory")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains("lossy-stats-rank0"))
+        .expect("rank 0's statistics file");
+    let mut value: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).expect("read")).expect("json");
+    value["total"]["messages"] = "9".repeat(100_000).into();
+    std::fs::write(&file, serde_json::to_string_pretty(&value).expect("json")).expect("write");
+    let out = lossy(&["report", dir.to_str().expect("utf-8")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.len() < 2_000
+            && stderr.contains(&file.display().to_string())
+            && stderr.contains("bytes in all")
+            && stderr.contains("at line"),
+        "{} bytes: {}",
+        stderr.len(),
+        &stderr[..stderr.len().min(300)]
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

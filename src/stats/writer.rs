@@ -118,8 +118,20 @@ impl StatsFile {
     pub fn read(path: &Path) -> Result<StatsFile> {
         let text = read_regular_file(path, MAX_STATS_FILE_BYTES, "statistics file")
             .map_err(Error::invalid_argument)?;
+        // The parser's message quotes the value it refused whole: cut, the place kept.
         let not_stats = |e: serde_json::Error| {
-            Error::invalid_argument(format!("{} is not a statistics file: {e}", path.display()))
+            let said = e.to_string();
+            let at = format!(" at line {} column {}", e.line(), e.column());
+            let why = crate::error::echo_at_most(
+                said.strip_suffix(&at).unwrap_or(&said),
+                crate::error::SHOWN_CHARS / 16,
+                str::to_string,
+            );
+            let at = if e.line() > 0 { at } else { String::new() };
+            Error::invalid_argument(format!(
+                "{} is not a statistics file: {why}{at}",
+                path.display()
+            ))
         };
         // The version first: a newer version's layout may differ anywhere, and its version is
         // what to report, not the first field this one misses.
