@@ -459,3 +459,64 @@ fn messages_into_a_closed_stderr_pipe_do_not_turn_a_refusal_into_a_panic() {
         "{status:?} (101: a panic)"
     );
 }
+
+#[test]
+fn a_world_size_beyond_what_the_rendezvous_holds_is_refused_not_aborting() {
+    // `--world 99999999999` (or a launcher's WORLD_SIZE) aborted rank 0 ("memory allocation
+    // of 399999999996 bytes failed", exit 134) and 2^64-1 panicked ("capacity overflow"):
+    // the rendezvous made a slot per rank before any arrived.
+    for world in ["99999999999", "18446744073709551615", "65537"] {
+        for command in ["demo", "bench"] {
+            let out = lossy_str(&[
+                command,
+                "--rank",
+                "0",
+                "--world",
+                world,
+                "--rendezvous",
+                "127.0.0.1:1",
+                "--rendezvous-timeout",
+                "1",
+            ]);
+            assert_refused(&out, 1, &["--world", world, "65536"]);
+        }
+    }
+    let out = Command::new(lossy_exe())
+        .args(["demo", "--rendezvous-timeout", "1"])
+        .env("RUST_BACKTRACE", "0")
+        .env("RANK", "0")
+        .env("WORLD_SIZE", "99999999999")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", "1")
+        .output()
+        .expect("run lossy");
+    assert_refused(&out, 1, &["WORLD_SIZE", "99999999999", "65536"]);
+}
+
+#[test]
+fn ranks_that_never_reached_the_rendezvous_are_listed_cut() {
+    // Rank 0 of a 5000-rank job that nobody joined listed all 4999 missing ranks in one
+    // line of 29 KB (700 KB for 100,000 ranks).
+    let out = lossy_str(&[
+        "demo",
+        "--rank",
+        "0",
+        "--world",
+        "5000",
+        "--rendezvous",
+        "127.0.0.1:0",
+        "--rendezvous-timeout",
+        "0.5",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.len() < 2_000
+            && stderr.contains("rank(s) 1, 2, 3")
+            && stderr.contains("4999 of 5000")
+            && stderr.contains("did not reach the rendezvous"),
+        "{} bytes: {}",
+        stderr.len(),
+        &stderr[..stderr.len().min(400)]
+    );
+}

@@ -461,13 +461,18 @@ fn serve(listener: TcpListener, addr: SocketAddr, options: ServerOptions) -> Res
                     " ({k} connection(s) that did not speak the lossy rendezvous were ignored)"
                 ),
             };
+            // The first ranks, then a count: a line per rank, not a line of every rank.
+            let shown: Vec<String> = missing.iter().take(32).map(|r| r.to_string()).collect();
+            let ranks = match missing.len() - shown.len() {
+                0 => format!("{} of {nranks}", shown.join(", ")),
+                more => format!(
+                    "{} and {more} more ({} of {nranks})",
+                    shown.join(", "),
+                    missing.len()
+                ),
+            };
             let err = Error::remote(format!(
-                "rank(s) {} of {nranks} did not reach the rendezvous at {addr} within {:?}{ignored}",
-                missing
-                    .iter()
-                    .map(|r| r.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                "rank(s) {ranks} did not reach the rendezvous at {addr} within {:?}{ignored}",
                 options.connect_timeout
             ));
             let streams = pending_streams(pending).collect();

@@ -40,6 +40,10 @@ pub const DEFAULT_PORT: u16 = 29500;
 /// Default time ranks have to reach the rendezvous, in seconds.
 pub const DEFAULT_TIMEOUT_S: f64 = 60.0;
 
+/// Most ranks of a multi-process job: rank 0's rendezvous keeps a slot and a connection per
+/// rank (a world of 10^11 aborted it on the allocation of its slots).
+pub const MAX_WORLD: usize = 65536;
+
 /// Options of `bench` and `demo` for running as one rank of a multi-process job.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ClusterArgs {
@@ -271,15 +275,20 @@ pub fn detect(args: &ClusterArgs, env: &dyn Fn(&str) -> Option<String>) -> Resul
         } else {
             return Ok(None);
         };
+    let names = match launcher {
+        "options" => "--rank, --world",
+        "torchrun" => "RANK, WORLD_SIZE",
+        "Open MPI" => "OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE",
+        _ => "SLURM_PROCID, SLURM_NTASKS",
+    };
+    if world > MAX_WORLD {
+        return Err(Error::invalid_argument(format!(
+            "{launcher} launch: world size {world} ({names}): allowed: 1 to {MAX_WORLD} ranks"
+        )));
+    }
     if world == 0 || rank >= world {
         return Err(Error::invalid_argument(format!(
-            "{launcher} launch: rank {rank} is not below the world size {world} ({})",
-            match launcher {
-                "options" => "--rank, --world",
-                "torchrun" => "RANK, WORLD_SIZE",
-                "Open MPI" => "OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE",
-                _ => "SLURM_PROCID, SLURM_NTASKS",
-            }
+            "{launcher} launch: rank {rank} is not below the world size {world} ({names})"
         )));
     }
     let job_id = args
