@@ -520,3 +520,54 @@ fn ranks_that_never_reached_the_rendezvous_are_listed_cut() {
         &stderr[..stderr.len().min(400)]
     );
 }
+
+#[test]
+fn a_rendezvous_address_or_launcher_variable_of_kilobytes_is_echoed_cut() {
+    // Every rank printed the whole 100 KB address back in its error.
+    let long = format!("{}:1", "a".repeat(100_000));
+    let out = lossy_str(&[
+        "demo",
+        "--rank",
+        "1",
+        "--world",
+        "2",
+        "--rendezvous",
+        &long,
+        "--rendezvous-timeout",
+        "0.2",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        &stderr[..stderr.len().min(300)]
+    );
+    assert!(
+        stderr.len() < 2_000
+            && stderr.contains("rendezvous address")
+            && stderr.contains("bytes in all"),
+        "{} bytes: {}",
+        stderr.len(),
+        &stderr[..stderr.len().min(300)]
+    );
+    let digits = "9".repeat(100_000);
+    let out = Command::new(lossy_exe())
+        .args(["demo", "--rendezvous-timeout", "0.2"])
+        .env("RUST_BACKTRACE", "0")
+        .env("RANK", "1")
+        .env("WORLD_SIZE", "2")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", &digits)
+        .output()
+        .expect("run lossy");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.len() < 2_000
+            && stderr.contains("MASTER_PORT=999")
+            && stderr.contains("bytes in all"),
+        "{} bytes: {}",
+        stderr.len(),
+        &stderr[..stderr.len().min(300)]
+    );
+}

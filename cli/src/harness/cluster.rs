@@ -20,6 +20,7 @@ use super::library::PluginLibrary;
 use super::plugin_client::PluginClient;
 use super::scratch::ScratchDir;
 use super::worker::{check_same_work, run_job, Job, WorkerReport};
+use nccl_net_lossy::error::echo;
 use nccl_net_lossy::stats::report::load_run;
 use nccl_net_lossy::stats::writer::{dir_setting, STATS_DIR_ENV};
 use nccl_net_lossy::transport::socket::Handle;
@@ -198,7 +199,10 @@ pub fn detect(args: &ClusterArgs, env: &dyn Fn(&str) -> Option<String>) -> Resul
                 .ok()
                 .and_then(|p| p.checked_add(1))
                 .ok_or_else(|| {
-                    Error::invalid_argument(format!("MASTER_PORT={port} is not a port below 65535"))
+                    Error::invalid_argument(format!(
+                        "MASTER_PORT={} is not a port below 65535",
+                        echo(&port, str::to_string)
+                    ))
                 })?;
             let rendezvous = match rendezvous_option() {
                 Some(r) => r,
@@ -247,14 +251,18 @@ pub fn detect(args: &ClusterArgs, env: &dyn Fn(&str) -> Option<String>) -> Resul
                             )
                         })?;
                     let host = first_host(&list).ok_or_else(|| {
-                        Error::invalid_argument(format!("SLURM_JOB_NODELIST={list} names no host"))
+                        Error::invalid_argument(format!(
+                            "SLURM_JOB_NODELIST={} names no host",
+                            echo(&list, str::to_string)
+                        ))
                     })?;
                     let port = match args.rendezvous_port {
                         Some(p) => p,
                         None => match get(RENDEZVOUS_PORT_ENV) {
                             Some(p) => p.trim().parse().map_err(|_| {
                                 Error::invalid_argument(format!(
-                                    "{RENDEZVOUS_PORT_ENV}={p} is not a port"
+                                    "{RENDEZVOUS_PORT_ENV}={} is not a port",
+                                    echo(&p, str::to_string)
                                 ))
                             })?,
                             None => DEFAULT_PORT,
@@ -589,19 +597,22 @@ fn resolve(text: &str, timeout: Duration) -> Result<SocketAddr> {
             }
             Err(e) if std::time::Instant::now() > deadline => {
                 return Err(Error::invalid_argument(format!(
-                    "rendezvous address `{text}` (want host:port): {e}"
+                    "rendezvous address {} (want host:port): {e}",
+                    echo(text, |t| format!("`{t}`"))
                 )))
             }
             Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
                 return Err(Error::invalid_argument(format!(
-                    "rendezvous address `{text}` (want host:port): {e}"
+                    "rendezvous address {} (want host:port): {e}",
+                    echo(text, |t| format!("`{t}`"))
                 )))
             }
             Err(_) => {}
         }
         if std::time::Instant::now() > deadline {
             return Err(Error::invalid_argument(format!(
-                "rendezvous address `{text}` resolves to nothing"
+                "rendezvous address {} resolves to nothing",
+                echo(text, |t| format!("`{t}`"))
             )));
         }
         std::thread::sleep(Duration::from_millis(200));
