@@ -519,3 +519,47 @@ fn a_csv_training_log_with_quoted_fields_is_read_column_by_column() {
         "{err}"
     );
 }
+
+#[test]
+fn a_training_log_step_that_is_no_step_number_is_named_with_what_is_allowed() {
+    // "LOG:2: no integer step" named neither the value (a negative step, one past 64 bits, a
+    // fraction) nor what a step may be.
+    let dir = fresh_dir("train-log-bad-step");
+    let long = "9".repeat(100_000);
+    for (name, text, shown) in [
+        ("neg.csv", "step,loss\n-1,2.5\n".to_string(), "`-1`"),
+        (
+            "big.csv",
+            "step,loss\n99999999999999999999,2.5\n".to_string(),
+            "`99999999999999999999`",
+        ),
+        (
+            "long.csv",
+            format!("step,loss\n{long},2.5\n"),
+            "bytes in all",
+        ),
+        (
+            "frac.jsonl",
+            "{\"step\": 1.5, \"loss\": 2.5}\n".to_string(),
+            "1.5",
+        ),
+        (
+            "text.jsonl",
+            "{\"step\": \"one\", \"loss\": 2.5}\n".to_string(),
+            "\"one\"",
+        ),
+    ] {
+        let log = dir.join(name);
+        std::fs::write(&log, text).expect("write");
+        let err = read_train_log(&log, "loss").expect_err("a bad step is refused");
+        assert!(
+            err.contains(&format!("{}:", log.display()))
+                && err.contains("step = ")
+                && err.contains(shown)
+                && err.contains("an integer from 0 to 18446744073709551615")
+                && err.len() < 500,
+            "{name}: {err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -335,6 +335,13 @@ fn parse_train_log(
         }
     };
     let bad = |line: usize, what: &str| format!("{}:{line}: {what}", path.display());
+    let no_step = |line: usize, step: &str| {
+        let step = nccl_net_lossy::error::echo(step, str::to_string);
+        bad(
+            line,
+            &format!("step = {step}: must be an integer from 0 to {}", u64::MAX),
+        )
+    };
     if is_csv {
         let records = csv_records(text).map_err(|(line, what)| bad(line, &what))?;
         let mut records = records
@@ -350,12 +357,13 @@ fn parse_train_log(
         let (step_col, metric_col) = (column("step")?, column(metric)?);
         let rank_col = names.iter().position(|n| *n == "rank");
         for (line, fields) in records {
-            let step = fields.get(step_col).and_then(|s| s.parse::<u64>().ok());
+            let step_text = fields.get(step_col).map_or("", String::as_str);
+            let step = step_text.parse::<u64>().ok();
             let value = fields.get(metric_col).and_then(|s| s.parse::<f64>().ok());
             let rank = rank_col.and_then(|c| fields.get(c)?.parse::<u64>().ok());
             match (step, value) {
                 (Some(step), Some(value)) => keep(step, rank, value),
-                (None, _) => return Err(bad(line, "no integer step")),
+                (None, _) => return Err(no_step(line, &format!("`{step_text}`"))),
                 (Some(_), None) => {}
             }
         }
@@ -366,10 +374,10 @@ fn parse_train_log(
             }
             let row: serde_json::Value = serde_json::from_str(&python_tokens_as_strings(line))
                 .map_err(|e| bad(i + 1, &format!("not a JSON object: {e}")))?;
-            let step = row
-                .get("step")
-                .and_then(serde_json::Value::as_u64)
-                .ok_or_else(|| bad(i + 1, "no integer step"))?;
+            let step = row.get("step").unwrap_or(&serde_json::Value::Null);
+            let step = step
+                .as_u64()
+                .ok_or_else(|| no_step(i + 1, &step.to_string()))?;
             if let Some(value) = row.get(metric).and_then(metric_value) {
                 let rank = row.get("rank").and_then(serde_json::Value::as_u64);
                 keep(step, rank, value);
