@@ -276,3 +276,20 @@ fn demo_and_a_rank_leave_no_temporary_directory_behind_when_they_fail() {
         assert!(left.is_empty(), "{what} left {left:?} behind");
     }
 }
+
+/// The tests' runner of commands reads a child's output as it comes: a child that writes more
+/// than a pipe holds (64 KiB) on both streams finishes, and every byte comes back (the runner
+/// used to wait for the exit first, so such a child blocked on its write and the test failed
+/// as a 10 s hang instead of with what the child said).
+#[test]
+fn the_test_runner_of_commands_takes_more_output_than_a_pipe_holds() {
+    let out = common::output_within_10s(
+        Command::new("sh").args([
+            "-c",
+            "head -c 300000 /dev/zero; head -c 200000 /dev/zero >&2; exit 3",
+        ]),
+        "a child writing 500 KB",
+    );
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!((out.stdout.len(), out.stderr.len()), (300_000, 200_000));
+}

@@ -50,9 +50,11 @@ pub fn lossy_stdout(args: &[&str], env: &[(&str, &str)]) -> String {
     stdout
 }
 
-/// Runs the finished `cmd` (its stdout and stderr piped here) and gives up after 10 s: a
-/// hang is a failure, not a stuck test.
+/// Runs the finished `cmd` (its stdout and stderr piped here, read as they come, so a child
+/// that writes more than a pipe holds is not blocked) and gives up after 10 s: a hang is a
+/// failure, not a stuck test.
 pub fn output_within_10s(cmd: &mut std::process::Command, what: &str) -> std::process::Output {
+    use std::io::Read;
     use std::process::Stdio;
     let mut child = cmd
         .stdin(Stdio::null())
@@ -60,16 +62,32 @@ pub fn output_within_10s(cmd: &mut std::process::Command, what: &str) -> std::pr
         .stderr(Stdio::piped())
         .spawn()
         .expect("run the command");
+    let drain = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            bytes
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().expect("stdout")));
+    let stderr = drain(Box::new(child.stderr.take().expect("stderr")));
     let start = std::time::Instant::now();
-    while child.try_wait().expect("wait").is_none() {
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
         if start.elapsed() > Duration::from_secs(10) {
             child.kill().ok();
             child.wait().ok();
             panic!("{what} did not finish within 10 s");
         }
         std::thread::sleep(Duration::from_millis(20));
+    };
+    std::process::Output {
+        status,
+        stdout: stdout.join().expect("stdout reader"),
+        stderr: stderr.join().expect("stderr reader"),
     }
-    child.wait_with_output().expect("output")
 }
 
 /// Makes a FIFO at `path` (a file that never ends and blocks its reader: hostile input).
