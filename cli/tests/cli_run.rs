@@ -461,10 +461,13 @@ fn a_command_that_cannot_be_run_exits_as_a_shell_would() {
 fn a_command_that_cannot_be_run_says_why_not_beyond_the_errno() {
     // The bare errno misled: a directory was "Permission denied", a script whose `#!`
     // interpreter is missing "No such file or directory" (the script is right there), and an
-    // empty command word "cannot run : No such file or directory".
+    // empty command word "cannot run : No such file or directory", a FIFO "Permission denied".
     let dir = common::fresh_dir("run-cannot-run");
     let folder = dir.join("train dir");
     std::fs::create_dir(&folder).expect("make the directory");
+    let fifo = dir.join("train.fifo");
+    common::make_fifo(&fifo);
+    let fifo = fifo.to_str().expect("utf-8");
     let script = dir.join("train.sh");
     std::fs::write(&script, "#!/no/such/interpreter -u\nexit 0\n").expect("write the script");
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
@@ -473,6 +476,7 @@ fn a_command_that_cannot_be_run_says_why_not_beyond_the_errno() {
     let script = script.to_str().expect("utf-8");
     for (program, code, words) in [
         (folder, 126, &[folder, "is a directory"][..]),
+        (fifo, 126, &[fifo, "not a regular file (a FIFO)"][..]),
         (
             script,
             127,

@@ -309,14 +309,19 @@ fn launch(args: &Args, env: &[(String, OsString)]) -> ExitCode {
 }
 
 /// Why `program` did not run, in more words than `err` (exec's errno) where those mislead:
-/// a directory is EACCES ("Permission denied"), and a script whose `#!` interpreter is
+/// a directory or a FIFO is EACCES ("Permission denied"), and a script whose `#!` interpreter is
 /// missing is ENOENT ("No such file or directory") although the script is there.
 fn why_not_run(program: &OsString, err: &std::io::Error) -> String {
     let Some(path) = resolve(program) else {
         return format!("no such program in any directory of PATH ({err})");
     };
-    if path.is_dir() {
-        return format!("it is a directory ({err})");
+    match std::fs::metadata(&path) {
+        Ok(meta) if meta.is_dir() => return format!("it is a directory ({err})"),
+        Ok(meta) if !meta.is_file() => {
+            let kind = nccl_net_lossy::files::file_kind(&meta.file_type());
+            return format!("it is not a regular file ({kind}) ({err})");
+        }
+        _ => {}
     }
     if err.kind() == std::io::ErrorKind::NotFound {
         if let Some(interpreter) = shebang_interpreter(&path) {
