@@ -467,6 +467,21 @@ fn a_training_log_still_being_written_leaves_out_its_unfinished_last_line() {
 }
 
 #[test]
+fn a_training_log_of_one_unfinished_line_is_refused_saying_so_not_as_empty() {
+    // A CSV log whose only line has no newline yet (a run that just started) was refused as
+    // "empty CSV file", with nothing about the line that was there and left out.
+    let dir = run_dir("steps-log-one-line");
+    let csv = dir.join("train.csv");
+    std::fs::write(&csv, "step,loss").expect("write");
+    let err = read_train_log(&csv, "loss").expect_err("no step in the log");
+    assert!(
+        err.contains("train.csv:1") && err.contains("unfinished last line"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn a_training_log_saved_with_a_byte_order_mark_is_read_as_without() {
     // Spreadsheets' "CSV UTF-8" and some editors write a byte-order mark first: the CSV
     // header's first column read as "\u{feff}step", refused as `no column "step"`, and the

@@ -316,7 +316,15 @@ pub fn read_train_log_noting(
             text = &text[..start];
         }
     }
-    parse_train_log(path, text, metric, is_csv).map(|values| (values, note))
+    match parse_train_log(path, text, metric, is_csv) {
+        Ok(values) => Ok((values, note)),
+        // What was refused may be only what is left once the unfinished line is out (a log
+        // of one line, still being written): say that it was there.
+        Err(err) => Err(match note {
+            Some(note) => format!("{err} ({note})"),
+            None => err,
+        }),
+    }
 }
 
 /// `metric` by step from the text of a training log (see [`read_train_log`]).
