@@ -117,6 +117,24 @@ fn an_inner_test_that_fails_fails_our_test_with_its_code() {
 }
 
 #[test]
+fn after_an_inner_test_fails_later_tests_of_the_connection_fail_with_its_code() {
+    // NCCL's Socket and IB plugins fail every later request of a failed connection with the
+    // connection's code (a peer's failure stays ncclRemoteError); wrap mode answered the
+    // requests queued behind the failed one with ncclInternalError.
+    let (inner, target) = forward_to_calibration("edge-test-fail-later");
+    let (passed, text) = run_case(
+        "later_tests_fail",
+        12,
+        &inner,
+        &[
+            ("FORWARD_PLUGIN_TARGET", &target),
+            ("FORWARD_PLUGIN_TEST_FAIL_AFTER", "9"),
+        ],
+    );
+    assert!(passed, "{text}");
+}
+
+#[test]
 fn an_inner_devices_rail_and_plane_reach_nccl_as_the_inner_plugin_reports_them() {
     // NCCL's topology search never pairs NICs of different planes, and without cross-NIC
     // rings only NICs of one rail (src/graph/search.cc): a wrapped device must keep them.
@@ -296,6 +314,35 @@ fn test_fails() {
     assert_eq!(err.kind, kind, "{err}");
 }
 
+fn later_tests_fail() {
+    let (lib, version) = client();
+    let client = PluginClient::init(&lib, version, 1).expect("init");
+    let (send, recv) = client.local_pair(0, HANG).expect("connect");
+    let mut failed = None;
+    for i in 0..20 {
+        let mut r = post_recv(&recv, 4096, 1).expect("irecv");
+        let mut s = post_send(&send, vec![i as u8; 4096], 1).expect("isend");
+        if let Err(e) = wait_request(&mut s, HANG).and_then(|()| wait_request(&mut r, HANG)) {
+            failed = Some(e);
+            break;
+        }
+    }
+    let first = failed.expect("no test failed");
+    assert_eq!(first.kind, ErrorKind::System, "{first}");
+    // Every later message of both connections fails at test with the inner plugin's code,
+    // whether its connection's failed request is ahead of it or not.
+    for i in 0..3 {
+        let mut r = post_recv(&recv, 4096, 1).expect("irecv after the failure");
+        let mut s = post_send(&send, vec![i; 4096], 1).expect("isend after the failure");
+        for (what, req) in [("send", &mut s), ("receive", &mut r)] {
+            let err = wait_request(req, HANG)
+                .err()
+                .unwrap_or_else(|| panic!("{what} {i} after the failure completed"));
+            assert_eq!(err.kind, ErrorKind::System, "{what} {i}: {err}");
+        }
+    }
+}
+
 fn rail_plane() {
     let (lib, version) = client();
     let client = PluginClient::init(&lib, version, 1).expect("init");
@@ -400,6 +447,7 @@ fn child() {
         "init_fails" => init_fails(),
         "close_fails" => close_fails(),
         "test_fails" => test_fails(),
+        "later_tests_fail" => later_tests_fail(),
         "null_posts" => null_posts(),
         "grouped_recv" => grouped_recv(),
         "rail_plane" => rail_plane(),

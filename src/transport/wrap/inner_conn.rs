@@ -252,21 +252,28 @@ pub(super) trait Halves {
 /// testing a later request early would hand it an earlier message. So wrap mode tests inner
 /// requests only through this queue, from its head, and stops at the first one not done.
 #[derive(Default)]
-pub(super) struct InFlight(VecDeque<(usize, Part)>);
+pub(super) struct InFlight {
+    queue: VecDeque<(usize, Part)>,
+    /// The error of the request whose test failed (it stays at the head of `queue`), given
+    /// again to every later test of this connection, as NCCL's Socket and IB plugins fail
+    /// the later requests of a failed connection with its code.
+    failure: Option<Error>,
+}
 
 impl InFlight {
     /// Records a request just posted for `part` of `slot`.
     pub(super) fn posted(&mut self, slot: usize, part: Part) {
-        self.0.push_back((slot, part));
+        self.queue.push_back((slot, part));
     }
 
     /// Tests the oldest inner requests in posting order, marking each done one in its slot,
     /// until one is still in progress (or none is left).
     ///
     /// A request whose test fails is marked `Failed` and never tested again (the inner plugin
-    /// may have released it); a later test of that connection reports the failure again.
+    /// may have released it); a later test of that connection reports the failure again,
+    /// with its code.
     pub(super) fn advance<S: Halves>(&mut self, conn: &InnerConn, slots: &mut [S]) -> Result<()> {
-        while let Some(&(slot, part)) = self.0.front() {
+        while let Some(&(slot, part)) = self.queue.front() {
             let half = slots
                 .get_mut(slot)
                 .map(|s| s.half(part))
@@ -274,9 +281,14 @@ impl InFlight {
             let req = match *half {
                 Half::Pending(req) => req,
                 Half::Failed => {
-                    return Err(Error::internal(
-                        "wrap mode: test of a message whose inner request already failed",
-                    ))
+                    return Err(match &self.failure {
+                        Some(err) => err
+                            .clone()
+                            .context("wrap mode: an earlier request of this connection failed"),
+                        None => Error::internal(
+                            "wrap mode: test of a message whose inner request already failed",
+                        ),
+                    })
                 }
                 other => {
                     return Err(Error::internal(format!(
@@ -293,10 +305,11 @@ impl InFlight {
                 Ok(None) => return Ok(()),
                 Err(err) => {
                     *half = Half::Failed;
+                    self.failure = Some(err.clone());
                     return Err(err);
                 }
             }
-            self.0.pop_front();
+            self.queue.pop_front();
         }
         Ok(())
     }
