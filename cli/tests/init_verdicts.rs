@@ -445,6 +445,16 @@ fn a_misspelt_variable_of_ours_is_named_with_the_one_meant_at_init_and_by_valida
     std::fs::remove_dir_all(&dir).ok();
 }
 
+#[test]
+fn no_interface_to_use_fails_init_with_nccls_code() {
+    // NCCL's Socket plugin answers it with ncclInternalError ("NET/Socket : no interface
+    // found", `ncclNetSocketInit` in src/transport/net_socket.cc); ours said ncclSystemError.
+    let (init, log) = init_outcome(&[("NCCL_SOCKET_IFNAME", "=no-such-interface")]);
+    assert!(init.starts_with("INIT failed"), "{init}\n{log}");
+    assert!(init.contains("ncclInternalError"), "{init}\n{log}");
+    assert!(log.contains("no usable network interface"), "{init}\n{log}");
+}
+
 /// The child side of the tests above: acts on [`ROLE_ENV`].
 #[test]
 #[ignore = "run by the other tests of this file in a process of its own"]

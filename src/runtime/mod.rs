@@ -106,7 +106,8 @@ impl Runtime {
             .map(|dev| transport.properties(dev))
             .collect::<Result<Vec<_>>>()?;
         if devices.is_empty() {
-            return Err(Error::system("no usable network interface found"));
+            // As NCCL's Socket plugin answers it (`ncclNetSocketInit`, ncclInternalError).
+            return Err(Error::internal("no usable network interface found"));
         }
         let profile = Arc::new(profile);
         Ok(Runtime {

@@ -290,7 +290,9 @@ impl SocketTransport {
         let filter = config.ifname.as_deref().and_then(IfaceFilter::parse);
         let chosen = iface::select(addrs, filter.as_ref(), config.family, MAX_DEVICES);
         if chosen.is_empty() {
-            return Err(Error::system(iface::none_usable(
+            // ncclInternalError, as NCCL's Socket plugin answers it ("no interface found",
+            // `ncclNetSocketInit` in src/transport/net_socket.cc).
+            return Err(Error::internal(iface::none_usable(
                 addrs,
                 config.ifname.as_deref(),
                 config.family,
