@@ -135,6 +135,25 @@ fn after_an_inner_test_fails_later_tests_of_the_connection_fail_with_its_code() 
 }
 
 #[test]
+fn a_request_done_before_a_later_one_failed_tests_done_as_with_nccls_plugins() {
+    // The inner plugin answers two tests (both halves of the first send) and fails every
+    // one after: the first send is done, and its test must say so, as NCCL's Socket and IB
+    // plugins report a request's own outcome; the failure is the second send's. Wrap mode
+    // tested the second send's halves within the first send's test and failed that.
+    let (inner, target) = forward_to_calibration("edge-test-fail-next");
+    let (passed, text) = run_case(
+        "earlier_request_done",
+        12,
+        &inner,
+        &[
+            ("FORWARD_PLUGIN_TARGET", &target),
+            ("FORWARD_PLUGIN_TEST_FAIL_AFTER", "2"),
+        ],
+    );
+    assert!(passed, "{text}");
+}
+
+#[test]
 fn an_inner_devices_rail_and_plane_reach_nccl_as_the_inner_plugin_reports_them() {
     // NCCL's topology search never pairs NICs of different planes, and without cross-NIC
     // rings only NICs of one rail (src/graph/search.cc): a wrapped device must keep them.
@@ -343,6 +362,19 @@ fn later_tests_fail() {
     }
 }
 
+fn earlier_request_done() {
+    let (lib, version) = client();
+    let client = PluginClient::init(&lib, version, 1).expect("init");
+    let (send, _recv) = client.local_pair(0, HANG).expect("connect");
+    // Small sends, which the inner plugin moves into the kernel at their first test.
+    let mut first = post_send(&send, vec![1u8; 4096], 1).expect("isend");
+    let mut second = post_send(&send, vec![2u8; 4096], 1).expect("isend");
+    wait_request(&mut first, HANG).expect("the first send, done before the failure");
+    let err = wait_request(&mut second, HANG)
+        .expect_err("the second send completed over an inner test that failed");
+    assert_eq!(err.kind, ErrorKind::System, "{err}");
+}
+
 fn rail_plane() {
     let (lib, version) = client();
     let client = PluginClient::init(&lib, version, 1).expect("init");
@@ -448,6 +480,7 @@ fn child() {
         "close_fails" => close_fails(),
         "test_fails" => test_fails(),
         "later_tests_fail" => later_tests_fail(),
+        "earlier_request_done" => earlier_request_done(),
         "null_posts" => null_posts(),
         "grouped_recv" => grouped_recv(),
         "rail_plane" => rail_plane(),

@@ -457,11 +457,14 @@ impl SendConn for WrapSendConn {
                 "test of unknown request {id}"
             )));
         }
-        state.in_flight.advance(&self.conn, &mut state.slots)?;
+        let advanced = state.in_flight.advance(&self.conn, &mut state.slots);
         let slot = &mut state.slots[id as usize];
         if !(slot.side.is_done() && slot.data.is_done()) {
+            advanced?;
             return Ok(None);
         }
+        // Done: a later request's failure met on the way is that request's (kept at the
+        // head of the queue for its own test), as NCCL's plugins report each its own.
         // Retransmit: the sender's request ends after the resends, as on our own sockets.
         let ready_at = *slot
             .ready_at
@@ -618,11 +621,14 @@ impl RecvConn for WrapRecvConn {
                 "test of unknown request {id}"
             )));
         }
-        state.in_flight.advance(&self.conn, &mut state.slots)?;
+        let advanced = state.in_flight.advance(&self.conn, &mut state.slots);
         let slot = &mut state.slots[id as usize];
         if !(slot.side.is_done() && slot.data.is_done()) {
+            advanced?;
             return Ok(None);
         }
+        // Done: a later request's failure met on the way is that request's (kept at the
+        // head of the queue for its own test), as NCCL's plugins report each its own.
         let (Half::Done(side_len, side_req), Half::Done(reported, data_req), Some(buf)) =
             (slot.side, slot.data, slot.buf)
         else {
