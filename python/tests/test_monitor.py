@@ -152,3 +152,30 @@ def test_a_record_carries_the_step_its_traffic_was_counted_under():
     by_step = {int(k): v for k, v in out["by_step"].items()}
     assert by_step == {1: 128, 2: 256, 3: 384, 4: 512, 5: 640}
     assert out["records"] == [[s, p] for s, p in sorted(by_step.items())]
+
+
+@pytest.mark.parametrize("options, named", [
+    ({"batch_size": "8"}, "batch_size='8'"),
+    ({"batch_size": 8, "seq_length": "128"}, "seq_length='128'"),
+    ({"batch_size": -4}, "batch_size=-4"),
+    ({"batch_size": 2.5}, "batch_size=2.5"),
+    ({"batch_size": True}, "batch_size=True"),
+    ({"first_step": "3"}, "first_step='3'"),
+    ({"first_step": -1}, "first_step=-1"),
+])
+def test_a_size_or_first_step_that_is_no_count_is_refused_before_any_step_runs(tmp_path, options, named):
+    # A batch size or sequence length of text failed after the first training step had run, as
+    # a bare TypeError ("unsupported operand type(s) for /: 'str' and 'float'") that lost the
+    # step's record; a negative one wrote negative throughput.
+    ran = []
+    with pytest.raises(ValueError) as err:
+        monitor = PerformanceMonitor(tmp_path / "perf.jsonl", stats_source=lambda: {}, **options)
+        monitor(lambda: ran.append(1))()
+    assert named in str(err.value) and "allowed" in str(err.value), str(err.value)
+    assert not ran and not (tmp_path / "perf.jsonl").exists()
+    # numpy's integers are counts too
+    np = pytest.importorskip("numpy")
+    monitor = PerformanceMonitor(batch_size=np.int64(4), seq_length=np.int32(16), first_step=np.int64(2),
+                                 stats_source=lambda: {"connections": []})
+    monitor(lambda: None)()
+    assert monitor.records[0]["step"] == 2 and monitor.records[0]["tokens_per_s"] > 0

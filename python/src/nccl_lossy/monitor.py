@@ -82,6 +82,10 @@ class PerformanceMonitor:
         first_step: int = 0,
         stats_source: Optional[Callable[[], Dict[str, Any]]] = None,
     ):
+        # Checked here: a wrong one failed only after the first training step had run.
+        batch_size = _count("batch_size", batch_size, 1, "samples per step")
+        seq_length = _count("seq_length", seq_length, 1, "tokens per sample")
+        first_step = _count("first_step", first_step, 0, "the first record's step")
         self.output = Path(output) if output is not None else None
         self.batch_size = batch_size
         self.seq_length = seq_length
@@ -200,6 +204,18 @@ class PerformanceMonitor:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+def _count(name: str, value: Any, least: int, what: str) -> Any:
+    """``value`` as an int when it is an integer (numpy's too, not a bool) of at least
+    ``least``, None as None; else ValueError naming it and what is allowed."""
+    if value is None and name != "first_step":
+        return None
+    number = None if isinstance(value, bool) else _control._integer(value)
+    if number is None or number < least:
+        raise ValueError(f"performance_monitor: {name}={value!r:.80}: allowed: an integer >= {least} "
+                         f"({what}){' or None' if name != 'first_step' else ''}")
+    return number
 
 
 def _traffic_step(before: Dict[str, Any], after: Dict[str, Any], default: int) -> int:
