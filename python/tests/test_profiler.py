@@ -18,6 +18,7 @@ from nccl_lossy.profiler import (  # noqa: E402
     TraceFormatError,
     check_trace_events,
     load_trace,
+    merge_trace_files,
     merge_traces,
 )
 
@@ -568,3 +569,59 @@ def test_the_profiler_names_the_trace_file_of_a_non_ascii_host_as_the_plugin_doe
     traces = [n for n in out["written"] if n.startswith("lossy-trace-")]
     assert len(traces) == 1 and traces[0].startswith("lossy-trace-rank0-n_ud-7-")
     assert [str(trace_dir / n) for n in traces] == [out["expected"]]
+
+
+@pytest.mark.parametrize("ts", ["soon", None, [1]])
+def test_a_plugin_event_whose_time_is_no_number_is_a_trace_error_naming_file_and_event(tmp_path, ts):
+    # It failed with a bare ValueError / TypeError of float() ("could not convert string to
+    # float: 'soon'") naming neither the file nor the event.
+    torch_path = tmp_path / "torch.json"
+    torch_path.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "name": "r", "pid": 1, "tid": 1, "ts": 10.0, "dur": 5.0}]}))
+    plugin_path = tmp_path / "lossy-trace.json"
+    plugin_path.write_text(json.dumps({
+        "lossy_trace": {"format_version": 1, "clock": "CLOCK_REALTIME"},
+        "traceEvents": [{"ph": "X", "name": "ok", "pid": 1, "tid": 0, "ts": 1.0, "dur": 1.0},
+                        {"ph": "X", "name": "bad", "pid": 1, "tid": 0, "ts": ts, "dur": 1.0}]}))
+    with pytest.raises(TraceFormatError) as err:
+        merge_trace_files(torch_path, plugin_path, tmp_path / "merged.json")
+    text = str(err.value)
+    assert str(plugin_path) in text and "traceEvents.1" in text and repr(ts) in text, text
+    assert not (tmp_path / "merged.json").exists()
+
+
+# A plugin trace file the profiler finds but cannot merge (an event of another layout): the
+# export's merge is skipped with a warning, and prof.step() returns to the training loop.
+BAD_EVENT_SCRIPT = r"""
+import json, sys, warnings
+import torch
+from nccl_lossy.profiler import LossyProfiler
+prof = LossyProfiler(output_dir=sys.argv[1], trace_dir=sys.argv[2], activities=("cpu",),
+                     wait=0, warmup=0, active=1, repeat=1)
+path = prof.plugin_trace_path()
+path.parent.mkdir(parents=True)
+path.write_text(json.dumps({"lossy_trace": {"format_version": 1, "clock": "CLOCK_REALTIME"},
+                            "traceEvents": [{"ph": "X", "name": "s", "pid": 1, "tid": 0,
+                                             "ts": "soon", "dur": 1}]}))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    prof.start()
+    torch.ones(3).sum()
+    prof.step()
+    prof.stop()
+print(json.dumps({"torch": [str(p) for p in prof.written["torch"]],
+                  "merged": [str(p) for p in prof.written["merged"]],
+                  "warnings": [str(w.message) for w in caught]}))
+"""
+
+
+def test_a_plugin_trace_event_the_merge_cannot_read_is_a_warning_not_a_crash(tmp_path):
+    trace_dir = tmp_path / "trace"
+    # no plugin library reachable: the profiler merges the file it finds as it is
+    proc = run_python(BAD_EVENT_SCRIPT, env=clean_env(RANK=0, NCCL_LOSSY_LIBRARY=str(tmp_path / "none.so")),
+                      args=(str(tmp_path / "prof"), str(trace_dir)))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(out["torch"]) == 1 and out["merged"] == []
+    (warning,) = [w for w in out["warnings"] if "no merged trace" in w]
+    assert "traceEvents.0" in warning and "'soon'" in warning, warning

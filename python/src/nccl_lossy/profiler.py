@@ -214,15 +214,17 @@ class LossyProfiler:
     def _merge(self, torch_path: Path, plugin: Path, tag: str) -> None:
         """Writes the merged trace of one export; a plugin file it cannot read (cut short,
         another layout) is a warning: it costs this merge, not the run calling ``step()``."""
+        torch_trace = load_trace(torch_path)
         try:
+            # its metadata and events, as merge_traces reads them
             plugin_trace = load_trace(plugin)
-            plugin_epoch_offset_ns(plugin_trace)  # its metadata, as merge_traces reads it
+            text = json.dumps(merge_traces(torch_trace, plugin_trace))
         except TraceFormatError as err:
             _warn(f"profiler: no merged trace for this export, the plugin's trace file {plugin} "
                   f"cannot be read: {err}")
             return
         merged = self.output_dir / f"merged-trace-{tag}.json"
-        write_atomically(merged, json.dumps(merge_traces(load_trace(torch_path), plugin_trace)))
+        write_atomically(merged, text)
         self.written["merged"].append(merged)
         log.info("profiler: wrote %s (torch + plugin trace %s)", merged, plugin)
         missing = messages_not_in_trace(plugin_trace)
@@ -375,12 +377,16 @@ def merge_traces(torch_trace: Dict[str, Any], plugin_trace: Dict[str, Any]) -> D
     shift_us = (offset_ns - base_ns) / 1000.0
     merged = dict(torch_trace)
     events = list(torch_trace["traceEvents"])
-    for event in plugin_trace.get("traceEvents", []):
+    for i, event in enumerate(plugin_trace.get("traceEvents", [])):
         if not isinstance(event, dict):
             continue
         event = dict(event)
         if "ts" in event:
-            event["ts"] = float(event["ts"]) + shift_us
+            ts = event["ts"]
+            if isinstance(ts, bool) or not isinstance(ts, (int, float)):
+                raise TraceFormatError(f"plugin trace: traceEvents.{i}: ts = {ts!r:.80}: allowed: a "
+                                       "number (microseconds on the clock its lossy_trace names)")
+            event["ts"] = float(ts) + shift_us
         if "tid" in event and isinstance(event["tid"], int):
             event["tid"] = MERGED_TID_BASE + event["tid"]
         events.append(event)
@@ -392,7 +398,11 @@ def merge_traces(torch_trace: Dict[str, Any], plugin_trace: Dict[str, Any]) -> D
 def merge_trace_files(torch_path: Union[str, Path], plugin_path: Union[str, Path],
                       out_path: Union[str, Path]) -> Path:
     """:func:`merge_traces` of two files, written to ``out_path`` (atomically)."""
-    merged = merge_traces(load_trace(torch_path), load_trace(plugin_path))
+    torch_trace, plugin_trace = load_trace(torch_path), load_trace(plugin_path)
+    try:
+        merged = merge_traces(torch_trace, plugin_trace)
+    except TraceFormatError as err:
+        raise TraceFormatError(f"{plugin_path}: {err}") from err
     out = Path(out_path)
     write_atomically(out, json.dumps(merged))
     return out
