@@ -493,3 +493,21 @@ def test_summarize_refuses_a_grouping_that_is_no_column_name():
                            r"column names \(str\)"):
             nccl_lossy.summarize(rows, by=by)
     assert nccl_lossy.summarize(rows, by=["op"])[0]["packets"] == 4
+
+
+@pytest.mark.parametrize("conn, named", [
+    ({"comm_id": 1, "index": 0, "by_op": [{**GOOD_CELL, "phase": ["backward"]}]},
+     "by_op.0: phase = ['backward']"),
+    ({"comm_id": [1], "index": 0, "by_op": [GOOD_CELL]}, "connections.0: comm_id = [1]"),
+    ({"comm_id": 1, "index": {"i": 0}, "by_op": [GOOD_CELL]}, "connections.0: index = {'i': 0}"),
+])
+def test_a_phase_or_connection_of_the_wrong_kind_is_refused_naming_it(tmp_path, conn, named):
+    # The phase and the connection's comm_id and index went into the rows as they came:
+    # summarize(rows, by=("op", "phase")) then failed with a bare TypeError (unhashable type)
+    # naming no file.
+    stats = tmp_path / "lossy-stats-rank0-h-1.json"
+    stats.write_text(json.dumps({**PLUGIN_DOC, "connections": [{**conn, "histograms": []}]}))
+    for table in ("ops", "bursts", "latency"):
+        with pytest.raises(StatsFormatError) as err:
+            nccl_lossy.read_stats(stats, table=table)
+        assert stats.name in str(err.value) and named in str(err.value), str(err.value)

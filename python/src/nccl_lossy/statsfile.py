@@ -119,8 +119,21 @@ def _check(doc: Any, where: str) -> Dict[str, Any]:
     _check_version(doc, where, FORMAT_VERSION)
     _check_identity(doc, where)
     for i, conn in enumerate(_objects(doc["connections"], where, "connections")):
-        _check_bursts(conn, where, i)
+        _check_connection(conn, where, i)
     return doc
+
+
+def _check_connection(conn: Dict[str, Any], file: str, i: int) -> None:
+    """The connection's ``comm_id`` and ``index`` (integers as the plugin writes them; a name
+    is taken too) and each cell's ``phase`` (a name), which the rows carry as they are and
+    :func:`summarize` groups by; another kind is StatsFormatError naming it."""
+    for key in ("comm_id", "index"):
+        value = conn.get(key)
+        if value is not None and not isinstance(value, str):
+            _count(value, file, f"connections.{i}", key)
+    for j, cell in enumerate(_objects(conn.get("by_op", []), file, f"connections.{i}.by_op")):
+        _optional_text(cell, "phase", file, f"connections.{i}.by_op.{j}")
+    _check_bursts(conn, file, i)
 
 
 def _check_bursts(conn: Dict[str, Any], file: str, i: int) -> None:
