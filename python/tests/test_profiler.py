@@ -625,3 +625,27 @@ def test_a_plugin_trace_event_the_merge_cannot_read_is_a_warning_not_a_crash(tmp
     assert len(out["torch"]) == 1 and out["merged"] == []
     (warning,) = [w for w in out["warnings"] if "no merged trace" in w]
     assert "traceEvents.0" in warning and "'soon'" in warning, warning
+
+
+@pytest.mark.parametrize("settings, named", [
+    ({"activities": "cpu"}, "activities='cpu'"),          # iterated as 'c', 'p', 'u'
+    ({"activities": None}, "activities=None"),
+    ({"record_shapes": "no"}, "record_shapes='no'"),      # taken as true
+    ({"export_tensorboard": 1}, "export_tensorboard=1"),
+    ({"merge": None}, "merge=None"),
+    ({"extra": None}, "extra=None"),                      # failed at start(): **None
+    ({"output_dir": None}, "output_dir=None"),
+    ({"trace_dir": 3}, "trace_dir=3"),
+])
+def test_a_setting_of_the_wrong_kind_is_refused_at_construction_naming_it(tmp_path, settings, named):
+    # These were taken as they came: text iterated as activity names, "no" recording shapes,
+    # extra=None failing only at start() inside torch, output_dir=None with a bare TypeError.
+    with pytest.raises(ValueError) as err:
+        LossyProfiler(**{"output_dir": tmp_path, **settings})
+    assert named in str(err.value) and "allowed" in str(err.value), str(err.value)
+
+
+def test_a_profiler_given_something_else_than_a_config_says_what_it_takes(tmp_path):
+    # LossyProfiler("prof") failed with "replace() should be called on dataclass instances".
+    with pytest.raises(TypeError, match=r"config='prof': allowed: a ProfilerConfig or None"):
+        LossyProfiler("prof")

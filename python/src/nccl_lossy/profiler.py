@@ -26,6 +26,7 @@ import socket
 import sys
 import time
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -78,6 +79,23 @@ class ProfilerConfig:
     extra: Dict[str, Any] = field(default_factory=dict)
 
     def check(self) -> None:
+        """Refuses a setting of the wrong kind or out of range, naming it: text for
+        ``activities`` was iterated as activity names, ``"no"`` for a switch taken as true,
+        and ``extra=None`` failed only at ``start()``."""
+        for name in ("output_dir", "trace_dir"):
+            value = getattr(self, name)
+            if not (isinstance(value, (str, os.PathLike)) or (value is None and name == "trace_dir")):
+                raise ValueError(f"{name}={value!r:.80}: allowed: a directory (str or os.PathLike)"
+                                 f"{' or None' if name == 'trace_dir' else ''}")
+        for name in ("record_shapes", "with_stack", "export_chrome_trace", "export_tensorboard", "merge"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r:.80}: allowed: True or False")
+        if not isinstance(self.extra, dict):
+            raise ValueError(f"extra={self.extra!r:.80}: allowed: a dict of torch.profiler.profile "
+                             "keywords")
+        if isinstance(self.activities, (str, bytes)) or not isinstance(self.activities, Iterable):
+            raise ValueError(f"activities={self.activities!r:.80}: allowed: a list or tuple of "
+                             f"{', '.join(ACTIVITIES)}")
         for name in ("wait", "warmup", "active", "repeat"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -95,6 +113,9 @@ class LossyProfiler:
     ``stop()``; or ``with LossyProfiler(cfg) as prof: ... prof.step()``."""
 
     def __init__(self, config: Optional[ProfilerConfig] = None, **overrides: Any):
+        if config is not None and not isinstance(config, ProfilerConfig):
+            raise TypeError(f"LossyProfiler: config={config!r:.80}: allowed: a ProfilerConfig or None "
+                            "(settings as keywords: LossyProfiler(output_dir=...))")
         config = config or ProfilerConfig()
         for key in overrides:
             if key not in {f.name for f in fields(ProfilerConfig)}:
