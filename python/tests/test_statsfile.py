@@ -511,3 +511,15 @@ def test_a_phase_or_connection_of_the_wrong_kind_is_refused_naming_it(tmp_path, 
         with pytest.raises(StatsFormatError) as err:
             nccl_lossy.read_stats(stats, table=table)
         assert stats.name in str(err.value) and named in str(err.value), str(err.value)
+
+
+def test_a_table_name_that_is_no_text_or_a_path_given_to_load_stats_files_that_is_no_path_is_named(tmp_path):
+    # table=["ops"] failed with a bare TypeError (unhashable type: 'list'); load_stats_files(None)
+    # with "expected str, bytes or os.PathLike object, not NoneType", naming no argument.
+    (tmp_path / "lossy-stats-rank0-h-1.json").write_text(json.dumps(PLUGIN_DOC))
+    for table in (["ops"], {"ops": 1}):
+        with pytest.raises(ValueError, match=r"table=.*: allowed: ops, steps, step_ops, bursts, latency"):
+            nccl_lossy.read_stats(tmp_path, table=table)
+    with pytest.raises(TypeError, match=r"path=None: allowed: a statistics directory"):
+        nccl_lossy.load_stats_files(None)
+    assert [d["rank"] for d in nccl_lossy.load_stats_files(tmp_path)] == [0]

@@ -409,6 +409,7 @@ def stats_files(path: Union[str, Path], glob: str = FILE_GLOB) -> List[Path]:
 
 def load_stats_files(path: Union[str, Path]) -> List[Dict[str, Any]]:
     """The parsed documents of a run's statistics files (each with a ``file`` key added)."""
+    _check_path(path)
     docs = []
     for file in stats_files(path):
         doc = dict(_check(load_json(file), str(file)))
@@ -568,7 +569,7 @@ def read_stats(path: Union[str, Path], dataframe: Union[bool, str] = False, tabl
     returns a pandas DataFrame (pandas must be installed), ``"auto"`` a DataFrame when pandas
     is installed and the list of row dicts otherwise, False the list."""
     _check_path(path)
-    if table not in TABLES:
+    if not isinstance(table, str) or table not in TABLES:
         raise ValueError(f"table={table!r}: allowed: {', '.join(TABLES)}")
     _warn_no_files(path)
     rows: List[Dict[str, Any]] = []
