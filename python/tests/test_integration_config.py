@@ -290,3 +290,45 @@ def test_attach_refuses_what_is_no_module_and_hooks_the_chunks_of_a_module_list(
         "after backward: backward",
         "after the optimizer step: any 1",
     ]
+
+
+def test_a_stats_dir_that_is_no_directory_is_refused_at_construction_with_apply_env_off(tmp_path):
+    # With apply_env=False nothing looked at it: disable() then failed writing the per-step
+    # file with a bare "[Errno 17] File exists" for a path that does exist, only not as a
+    # directory.
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(LossyConfigError) as err:
+        LossyMegatronIntegration(stats_dir=fifo, **QUIET)
+    assert f"stats_dir={fifo}" in str(err.value) and "a FIFO" in str(err.value), str(err.value)
+    assert "allowed: a directory" in str(err.value)
+
+
+# NCCL_LOSSY_STATS (lossy run --stats) naming what is no directory, with apply_env=False: the
+# per-step file cannot go there, and disable() says so naming the variable's path and what it is.
+STATS_NOT_A_DIRECTORY = r"""
+import os, sys
+import nccl_lossy
+from nccl_lossy.config import LossyConfigError
+integ = nccl_lossy.LossyMegatronIntegration(apply_env=False, patch_megatron=False).enable()
+integ.step()
+try:
+    integ.disable()
+except LossyConfigError as err:
+    print("refused:", str(err))
+print("enabled:", integ.enabled)
+"""
+
+
+def test_a_statistics_variable_naming_no_directory_is_a_clear_error_at_disable(tmp_path):
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    proc = run_python(STATS_NOT_A_DIRECTORY, env=clean_env(NCCL_LOSSY_STATS=fifo))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    refused, enabled = proc.stdout.splitlines()
+    assert str(fifo) in refused and "a FIFO" in refused and "per-step" in refused, refused
+    assert enabled == "enabled: False"

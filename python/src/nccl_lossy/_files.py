@@ -19,7 +19,19 @@ _KINDS = (
 
 def _kind(mode: int) -> str:
     """What a file that is not a regular one is, for errors: "a directory", "a FIFO", ..."""
+    if stat.S_ISREG(mode):
+        return "a regular file"
     return next((name for test, name in _KINDS if test(mode)), "special")
+
+
+def not_a_directory(path: Union[str, Path]) -> str:
+    """"not a directory (a FIFO)" when ``path`` is there as something else than a directory
+    (links followed), else ""."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return ""
+    return "" if stat.S_ISDIR(mode) else f"not a directory ({_kind(mode)})"
 
 
 def read_regular_file(file: Union[str, Path], limit: int, allowed: str,

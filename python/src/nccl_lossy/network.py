@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
 
+from ._files import not_a_directory
 from ._library import (
     CARGO_NAME,
     LIBRARY_ENV,
@@ -384,6 +385,13 @@ class LossyNetwork:
         self.effect = effect
         self.overrides = ";".join(p for p in (format_overrides(set), format_overrides(loss)) if p)
         self.stats_dir = Path(stats_dir).expanduser().resolve() if stats_dir is not None else None
+        if self.stats_dir is not None and not_a_directory(self.stats_dir):
+            # Said here: with apply_env=False nothing else looks at it before the per-step
+            # file is written at disable().
+            raise LossyConfigError(
+                f"stats_dir={self.stats_dir}: {not_a_directory(self.stats_dir)}; allowed: a "
+                "directory this user can create and write, or None"
+            )
         self.library = Path(library).expanduser().resolve() if library is not None else None
         if self.profile is not None and not self.profile.is_file():
             raise LossyConfigError(_not_a_profile(profile, self.profile))

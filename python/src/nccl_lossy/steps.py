@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ._files import write_atomically
+from ._files import not_a_directory, write_atomically
+from .config import LossyConfigError
 from .statsfile import STEP_FORMAT_VERSION, STEP_OP_COUNTERS
 
 _COUNTERS = STEP_OP_COUNTERS
@@ -106,7 +107,16 @@ class StepRecorder:
         doc = self.document()
         rank = "x" if doc["rank"] is None else str(doc["rank"])
         host = file_name_host(doc["host"])
-        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            # A FIFO or a file under that name read "[Errno 17] File exists" for a path that
+            # does exist, only not as a directory.
+            why = not_a_directory(directory) or err.strerror or str(err)
+            raise LossyConfigError(
+                f"{directory}: cannot write the per-step statistics file there: {why}; allowed: a "
+                "directory this user can create and write (stats_dir, else NCCL_LOSSY_STATS)"
+            ) from err
         path = directory / f"lossy-steps-rank{rank}-{host}-{doc['pid']}.json"
         write_atomically(path, json.dumps(doc, indent=1))
         return path
