@@ -582,6 +582,33 @@ def test_the_integration_counts_on_from_a_step_set_through_the_module(tmp_path):
     assert [(r["step"], r["packets"]) for r in live] == [(1, 128), (7, 128), (8, 128)]
 
 
+# The same integration entered again while enabled (a helper wrapping its work in `with integ:`,
+# or enable() called again) after a resume told through the module: enable() moved the plugin
+# back to the step the integration had before set_step(7), so the traffic after it was counted
+# under step 1 and the next step() was 2.
+REENTERED_AFTER_A_RESUME = STEPPING_HEAD + r"""
+integ.step(1); link.send()
+nccl_lossy.set_step(7)
+with integ:
+    assert integ.step_number == 7, integ.step_number
+    link.send()
+integ.enable()
+assert integ.step_number == 7, integ.step_number
+link.send()
+integ.step(); link.send()
+link.close()
+integ.disable()
+assert integ.step_number == 8, integ.step_number
+print(json.dumps({"table": integ.step_table()}))
+"""
+
+
+def test_enabling_an_enabled_integration_again_keeps_the_step_in_force(tmp_path):
+    live, step_ops, steps = step_tables(REENTERED_AFTER_A_RESUME, tmp_path)
+    assert [(r["step"], r["packets"]) for r in steps] == [(1, 128), (7, 256), (8, 128)]
+    assert [(r["step"], r["packets"]) for r in live] == [(1, 128), (7, 256), (8, 128)]
+
+
 # A relative NCCL_LOSSY_STATS and a script that changes its working directory after NCCL
 # started: the plugin keeps the directory its init resolved, but the integration resolved the
 # variable again at disable() and wrote the per-step file into the new working directory, apart

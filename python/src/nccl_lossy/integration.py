@@ -379,6 +379,11 @@ class LossyMegatronIntegration:
             # The control API first: when it cannot be reached (ControlError) this integration
             # stays disabled, instead of saying injecting() for a plugin it never told.
             _control.control()
+            if self._enabled:
+                # Enabled again (a `with` block inside its own, or enable() called twice): the
+                # step in force is the process's, also one set_step() moved it to since (a
+                # resume), not the integration's last own; taking that one moved the plugin back.
+                self._step = self._recorder.step
             _ENABLED.add(self)
             self._enabled = True
             # The plugin's step is process-wide and may be another integration's (or an earlier
