@@ -179,3 +179,14 @@ def test_a_size_or_first_step_that_is_no_count_is_refused_before_any_step_runs(t
                                  stats_source=lambda: {"connections": []})
     monitor(lambda: None)()
     assert monitor.records[0]["step"] == 2 and monitor.records[0]["tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize("options, named", [
+    ({"count_flops": "no"}, "count_flops='no'"),     # taken as true: every step under the counter
+    ({"use_wandb": "false"}, "use_wandb='false'"),
+    ({"count_flops": None}, "count_flops=None"),
+])
+def test_a_switch_that_is_no_bool_is_refused_naming_it(options, named):
+    with pytest.raises(ValueError) as err:
+        PerformanceMonitor(stats_source=lambda: {}, **options)
+    assert named in str(err.value) and "allowed: True or False" in str(err.value), str(err.value)

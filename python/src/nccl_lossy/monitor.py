@@ -86,6 +86,9 @@ class PerformanceMonitor:
         batch_size = _count("batch_size", batch_size, 1, "samples per step")
         seq_length = _count("seq_length", seq_length, 1, "tokens per sample")
         first_step = _count("first_step", first_step, 0, "the first record's step")
+        for name, value in (("count_flops", count_flops), ("use_wandb", use_wandb)):
+            if not isinstance(value, bool):  # "no" would be true
+                raise ValueError(f"performance_monitor: {name}={value!r:.80}: allowed: True or False")
         self.output = Path(output) if output is not None else None
         self.batch_size = batch_size
         self.seq_length = seq_length
