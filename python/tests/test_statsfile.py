@@ -523,3 +523,17 @@ def test_a_table_name_that_is_no_text_or_a_path_given_to_load_stats_files_that_i
     with pytest.raises(TypeError, match=r"path=None: allowed: a statistics directory"):
         nccl_lossy.load_stats_files(None)
     assert [d["rank"] for d in nccl_lossy.load_stats_files(tmp_path)] == [0]
+
+
+@pytest.mark.parametrize("beyond, named", [
+    ({"step": "later", "packets": 40, "lost_packets": 3}, "steps_beyond: step = 'later'"),
+    ([40, 3], "steps_beyond = [40, 3]"),
+])
+def test_steps_beyond_of_the_wrong_kind_is_refused_naming_it(tmp_path, beyond, named):
+    # A step that is no number went into the warning as it came ("at steps from later on"); a
+    # steps_beyond that is no object was passed over without a word, its traffic unsaid.
+    stats = tmp_path / "lossy-stats-rank0-h-1.json"
+    stats.write_text(json.dumps({**_plugin_doc(GOOD_CELL), "steps_beyond": beyond}))
+    with pytest.raises(StatsFormatError) as err:
+        nccl_lossy.read_stats(stats, table="steps")
+    assert stats.name in str(err.value) and named in str(err.value), str(err.value)

@@ -462,12 +462,16 @@ def _warn_steps_beyond(doc: Dict[str, Any]) -> None:
     """Warns when the plugin summed traffic of steps it does not keep one by one (65,536 and
     later) in ``steps_beyond``: the ``steps`` table has no rows for them."""
     beyond = doc.get("steps_beyond")
-    if not isinstance(beyond, dict):
-        return
     name, where = doc["file"], "steps_beyond"
+    if beyond is None:
+        return  # a file of a plugin that predates it
+    if not isinstance(beyond, dict):
+        raise StatsFormatError(f"{name}: {where} = {_short(beyond)}: allowed: an object")
     counts = _counters(beyond, ("packets", "lost_packets"), name, where)
+    first = beyond.get("step", "?")
+    if first != "?":
+        _count(first, name, where, "step")
     if counts["packets"] > 0:
-        first = beyond.get("step", "?")
         warnings.warn(
             f"{name}: {counts['packets']} packets ({counts['lost_packets']} lost) at steps from "
             f"{first} on are not broken down by step (the plugin keeps that many steps one by "
