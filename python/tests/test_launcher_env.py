@@ -240,6 +240,18 @@ def test_the_same_overrides_in_another_order_or_spelling_are_no_clash(tmp_path):
         assert out.get("error") == "LossyConfigError", (theirs, out)
 
 
+def test_malformed_overrides_in_the_environment_are_named_as_the_environments(tmp_path):
+    # With set= in the code, NCCL_LOSSY_SET="seed" from the shell was refused as "override 'seed'
+    # has no '='", which names neither the variable nor where the text came from: the
+    # researcher looked for it in the set= of the code.
+    for theirs, why in (("seed", "has no '='"), ("seed='7", "unterminated ' quote")):
+        out = enable_in_child(clean_env(NCCL_LOSSY_SET=theirs), set={"seed": 7})
+        assert out.get("error") == "LossyConfigError", (theirs, out)
+        msg = out["message"]
+        assert f"NCCL_LOSSY_SET={theirs} (in the environment)" in msg and why in msg, msg
+        assert "unset NCCL_LOSSY_SET" in msg, msg
+
+
 def test_a_profile_named_by_two_spellings_of_one_path_is_one_profile(tmp_path):
     (tmp_path / "configs").mkdir()
     prof = tmp_path / "configs" / "half.toml"

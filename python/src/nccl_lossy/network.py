@@ -596,6 +596,15 @@ class LossyNetwork:
         overrides = _from_env(base, "NCCL_LOSSY_SET")
         if overrides is not None:
             theirs = format_overrides(overrides)
+            try:
+                parse_overrides(theirs)
+            except LossyConfigError as err:
+                # Named as the environment's: the code's set= is not where this text came from.
+                shown = overrides if len(overrides) <= 200 else overrides[:200] + "..."
+                raise LossyConfigError(
+                    f"NCCL_LOSSY_SET={shown} (in the environment): {err}; allowed: "
+                    f"key=value pairs separated by ';': unset NCCL_LOSSY_SET, {_RESOLVE}"
+                ) from err
             if not self.overrides:
                 net.overrides, changed = theirs, True
             elif not same_overrides(theirs, self.overrides):
