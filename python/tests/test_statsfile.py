@@ -537,3 +537,16 @@ def test_steps_beyond_of_the_wrong_kind_is_refused_naming_it(tmp_path, beyond, n
     with pytest.raises(StatsFormatError) as err:
         nccl_lossy.read_stats(stats, table="steps")
     assert stats.name in str(err.value) and named in str(err.value), str(err.value)
+
+
+def test_the_errors_the_readers_raise_are_reachable_from_the_package(tmp_path):
+    # The README names StatsFormatError for read_stats(); `except nccl_lossy.StatsFormatError`
+    # was an AttributeError, raised from the handler itself.
+    from nccl_lossy import profiler, statsfile
+
+    assert nccl_lossy.StatsFormatError is statsfile.StatsFormatError
+    assert nccl_lossy.TraceFormatError is profiler.TraceFormatError
+    stats = tmp_path / "lossy-stats-rank0-h-1.json"
+    stats.write_text("{")
+    with pytest.raises(nccl_lossy.StatsFormatError):
+        nccl_lossy.read_stats(stats)

@@ -35,8 +35,15 @@ from .megatron import (
 )
 from .monitor import PerformanceMonitor, performance_monitor
 from .network import LossyConfigError, LossyNetwork, NcclAlreadyInitializedError
-from .profiler import LossyProfiler, ProfilerConfig, merge_trace_files, merge_traces
-from .statsfile import load_stats_files, read_all, read_stats, rows_from_stats, summarize
+from .profiler import LossyProfiler, ProfilerConfig, TraceFormatError, merge_trace_files, merge_traces
+from .statsfile import (
+    StatsFormatError,
+    load_stats_files,
+    read_all,
+    read_stats,
+    rows_from_stats,
+    summarize,
+)
 
 __version__ = "0.1.0"
 
@@ -55,6 +62,8 @@ __all__ = [
     "PHASE_FORWARD",
     "PerformanceMonitor",
     "ProfilerConfig",
+    "StatsFormatError",
+    "TraceFormatError",
     "apply_megatron_core_patch",
     "library_path",
     "megatron_core_patch",
