@@ -189,6 +189,29 @@ def test_a_nul_byte_in_a_value_is_refused_naming_the_keyword():
         assert name in said and "NUL" in said, (kwargs, said)
 
 
+def test_a_value_that_is_not_utf8_is_refused_naming_the_keyword(tmp_path):
+    # The plugin reads its variables as UTF-8 and refuses any other value at init ("... is not
+    # valid UTF-8"). A profile in a directory whose name is not UTF-8 failed with a Python
+    # traceback of the child that asks the plugin (UnicodeEncodeError); a stats_dir or
+    # overrides there passed env() and would have failed every rank's init.
+    folder = os.path.join(os.fsencode(tmp_path), b"run\xff")
+    os.mkdir(folder)
+    profile = os.path.join(folder, b"p.toml")
+    with open(profile, "w") as out:
+        out.write("seed = 3\n")
+    cases = [
+        ({"profile": os.fsdecode(profile)}, "profile", "NCCL_LOSSY_PROFILE"),
+        ({"stats_dir": os.fsdecode(os.path.join(folder, b"stats"))}, "stats_dir", "NCCL_LOSSY_STATS"),
+        ({"set": {"description": "r\udcffn"}}, "set", "NCCL_LOSSY_SET"),
+    ]
+    for kwargs, name, variable in cases:
+        with pytest.raises(nccl_lossy.LossyConfigError) as err:
+            nccl_lossy.LossyNetwork(**kwargs).env(base={})
+        said = str(err.value)
+        assert f"{name}=" in said and "not valid UTF-8" in said and variable in said, (kwargs, said)
+        assert "Traceback" not in said, said
+
+
 def test_a_profile_that_is_no_file_says_what_it_is_instead_of_that_it_does_not_exist(tmp_path, monkeypatch):
     # A directory (the runs' folder passed as profile=) or an empty string (a config field left
     # empty, which Path reads as the working directory) exists: "does not exist" sends the

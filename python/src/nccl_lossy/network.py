@@ -143,7 +143,7 @@ def same_overrides(a: str, b: str) -> bool:
 # Runs in a child interpreter so that the launcher's process never maps the plugin (NCCL
 # must be the one to load it; see nccl_started_reason) and a crash there cannot take it down.
 _CHECK_SCRIPT = """
-import ctypes, sys
+import ctypes, os, sys
 try:
     lib = ctypes.CDLL(sys.argv[1])
 except OSError as err:
@@ -156,11 +156,11 @@ if not hasattr(lib, "ncclLossyCheckProfile"):
 fn = lib.ncclLossyCheckProfile
 fn.restype = ctypes.c_int64
 fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
-path = sys.argv[2].encode() or None
+path = os.fsencode(sys.argv[2]) or None  # a path's bytes as they are, UTF-8 or not
 cap = 1 << 16
 while True:
     buf = ctypes.create_string_buffer(cap)
-    n = fn(path, sys.argv[3].encode(), buf, cap)
+    n = fn(path, os.fsencode(sys.argv[3]), buf, cap)
     if n < 0:
         sys.exit(4)
     if n < cap:
@@ -294,6 +294,22 @@ def allowed_protocols(nccl_proto: str) -> Set[str]:
 INTRA_NODE_CHOICES = ("net", "native")
 
 
+def _check_utf8(keyword: str, variable: str, value: Any) -> None:
+    """Refuses a value the plugin cannot read: it reads ``variable`` as UTF-8 and refuses any
+    other value at init (a path of a directory named in another encoding, given to Python as
+    surrogate escapes)."""
+    if value is None:
+        return
+    try:
+        str(value).encode("utf-8")
+    except UnicodeEncodeError:
+        raise LossyConfigError(
+            f"{keyword}={str(value)[:200]!r}: not valid UTF-8, and the plugin reads {variable} as UTF-8 "
+            "only (it refuses another value at init); allowed: UTF-8 text (rename the directory "
+            "or file, or choose another)"
+        ) from None
+
+
 def _check_stats_dir(path: Path) -> None:
     """Creates the statistics directory and checks that a file can be written in it (a probe,
     removed again), as ``lossy run --stats`` and the plugin's init do: a directory that cannot
@@ -393,6 +409,10 @@ class LossyNetwork:
                 "directory this user can create and write, or None"
             )
         self.library = Path(library).expanduser().resolve() if library is not None else None
+        for keyword, variable, value in (("profile", "NCCL_LOSSY_PROFILE", self.profile),
+                                         ("stats_dir", "NCCL_LOSSY_STATS", self.stats_dir),
+                                         ("set", "NCCL_LOSSY_SET", self.overrides or None)):
+            _check_utf8(keyword, variable, value)
         if self.profile is not None and not self.profile.is_file():
             raise LossyConfigError(_not_a_profile(profile, self.profile))
         self._checked: Optional[Dict[str, Any]] = None
