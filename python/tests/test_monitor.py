@@ -190,3 +190,15 @@ def test_a_switch_that_is_no_bool_is_refused_naming_it(options, named):
     with pytest.raises(ValueError) as err:
         PerformanceMonitor(stats_source=lambda: {}, **options)
     assert named in str(err.value) and "allowed: True or False" in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("options, named", [
+    ({"integration": 3}, "integration=3"),              # failed at the first call
+    ({"profiler": "prof"}, "profiler='prof'"),          # failed after the first step had run
+])
+def test_an_integration_or_profiler_of_the_wrong_kind_is_refused_at_construction(options, named):
+    ran = []
+    with pytest.raises(TypeError) as err:
+        PerformanceMonitor(stats_source=lambda: {}, **options)(lambda: ran.append(1))()
+    assert named in str(err.value) and "allowed" in str(err.value), str(err.value)
+    assert not ran

@@ -86,6 +86,12 @@ class PerformanceMonitor:
         batch_size = _count("batch_size", batch_size, 1, "samples per step")
         seq_length = _count("seq_length", seq_length, 1, "tokens per sample")
         first_step = _count("first_step", first_step, 0, "the first record's step")
+        if integration is not None and not hasattr(integration, "step_number"):
+            raise TypeError(f"performance_monitor: integration={integration!r:.80}: allowed: a "
+                            "LossyMegatronIntegration (anything with step_number) or None")
+        if profiler is not None and not callable(getattr(profiler, "step", None)):
+            raise TypeError(f"performance_monitor: profiler={profiler!r:.80}: allowed: a "
+                            "LossyProfiler or torch profiler (anything with step()) or None")
         for name, value in (("count_flops", count_flops), ("use_wandb", use_wandb)):
             if not isinstance(value, bool):  # "no" would be true
                 raise ValueError(f"performance_monitor: {name}={value!r:.80}: allowed: True or False")
