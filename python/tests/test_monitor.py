@@ -202,3 +202,14 @@ def test_an_integration_or_profiler_of_the_wrong_kind_is_refused_at_construction
         PerformanceMonitor(stats_source=lambda: {}, **options)(lambda: ran.append(1))()
     assert named in str(err.value) and "allowed" in str(err.value), str(err.value)
     assert not ran
+
+
+def test_an_output_that_names_no_file_is_refused_before_any_step_runs(tmp_path):
+    # A directory (or "", the working directory) failed with IsADirectoryError after the first
+    # training step had run; a number with "expected str, bytes or os.PathLike".
+    ran = []
+    for output, named in ((tmp_path, f"output={str(tmp_path)!r}"), ("", "output=''"), (3, "output=3")):
+        with pytest.raises(ValueError) as err:
+            PerformanceMonitor(output, stats_source=lambda: {})(lambda: ran.append(1))()
+        assert named in str(err.value) and "allowed" in str(err.value), str(err.value)
+    assert not ran

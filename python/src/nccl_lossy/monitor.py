@@ -29,6 +29,7 @@ import functools
 import json
 import logging
 import math
+import os
 import time
 import warnings
 from pathlib import Path
@@ -95,6 +96,12 @@ class PerformanceMonitor:
         for name, value in (("count_flops", count_flops), ("use_wandb", use_wandb)):
             if not isinstance(value, bool):  # "no" would be true
                 raise ValueError(f"performance_monitor: {name}={value!r:.80}: allowed: True or False")
+        if output is not None and (not isinstance(output, (str, os.PathLike)) or not os.fspath(output)
+                                   or os.path.isdir(output)):
+            # Said here: a directory failed only at the first record, after the step had run.
+            shown = os.fspath(output) if isinstance(output, os.PathLike) else output
+            raise ValueError(f"performance_monitor: output={shown!r:.200}: allowed: the path of a "
+                             "JSONL file (appended to), or None")
         self.output = Path(output) if output is not None else None
         self.batch_size = batch_size
         self.seq_length = seq_length
