@@ -287,3 +287,19 @@ def test_checks_count_growth_per_op_across_connections():
     assert checks.grown_by_op(after, before, "messages") == {"AllReduce": 3, "SendRecv": 3}
     assert checks.grown_by_op(after, before, "lost_packets") == {"AllReduce": 2}
     assert checks.grown_by_op(after, None, "messages") == {"AllGather": 1, "AllReduce": 9, "SendRecv": 3}
+
+
+def test_attribution_expects_nothing_from_a_rank_that_only_receives():
+    # Run on NCCL 2.28.9 (two ranks on one GPU), the check failed "rank 1: Broadcast alone:
+    # the plugin saw {}": the counts are the sender's, and a broadcast from rank 0 over two
+    # ranks has rank 1 only receive. Every other kind must show on every rank, alone.
+    sys.path.insert(0, str(CHECKS.parent))  # nccl_checks imports nccl_bench by name
+    checks = load(CHECKS, "nccl_checks")
+    fail = checks.attribution_failure
+    assert fail("Broadcast", {}, 1, 2) is None
+    assert fail("Broadcast", {"Broadcast": 8}, 0, 2) is None
+    assert fail("Broadcast", {}, 0, 2) is not None
+    assert fail("Broadcast", {"Broadcast": 8}, 1, 2) is not None
+    assert fail("AllReduce", {}, 1, 2) is not None
+    assert fail("AllReduce", {"AllReduce": 8, "AllGather": 1}, 0, 2) is not None
+    assert fail("SendRecv", {"Send": 32}, 1, 2) is None
