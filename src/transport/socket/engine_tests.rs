@@ -50,7 +50,7 @@ fn status_kib(field: &str) -> u64 {
 #[test]
 fn many_connections_share_a_few_io_threads_and_one_descriptor_per_socket() {
     // Counting threads and descriptors needs a process of its own: other tests run beside us.
-    // With pool threads (the default on hosts of more than 4 cores), so the bound is theirs.
+    // With pool threads (`NCCL_LOSSY_IO_THREADS`), so the bound is theirs.
     run_child(
         "transport::socket::engine_tests::scale_child",
         SCALE_CHILD_ENV,

@@ -9,7 +9,7 @@
 //!
 //! Environment (read by [`SocketConfig::from_env`]):
 //! `NCCL_SOCKET_IFNAME`, `NCCL_SOCKET_FAMILY` as in NCCL; `NCCL_LOSSY_NSOCKS` sockets per
-//! connection (1 to 16, default [`default_nsocks`]); `NCCL_LOSSY_IO_THREADS` I/O pool threads
+//! connection (1 to 16, default [`default_nsocks`]: 1); `NCCL_LOSSY_IO_THREADS` I/O pool threads
 //! (default: see `conn`); `NCCL_LOSSY_SPEED_MBPS` overrides the
 //! reported link speed; `NCCL_LOSSY_SOCKBUF` sets SO_SNDBUF/SO_RCVBUF in bytes (default: the
 //! kernel's autotuning); `NCCL_LOSSY_TIMEOUT` fails requests of a connection that moves no
@@ -36,7 +36,8 @@ use rand::RngCore;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 pub use conn::{
-    chunk_count, chunk_span, SocketRecvConn, SocketSendConn, MAX_IO_THREADS, MIN_CHUNK,
+    chunk_count, chunk_span, default_io_threads, SocketRecvConn, SocketSendConn, MAX_IO_THREADS,
+    MIN_CHUNK,
 };
 pub use connect::{ConnectRetries, SocketConnector, DEFAULT_CONNECT_TIMEOUT};
 pub use fds::limit_text as fd_limit_text;
@@ -47,21 +48,20 @@ pub use wire::{Handle, Hello, MAX_SOCKETS};
 use crate::transport::{Connector, DeviceProps, Listener, Transport, WireHandle};
 use crate::{Error, Result};
 
-/// Sockets per connection when `NCCL_LOSSY_NSOCKS` is unset on a host with more than 4 cores,
-/// where several streams win at large sizes (a 16-core GPU host's loopback: 4.8 GB/s with one
-/// stream, 14.3 GB/s with four). See [`default_nsocks`].
-pub const DEFAULT_NSOCKS: usize = 4;
+/// Sockets per connection when `NCCL_LOSSY_NSOCKS` is unset, on a host of `cores` cores: one,
+/// moved inline on the caller's thread, as NCCL's Socket transport does by default, on any
+/// host. One stream beat four at every size from 8 B to 256 MiB on 2 cores (docs/performance.md,
+/// "Engine v2"), and on a 16-core GPU host, where four streams (with a quarter of the cores as
+/// pool threads) were the default above 4 cores, argued to win at large sizes: there they took
+/// 3-66% longer at every size, over 1 and over 8 channels (docs/gpu-host.md). A fast NIC may
+/// still want more: `NCCL_LOSSY_NSOCKS`.
+pub fn default_nsocks(_cores: usize) -> usize {
+    1
+}
 
-/// Sockets per connection when `NCCL_LOSSY_NSOCKS` is unset: 1 up to 4 cores, where moving
-/// one stream inline on the caller's thread beat 4 streams at every size (docs/performance.md,
-/// "Engine v2"), else [`DEFAULT_NSOCKS`].
-pub fn default_nsocks() -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if cores <= 4 {
-        1
-    } else {
-        DEFAULT_NSOCKS
-    }
+/// The cores this process may run on (1 when unknown).
+pub fn available_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// Link speed reported when the interface does not tell one (10 Gb/s, NCCL's default).
@@ -110,7 +110,7 @@ impl Default for SocketConfig {
         SocketConfig {
             ifname: None,
             family: None,
-            nsocks: default_nsocks(),
+            nsocks: default_nsocks(available_cores()),
             speed_mbps: None,
             sockbuf: None,
             timeout: None,
@@ -248,7 +248,7 @@ impl SocketConfig {
             retries,
             ifname: text("NCCL_SOCKET_IFNAME")?,
             family,
-            nsocks: nsocks.unwrap_or_else(default_nsocks),
+            nsocks: nsocks.unwrap_or_else(|| default_nsocks(available_cores())),
             speed_mbps,
             sockbuf,
         })

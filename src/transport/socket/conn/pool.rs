@@ -308,24 +308,22 @@ static POOL: Mutex<Weak<Pool>> = Mutex::new(Weak::new());
 
 static NEXT_KEY: AtomicU64 = AtomicU64::new(WAKE_KEY + 1);
 
-/// Pool threads when `NCCL_LOSSY_IO_THREADS` is unset: none up to 4 cores (bytes move inside
-/// NCCL's calls, as NCCL's own Socket transport moves them with no helper thread; a thread woken
-/// by every arriving message costs a small message a third of its time there, measured in
-/// docs/performance.md), then a quarter of the cores, at most 16 (see docs/transport.md).
-pub fn default_io_threads() -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if cores <= 4 {
-        0
-    } else {
-        (cores / 4).min(16)
-    }
+/// Pool threads when `NCCL_LOSSY_IO_THREADS` is unset, on a host of `cores` cores: none, on any
+/// host. Bytes move inside NCCL's calls, as NCCL's own Socket transport moves them with no
+/// helper thread, and NCCL's proxy tests every request it posted. A thread woken by every
+/// arriving message cost a small message a third of its time on 2 cores (docs/performance.md,
+/// "Engine v2"); on a 16-core GPU host a quarter of the cores as pool threads (with four
+/// sockets, the default there until then) took 3-66% longer at every size, over 1 and over 8
+/// channels (docs/gpu-host.md). The pool serves those who set `NCCL_LOSSY_IO_THREADS`.
+pub fn default_io_threads(_cores: usize) -> usize {
+    0
 }
 
 /// `NCCL_LOSSY_IO_THREADS`, or the default. `SocketConfig` refuses a malformed value at `init`;
 /// one set after `init` is reported and ignored.
 pub fn io_threads() -> usize {
     let fallback = |why: std::fmt::Arguments<'_>| {
-        let n = default_io_threads();
+        let n = default_io_threads(crate::transport::socket::available_cores());
         log_warn(format_args!("{why}; using {n}"));
         n
     };
@@ -337,7 +335,7 @@ pub fn io_threads() -> usize {
                 crate::error::echo(&v, str::to_string)
             )),
         },
-        Ok(_) => default_io_threads(),
+        Ok(_) => default_io_threads(crate::transport::socket::available_cores()),
         Err(e) => fallback(format_args!("{e}")),
     }
 }
