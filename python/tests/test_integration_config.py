@@ -332,3 +332,13 @@ def test_a_statistics_variable_naming_no_directory_is_a_clear_error_at_disable(t
     refused, enabled = proc.stdout.splitlines()
     assert str(fifo) in refused and "a FIFO" in refused and "per-step" in refused, refused
     assert enabled == "enabled: False"
+
+
+def test_leaving_a_with_block_never_entered_is_refused_and_counts_nothing():
+    # An __exit__ without its __enter__ drove the count of open blocks to -1: the next real
+    # `with integ:` block then ended at 0 and never detached nor disabled, leaving loss on
+    # after the block.
+    integ = LossyMegatronIntegration(**QUIET)
+    with pytest.raises(RuntimeError, match="no `with` block"):
+        integ.__exit__(None, None, None)
+    assert integ._depth == 0

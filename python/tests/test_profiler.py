@@ -649,3 +649,19 @@ def test_a_profiler_given_something_else_than_a_config_says_what_it_takes(tmp_pa
     # LossyProfiler("prof") failed with "replace() should be called on dataclass instances".
     with pytest.raises(TypeError, match=r"config='prof': allowed: a ProfilerConfig or None"):
         LossyProfiler("prof")
+
+
+def test_a_second_start_without_stop_is_refused_and_keeps_the_running_profiler(tmp_path):
+    # start() twice built a second torch profiler over the first, silently: the first one's
+    # recording cycle was lost and never exported.
+    prof = LossyProfiler(output_dir=tmp_path, activities=("cpu",), wait=0, warmup=0, active=1)
+    prof.start()
+    running = prof._profile
+    try:
+        with pytest.raises(RuntimeError, match="already started"):
+            prof.start()
+        assert prof._profile is running
+    finally:
+        prof.stop()
+    prof.start()  # after stop(), a new start is fine
+    prof.stop()

@@ -434,6 +434,12 @@ class LossyMegatronIntegration:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self._depth == 0:
+            # Counted below zero, the next real block would end above it and never disable.
+            raise RuntimeError(
+                "nccl_lossy: __exit__ of a LossyMegatronIntegration that no `with` block entered "
+                "(call disable() to switch injection off outside a `with` block)"
+            )
         self._depth -= 1
         if self._depth == 0:
             self.detach()

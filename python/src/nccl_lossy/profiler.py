@@ -145,7 +145,11 @@ class LossyProfiler:
         return wanted or [ProfilerActivity.CPU]
 
     def start(self) -> "LossyProfiler":
-        """Builds the torch profiler and starts it (its schedule starts at step 0)."""
+        """Builds the torch profiler and starts it (its schedule starts at step 0). A profiler
+        already started must be stopped first: a second torch profiler over the first would lose
+        the first one's recording cycle."""
+        if self._profile is not None:
+            raise RuntimeError("LossyProfiler.start(): already started; stop() it first")
         import torch.profiler as tp
 
         cfg = self.config
