@@ -18,7 +18,7 @@ use super::collectives::{
 };
 use super::net::{PluginLink, RawTcpLink, RingLink, MAX_IN_FLIGHT};
 use super::plugin_client::PluginLibrary;
-use nccl_net_lossy::transport::socket::{available_cores, default_nsocks, SocketConfig};
+use nccl_net_lossy::transport::socket::{SocketConfig, DEFAULT_NSOCKS};
 use nccl_net_lossy::{Error, Result};
 
 /// Which ring channel a run goes through.
@@ -216,10 +216,7 @@ fn one() -> usize {
 /// the plugin reads it, so the baseline matches it. Settings the plugin would refuse give
 /// the default here (the plugin's init then fails loudly).
 pub fn raw_streams_default() -> usize {
-    SocketConfig::from_env().map_or_else(
-        |_| default_nsocks(available_cores()),
-        |config| config.nsocks,
-    )
+    SocketConfig::from_env().map_or(DEFAULT_NSOCKS, |config| config.nsocks)
 }
 
 /// One run's outcome on one rank.

@@ -9,7 +9,7 @@
 //!
 //! Environment (read by [`SocketConfig::from_env`]):
 //! `NCCL_SOCKET_IFNAME`, `NCCL_SOCKET_FAMILY` as in NCCL; `NCCL_LOSSY_NSOCKS` sockets per
-//! connection (1 to 16, default [`default_nsocks`]: 1); `NCCL_LOSSY_IO_THREADS` I/O pool threads
+//! connection (1 to 16, default [`DEFAULT_NSOCKS`]); `NCCL_LOSSY_IO_THREADS` I/O pool threads
 //! (default: see `conn`); `NCCL_LOSSY_SPEED_MBPS` overrides the
 //! reported link speed; `NCCL_LOSSY_SOCKBUF` sets SO_SNDBUF/SO_RCVBUF in bytes (default: the
 //! kernel's autotuning); `NCCL_LOSSY_TIMEOUT` fails requests of a connection that moves no
@@ -36,7 +36,7 @@ use rand::RngCore;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 pub use conn::{
-    chunk_count, chunk_span, default_io_threads, SocketRecvConn, SocketSendConn, MAX_IO_THREADS,
+    chunk_count, chunk_span, SocketRecvConn, SocketSendConn, DEFAULT_IO_THREADS, MAX_IO_THREADS,
     MIN_CHUNK,
 };
 pub use connect::{ConnectRetries, SocketConnector, DEFAULT_CONNECT_TIMEOUT};
@@ -48,21 +48,13 @@ pub use wire::{Handle, Hello, MAX_SOCKETS};
 use crate::transport::{Connector, DeviceProps, Listener, Transport, WireHandle};
 use crate::{Error, Result};
 
-/// Sockets per connection when `NCCL_LOSSY_NSOCKS` is unset, on a host of `cores` cores: one,
-/// moved inline on the caller's thread, as NCCL's Socket transport does by default, on any
-/// host. One stream beat four at every size from 8 B to 256 MiB on 2 cores (docs/performance.md,
+/// Sockets per connection when `NCCL_LOSSY_NSOCKS` is unset: one, moved inline on the caller's
+/// thread, as NCCL's Socket transport does by default, on any host. One stream beat four at every size from 8 B to 256 MiB on 2 cores (docs/performance.md,
 /// "Engine v2"), and on a 16-core GPU host, where four streams (with a quarter of the cores as
 /// pool threads) were the default above 4 cores, argued to win at large sizes: there they took
 /// 3-66% longer at every size, over 1 and over 8 channels (docs/gpu-host.md). A fast NIC may
 /// still want more: `NCCL_LOSSY_NSOCKS`.
-pub fn default_nsocks(_cores: usize) -> usize {
-    1
-}
-
-/// The cores this process may run on (1 when unknown).
-pub fn available_cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
-}
+pub const DEFAULT_NSOCKS: usize = 1;
 
 /// Link speed reported when the interface does not tell one (10 Gb/s, NCCL's default).
 pub const DEFAULT_SPEED_MBPS: i32 = 10_000;
@@ -110,7 +102,7 @@ impl Default for SocketConfig {
         SocketConfig {
             ifname: None,
             family: None,
-            nsocks: default_nsocks(available_cores()),
+            nsocks: DEFAULT_NSOCKS,
             speed_mbps: None,
             sockbuf: None,
             timeout: None,
@@ -248,7 +240,7 @@ impl SocketConfig {
             retries,
             ifname: text("NCCL_SOCKET_IFNAME")?,
             family,
-            nsocks: nsocks.unwrap_or_else(|| default_nsocks(available_cores())),
+            nsocks: nsocks.unwrap_or(DEFAULT_NSOCKS),
             speed_mbps,
             sockbuf,
         })

@@ -40,7 +40,7 @@ use std::ops::Range;
 use socket2::Socket;
 
 pub(crate) use pool::Pool;
-pub use pool::{default_io_threads, io_threads, MAX_IO_THREADS};
+pub use pool::{io_threads, DEFAULT_IO_THREADS, MAX_IO_THREADS};
 #[cfg(test)]
 pub(super) use probe::epoll_watched;
 pub use recv::SocketRecvConn;

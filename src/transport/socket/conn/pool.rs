@@ -308,22 +308,19 @@ static POOL: Mutex<Weak<Pool>> = Mutex::new(Weak::new());
 
 static NEXT_KEY: AtomicU64 = AtomicU64::new(WAKE_KEY + 1);
 
-/// Pool threads when `NCCL_LOSSY_IO_THREADS` is unset, on a host of `cores` cores: none, on any
-/// host. Bytes move inside NCCL's calls, as NCCL's own Socket transport moves them with no
+/// Pool threads when `NCCL_LOSSY_IO_THREADS` is unset: none, on any host. Bytes move inside NCCL's calls, as NCCL's own Socket transport moves them with no
 /// helper thread, and NCCL's proxy tests every request it posted. A thread woken by every
 /// arriving message cost a small message a third of its time on 2 cores (docs/performance.md,
 /// "Engine v2"); on a 16-core GPU host a quarter of the cores as pool threads (with four
 /// sockets, the default there until then) took 3-66% longer at every size, over 1 and over 8
 /// channels (docs/gpu-host.md). The pool serves those who set `NCCL_LOSSY_IO_THREADS`.
-pub fn default_io_threads(_cores: usize) -> usize {
-    0
-}
+pub const DEFAULT_IO_THREADS: usize = 0;
 
 /// `NCCL_LOSSY_IO_THREADS`, or the default. `SocketConfig` refuses a malformed value at `init`;
 /// one set after `init` is reported and ignored.
 pub fn io_threads() -> usize {
     let fallback = |why: std::fmt::Arguments<'_>| {
-        let n = default_io_threads(crate::transport::socket::available_cores());
+        let n = DEFAULT_IO_THREADS;
         log_warn(format_args!("{why}; using {n}"));
         n
     };
@@ -335,7 +332,7 @@ pub fn io_threads() -> usize {
                 crate::error::echo(&v, str::to_string)
             )),
         },
-        Ok(_) => default_io_threads(crate::transport::socket::available_cores()),
+        Ok(_) => DEFAULT_IO_THREADS,
         Err(e) => fallback(format_args!("{e}")),
     }
 }
