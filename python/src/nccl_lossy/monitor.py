@@ -84,9 +84,9 @@ class PerformanceMonitor:
         stats_source: Optional[Callable[[], Dict[str, Any]]] = None,
     ):
         # Checked here: a wrong one failed only after the first training step had run.
-        batch_size = _count("batch_size", batch_size, 1, "samples per step")
-        seq_length = _count("seq_length", seq_length, 1, "tokens per sample")
-        first_step = _count("first_step", first_step, 0, "the first record's step")
+        batch_size = _count("batch_size", batch_size, 1, "samples per step", optional=True)
+        seq_length = _count("seq_length", seq_length, 1, "tokens per sample", optional=True)
+        first_step = _count("first_step", first_step, 0, "the first record's step", optional=False)
         if integration is not None and not hasattr(integration, "step_number"):
             raise TypeError(f"performance_monitor: integration={integration!r:.80}: allowed: a "
                             "LossyMegatronIntegration (anything with step_number) or None")
@@ -222,15 +222,15 @@ class PerformanceMonitor:
             self._tb = None
 
 
-def _count(name: str, value: Any, least: int, what: str) -> Any:
+def _count(name: str, value: Any, least: int, what: str, optional: bool) -> Any:
     """``value`` as an int when it is an integer (numpy's too, not a bool) of at least
-    ``least``, None as None; else ValueError naming it and what is allowed."""
-    if value is None and name != "first_step":
+    ``least`` (None as None when ``optional``); else ValueError naming it and what is allowed."""
+    if value is None and optional:
         return None
     number = None if isinstance(value, bool) else _control._integer(value)
     if number is None or number < least:
         raise ValueError(f"performance_monitor: {name}={value!r:.80}: allowed: an integer >= {least} "
-                         f"({what}){' or None' if name != 'first_step' else ''}")
+                         f"({what}){' or None' if optional else ''}")
     return number
 
 
