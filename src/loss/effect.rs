@@ -7,6 +7,7 @@
 
 use std::ops::Range;
 
+pub use crate::loss::plan::packet_count;
 use crate::loss::plan::PacketRun;
 
 /// Smallest packet size a plan may use: keeps the number of packets, and so the number of
@@ -35,11 +36,6 @@ impl std::fmt::Display for RunError {
             RunError::TooMany => "more lost-packet runs than packets",
         })
     }
-}
-
-/// Number of `mtu`-byte packets in `len` bytes (0 for an empty message).
-pub fn packet_count(len: usize, mtu: u32) -> u64 {
-    (len as u64).div_ceil(u64::from(mtu.max(1)))
 }
 
 /// Checks that `runs` are non-empty, sorted, disjoint and inside `packets` packets.

@@ -118,7 +118,18 @@ impl LossPlan {
 
     /// Number of packets a message of `len` bytes is cut into (0 for an empty message).
     pub fn packets_in(&self, len: usize) -> u64 {
-        (len as u64).div_ceil(u64::from(self.mtu.max(1)))
+        packet_count(len, self.mtu)
+    }
+}
+
+/// Number of `mtu`-byte packets in `len` bytes (0 for an empty message).
+pub fn packet_count(len: usize, mtu: u32) -> u64 {
+    let (len, mtu) = (len as u64, u64::from(mtu.max(1)));
+    if len <= mtu {
+        // Every message of up to one packet: no division (tens of cycles) per message.
+        u64::from(len > 0)
+    } else {
+        len.div_ceil(mtu)
     }
 }
 

@@ -12,7 +12,7 @@ use socket2::Socket;
 
 use super::grouped::{RecvMsg, RecvSlot, UNKNOWN_MSG};
 use super::pool::{Pool, WANT_READ};
-use super::shared::{Shared, Side, DONE, PENDING};
+use super::shared::{remove_first, Shared, Side, DONE, PENDING};
 use super::stage::{Read, Stage};
 use super::{chunk_count, chunk_sockets, chunk_span, roles};
 use crate::loss::effect;
@@ -216,7 +216,11 @@ impl RecvConn for SocketRecvConn {
         r.tags[..n].copy_from_slice(tags);
         r.taken = [false; MAX_RECVS];
         r.sizes = [0; MAX_RECVS];
-        r.msgs = [UNKNOWN_MSG; MAX_RECVS];
+        // Only the messages of this receive's buffers are read (`..n`): all eight would be
+        // some 450 bytes written per message.
+        for m in &mut r.msgs[..n] {
+            *m = UNKNOWN_MSG;
+        }
         r.msgs_left = n;
         side.posted.push_back(slot);
         side.next_seq += n as u64;
@@ -361,6 +365,16 @@ fn advance(shared: &Shared<RecvSide>, s: usize, st: &mut RxSock) -> Step<()> {
             st.hdr_got = 0;
             st.head = Some(check_header(shared, s, &st.hdr, st.min_seq)?);
         }
+        if let Some(h) = st.head {
+            match deliver_staged(shared, s, st, &h) {
+                None => {}
+                Some(Parked::Yes) => return Ok(()),
+                Some(Parked::No) => {
+                    finished = true;
+                    continue;
+                }
+            }
+        }
         if let Some(h) = st.head.as_ref() {
             let Some(job) = match_header(shared, s, h, st.min_seq)? else {
                 // Its receive is not posted yet, or its buffer depends on earlier messages'
@@ -407,7 +421,7 @@ fn advance(shared: &Shared<RecvSide>, s: usize, st: &mut RxSock) -> Step<()> {
             }
             r.msgs_left -= 1;
             if r.msgs_left == 0 {
-                side.posted.retain(|&p| p != slot);
+                remove_first(&mut side.posted, |&p| p == slot);
                 shared.slot_state[slot].store(DONE, Ordering::Release);
             }
         }
@@ -420,6 +434,74 @@ fn advance(shared: &Shared<RecvSide>, s: usize, st: &mut RxSock) -> Step<()> {
         }
         finished = true;
     }
+}
+
+/// Whether a socket that delivered a message has nothing more to do until a receive is posted.
+enum Parked {
+    Yes,
+    No,
+}
+
+/// The usual small message, delivered at once: on a one-socket connection, a header with no
+/// lost runs whose whole payload is already in the stage, for the oldest posted receive when
+/// that is a receive of one buffer with the message's tag, large enough. The same outcome as
+/// [`match_header`] and [`recv_chunk`] (no effect applies without lost runs), under one lock
+/// and without a job; `None` when the message is not of that kind (the general path takes it).
+fn deliver_staged(
+    shared: &Shared<RecvSide>,
+    s: usize,
+    st: &mut RxSock,
+    h: &Header,
+) -> Option<Parked> {
+    let size = h.size as usize;
+    if shared.sockets.len() != 1 || h.runs != 0 || st.stage.staged() < size {
+        return None;
+    }
+    let mut g = shared.lock();
+    if g.over() {
+        return None;
+    }
+    let side = &mut g.side;
+    let slot = *side.posted.front()?;
+    let r = &mut side.slots[slot];
+    if r.n != 1 || r.first_seq != h.seq || r.msgs[0].known || r.tags[0] != h.tag {
+        return None;
+    }
+    let buf = r.bufs[0];
+    if size > buf.len() {
+        return None;
+    }
+    // SAFETY: NCCL lent the buffer until the receive completes, which is below, under the
+    // lock; no other state machine writes it (one socket), and the view lives only for this
+    // copy.
+    let dst = unsafe { buf.slice_mut(0, size) };
+    st.stage.take_staged(dst);
+    r.msgs[0] = RecvMsg {
+        known: true,
+        buf_index: Some(0),
+        size,
+        tag: h.tag,
+        effect: h.effect,
+        mtu: h.mtu,
+        flip_seed: h.flip_seed,
+        chunks_left: 0,
+        got: 1 << s,
+    };
+    r.taken[0] = true;
+    r.sizes[0] = size;
+    r.msgs_left = 0;
+    side.passed[s] = h.seq + 1;
+    side.posted.pop_front();
+    shared.slot_state[slot].store(DONE, Ordering::Release);
+    st.head = None;
+    st.min_seq = h.seq + 1;
+    st.stage.chunk_received(&shared.sockets[s], size);
+    if side.next_seq <= st.min_seq && st.stage.is_empty() {
+        // As after any chunk: nothing posted for what comes next (see [`advance`]).
+        side.parked |= 1 << s;
+        return Some(Parked::Yes);
+    }
+    Some(Parked::No)
 }
 
 /// The peer closed socket `s` cleanly after the chunks of the messages it went past. That
@@ -482,7 +564,11 @@ fn check_header(
     let bad = |why: String| bad_header(shared, s, seq, why);
     // Every message has a chunk 0, on socket `seq mod n`: this socket's next chunk belongs
     // to the next message whose chunk 0 is ours, or to one before it.
-    let latest = min_seq + ((s as u64 + n as u64 - min_seq % n as u64) % n as u64);
+    let latest = if n == 1 {
+        min_seq
+    } else {
+        min_seq + ((s as u64 + n as u64 - min_seq % n as u64) % n as u64)
+    };
     if seq < min_seq || seq > latest {
         return Err(bad(format!(
             "out of order (expected message {min_seq} to {latest})"

@@ -12,7 +12,8 @@ use socket2::Socket;
 
 use super::pool::{Pool, WANT_WRITE};
 use super::shared::{
-    coarse_ns, peek_arrived, send_gathered, Guard, Shared, Side, DONE, IO_PIECE, PENDING,
+    coarse_ns, peek_arrived, remove_first, send_gathered, Guard, Shared, Side, DONE, IO_PIECE,
+    PENDING,
 };
 use super::{chunk_count, chunk_span, roles};
 use crate::loss::effect::{self, MIN_MTU};
@@ -31,6 +32,9 @@ fn check_plan(plan: &LossPlan, size: usize) -> Result<()> {
             "retransmit timeout {:?} too long",
             plan.retransmit_timeout
         )));
+    }
+    if plan.lost.is_empty() {
+        return Ok(());
     }
     effect::check_runs(&plan.lost, effect::packet_count(size, plan.mtu), 0)
         .map(|_| ())
@@ -236,6 +240,15 @@ impl Side for SendSide {
     }
 
     fn advance(shared: &Shared<SendSide>, s: usize, st: &mut TxSock) {
+        if shared.sockets.len() == 1 {
+            while st.job.is_none() {
+                match send_small(shared, s, st) {
+                    Small::Sent => {}
+                    Small::Stopped => return,
+                    Small::Other => break,
+                }
+            }
+        }
         if st.job.is_none() && !next_job(shared, s, st, &shared.lock()) {
             return;
         }
@@ -262,7 +275,7 @@ impl Side for SendSide {
                     let side = &mut g.side;
                     side.slots[slot].chunks_left -= 1;
                     if side.slots[slot].chunks_left == 0 {
-                        side.posted.retain(|p| p.1 != slot);
+                        remove_first(&mut side.posted, |p| p.1 == slot);
                         shared.slot_state[slot].store(DONE, Ordering::Release);
                     }
                     // The next job, under the same lock.
@@ -286,6 +299,94 @@ impl Side for SendSide {
             }
         }
     }
+}
+
+/// What [`send_small`] did.
+enum Small {
+    /// Sent the next message whole, and completed it.
+    Sent,
+    /// Nothing more moves now: nothing queued, the socket full (the rest is the job's), or the
+    /// connection over.
+    Stopped,
+    /// The next message is not a small one sent whole: [`next_job`] takes it.
+    Other,
+}
+
+/// The usual small message on a one-socket connection, sent and completed without a job: no
+/// lost runs, at most [`INLINE_BYTES`] of payload, not the first after a pause (which looks
+/// for the receiver's goodbye first). The same bytes as [`next_job`] and [`drive`] send
+/// (header and payload in one plain `send`) and the same completion, with fewer steps; what
+/// the socket does not take at once is left as the socket's job, which [`drive`] finishes.
+fn send_small(shared: &Shared<SendSide>, s: usize, st: &mut TxSock) -> Small {
+    let g = shared.lock();
+    if g.over() || g.side.next_seq <= st.next {
+        return Small::Stopped;
+    }
+    let seq = st.next;
+    let Some(&(front, slot)) = g.side.posted.front() else {
+        return Small::Stopped;
+    };
+    let m = &g.side.slots[slot];
+    let size = m.buf.len();
+    if front != seq || !m.runs.is_empty() || size > INLINE_BYTES || m.after_pause {
+        return Small::Other;
+    }
+    let header = Header {
+        seq,
+        chunk: 0,
+        size: size as u64,
+        tag: m.tag,
+        effect: m.effect,
+        mtu: m.mtu,
+        runs: 0,
+        retransmit_ns: m.retransmit.as_nanos() as u64,
+        flip_seed: m.flip_seed,
+    };
+    let buf = m.buf;
+    drop(g);
+    st.wire.clear();
+    st.wire.extend_from_slice(&header.encode());
+    // SAFETY: NCCL lent the buffer until the send completes, which is only after these bytes
+    // are sent, and does not write it meanwhile; the view lives only for this copy.
+    st.wire.extend_from_slice(unsafe { buf.slice(0, size) });
+    // The socket full, or failed: the job's [`drive`] goes on from here (and reports a
+    // failure as it does for every message).
+    let (sent, failed) = match send_gathered(&shared.sockets[s], &[IoSlice::new(&st.wire)], false) {
+        Ok(Some(n)) => (n, false),
+        Ok(None) => (0, false),
+        Err(_) => (0, true),
+    };
+    if sent > 0 {
+        shared.progress.touch();
+    }
+    if sent < st.wire.len() {
+        let mut segs = std::mem::take(&mut st.spare);
+        segs.clear();
+        st.job = Some(TxJob {
+            slot,
+            seq,
+            buf,
+            head: sent,
+            segs,
+            seg: 0,
+            off: 0,
+            resend_from: 0,
+            delay: Duration::ZERO,
+            deadline: None,
+            after_pause: false,
+        });
+        return if failed { Small::Other } else { Small::Stopped };
+    }
+    st.next += 1;
+    let mut g = shared.lock();
+    if g.over() {
+        return Small::Stopped;
+    }
+    let side = &mut g.side;
+    side.slots[slot].chunks_left = 0;
+    remove_first(&mut side.posted, |p| p.1 == slot);
+    shared.slot_state[slot].store(DONE, Ordering::Release);
+    Small::Sent
 }
 
 /// Picks up socket `s`'s share of the next message, skipping messages it carries no chunk

@@ -9,6 +9,7 @@
 //! raising the socket's `pending` flag, which the lock holder checks before it lets go (no
 //! readiness is lost, and nobody waits).
 
+use std::collections::VecDeque;
 use std::io::{self, IoSlice, IoSliceMut, Read};
 use std::net::Shutdown;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -155,6 +156,22 @@ pub(super) fn peek_arrived(sock: &Socket, buf: &mut [u8]) -> io::Result<usize> {
     // bytes into the slice, so viewing initialised bytes as possibly uninitialised is sound.
     let view = unsafe { &mut *(buf as *mut [u8] as *mut [std::mem::MaybeUninit<u8>]) };
     sock.recv_with_flags(view, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+}
+
+/// Takes the first entry of `queue` that `is_it`, looking at the front first: messages and
+/// receives mostly finish in the order they were posted, so the usual case is one comparison
+/// and a `pop_front`, not a pass over the queue.
+pub(super) fn remove_first<T>(queue: &mut VecDeque<T>, is_it: impl Fn(&T) -> bool) {
+    match queue.front() {
+        Some(front) if is_it(front) => {
+            queue.pop_front();
+        }
+        _ => {
+            if let Some(i) = queue.iter().position(is_it) {
+                queue.remove(i);
+            }
+        }
+    }
 }
 
 /// A failed `send`/`recv` on an established connection: the peer's failure (`Remote`),

@@ -78,6 +78,17 @@ impl Stage {
         self.start == self.end
     }
 
+    /// Bytes staged, not read yet.
+    pub(super) fn staged(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Moves `buf.len()` staged bytes into `buf` (at most [`Stage::staged`]).
+    pub(super) fn take_staged(&mut self, buf: &mut [u8]) {
+        let k = self.take(buf);
+        debug_assert_eq!(k, buf.len());
+    }
+
     /// Moves staged bytes into `buf`: how many.
     fn take(&mut self, buf: &mut [u8]) -> usize {
         let k = buf.len().min(self.end - self.start);

@@ -23,6 +23,7 @@ mod peer_errors;
 mod pool;
 mod reads;
 mod roundtrip;
+mod small;
 mod streams;
 
 pub(super) const PATIENCE: Duration = Duration::from_secs(30);
