@@ -337,6 +337,21 @@ impl<S: Side> Shared<S> {
     /// that one makes another pass). Never blocks.
     pub(super) fn progress_socket(&self, s: usize) {
         let cell = &self.cells[s];
+        if !self.has_pool() {
+            // Only the owner's calls move the sockets: one pass, and nothing to arm. A caller
+            // that finds the socket busy (the owner's calls made from two threads at once)
+            // leaves it to the pass under way and to the next `test`, which NCCL's proxy
+            // makes for every request it has in flight.
+            let mut st = match cell.state.try_lock() {
+                Ok(st) => st,
+                Err(TryLockError::WouldBlock) => return,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            };
+            if !self.halted() {
+                self.pass(s, &mut st);
+            }
+            return;
+        }
         cell.pending.store(true, Ordering::Release);
         loop {
             let mut st = match cell.state.try_lock() {
@@ -348,13 +363,7 @@ impl<S: Side> Shared<S> {
                 if self.halted() {
                     break;
                 }
-                let run = catch_unwind(AssertUnwindSafe(|| S::advance(self, s, &mut st)));
-                if run.is_err() {
-                    self.fail(
-                        Error::internal(format!("progress on socket {s} panicked")),
-                        true,
-                    );
-                }
+                self.pass(s, &mut st);
             }
             // A failed connection's sockets are shut down and always ready: arming one again
             // would wake its pool thread at once, for ever.
@@ -365,6 +374,17 @@ impl<S: Side> Shared<S> {
             if !cell.pending.load(Ordering::Acquire) {
                 return;
             }
+        }
+    }
+
+    /// One run of socket `s`'s state machine; a panic in it fails the connection.
+    fn pass(&self, s: usize, st: &mut S::Sock) {
+        let run = catch_unwind(AssertUnwindSafe(|| S::advance(self, s, st)));
+        if run.is_err() {
+            self.fail(
+                Error::internal(format!("progress on socket {s} panicked")),
+                true,
+            );
         }
     }
 
