@@ -502,10 +502,8 @@ fn irecv(
         })?;
     let data = non_null(data, "data")?;
     let tags = non_null(tags, "tags")?;
-    let mut bufs = [HostBuf::EMPTY; MAX_RECVS];
-    let mut tag_values = [0i32; MAX_RECVS];
-    let mut parents = [None; MAX_RECVS];
-    for i in 0..count {
+    // Buffer `i < count` of NCCL's arrays: its memory, tag and profiler handle.
+    let entry = |i: usize| -> Result<(HostBuf, i32, Option<ProfilerParent>)> {
         // SAFETY: NCCL passes arrays of `n` entries for data, sizes and tags.
         let (ptr, tag) = unsafe { (*data.add(i), *tags.add(i)) };
         let mr = if mhandles.is_null() {
@@ -518,18 +516,32 @@ fn irecv(
         if size > 0 {
             non_null(ptr, "receive buffer")?;
         }
-        // SAFETY: NCCL lends `size` bytes at `ptr` until `test` reports the request done.
-        bufs[i] = unsafe { HostBuf::new(ptr.cast(), size) }.with_mr(mr);
-        tag_values[i] = tag;
-        if !phandles.is_null() {
+        let parent = if phandles.is_null() {
+            None
+        } else {
             // SAFETY: a non-NULL phandles array (v10+) has `n` entries, like data; NCCL's
             // profiler handles are only handed on, never read here.
-            parents[i] = ProfilerParent::new(unsafe { *phandles.add(i) } as usize);
+            ProfilerParent::new(unsafe { *phandles.add(i) } as usize)
+        };
+        // SAFETY: NCCL lends `size` bytes at `ptr` until `test` reports the request done.
+        let buf = unsafe { HostBuf::new(ptr.cast(), size) }.with_mr(mr);
+        Ok((buf, tag, parent))
+    };
+    let id = if count == 1 {
+        // Every receive NCCL posts on our comms (we advertise one buffer per receive): no
+        // arrays of eight to fill.
+        let (buf, tag, parent) = entry(0)?;
+        comm.comm.irecv(&[buf], &[tag], &[parent])?
+    } else {
+        let mut bufs = [HostBuf::EMPTY; MAX_RECVS];
+        let mut tag_values = [0i32; MAX_RECVS];
+        let mut parents = [None; MAX_RECVS];
+        for i in 0..count {
+            (bufs[i], tag_values[i], parents[i]) = entry(i)?;
         }
-    }
-    let id = comm
-        .comm
-        .irecv(&bufs[..count], &tag_values[..count], &parents[..count])?;
+        comm.comm
+            .irecv(&bufs[..count], &tag_values[..count], &parents[..count])?
+    };
     hand_out(&comm.slots, id, request)
 }
 
