@@ -19,7 +19,7 @@ use std::ffi::c_void;
 use std::ptr::null_mut;
 
 use common::{say, Peer};
-use nccl_net_lossy::ffi::{ncclNet_v12_t, ncclResult_t};
+use nccl_net_lossy::ffi::{ncclNetProperties_v12_t, ncclNet_v12_t, ncclResult_t};
 
 const OK: ncclResult_t = ncclResult_t::ncclSuccess;
 const CHILD: &str = "context_lifetime_child";
@@ -67,6 +67,21 @@ fn after_the_last_finalize_a_context_is_an_error_even_when_its_memory_is_reused(
 #[test]
 fn a_v12_context_is_freed_at_its_finalize_while_another_holds_the_plugin() {
     run("v12");
+}
+
+#[test]
+fn a_v11_context_finalized_last_while_another_init_runs_is_an_error_afterwards() {
+    run("race");
+}
+
+/// The link speed the plugin reports for device 0: read from `NCCL_LOSSY_SPEED_MBPS` when
+/// its runtime is built, so it tells which build answers.
+fn speed(t: &ncclNet_v12_t) -> i32 {
+    let mut props = ncclNetProperties_v12_t::default();
+    // SAFETY: a valid, writable properties struct of the table's version.
+    let rc = unsafe { t.getProperties.expect("getProperties")(0, &mut props) };
+    assert_eq!(rc, OK, "getProperties");
+    props.speed
 }
 
 /// The v11 table (NCCL 2.28-2.29), seen through the v12 type the helpers take.
@@ -189,6 +204,56 @@ fn context_lifetime_child() {
             // SAFETY: the other live context, finalized once.
             assert_eq!(unsafe { t.finalize.expect("finalize")(second) }, OK);
             say("OK v12");
+        }
+        "race" => {
+            // The last context's finalize races another communicator's init. When the init
+            // builds a new runtime, the finalize was the last (the plugin was released): the
+            // finalized context must be an error from then on, whatever the new init does
+            // meanwhile. It stayed usable, with the connects it left in progress holding the
+            // old runtime, when the init came while the old runtime was being retired.
+            let v11 = table_v11();
+            // A statistics file is written as the last finalize releases the runtime.
+            let stats = common::fresh_dir("context-race-stats");
+            std::env::set_var("NCCL_LOSSY_STATS", &stats);
+            let (mut rebuilt, mut kept) = (0, 0);
+            for i in 0..300u64 {
+                // Set with no other thread running; read by each runtime build.
+                std::env::set_var("NCCL_LOSSY_SPEED_MBPS", "1000");
+                let last = common::raw_context(v11, 0x7000 + i, None);
+                std::env::set_var("NCCL_LOSSY_SPEED_MBPS", "2000");
+                let start = std::sync::Arc::new(std::sync::Barrier::new(2));
+                let go = std::sync::Arc::clone(&start);
+                let other = std::thread::spawn(move || {
+                    go.wait();
+                    let until =
+                        std::time::Instant::now() + std::time::Duration::from_micros(i % 60);
+                    while std::time::Instant::now() < until {
+                        std::hint::spin_loop();
+                    }
+                    common::raw_context(table_v11(), 0x8000 + i, None) as usize
+                });
+                start.wait();
+                // SAFETY: the live context made above, finalized once.
+                assert_eq!(unsafe { v11.finalize.expect("finalize")(last) }, OK);
+                let other = other.join().expect("the init thread") as *mut c_void;
+                if speed(t) == 2000 {
+                    // A new runtime: `last` was the last context when it was finalized.
+                    rebuilt += 1;
+                    assert_ne!(
+                        listen_code(v11, last),
+                        OK,
+                        "round {i}: a context finalized last stayed usable under the runtime \
+                         an init built after it"
+                    );
+                } else {
+                    // The init held the plugin first: `last` was not the last.
+                    kept += 1;
+                }
+                // SAFETY: the other live context, finalized once: the plugin is released.
+                assert_eq!(unsafe { v11.finalize.expect("finalize")(other) }, OK);
+            }
+            eprintln!("RACE {rebuilt} rebuilt, {kept} kept");
+            say("OK race");
         }
         other => panic!("unknown role {other}"),
     }

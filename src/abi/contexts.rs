@@ -108,20 +108,26 @@ pub(super) fn finalize_context(ctx: *mut c_void) -> Result<()> {
 }
 
 /// Gives back one hold on the runtime (a net context's or a tuner's); when it was the last,
-/// frees the finalized net contexts: nothing passes them once the plugin is released.
+/// frees the finalized net contexts: nothing passes them once the plugin is released. They
+/// are taken out of the list as the runtime is released, under its lock: an `init` on another
+/// thread that builds the next runtime meanwhile neither keeps them alive with it nor has its
+/// own finalized contexts taken (`cli/tests/context_lifetime.rs`).
 pub(super) fn release_hold() -> Result<()> {
-    let released = Runtime::release();
-    if Runtime::current().is_err() {
-        free_finalized_contexts();
-    }
-    released
+    let finalized = Runtime::release(|| LIVE_CONTEXTS.drain_finalized())?;
+    free_contexts(finalized.unwrap_or_default());
+    Ok(())
 }
 
 /// Frees the finalized contexts and drops the connects they left in progress (each holds its
 /// context: dropped with it, they would keep it, and its sockets, for the process's life).
 /// The runtime is gone, or the library is being unloaded: nothing passes them any more.
 fn free_finalized_contexts() {
-    for addr in LIVE_CONTEXTS.drain_finalized() {
+    free_contexts(LIVE_CONTEXTS.drain_finalized());
+}
+
+/// Frees contexts [`Live::drain_finalized`] took out of the list.
+fn free_contexts(finalized: Vec<usize>) {
+    for addr in finalized {
         // SAFETY: each was an AbiContext made by `init_context` (Box::into_raw), finalized,
         // and is now out of the list, so nothing reads it through the list, and nothing else
         // frees it.

@@ -231,27 +231,33 @@ impl Runtime {
         Ok(runtime)
     }
 
-    /// Gives back one [`Hold::Counted`] hold; the last one releases the runtime.
-    pub fn release() -> Result<()> {
-        let retired = {
+    /// Gives back one [`Hold::Counted`] hold; the last one releases the runtime, and then
+    /// `on_last` runs, under the slot's lock, before any other `acquire` can build the next
+    /// runtime: what it takes belongs to the runtime released, never to the next one. (Asked
+    /// after the release instead, "is there a runtime?" could see one that an `init` on
+    /// another thread built meanwhile, while the released one was being retired.)
+    pub fn release<T>(on_last: impl FnOnce() -> T) -> Result<Option<T>> {
+        let (retired, taken) = {
             let mut slot = slot()?;
             slot.holds = slot.holds.saturating_sub(1);
             if slot.holds == 0 && !slot.until_unload {
-                slot.take()
+                let retired = slot.take();
+                let taken = retired.as_ref().map(|_| on_last());
+                (retired, taken)
             } else {
-                None
+                (None, None)
             }
         };
         match retired {
             Some((runtime, implicit)) => {
                 retire(runtime, implicit);
-                Ok(())
+                Ok(taken)
             }
             // Not the last communicator: its numbers still go to the file now. A write that
             // fails is warned about, never NCCL's error: statistics are not the run.
             None => {
                 output::write_logged();
-                Ok(())
+                Ok(None)
             }
         }
     }
