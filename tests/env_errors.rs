@@ -130,3 +130,25 @@ fn a_value_of_kilobytes_is_echoed_cut_with_its_length() {
         &none[..none.len().min(300)]
     );
 }
+
+#[test]
+fn a_positive_timeout_too_small_for_a_float_is_refused_not_taken_as_off() {
+    // `1e-400` and a long `0.000…1` are positive numbers that the float parser rounds to
+    // 0.0, which means "off": the timeout the user asked for was silently dropped, while
+    // `1e-300` (above the float's smallest) was refused as under 1 ms.
+    let tiny = format!("0.{}1", "0".repeat(400));
+    for bad in ["1e-400", "1E-999", tiny.as_str(), "+1e-400"] {
+        let message = error_of("NCCL_LOSSY_TIMEOUT", bad);
+        assert!(
+            message.contains("NCCL_LOSSY_TIMEOUT=") && message.contains("0.001 to 604800"),
+            "for {bad:?}: {message}"
+        );
+    }
+    for off in ["0", "-0", "0.0", "0e-400", " 0 ", "000.000"] {
+        let value = off.to_string();
+        let config =
+            SocketConfig::from_lookup(move |n| (n == "NCCL_LOSSY_TIMEOUT").then(|| value.clone()))
+                .unwrap_or_else(|e| panic!("{off:?} is off: {}", e.message));
+        assert_eq!(config.timeout, None, "{off:?} is off");
+    }
+}

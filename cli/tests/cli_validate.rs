@@ -698,3 +698,61 @@ fn validate_and_simulate_refuse_a_plugin_to_wrap_that_lossy_run_and_init_refuse(
     assert!(out.status.success(), "{:?}", text(&out));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn a_blank_profile_variable_of_kilobytes_is_echoed_cut() {
+    // `NCCL_LOSSY_PROFILE` of blanks names no file and is refused, but the refusal quoted the
+    // value whole: 100,000 spaces made an error of 100 KB, from validate, run and every rank's
+    // init.
+    let blanks = " ".repeat(100_000);
+    for args in [&["validate"][..], &["run", "--print-env"][..]] {
+        let out = lossy(args, &[("NCCL_LOSSY_PROFILE", blanks.as_str())]);
+        let (_, stderr) = text(&out);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {} bytes",
+            stderr.len()
+        );
+        assert!(
+            stderr.len() < 2_000
+                && stderr.contains("NCCL_LOSSY_PROFILE")
+                && stderr.contains("bytes in all"),
+            "{args:?}: {} bytes: {}",
+            stderr.len(),
+            &stderr[..stderr.len().min(300)]
+        );
+    }
+}
+
+#[test]
+fn an_output_directory_path_of_kilobytes_is_refused_cut() {
+    // A statistics or trace directory longer than the system opens: validate approved it
+    // (its nearest existing ancestor is writable) while init fails on it, and run and init
+    // echoed the 100 KB path whole, twice (the variable's value, then the system's error).
+    let dir = fresh_dir("validate-long-output-dir");
+    let profile = write(&dir, "ok.toml", "seed = 1\n");
+    let long = "a".repeat(100_000);
+    for name in ["NCCL_LOSSY_STATS", "NCCL_LOSSY_TRACE"] {
+        for args in [&["validate", &profile][..], &["run", "--", "true"][..]] {
+            let out = lossy(args, &[(name, long.as_str())]);
+            let (_, stderr) = text(&out);
+            assert_eq!(
+                out.status.code(),
+                Some(2),
+                "{name} {args:?}: {}",
+                &stderr[..stderr.len().min(300)]
+            );
+            assert!(
+                stderr.len() < 2_000
+                    && stderr.contains(name)
+                    && stderr.contains("bytes in all")
+                    && stderr.contains("4095"),
+                "{name} {args:?}: {} bytes: {}",
+                stderr.len(),
+                &stderr[..stderr.len().min(300)]
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

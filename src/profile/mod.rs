@@ -252,9 +252,9 @@ impl Profile {
         };
         if value.to_str().is_some_and(|v| v.trim().is_empty()) {
             return Err(Error::invalid_argument(format!(
-                "{PROFILE_ENV} = {:?}: must name a profile file (unset it for the embedded \
+                "{PROFILE_ENV} = {}: must name a profile file (unset it for the embedded \
                  default)",
-                value.to_string_lossy()
+                echo(&value.to_string_lossy(), |v| format!("{v:?}"))
             )));
         }
         Ok(Some(PathBuf::from(value)))

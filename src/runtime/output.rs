@@ -194,7 +194,7 @@ fn stats_dir_context(err: crate::Error, dir: &std::ffi::OsStr) -> crate::Error {
     err.context(format!(
         "{STATS_DIR_ENV}={}: statistics cannot be written there (set it to a writable \
          directory, or unset it)",
-        Path::new(dir).display()
+        crate::error::echo(&Path::new(dir).display().to_string(), str::to_string)
     ))
 }
 
@@ -203,7 +203,7 @@ fn trace_dir_context(err: crate::Error, source: &str, dir: &Path) -> crate::Erro
     err.context(format!(
         "{source}={}: the trace cannot be written there (set it to a writable directory, or \
          unset it)",
-        dir.display()
+        crate::error::echo(&dir.display().to_string(), str::to_string)
     ))
 }
 

@@ -333,6 +333,7 @@ pub fn launcher_world_size() -> Option<u64> {
 /// removed again), so a directory that cannot take statistics or the trace is found at `init`,
 /// not at every write. `what` names the directory's role in errors ("stats", "trace").
 pub fn check_output_dir(dir: &Path, what: &str) -> Result<()> {
+    crate::files::check_path_length(dir).map_err(Error::invalid_argument)?;
     fs::create_dir_all(dir).map_err(|e| {
         // "File exists" or "Not a directory" says nothing about what is in the way: say what
         // it is, and where (the directory itself, or a file among its ancestors).
@@ -383,6 +384,7 @@ pub fn output_dir_in_the_way(dir: &Path, what: &str) -> Result<()> {
 /// without write permission, /proc). A probe file is created there and removed at once.
 /// `lossy validate` judges with it the directories `init` creates and writes in.
 pub fn output_dir_writable_in_place(dir: &Path, what: &str) -> Result<()> {
+    crate::files::check_path_length(dir).map_err(Error::invalid_argument)?;
     output_dir_in_the_way(dir, what)?;
     let Some(existing) = dir
         .ancestors()

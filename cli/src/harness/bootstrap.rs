@@ -54,16 +54,44 @@ fn read_blob(stream: &mut TcpStream) -> Result<Vec<u8>> {
     read_frame(stream)?.map_err(Error::remote)
 }
 
+/// Most characters of the server's error message a rank shows: the server's own are a few
+/// hundred; a peer that is not our server may send a megabyte.
+const MAX_ERROR_SHOWN: usize = 1024;
+
 /// Reads one frame: a blob, or (inner `Err`) the server's word on why the run ended.
 fn read_frame(stream: &mut TcpStream) -> Result<std::result::Result<Vec<u8>, String>> {
+    let len = read_len(stream)?;
+    if len == ERROR_FRAME {
+        // The message's own length is read as a plain blob's: an error marker there is
+        // malformed, not another error frame (a peer sending 0xff bytes made the reader
+        // recurse once per 8 bytes until the stack overflowed).
+        let len = read_len(stream)?;
+        if len == ERROR_FRAME {
+            return Err(Error::remote(
+                "malformed bootstrap frame: an error message whose length is the error marker",
+            ));
+        }
+        let text = read_body(stream, len)?;
+        let text = String::from_utf8_lossy(&text);
+        return Ok(Err(nccl_net_lossy::error::echo_at_most(
+            &text,
+            MAX_ERROR_SHOWN,
+            str::to_string,
+        )));
+    }
+    read_body(stream, len).map(Ok)
+}
+
+/// Reads a frame's 8-byte length.
+fn read_len(stream: &mut TcpStream) -> Result<u64> {
     let mut len = [0u8; 8];
     stream.read_exact(&mut len)?;
-    let len = u64::from_le_bytes(len);
-    if len == ERROR_FRAME {
-        let text = read_blob(stream)?;
-        return Ok(Err(String::from_utf8_lossy(&text).into_owned()));
-    }
-    let len = len as usize;
+    Ok(u64::from_le_bytes(len))
+}
+
+/// Reads a frame's body of `len` bytes, at most [`MAX_BLOB`].
+fn read_body(stream: &mut TcpStream, len: u64) -> Result<Vec<u8>> {
+    let len = usize::try_from(len).unwrap_or(usize::MAX);
     if len > MAX_BLOB {
         return Err(Error::remote(format!(
             "bootstrap blob of {len} bytes (at most {MAX_BLOB})"
@@ -71,7 +99,7 @@ fn read_frame(stream: &mut TcpStream) -> Result<std::result::Result<Vec<u8>, Str
     }
     let mut blob = vec![0u8; len];
     stream.read_exact(&mut blob)?;
-    Ok(Ok(blob))
+    Ok(blob)
 }
 
 fn write_blob(out: &mut Vec<u8>, blob: &[u8]) {

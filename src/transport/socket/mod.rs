@@ -127,10 +127,15 @@ pub const MIN_TIMEOUT_SECS: f64 = 0.001;
 /// [`MIN_TIMEOUT_SECS`] to [`MAX_TIMEOUT_SECS`]. The error names the variable and what it
 /// accepts.
 pub fn parse_timeout(value: &str) -> Result<Option<Duration>> {
-    let secs = value.trim().parse::<f64>().ok().filter(|s| s.is_finite());
+    let text = value.trim();
+    let secs = text.parse::<f64>().ok().filter(|s| s.is_finite());
+    // A positive number below the smallest float (`1e-400`) parses as 0.0: only a value
+    // whose digits before any exponent are all zeros is 0 (off).
+    let mantissa = text.split(['e', 'E']).next().unwrap_or_default();
+    let written_zero = !mantissa.bytes().any(|b| (b'1'..=b'9').contains(&b));
     let value = crate::error::echo(value, str::to_string);
     match secs {
-        Some(0.0) => Ok(None),
+        Some(0.0) if written_zero => Ok(None),
         Some(s) if (MIN_TIMEOUT_SECS..=MAX_TIMEOUT_SECS).contains(&s) => {
             Ok(Some(Duration::from_secs_f64(s)))
         }
