@@ -682,3 +682,16 @@ fn assert_run_refused(
     assert!(words.iter().all(|w| stderr.contains(w)), "{what}: {stderr}");
     assert!(!marker.exists(), "{what}: the command must not run");
 }
+
+/// `--stats` naming something that is not a directory: the refusal names the option, so the
+/// reader knows which of the settings to fix (the shell's `NCCL_LOSSY_STATS` is not it).
+#[test]
+fn a_stats_option_that_is_not_a_directory_is_refused_by_its_name() {
+    let out = lossy(&["run", "--stats", "/dev/null", "--", "true"], &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--stats /dev/null") && err.contains("not a directory"),
+        "{err}"
+    );
+}

@@ -186,7 +186,13 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
     }
     if let Some(dir) = &args.stats {
         // As the plugin checks it at init: created, and a file can be written in it.
-        nccl_net_lossy::stats::writer::check_output_dir(dir, "stats").map_err(|e| e.message)?;
+        nccl_net_lossy::stats::writer::check_output_dir(dir, "stats").map_err(|e| {
+            format!(
+                "--stats {}: {}",
+                nccl_net_lossy::error::echo(&dir.display().to_string(), str::to_string),
+                e.message
+            )
+        })?;
         env.push((STATS_DIR_ENV.into(), absolute(dir)?.into_os_string()));
     } else {
         // The job inherits the shell's NCCL_LOSSY_STATS: one the plugin's init refuses failed
