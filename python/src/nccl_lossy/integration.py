@@ -406,24 +406,41 @@ class LossyMegatronIntegration:
         """Injection off (phase ``any``). The megatron-core patches stay in place, so the
         communication functions under a running model do not change; ``revert_patches=True``
         also reverts the patches this object applied. The step being recorded ends here, and
-        with a statistics directory the per-step file is written (:meth:`write_stats`)."""
+        with a statistics directory the per-step file is written (:meth:`write_stats`).
+
+        An integration that is not enabled (never enabled, or disabled
+        already) leaves the plugin alone, as :meth:`LossyProfiler.stop` of a profiler not
+        started does: the switch, phase and step are process-wide, and turning them off here
+        would turn off another integration's injection (a cleanup in a ``finally`` block, a
+        second ``disable()``). ``revert_patches=True`` still reverts the patches this object
+        applied."""
         revert = check_bool("revert_patches", revert_patches)  # before anything changes
         with _control.STATE_LOCK:
-            self._step = self.step_number  # the step in force, wherever it was set
-            self._enabled = False
-            _ENABLED.discard(self)
-            self._phase = "any"
-            self._push()
-            self._close_ranges(step_too=True)
-            if self._recorder.started:
-                self._recorder.end_step(self._recorder.step)
-                stats_dir = self.stats_dir()
-                if stats_dir is not None:
-                    self._recorder.write(stats_dir)
+            # enable()d and not disable()d since, or switched on through ``enabled = True``
+            on = self in _ENABLED or self._enabled
+            if on:
+                self._switch_off()
+        self._revert_patches(revert)
+        if on:
+            log.info("lossy injection disabled%s", " and megatron-core patches reverted" if revert else "")
+
+    def _switch_off(self) -> None:
+        self._step = self.step_number  # the step in force, wherever it was set
+        self._enabled = False
+        _ENABLED.discard(self)
+        self._phase = "any"
+        self._push()
+        self._close_ranges(step_too=True)
+        if self._recorder.started:
+            self._recorder.end_step(self._recorder.step)
+            stats_dir = self.stats_dir()
+            if stats_dir is not None:
+                self._recorder.write(stats_dir)
+
+    def _revert_patches(self, revert: bool) -> None:
         if revert and self._patched_here:
             revert_megatron_core_patch()
             self._patched_here = False
-        log.info("lossy injection disabled%s", " and megatron-core patches reverted" if revert_patches else "")
 
     def __enter__(self) -> "LossyMegatronIntegration":
         # A block entered again inside itself (a helper wrapping its work in ``with integ:``)
