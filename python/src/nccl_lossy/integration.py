@@ -10,6 +10,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
+from ._echo import SHOWN_CHARS, echo
 from . import control as _control
 from .config import LossyConfigError, check_bool, check_config_keys
 from .megatron import apply_megatron_core_patch, is_patched, revert_megatron_core_patch
@@ -143,7 +144,7 @@ class LossyMegatronIntegration:
         if unknown:
             key = next(iter(unknown))
             raise LossyConfigError(
-                f"LossyMegatronIntegration: unknown keyword {key!r} (value {unknown[key]!r}); "
+                f"LossyMegatronIntegration: unknown keyword {echo(key)} (value {echo(unknown[key])}); "
                 f"allowed: {', '.join(KEYWORDS)}"
             )
         given = {
@@ -164,14 +165,14 @@ class LossyMegatronIntegration:
         elif isinstance(first, (str, os.PathLike)):
             if profile is not None and _same_file(profile) != _same_file(first):
                 raise LossyConfigError(
-                    f"profile={profile!r} and a positional profile {first!r}: allowed: one of the two"
+                    f"profile={echo(profile, SHOWN_CHARS)} and a positional profile {echo(first, SHOWN_CHARS)}: allowed: one of the two"
                 )
             given["profile"] = first
         elif isinstance(first, Mapping):
             given = _merge_config(first, given)
         elif first is not None:
             raise LossyConfigError(
-                f"first argument {first!r}: allowed: a LossyNetwork, a profile path, or a config "
+                f"first argument {echo(first)}: allowed: a LossyNetwork, a profile path, or a config "
                 f"dict with keys {', '.join(CONFIG_KEYS)}"
             )
         self.patch_megatron = check_bool("patch_megatron", patch_megatron)
@@ -186,11 +187,11 @@ class LossyMegatronIntegration:
         network_keys = ("loss_rate", "burst_length", "effect", "profile", "set", "stats_dir")
         if network is not None:
             if not isinstance(network, LossyNetwork):
-                raise LossyConfigError(f"network={network!r}: allowed: a LossyNetwork")
+                raise LossyConfigError(f"network={echo(network)}: allowed: a LossyNetwork")
             extra = [k for k in network_keys if given[k] is not None]
             if extra:
                 raise LossyConfigError(
-                    f"{extra[0]}={given[extra[0]]!r} next to a LossyNetwork, which carries its own: "
+                    f"{extra[0]}={echo(given[extra[0]])} next to a LossyNetwork, which carries its own: "
                     f"allowed: give {extra[0]} to the LossyNetwork"
                 )
             self.network = network
@@ -263,7 +264,7 @@ class LossyMegatronIntegration:
     @phase.setter
     def phase(self, value: str) -> None:
         if value not in PHASES:
-            raise LossyConfigError(f"phase={value!r}: allowed: {', '.join(PHASES)}")
+            raise LossyConfigError(f"phase={echo(value)}: allowed: {', '.join(PHASES)}")
         with _control.STATE_LOCK:
             self._phase = value
             self._push()
@@ -283,7 +284,7 @@ class LossyMegatronIntegration:
             value = _control.step_value(value)  # checked before anything changes
         except ValueError:
             raise LossyConfigError(
-                f"step_number={value!r}: allowed: an integer from 0 to 2**64 - 1"
+                f"step_number={echo(value)}: allowed: an integer from 0 to 2**64 - 1"
             ) from None
         with _control.STATE_LOCK:
             self._recorder.move_to(value, _control.control().set_step)
@@ -667,7 +668,7 @@ def _merge_config(config: Mapping[str, Any], given: Dict[str, Any]) -> Dict[str,
         keyword = given[key]
         if keyword is not None and not isinstance(keyword, _Default) and not _same_value(key, keyword, value):
             raise LossyConfigError(
-                f"{key}: the config says {value!r}, the keyword {keyword!r}; allowed: one value"
+                f"{key}: the config says {echo(value)}, the keyword {echo(keyword)}; allowed: one value"
             )
         merged[key] = value
     return merged
