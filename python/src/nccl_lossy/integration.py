@@ -695,6 +695,24 @@ def _tensors(value: Any) -> List[Any]:
     return []
 
 
+def end_ranges() -> None:
+    """Ends the open ``record_function`` ranges of every enabled integration (those this
+    thread opened): a torch profiler's window is about to end, and a range open across its
+    end is one torch warns about and exports with an end it makes up."""
+    with _control.STATE_LOCK:
+        for integ in list(_ENABLED):
+            integ._close_ranges(step_too=True)
+
+
+def reopen_ranges() -> None:
+    """Opens the ranges of the current step and phase again for every enabled integration,
+    when a torch profiler records (the next window of :func:`end_ranges`)."""
+    with _control.STATE_LOCK:
+        for integ in list(_ENABLED):
+            if integ._step_range is None and integ._phase_range is None:
+                integ._mark_ranges(new_step=False)
+
+
 def _backward_range(name: str) -> None:
     """A ``record_function`` range from now to the end of the running backward pass (in the
     calling thread); outside a backward pass, an empty one."""

@@ -167,13 +167,30 @@ class LossyProfiler:
         return self
 
     def step(self) -> None:
-        """Ends one training step in the profiler's schedule."""
-        if self._profile is not None:
-            self._profile.step()
+        """Ends one training step in the profiler's schedule. At the end of a recording window
+        the ranges of enabled integrations (``lossy:step N``, ``lossy:forward`` ...) end with
+        it, and open again when the next window records: torch warns about a range open
+        across a window's end and exports it with an end it makes up."""
+        if self._profile is None:
+            return
+        from torch.profiler import ProfilerAction
+
+        from .integration import end_ranges, reopen_ranges
+
+        window_ends = self._profile.current_action == ProfilerAction.RECORD_AND_SAVE
+        if window_ends:
+            end_ranges()
+        self._profile.step()
+        if window_ends:
+            reopen_ranges()
 
     def stop(self) -> None:
-        """Stops the profiler (a cycle still recording is exported)."""
+        """Stops the profiler (a cycle still recording is exported, the ranges of enabled
+        integrations ended with it)."""
         if self._profile is not None:
+            from .integration import end_ranges
+
+            end_ranges()
             self._profile.stop()
             self._profile = None
 
