@@ -22,6 +22,7 @@ import json
 import logging
 import operator
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
@@ -85,10 +86,11 @@ def switch_value(enabled: Any) -> bool:
         return enabled
     if type(enabled).__name__ in ("bool_", "bool") and type(enabled).__module__ == "numpy":
         return bool(enabled)
-    # A 0-d numpy bool array (np.asarray(flag)); torch's one-element bool tensors are integers
-    # to operator.index below.
+    # A 0-d numpy bool array (np.asarray(flag)), or a one-element torch bool tensor.
     if (type(enabled).__name__ == "ndarray" and type(enabled).__module__ == "numpy"
             and enabled.ndim == 0 and enabled.dtype.kind == "b"):
+        return bool(enabled)
+    if _torch_bool(enabled) and enabled.numel() == 1:
         return bool(enabled)
     if _integer(enabled) in (0, 1):
         return _integer(enabled) == 1
@@ -97,13 +99,20 @@ def switch_value(enabled: Any) -> bool:
 
 def _integer(value: Any) -> Optional[int]:
     """``value`` as an int when it is an integer (numpy's and torch's integer scalars too), not a
-    bool, a float or text; else None."""
-    if isinstance(value, bool):
+    bool (a torch bool tensor neither: operator.index takes it as 0 or 1), a float or text; else
+    None."""
+    if isinstance(value, bool) or _torch_bool(value):
         return None
     try:
         return operator.index(value)
     except TypeError:
         return None
+
+
+def _torch_bool(value: Any) -> bool:
+    """Whether ``value`` is a torch tensor of bools (without importing torch)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor) and value.dtype == torch.bool
 
 
 class Control:
