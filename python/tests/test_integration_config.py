@@ -342,3 +342,30 @@ def test_leaving_a_with_block_never_entered_is_refused_and_counts_nothing():
     with pytest.raises(RuntimeError, match="no `with` block"):
         integ.__exit__(None, None, None)
     assert integ._depth == 0
+
+
+
+# A one-element numpy array of "forward" passed `value not in PHASES` (its == is elementwise,
+# one True), was stored as the integration's phase and failed in the plugin call after it with
+# a bare ValueError, leaving the integration's phase an array.
+PHASE_NOT_TEXT = r"""
+import numpy as np
+import nccl_lossy
+from nccl_lossy import LossyConfigError
+integ = nccl_lossy.LossyMegatronIntegration(apply_env=False, patch_megatron=False).enable()
+try:
+    integ.phase = np.array(["forward"])
+except LossyConfigError as err:
+    print("refused:", "allowed: any, forward, backward" in str(err))
+print("phase:", repr(integ.phase), type(integ.phase).__name__)
+integ.phase = np.str_("backward")  # text (a str subclass) is a phase
+print("phase:", repr(integ.phase), type(integ.phase).__name__)
+integ.disable()
+"""
+
+
+def test_a_phase_that_is_no_text_is_refused_before_anything_changes():
+    pytest.importorskip("numpy")
+    proc = run_python(PHASE_NOT_TEXT, env=clean_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["refused: True", "phase: 'any' str", "phase: 'backward' str"]

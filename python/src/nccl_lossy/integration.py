@@ -263,10 +263,11 @@ class LossyMegatronIntegration:
 
     @phase.setter
     def phase(self, value: str) -> None:
-        if value not in PHASES:
+        # Text only: a numpy array's == is elementwise, and ["forward"] passed `in PHASES`.
+        if not isinstance(value, str) or value not in PHASES:
             raise LossyConfigError(f"phase={echo(value)}: allowed: {', '.join(PHASES)}")
         with _control.STATE_LOCK:
-            self._phase = value
+            self._phase = str(value)
             self._push()
             self._mark_ranges(new_step=False)
 
