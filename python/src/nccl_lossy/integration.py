@@ -227,10 +227,7 @@ class LossyMegatronIntegration:
 
     @enable_on_forward.setter
     def enable_on_forward(self, value: bool) -> None:
-        value = check_bool("enable_on_forward", value)
-        with _control.STATE_LOCK:
-            self._enable_on_forward = value
-            self._push()
+        self._assign("_enable_on_forward", check_bool("enable_on_forward", value))
 
     @property
     def enable_on_backward(self) -> bool:
@@ -239,10 +236,7 @@ class LossyMegatronIntegration:
 
     @enable_on_backward.setter
     def enable_on_backward(self, value: bool) -> None:
-        value = check_bool("enable_on_backward", value)
-        with _control.STATE_LOCK:
-            self._enable_on_backward = value
-            self._push()
+        self._assign("_enable_on_backward", check_bool("enable_on_backward", value))
 
     @property
     def enabled(self) -> bool:
@@ -251,10 +245,7 @@ class LossyMegatronIntegration:
 
     @enabled.setter
     def enabled(self, value: bool) -> None:
-        value = check_bool("enabled", value)
-        with _control.STATE_LOCK:
-            self._enabled = value
-            self._push()
+        self._assign("_enabled", check_bool("enabled", value))
 
     @property
     def phase(self) -> str:
@@ -267,8 +258,7 @@ class LossyMegatronIntegration:
         if not isinstance(value, str) or value not in PHASES:
             raise LossyConfigError(f"phase={echo(value)}: allowed: {', '.join(PHASES)}")
         with _control.STATE_LOCK:
-            self._phase = str(value)
-            self._push()
+            self._assign("_phase", str(value))
             self._mark_ranges(new_step=False)
 
     @property
@@ -339,6 +329,19 @@ class LossyMegatronIntegration:
         if self._phase == "backward":
             return self._enable_on_backward
         return True
+
+    def _assign(self, attribute: str, value: Any) -> None:
+        """Sets ``attribute`` and pushes the state to the plugin; when the plugin cannot be
+        reached (ControlError) the attribute is as it was, so that the integration never says
+        a state the plugin was not told."""
+        with _control.STATE_LOCK:
+            before = getattr(self, attribute)
+            setattr(self, attribute, value)
+            try:
+                self._push()
+            except BaseException:
+                setattr(self, attribute, before)
+                raise
 
     def _push(self) -> None:
         # Two calls, and the proxy may post a message between them: switch injection off
