@@ -56,6 +56,7 @@ CASES = {
     "NCCL_LOSSY_SET clash": lambda: LossyNetwork(set="seed=3").resolved({"NCCL_LOSSY_SET": "seed=" + BIG}),
     "NCCL_LOSSY_TRACE_EVENTS": lambda: LossyNetwork().env({"NCCL_LOSSY_TRACE_EVENTS": BIG}),
     "NCCL_LOSSY_INNER": lambda: LossyNetwork(set={"transport": "socket"}).env({"NCCL_LOSSY_INNER": BIG}),
+    "NCCL_PROTO": lambda: LossyNetwork(set={"effect": "zero"}).env({"NCCL_PROTO": "LL," + BIG}),
     "profiler setting": lambda: ProfilerConfig(wait=BIG).check(),
     "profiler activity": lambda: LossyProfiler(activities=[BIG]),
     "profiler keyword": lambda: LossyProfiler(**{BIG: 1}),
@@ -113,3 +114,15 @@ def test_echo_cuts_as_the_plugin_does():
     assert echo(exact) == repr(exact)
     assert echo(exact + "x") == f"'{exact}…' ({len((exact + 'x').encode())} bytes in all)"
     assert echo(["a"] * 100).endswith("… (a repr of 500 characters in all)")
+
+
+def test_a_long_kept_intra_node_setting_is_cut_in_the_warning():
+    import warnings
+
+    net = LossyNetwork()
+    key = next(iter(net.intra_node_through_net))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        net.env({key: BIG})
+    messages = [str(w.message) for w in caught if key in str(w.message)]
+    assert messages and all(len(m) < LIMIT and "in all)" in m for m in messages), [m[:300] for m in messages]

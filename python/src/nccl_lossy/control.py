@@ -182,7 +182,7 @@ class Control:
         if rc == 1:
             return False
         where = os.environ.get("NCCL_LOSSY_STATS", "")
-        self._check("ncclLossyWriteStats", rc, f"NCCL_LOSSY_STATS={where}; the plugin's reason is on stderr")
+        self._check("ncclLossyWriteStats", rc, f"NCCL_LOSSY_STATS={echo_path(where)}; the plugin's reason is on stderr")
         return True
 
     def write_trace(self) -> Optional[Path]:

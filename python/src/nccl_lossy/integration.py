@@ -10,7 +10,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
-from ._echo import SHOWN_CHARS, echo
+from ._echo import SHOWN_CHARS, echo, echo_path
 from . import control as _control
 from .config import LossyConfigError, check_bool, check_config_keys
 from .megatron import apply_megatron_core_patch, is_patched, revert_megatron_core_patch
@@ -617,15 +617,15 @@ class LossyMegatronIntegration:
         if not wrote:
             warnings.warn(
                 "nccl_lossy: the plugin wrote no statistics file: NCCL_LOSSY_STATS is not set in "
-                f"this process (apply_env=False leaves the environment as it is), so {stats_dir} "
-                f"gets the per-step file alone; set NCCL_LOSSY_STATS={stats_dir} before NCCL "
+                f"this process (apply_env=False leaves the environment as it is), so {echo_path(stats_dir)} "
+                f"gets the per-step file alone; set NCCL_LOSSY_STATS={echo_path(stats_dir)} before NCCL "
                 "starts, or leave apply_env on",
                 stacklevel=2,
             )
         elif Path(plugin_dir).resolve() != _same_file(stats_dir):
             warnings.warn(
-                f"nccl_lossy: the plugin wrote its statistics file into NCCL_LOSSY_STATS={plugin_dir}, "
-                f"the per-step file goes to stats_dir {stats_dir}: read_all() on one directory "
+                f"nccl_lossy: the plugin wrote its statistics file into NCCL_LOSSY_STATS={echo_path(plugin_dir)}, "
+                f"the per-step file goes to stats_dir {echo_path(stats_dir)}: read_all() on one directory "
                 "sees half of the run",
                 stacklevel=2,
             )

@@ -516,7 +516,7 @@ class LossyNetwork:
                     # The user's own choice stands; one that leaves NCCL's own transport on is
                     # said, since that traffic never meets the loss (as `lossy run` notes).
                     warnings.warn(
-                        f"{key}={kept} is kept (intra_node='net' sets {value}): NCCL may move the "
+                        f"{key}={cut(kept)} is kept (intra_node='net' sets {value}): NCCL may move the "
                         f"traffic between GPUs of one node over {transports[key]}, "
                         "which the loss never touches; unset it to send that traffic through "
                         "the plugin",
@@ -534,7 +534,7 @@ class LossyNetwork:
                     raise LossyConfigError(
                         f"the profile corrupts data ({self.check()['summary']}), which "
                         f"hangs NCCL's {'/'.join(sorted(risky))} protocol, but NCCL_PROTO="
-                        f"{user_proto} allows it: unset NCCL_PROTO or set it to Simple"
+                        f"{cut(user_proto)} allows it: unset NCCL_PROTO or set it to Simple"
                     )
         return env
 
