@@ -707,3 +707,34 @@ def test_profiler_windows_end_the_integrations_ranges_without_a_torch_warning(tm
         names = {e["name"] for e in trace["traceEvents"] if str(e.get("name", "")).startswith("lossy:")}
         assert {"lossy:forward", "lossy:backward"} <= names, (path, names)
         assert any(n.startswith("lossy:step ") for n in names), (path, names)
+
+
+# A window that begins at prof.step() (after the wait steps) while the integration's step and
+# phase stay as they are had no lossy ranges at all: they were opened only at the next phase
+# or step change, and a window without one showed no training section.
+WAITED_SCRIPT = r"""
+import json, sys
+import torch
+import nccl_lossy
+from nccl_lossy.profiler import LossyProfiler
+
+integ = nccl_lossy.LossyMegatronIntegration(apply_env=False, patch_megatron=False).enable()
+integ.step(4)
+integ.mark_forward()
+prof = LossyProfiler(output_dir=sys.argv[1], activities=("cpu",), wait=1, warmup=1, active=1)
+prof.start()
+for _ in range(3):
+    torch.ones(8).sum()
+    prof.step()
+prof.stop()
+integ.disable()
+print(json.dumps([str(p) for p in prof.written["torch"]]))
+"""
+
+
+def test_a_window_after_the_wait_steps_shows_the_step_and_phase_in_force(tmp_path):
+    proc = run_python(WAITED_SCRIPT, env=clean_env(), args=(str(tmp_path),))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (path,) = json.loads(proc.stdout.strip().splitlines()[-1])
+    trace = load_trace(path)
+    assert _ranges(trace, "lossy:step 4") and _ranges(trace, "lossy:forward")

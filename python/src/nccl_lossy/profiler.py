@@ -169,7 +169,7 @@ class LossyProfiler:
     def step(self) -> None:
         """Ends one training step in the profiler's schedule. At the end of a recording window
         the ranges of enabled integrations (``lossy:step N``, ``lossy:forward`` ...) end with
-        it, and open again when the next window records: torch warns about a range open
+        it, and open again when the next window begins: torch warns about a range open
         across a window's end and exports it with an end it makes up."""
         if self._profile is None:
             return
@@ -177,12 +177,12 @@ class LossyProfiler:
 
         from .integration import end_ranges, reopen_ranges
 
-        window_ends = self._profile.current_action == ProfilerAction.RECORD_AND_SAVE
-        if window_ends:
+        if self._profile.current_action == ProfilerAction.RECORD_AND_SAVE:
             end_ranges()
         self._profile.step()
-        if window_ends:
-            reopen_ranges()
+        # A window that begins here (after the last one, or after the wait steps) gets the
+        # ranges of the step and phase in force, not only those of the next change.
+        reopen_ranges()
 
     def stop(self) -> None:
         """Stops the profiler (a cycle still recording is exported, the ranges of enabled
