@@ -370,3 +370,19 @@ def test_a_forked_worker_can_make_control_calls_while_a_thread_of_its_parent_was
     proc = run_python(FORK_WHILE_CHANGING, env=clean_env(), timeout=400, args=(str(TESTS),))
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"hung": 0}
+
+
+def test_a_bool_tensor_is_no_step_nor_phase_as_a_bool_is_none():
+    # True and numpy's True are refused as steps, but torch.tensor(True) (a comparison's
+    # result, `integ.step(loss > 0)`) went through operator.index as step 1 (and phase 1,
+    # forward), silently.
+    torch = pytest.importorskip("torch")
+    from nccl_lossy.control import phase_code, step_value, switch_value
+
+    for bad in (torch.tensor(True), torch.tensor(False)):
+        with pytest.raises(ValueError, match="2\\*\\*64"):
+            step_value(bad)
+        with pytest.raises(ValueError, match="forward"):
+            phase_code(bad)
+    assert step_value(torch.tensor(7)) == 7 and phase_code(torch.tensor(2)) == 2
+    assert switch_value(torch.tensor(True)) is True  # a switch it is

@@ -342,3 +342,64 @@ def test_leaving_a_with_block_never_entered_is_refused_and_counts_nothing():
     with pytest.raises(RuntimeError, match="no `with` block"):
         integ.__exit__(None, None, None)
     assert integ._depth == 0
+
+
+
+# A one-element numpy array of "forward" passed `value not in PHASES` (its == is elementwise,
+# one True), was stored as the integration's phase and failed in the plugin call after it with
+# a bare ValueError, leaving the integration's phase an array.
+PHASE_NOT_TEXT = r"""
+import numpy as np
+import nccl_lossy
+from nccl_lossy import LossyConfigError
+integ = nccl_lossy.LossyMegatronIntegration(apply_env=False, patch_megatron=False).enable()
+try:
+    integ.phase = np.array(["forward"])
+except LossyConfigError as err:
+    print("refused:", "allowed: any, forward, backward" in str(err))
+print("phase:", repr(integ.phase), type(integ.phase).__name__)
+integ.phase = np.str_("backward")  # text (a str subclass) is a phase
+print("phase:", repr(integ.phase), type(integ.phase).__name__)
+integ.disable()
+"""
+
+
+def test_a_phase_that_is_no_text_is_refused_before_anything_changes():
+    pytest.importorskip("numpy")
+    proc = run_python(PHASE_NOT_TEXT, env=clean_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["refused: True", "phase: 'any' str", "phase: 'backward' str"]
+
+
+# The same through the attributes and the phase: `integ.enabled = True`, a switch attribute or
+# mark_forward() stored the new value and then failed to reach the plugin, so the integration
+# said injecting() True (or phase forward) for a plugin it never told; the next assignment
+# compared against a state that was never in force.
+UNREACHABLE_SETTERS = r"""
+import os
+import nccl_lossy
+from nccl_lossy.control import ControlError
+integ = nccl_lossy.LossyMegatronIntegration(apply_env=False, patch_megatron=False,
+                                            enable_on_forward=False)
+os.environ["NCCL_NET_PLUGIN"] = os.environ["OTHER_LIBRARY"]
+for name, value in (("enabled", True), ("phase", "forward"), ("enable_on_forward", True),
+                    ("enable_on_backward", False)):
+    try:
+        setattr(integ, name, value)
+    except ControlError:
+        print(name, "refused, still", getattr(integ, name))
+print("injecting:", integ.injecting())
+"""
+
+
+def test_an_assignment_that_cannot_reach_the_plugin_leaves_the_integration_as_it_was():
+    libc = next(line.split()[-1] for line in open("/proc/self/maps") if "/libc.so" in line)
+    proc = run_python(UNREACHABLE_SETTERS, env=clean_env(OTHER_LIBRARY=libc))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == [
+        "enabled refused, still False",
+        "phase refused, still any",
+        "enable_on_forward refused, still False",
+        "enable_on_backward refused, still True",
+        "injecting: False",
+    ]

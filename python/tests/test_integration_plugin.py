@@ -780,3 +780,52 @@ def test_write_stats_in_the_middle_of_a_step_writes_the_step_so_far(tmp_path):
         for table in ("steps", "step_ops"):
             rows = nccl_lossy.read_stats(directory, table=table)
             assert [(r["step"], r["packets"]) for r in rows] == wanted, (directory.name, table)
+
+
+# disable() of an integration that was never enabled (a helper's cleanup in a `finally`, or a
+# second object made only to read statistics) switched injection off process-wide, under the
+# integration that was enabled, which went on saying injecting(). It leaves the plugin alone,
+# as LossyProfiler.stop() of a profiler never started does; so does a second disable().
+NEVER_ENABLED = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import nccl_lossy
+from net_harness import Link
+
+integ = nccl_lossy.LossyMegatronIntegration(set={"mtu": 512, "model.rate": 0.5}, patch_megatron=False)
+integ.enable()
+integ.step(3)
+link = Link(1 << 16)
+rows = []
+
+def check(label):
+    before = nccl_lossy.stats()["total"]["lost_packets"]
+    link.send()
+    rows.append([label, integ.injecting(), nccl_lossy.stats()["total"]["lost_packets"] > before])
+
+check("enabled")
+other = nccl_lossy.LossyMegatronIntegration(apply_env=False, patch_megatron=False)
+other.disable()
+check("another, never enabled, disable()d")
+spent = nccl_lossy.LossyMegatronIntegration(apply_env=False, patch_megatron=False)
+spent.disable(revert_patches=True)
+check("another disable(revert_patches=True)")
+by_step = {s["step"]: s["packets"] for s in nccl_lossy.stats()["by_step"]}
+link.close()
+print(json.dumps({"rows": rows, "by_step": by_step, "step": integ.step_number}))
+"""
+
+
+def test_disable_of_an_integration_never_enabled_leaves_the_plugin_alone():
+    proc = run_python(NEVER_ENABLED, env=clean_env(NCCL_SOCKET_IFNAME="lo"), args=(str(TESTS),))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # 128 packets a message at rate 0.5: losing none by chance is 0.5**128
+    assert out["rows"] == [
+        ["enabled", True, True],
+        ["another, never enabled, disable()d", True, True],
+        ["another disable(revert_patches=True)", True, True],
+    ]
+    # and the step stays the enabled integration's (the other's disable() did not move it to 0)
+    assert out["step"] == 3
+    assert {int(k): v for k, v in out["by_step"].items()} == {3: 3 * 128}

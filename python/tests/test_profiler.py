@@ -665,3 +665,76 @@ def test_a_second_start_without_stop_is_refused_and_keeps_the_running_profiler(t
         prof.stop()
     prof.start()  # after stop(), a new start is fine
     prof.stop()
+
+
+# The integration's ranges (lossy:step N, lossy:forward ...) were still open when the torch
+# profiler's window ended (training calls integ.step(), which opens the next step's range, then
+# prof.step(), which ends the window): torch warned "Warning: lossy:backward" on stderr
+# (collection.cpp) for a range begun and never ended in the window, and exported it with an
+# end it made up. The profiler ends the ranges at the window's end and opens them again when
+# the next window records; stop() in the middle of a window does the same.
+CYCLES_SCRIPT = r"""
+import json, sys
+import torch
+import nccl_lossy
+from nccl_lossy.profiler import LossyProfiler
+
+integ = nccl_lossy.LossyMegatronIntegration(apply_env=False, patch_megatron=False).enable()
+prof = LossyProfiler(output_dir=sys.argv[1], activities=("cpu",), wait=0, warmup=1, active=2,
+                     repeat=0)
+for steps in (6, 2, 5):                # start, stop (the last in the middle of a window), start
+    prof.start()
+    for _ in range(steps):
+        integ.mark_forward(); torch.ones(8).sum()
+        integ.mark_backward(); torch.ones(8).sum()
+        integ.step()
+        prof.step()
+    integ.mark_forward(); torch.ones(8).sum()
+    prof.stop()
+integ.disable()
+print(json.dumps([str(p) for p in prof.written["torch"]]))
+"""
+
+
+def test_profiler_windows_end_the_integrations_ranges_without_a_torch_warning(tmp_path):
+    proc = run_python(CYCLES_SCRIPT, env=clean_env(), args=(str(tmp_path),))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Warning: lossy:" not in proc.stderr, proc.stderr[-4000:]
+    written = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(written) >= 4
+    for path in written:
+        trace = load_trace(path)
+        names = {e["name"] for e in trace["traceEvents"] if str(e.get("name", "")).startswith("lossy:")}
+        assert {"lossy:forward", "lossy:backward"} <= names, (path, names)
+        assert any(n.startswith("lossy:step ") for n in names), (path, names)
+
+
+# A window that begins at prof.step() (after the wait steps) while the integration's step and
+# phase stay as they are had no lossy ranges at all: they were opened only at the next phase
+# or step change, and a window without one showed no training section.
+WAITED_SCRIPT = r"""
+import json, sys
+import torch
+import nccl_lossy
+from nccl_lossy.profiler import LossyProfiler
+
+integ = nccl_lossy.LossyMegatronIntegration(apply_env=False, patch_megatron=False).enable()
+integ.step(4)
+integ.mark_forward()
+prof = LossyProfiler(output_dir=sys.argv[1], activities=("cpu",), wait=1, warmup=1, active=1)
+prof.start()
+for _ in range(3):
+    torch.ones(8).sum()
+    prof.step()
+prof.stop()
+integ.disable()
+print(json.dumps([str(p) for p in prof.written["torch"]]))
+"""
+
+
+def test_a_window_after_the_wait_steps_shows_the_step_and_phase_in_force(tmp_path):
+    proc = run_python(WAITED_SCRIPT, env=clean_env(), args=(str(tmp_path),))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (path,) = json.loads(proc.stdout.strip().splitlines()[-1])
+    trace = load_trace(path)
+    assert _ranges(trace, "lossy:step 4") and _ranges(trace, "lossy:forward")

@@ -24,6 +24,15 @@ def _kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "special")
 
 
+def is_file(path: Union[str, Path]) -> bool:
+    """``Path.is_file()``, False also where the path cannot be looked at (longer than the
+    system takes: ``Path.is_file()`` raises "File name too long" there)."""
+    try:
+        return Path(path).is_file()
+    except OSError:
+        return False
+
+
 def not_a_directory(path: Union[str, Path]) -> str:
     """"not a directory (a FIFO)" when ``path`` is there as something else than a directory
     (links followed), else ""."""

@@ -7,6 +7,9 @@ import os
 from pathlib import Path
 from typing import List, Optional
 
+from ._echo import echo_path
+from ._files import is_file
+
 log = logging.getLogger("nccl_lossy")
 
 #: The file name NCCL looks for with ``NCCL_NET_PLUGIN=lossy``.
@@ -51,8 +54,8 @@ def library_path() -> Path:
     explicit = os.environ.get(LIBRARY_ENV)
     if explicit:
         path = Path(explicit).expanduser()
-        if not path.is_file():
-            raise LibraryNotFoundError(f"{LIBRARY_ENV}={explicit} does not name a file")
+        if not is_file(path):
+            raise LibraryNotFoundError(f"{LIBRARY_ENV}={echo_path(explicit)} does not name a file")
         return path.resolve()
     candidates = [_PACKAGE_DIR / "lib" / PACKAGED_NAME] + _source_checkout_candidates()
     for path in candidates:

@@ -14,6 +14,8 @@ import math
 import numbers
 from typing import Any, List, Mapping, Optional, Tuple
 
+from ._echo import echo
+
 #: What the plugin does to a lost packet (the profile's ``effect``).
 EFFECTS = ("zero", "stale", "retransmit", "bitflip")
 
@@ -26,17 +28,17 @@ def _number(key: str, value: Any, allowed: str) -> float:
     # numbers.Real takes numpy's integer and float scalars (np.int64 from np.arange, np.float32
     # from a float32 array), which are no int or float subclasses; numpy's bool is no Real.
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise LossyConfigError(f"{key}={value!r}: must be a number; allowed: {allowed}")
+        raise LossyConfigError(f"{key}={echo(value)}: must be a number; allowed: {allowed}")
     number = float(value)
     if not math.isfinite(number):
-        raise LossyConfigError(f"{key}={value!r}: must be finite; allowed: {allowed}")
+        raise LossyConfigError(f"{key}={echo(value)}: must be finite; allowed: {allowed}")
     return number
 
 
 def check_bool(key: str, value: Any) -> bool:
     """``value`` when it is a bool; otherwise :class:`LossyConfigError`."""
     if not isinstance(value, bool):
-        raise LossyConfigError(f"{key}={value!r}: allowed: True or False")
+        raise LossyConfigError(f"{key}={echo(value)}: allowed: True or False")
     return value
 
 
@@ -48,30 +50,30 @@ def check_loss(
     if loss_rate is not None:
         rate = _number("loss_rate", loss_rate, "a fraction in [0, 1]")
         if not 0.0 <= rate <= 1.0:
-            raise LossyConfigError(f"loss_rate={loss_rate!r}: allowed: a fraction in [0, 1]")
+            raise LossyConfigError(f"loss_rate={echo(loss_rate)}: allowed: a fraction in [0, 1]")
     if burst_length is not None:
         burst = _number("burst_length", burst_length, "a number >= 1 (packets per loss burst)")
         if burst < 1.0:
             raise LossyConfigError(
-                f"burst_length={burst_length!r}: allowed: a number >= 1 (packets per loss burst; "
+                f"burst_length={echo(burst_length)}: allowed: a number >= 1 (packets per loss burst; "
                 "1 is independent loss)"
             )
         if rate is None:
             raise LossyConfigError(
-                f"burst_length={burst_length!r} needs loss_rate: allowed: burst_length together "
+                f"burst_length={echo(burst_length)} needs loss_rate: allowed: burst_length together "
                 "with loss_rate in [0, 1]"
             )
     if rate is not None and burst is not None and burst > 1.0 and rate > 0.0:
         limit = burst / (burst + 1.0)
         if rate > limit:
             raise LossyConfigError(
-                f"loss_rate={loss_rate!r} with burst_length={burst_length!r}: allowed: loss_rate "
+                f"loss_rate={echo(loss_rate)} with burst_length={echo(burst_length)}: allowed: loss_rate "
                 f"<= B/(B+1) = {limit:.6g} for bursts of B packets on average (a burst has to end)"
             )
     name = None
     if effect is not None:
         if effect not in EFFECTS:
-            raise LossyConfigError(f"effect={effect!r}: allowed: {', '.join(map(repr, EFFECTS))}")
+            raise LossyConfigError(f"effect={echo(effect)}: allowed: {', '.join(map(repr, EFFECTS))}")
         name = str(effect)
     return rate, burst, name
 
@@ -108,5 +110,5 @@ def check_config_keys(config: Mapping[str, Any], allowed: Tuple[str, ...], what:
     for key in config:
         if key not in allowed:
             raise LossyConfigError(
-                f"{what}: unknown key {key!r} (value {config[key]!r}); allowed: {', '.join(allowed)}"
+                f"{what}: unknown key {echo(key)} (value {echo(config[key])}); allowed: {', '.join(allowed)}"
             )

@@ -22,10 +22,12 @@ import json
 import logging
 import operator
 import os
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
+from ._echo import echo, echo_path
 from ._library import (
     LIBRARY_ENV,
     NCCL_DEFAULT_NAME,
@@ -60,7 +62,7 @@ def phase_code(phase: Any) -> int:
     if code is not None and code in _PHASES.values():
         return code
     raise ValueError(
-        f"phase {phase!r}: allowed: any, forward, backward (or their codes 0, 1, 2), or None for any"
+        f"phase {echo(phase)}: allowed: any, forward, backward (or their codes 0, 1, 2), or None for any"
     )
 
 
@@ -73,7 +75,7 @@ def step_value(step: Any) -> int:
     wrap 2**64 to 0, truncate 1.5 to 1 and take True as 1)."""
     value = _integer(step)
     if value is None or not 0 <= value < STEP_LIMIT:
-        raise ValueError(f"step {step!r}: allowed: an integer from 0 to 2**64 - 1")
+        raise ValueError(f"step {echo(step)}: allowed: an integer from 0 to 2**64 - 1")
     return value
 
 
@@ -84,25 +86,33 @@ def switch_value(enabled: Any) -> bool:
         return enabled
     if type(enabled).__name__ in ("bool_", "bool") and type(enabled).__module__ == "numpy":
         return bool(enabled)
-    # A 0-d numpy bool array (np.asarray(flag)); torch's one-element bool tensors are integers
-    # to operator.index below.
+    # A 0-d numpy bool array (np.asarray(flag)), or a one-element torch bool tensor.
     if (type(enabled).__name__ == "ndarray" and type(enabled).__module__ == "numpy"
             and enabled.ndim == 0 and enabled.dtype.kind == "b"):
         return bool(enabled)
+    if _torch_bool(enabled) and enabled.numel() == 1:
+        return bool(enabled)
     if _integer(enabled) in (0, 1):
         return _integer(enabled) == 1
-    raise ValueError(f"enabled {enabled!r}: allowed: True or False (or 1, 0)")
+    raise ValueError(f"enabled {echo(enabled)}: allowed: True or False (or 1, 0)")
 
 
 def _integer(value: Any) -> Optional[int]:
     """``value`` as an int when it is an integer (numpy's and torch's integer scalars too), not a
-    bool, a float or text; else None."""
-    if isinstance(value, bool):
+    bool (a torch bool tensor neither: operator.index takes it as 0 or 1), a float or text; else
+    None."""
+    if isinstance(value, bool) or _torch_bool(value):
         return None
     try:
         return operator.index(value)
     except TypeError:
         return None
+
+
+def _torch_bool(value: Any) -> bool:
+    """Whether ``value`` is a torch tensor of bools (without importing torch)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor) and value.dtype == torch.bool
 
 
 class Control:
@@ -172,7 +182,7 @@ class Control:
         if rc == 1:
             return False
         where = os.environ.get("NCCL_LOSSY_STATS", "")
-        self._check("ncclLossyWriteStats", rc, f"NCCL_LOSSY_STATS={where}; the plugin's reason is on stderr")
+        self._check("ncclLossyWriteStats", rc, f"NCCL_LOSSY_STATS={echo_path(where)}; the plugin's reason is on stderr")
         return True
 
     def write_trace(self) -> Optional[Path]:
@@ -250,7 +260,8 @@ def _locate() -> Control:
         # NCCL loads that path or nothing: binding to the packaged copy instead would set
         # switches NCCL's copy never reads.
         raise ControlError(
-            f"NCCL_NET_PLUGIN={plugin} cannot serve the control API ({'; '.join(reasons)}); NCCL "
+            f"NCCL_NET_PLUGIN={echo_path(plugin)} cannot serve the control API "
+            f"({'; '.join(echo_path(why) for why in reasons)}); NCCL "
             "would not use the packaged copy either, so switches set there would not reach it. "
             "Allowed: the path of this plugin's library, or lossy; or unset NCCL_NET_PLUGIN"
         )
@@ -267,7 +278,7 @@ def _locate() -> Control:
         # NCCL runs and NCCL_NET_PLUGIN leads it to no copy of this plugin: a packaged copy
         # loaded now would take switches that NCCL never reads.
         raise ControlError(
-            f"{started}, but NCCL_NET_PLUGIN={plugin if plugin else '(unset)'} does not lead "
+            f"{started}, but NCCL_NET_PLUGIN={echo_path(plugin) if plugin else '(unset)'} does not lead "
             "NCCL to this plugin, so switches set here would not reach it. Set NCCL_NET_PLUGIN "
             "to this plugin's library and NCCL_NET=lossy before torch.distributed starts NCCL "
             "(`lossy run`, or LossyNetwork().apply() first)"
@@ -278,8 +289,8 @@ def _locate() -> Control:
         raise ControlError(f"cannot reach the plugin's control API: {err}") from err
     lib, why = _open(path, global_mode)
     if lib is None:
-        named = f" ({LIBRARY_ENV}={os.environ[LIBRARY_ENV]})" if os.environ.get(LIBRARY_ENV) else ""
-        raise ControlError(f"{path}{named} could not be loaded or has no control API: {why}")
+        named = f" ({LIBRARY_ENV}={echo_path(os.environ[LIBRARY_ENV])})" if os.environ.get(LIBRARY_ENV) else ""
+        raise ControlError(f"{echo_path(path)}{named} could not be loaded or has no control API: {echo_path(why)}")
     return Control(lib, path, "package")
 
 

@@ -10,6 +10,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
+from ._echo import SHOWN_CHARS, echo, echo_path
 from . import control as _control
 from .config import LossyConfigError, check_bool, check_config_keys
 from .megatron import apply_megatron_core_patch, is_patched, revert_megatron_core_patch
@@ -143,7 +144,7 @@ class LossyMegatronIntegration:
         if unknown:
             key = next(iter(unknown))
             raise LossyConfigError(
-                f"LossyMegatronIntegration: unknown keyword {key!r} (value {unknown[key]!r}); "
+                f"LossyMegatronIntegration: unknown keyword {echo(key)} (value {echo(unknown[key])}); "
                 f"allowed: {', '.join(KEYWORDS)}"
             )
         given = {
@@ -164,14 +165,14 @@ class LossyMegatronIntegration:
         elif isinstance(first, (str, os.PathLike)):
             if profile is not None and _same_file(profile) != _same_file(first):
                 raise LossyConfigError(
-                    f"profile={profile!r} and a positional profile {first!r}: allowed: one of the two"
+                    f"profile={echo(profile, SHOWN_CHARS)} and a positional profile {echo(first, SHOWN_CHARS)}: allowed: one of the two"
                 )
             given["profile"] = first
         elif isinstance(first, Mapping):
             given = _merge_config(first, given)
         elif first is not None:
             raise LossyConfigError(
-                f"first argument {first!r}: allowed: a LossyNetwork, a profile path, or a config "
+                f"first argument {echo(first)}: allowed: a LossyNetwork, a profile path, or a config "
                 f"dict with keys {', '.join(CONFIG_KEYS)}"
             )
         self.patch_megatron = check_bool("patch_megatron", patch_megatron)
@@ -186,11 +187,11 @@ class LossyMegatronIntegration:
         network_keys = ("loss_rate", "burst_length", "effect", "profile", "set", "stats_dir")
         if network is not None:
             if not isinstance(network, LossyNetwork):
-                raise LossyConfigError(f"network={network!r}: allowed: a LossyNetwork")
+                raise LossyConfigError(f"network={echo(network)}: allowed: a LossyNetwork")
             extra = [k for k in network_keys if given[k] is not None]
             if extra:
                 raise LossyConfigError(
-                    f"{extra[0]}={given[extra[0]]!r} next to a LossyNetwork, which carries its own: "
+                    f"{extra[0]}={echo(given[extra[0]])} next to a LossyNetwork, which carries its own: "
                     f"allowed: give {extra[0]} to the LossyNetwork"
                 )
             self.network = network
@@ -226,10 +227,7 @@ class LossyMegatronIntegration:
 
     @enable_on_forward.setter
     def enable_on_forward(self, value: bool) -> None:
-        value = check_bool("enable_on_forward", value)
-        with _control.STATE_LOCK:
-            self._enable_on_forward = value
-            self._push()
+        self._assign("_enable_on_forward", check_bool("enable_on_forward", value))
 
     @property
     def enable_on_backward(self) -> bool:
@@ -238,10 +236,7 @@ class LossyMegatronIntegration:
 
     @enable_on_backward.setter
     def enable_on_backward(self, value: bool) -> None:
-        value = check_bool("enable_on_backward", value)
-        with _control.STATE_LOCK:
-            self._enable_on_backward = value
-            self._push()
+        self._assign("_enable_on_backward", check_bool("enable_on_backward", value))
 
     @property
     def enabled(self) -> bool:
@@ -250,10 +245,7 @@ class LossyMegatronIntegration:
 
     @enabled.setter
     def enabled(self, value: bool) -> None:
-        value = check_bool("enabled", value)
-        with _control.STATE_LOCK:
-            self._enabled = value
-            self._push()
+        self._assign("_enabled", check_bool("enabled", value))
 
     @property
     def phase(self) -> str:
@@ -262,11 +254,11 @@ class LossyMegatronIntegration:
 
     @phase.setter
     def phase(self, value: str) -> None:
-        if value not in PHASES:
-            raise LossyConfigError(f"phase={value!r}: allowed: {', '.join(PHASES)}")
+        # Text only: a numpy array's == is elementwise, and ["forward"] passed `in PHASES`.
+        if not isinstance(value, str) or value not in PHASES:
+            raise LossyConfigError(f"phase={echo(value)}: allowed: {', '.join(PHASES)}")
         with _control.STATE_LOCK:
-            self._phase = value
-            self._push()
+            self._assign("_phase", str(value))
             self._mark_ranges(new_step=False)
 
     @property
@@ -283,7 +275,7 @@ class LossyMegatronIntegration:
             value = _control.step_value(value)  # checked before anything changes
         except ValueError:
             raise LossyConfigError(
-                f"step_number={value!r}: allowed: an integer from 0 to 2**64 - 1"
+                f"step_number={echo(value)}: allowed: an integer from 0 to 2**64 - 1"
             ) from None
         with _control.STATE_LOCK:
             self._recorder.move_to(value, _control.control().set_step)
@@ -337,6 +329,19 @@ class LossyMegatronIntegration:
         if self._phase == "backward":
             return self._enable_on_backward
         return True
+
+    def _assign(self, attribute: str, value: Any) -> None:
+        """Sets ``attribute`` and pushes the state to the plugin; when the plugin cannot be
+        reached (ControlError) the attribute is as it was, so that the integration never says
+        a state the plugin was not told."""
+        with _control.STATE_LOCK:
+            before = getattr(self, attribute)
+            setattr(self, attribute, value)
+            try:
+                self._push()
+            except BaseException:
+                setattr(self, attribute, before)
+                raise
 
     def _push(self) -> None:
         # Two calls, and the proxy may post a message between them: switch injection off
@@ -406,24 +411,41 @@ class LossyMegatronIntegration:
         """Injection off (phase ``any``). The megatron-core patches stay in place, so the
         communication functions under a running model do not change; ``revert_patches=True``
         also reverts the patches this object applied. The step being recorded ends here, and
-        with a statistics directory the per-step file is written (:meth:`write_stats`)."""
+        with a statistics directory the per-step file is written (:meth:`write_stats`).
+
+        An integration that is not enabled (never enabled, or disabled
+        already) leaves the plugin alone, as :meth:`LossyProfiler.stop` of a profiler not
+        started does: the switch, phase and step are process-wide, and turning them off here
+        would turn off another integration's injection (a cleanup in a ``finally`` block, a
+        second ``disable()``). ``revert_patches=True`` still reverts the patches this object
+        applied."""
         revert = check_bool("revert_patches", revert_patches)  # before anything changes
         with _control.STATE_LOCK:
-            self._step = self.step_number  # the step in force, wherever it was set
-            self._enabled = False
-            _ENABLED.discard(self)
-            self._phase = "any"
-            self._push()
-            self._close_ranges(step_too=True)
-            if self._recorder.started:
-                self._recorder.end_step(self._recorder.step)
-                stats_dir = self.stats_dir()
-                if stats_dir is not None:
-                    self._recorder.write(stats_dir)
+            # enable()d and not disable()d since, or switched on through ``enabled = True``
+            on = self in _ENABLED or self._enabled
+            if on:
+                self._switch_off()
+        self._revert_patches(revert)
+        if on:
+            log.info("lossy injection disabled%s", " and megatron-core patches reverted" if revert else "")
+
+    def _switch_off(self) -> None:
+        self._step = self.step_number  # the step in force, wherever it was set
+        self._enabled = False
+        _ENABLED.discard(self)
+        self._phase = "any"
+        self._push()
+        self._close_ranges(step_too=True)
+        if self._recorder.started:
+            self._recorder.end_step(self._recorder.step)
+            stats_dir = self.stats_dir()
+            if stats_dir is not None:
+                self._recorder.write(stats_dir)
+
+    def _revert_patches(self, revert: bool) -> None:
         if revert and self._patched_here:
             revert_megatron_core_patch()
             self._patched_here = False
-        log.info("lossy injection disabled%s", " and megatron-core patches reverted" if revert_patches else "")
 
     def __enter__(self) -> "LossyMegatronIntegration":
         # A block entered again inside itself (a helper wrapping its work in ``with integ:``)
@@ -595,15 +617,15 @@ class LossyMegatronIntegration:
         if not wrote:
             warnings.warn(
                 "nccl_lossy: the plugin wrote no statistics file: NCCL_LOSSY_STATS is not set in "
-                f"this process (apply_env=False leaves the environment as it is), so {stats_dir} "
-                f"gets the per-step file alone; set NCCL_LOSSY_STATS={stats_dir} before NCCL "
+                f"this process (apply_env=False leaves the environment as it is), so {echo_path(stats_dir)} "
+                f"gets the per-step file alone; set NCCL_LOSSY_STATS={echo_path(stats_dir)} before NCCL "
                 "starts, or leave apply_env on",
                 stacklevel=2,
             )
         elif Path(plugin_dir).resolve() != _same_file(stats_dir):
             warnings.warn(
-                f"nccl_lossy: the plugin wrote its statistics file into NCCL_LOSSY_STATS={plugin_dir}, "
-                f"the per-step file goes to stats_dir {stats_dir}: read_all() on one directory "
+                f"nccl_lossy: the plugin wrote its statistics file into NCCL_LOSSY_STATS={echo_path(plugin_dir)}, "
+                f"the per-step file goes to stats_dir {echo_path(stats_dir)}: read_all() on one directory "
                 "sees half of the run",
                 stacklevel=2,
             )
@@ -650,7 +672,7 @@ def _merge_config(config: Mapping[str, Any], given: Dict[str, Any]) -> Dict[str,
         keyword = given[key]
         if keyword is not None and not isinstance(keyword, _Default) and not _same_value(key, keyword, value):
             raise LossyConfigError(
-                f"{key}: the config says {value!r}, the keyword {keyword!r}; allowed: one value"
+                f"{key}: the config says {echo(value)}, the keyword {echo(keyword)}; allowed: one value"
             )
         merged[key] = value
     return merged
@@ -675,6 +697,24 @@ def _tensors(value: Any) -> List[Any]:
     if isinstance(value, dict):
         return [t for item in value.values() for t in _tensors(item)]
     return []
+
+
+def end_ranges() -> None:
+    """Ends the open ``record_function`` ranges of every enabled integration (those this
+    thread opened): a torch profiler's window is about to end, and a range open across its
+    end is one torch warns about and exports with an end it makes up."""
+    with _control.STATE_LOCK:
+        for integ in list(_ENABLED):
+            integ._close_ranges(step_too=True)
+
+
+def reopen_ranges() -> None:
+    """Opens the ranges of the current step and phase again for every enabled integration,
+    when a torch profiler records (the next window of :func:`end_ranges`)."""
+    with _control.STATE_LOCK:
+        for integ in list(_ENABLED):
+            if integ._step_range is None and integ._phase_range is None:
+                integ._mark_ranges(new_step=False)
 
 
 def _backward_range(name: str) -> None:

@@ -35,6 +35,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Union
 
+from ._echo import SHOWN_CHARS, echo
 from . import control as _control
 from .steps import cell_totals, launcher_rank
 
@@ -88,19 +89,19 @@ class PerformanceMonitor:
         seq_length = _count("seq_length", seq_length, 1, "tokens per sample", optional=True)
         first_step = _count("first_step", first_step, 0, "the first record's step", optional=False)
         if integration is not None and not hasattr(integration, "step_number"):
-            raise TypeError(f"performance_monitor: integration={integration!r:.80}: allowed: a "
+            raise TypeError(f"performance_monitor: integration={echo(integration)}: allowed: a "
                             "LossyMegatronIntegration (anything with step_number) or None")
         if profiler is not None and not callable(getattr(profiler, "step", None)):
-            raise TypeError(f"performance_monitor: profiler={profiler!r:.80}: allowed: a "
+            raise TypeError(f"performance_monitor: profiler={echo(profiler)}: allowed: a "
                             "LossyProfiler or torch profiler (anything with step()) or None")
         for name, value in (("count_flops", count_flops), ("use_wandb", use_wandb)):
             if not isinstance(value, bool):  # "no" would be true
-                raise ValueError(f"performance_monitor: {name}={value!r:.80}: allowed: True or False")
+                raise ValueError(f"performance_monitor: {name}={echo(value)}: allowed: True or False")
         if output is not None and (not isinstance(output, (str, os.PathLike)) or not os.fspath(output)
                                    or os.path.isdir(output)):
             # Said here: a directory failed only at the first record, after the step had run.
             shown = os.fspath(output) if isinstance(output, os.PathLike) else output
-            raise ValueError(f"performance_monitor: output={shown!r:.200}: allowed: the path of a "
+            raise ValueError(f"performance_monitor: output={echo(shown, SHOWN_CHARS)}: allowed: the path of a "
                              "JSONL file (appended to), or None")
         self.output = Path(output) if output is not None else None
         self.batch_size = batch_size
@@ -229,7 +230,7 @@ def _count(name: str, value: Any, least: int, what: str, optional: bool) -> Any:
         return None
     number = None if isinstance(value, bool) else _control._integer(value)
     if number is None or number < least:
-        raise ValueError(f"performance_monitor: {name}={value!r:.80}: allowed: an integer >= {least} "
+        raise ValueError(f"performance_monitor: {name}={echo(value)}: allowed: an integer >= {least} "
                          f"({what}){' or None' if optional else ''}")
     return number
 

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import copy
+import errno
 import fnmatch
 import json
 import logging
 import os
+import stat
 import warnings
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
 
-from ._files import not_a_directory
+from ._echo import SHOWN_CHARS, cut, echo, echo_path
+from ._files import is_file, not_a_directory
 from ._library import (
     CARGO_NAME,
     LIBRARY_ENV,
@@ -58,7 +61,7 @@ def format_overrides(overrides: SetLike) -> str:
         return ""
     if isinstance(overrides, str):
         return overrides.strip().strip(";")
-    allowed = f"set={overrides!r}: allowed: None, 'key=value;...' text, a dict or (key, value) pairs"
+    allowed = f"set={echo(overrides)}: allowed: None, 'key=value;...' text, a dict or (key, value) pairs"
     if isinstance(overrides, Mapping):
         items = list(overrides.items())
     else:
@@ -73,7 +76,7 @@ def format_overrides(overrides: SetLike) -> str:
         key = str(key).strip()
         text = _format_value(value)
         if not key or any(c in key for c in ";= ") or ";" in text:
-            raise LossyConfigError(f"override {key!r}={text!r}: keys are dotted names, values hold no ';'")
+            raise LossyConfigError(f"override {echo(key)}={echo(text)}: keys are dotted names, values hold no ';'")
         parts.append(f"{key}={text}")
     return ";".join(parts)
 
@@ -97,7 +100,7 @@ def _split_overrides(text: str) -> List[str]:
             items.append(text[start:i])
             start = i + 1
     if quote is not None:
-        raise LossyConfigError(f"override {text[start:].strip()!r}: unterminated {quote} quote")
+        raise LossyConfigError(f"override {echo(text[start:].strip())}: unterminated {quote} quote")
     items.append(text[start:])
     return items
 
@@ -112,9 +115,9 @@ def parse_overrides(text: str) -> List[Tuple[str, str]]:
             continue
         key, sep, value = item.partition("=")
         if not sep:
-            raise LossyConfigError(f"override {item!r} has no '=' (expected dotted.key=value)")
+            raise LossyConfigError(f"override {echo(item)} has no '=' (expected dotted.key=value)")
         if "\0" in item:
-            raise LossyConfigError(f"override {item!r} holds a NUL byte, which no environment "
+            raise LossyConfigError(f"override {echo(item)} holds a NUL byte, which no environment "
                                    f"variable can carry; allowed: {key.strip()}=<text without NUL>")
         pairs.append((key.strip(), value.strip().strip("'\"")))
     return pairs
@@ -173,14 +176,16 @@ while True:
 def _not_a_profile(given: Any, path: Path) -> str:
     """Why ``path`` (the ``profile`` keyword ``given``, resolved) is no profile file: missing,
     a directory, or another kind of file."""
-    if not path.exists():
-        what = "does not exist"
-    elif path.is_dir():
-        what = "is a directory, not a file"
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as err:
+        # A path longer than the system takes ("File name too long") names no file either.
+        missing = err.errno in (errno.ENOENT, errno.ENOTDIR)
+        what = "does not exist" if missing else f"cannot be looked at ({err.strerror})"
     else:
-        what = "is not a regular file"
+        what = "is a directory, not a file" if stat.S_ISDIR(mode) else "is not a regular file"
     return (
-        f"profile={os.fspath(given)!r}: {path} {what}; allowed: the path of a TOML profile, or "
+        f"profile={echo(given, SHOWN_CHARS)}: {echo_path(path)} {what}; allowed: the path of a TOML profile, or "
         "None for the plugin's embedded default"
     )
 
@@ -304,7 +309,7 @@ def _check_utf8(keyword: str, variable: str, value: Any) -> None:
         str(value).encode("utf-8")
     except UnicodeEncodeError:
         raise LossyConfigError(
-            f"{keyword}={str(value)[:200]!r}: not valid UTF-8, and the plugin reads {variable} as UTF-8 "
+            f"{keyword}={echo(str(value), SHOWN_CHARS)}: not valid UTF-8, and the plugin reads {variable} as UTF-8 "
             "only (it refuses another value at init); allowed: UTF-8 text (rename the directory "
             "or file, or choose another)"
         ) from None
@@ -326,7 +331,7 @@ def _check_output_dir(path: Path, named: str, what: str, variable: str) -> None:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         why = "not a directory" if path.exists() and not path.is_dir() else err.strerror or str(err)
-        raise LossyConfigError(f"{named}={path}: cannot create the {what} directory: {why}; "
+        raise LossyConfigError(f"{named}={echo_path(path)}: cannot create the {what} directory: {why}; "
                                f"{allowed}") from err
     probe = path / f".lossy-{what}-probe-{os.getpid()}.tmp"
     try:
@@ -334,7 +339,7 @@ def _check_output_dir(path: Path, named: str, what: str, variable: str) -> None:
             pass
         os.remove(probe)
     except OSError as err:
-        raise LossyConfigError(f"{named}={path}: cannot write a file in it: "
+        raise LossyConfigError(f"{named}={echo_path(path)}: cannot write a file in it: "
                                f"{err.strerror or err}; {allowed}") from err
 
 
@@ -371,14 +376,14 @@ class LossyNetwork:
     ):
         if intra_node not in INTRA_NODE_CHOICES:
             raise LossyConfigError(
-                f"intra_node={intra_node!r}: allowed: {', '.join(map(repr, INTRA_NODE_CHOICES))}"
+                f"intra_node={echo(intra_node)}: allowed: {', '.join(map(repr, INTRA_NODE_CHOICES))}"
             )
         self.intra_node = intra_node
         for keyword, value in (("profile", profile), ("stats_dir", stats_dir), ("library", library)):
             if value is not None and not isinstance(value, (str, os.PathLike)):
-                raise LossyConfigError(f"{keyword}={value!r}: allowed: a path (str or os.PathLike) or None")
+                raise LossyConfigError(f"{keyword}={echo(value)}: allowed: a path (str or os.PathLike) or None")
             if value is not None and "\0" in str(os.fspath(value)):
-                raise LossyConfigError(f"{keyword}={value!r}: holds a NUL byte, which no path can; "
+                raise LossyConfigError(f"{keyword}={echo(value, SHOWN_CHARS)}: holds a NUL byte, which no path can; "
                                        "allowed: a path (str or os.PathLike) or None")
         if profile is not None and not os.fspath(profile):
             # Path("") is the working directory, which exists: name the empty value instead.
@@ -393,7 +398,7 @@ class LossyNetwork:
             clash = [k for k, _ in user if k == key or k.startswith(key + ".")]
             if clash:
                 raise LossyConfigError(
-                    f"set={format_overrides(set)!r} overrides {clash[0]!r}, which "
+                    f"set={echo(format_overrides(set))} overrides {echo(clash[0])}, which "
                     f"{'loss_rate' if key == 'model' else key}= sets too; allowed: one of the two"
                 )
         self.loss_rate = loss_rate
@@ -405,7 +410,7 @@ class LossyNetwork:
             # Said here: with apply_env=False nothing else looks at it before the per-step
             # file is written at disable().
             raise LossyConfigError(
-                f"stats_dir={self.stats_dir}: {not_a_directory(self.stats_dir)}; allowed: a "
+                f"stats_dir={echo_path(self.stats_dir)}: {not_a_directory(self.stats_dir)}; allowed: a "
                 "directory this user can create and write, or None"
             )
         self.library = Path(library).expanduser().resolve() if library is not None else None
@@ -413,7 +418,7 @@ class LossyNetwork:
                                          ("stats_dir", "NCCL_LOSSY_STATS", self.stats_dir),
                                          ("set", "NCCL_LOSSY_SET", self.overrides or None)):
             _check_utf8(keyword, variable, value)
-        if self.profile is not None and not self.profile.is_file():
+        if self.profile is not None and not is_file(self.profile):
             raise LossyConfigError(_not_a_profile(profile, self.profile))
         self._checked: Optional[Dict[str, Any]] = None
         self.check()
@@ -511,7 +516,7 @@ class LossyNetwork:
                     # The user's own choice stands; one that leaves NCCL's own transport on is
                     # said, since that traffic never meets the loss (as `lossy run` notes).
                     warnings.warn(
-                        f"{key}={kept} is kept (intra_node='net' sets {value}): NCCL may move the "
+                        f"{key}={cut(kept)} is kept (intra_node='net' sets {value}): NCCL may move the "
                         f"traffic between GPUs of one node over {transports[key]}, "
                         "which the loss never touches; unset it to send that traffic through "
                         "the plugin",
@@ -529,7 +534,7 @@ class LossyNetwork:
                     raise LossyConfigError(
                         f"the profile corrupts data ({self.check()['summary']}), which "
                         f"hangs NCCL's {'/'.join(sorted(risky))} protocol, but NCCL_PROTO="
-                        f"{user_proto} allows it: unset NCCL_PROTO or set it to Simple"
+                        f"{cut(user_proto)} allows it: unset NCCL_PROTO or set it to Simple"
                     )
         return env
 
@@ -549,7 +554,7 @@ class LossyNetwork:
         number = int(events) if digits.isascii() and digits.isdigit() else None
         if events and not (number is not None and 1 <= number <= limit):
             raise LossyConfigError(
-                f"NCCL_LOSSY_TRACE_EVENTS={base['NCCL_LOSSY_TRACE_EVENTS']}: must be an integer in "
+                f"NCCL_LOSSY_TRACE_EVENTS={cut(base['NCCL_LOSSY_TRACE_EVENTS'])}: must be an integer in "
                 f"[1, {limit}] (messages the trace ring holds)"
             )
         env_dir = base.get("NCCL_LOSSY_TRACE") or ""
@@ -568,7 +573,7 @@ class LossyNetwork:
         inner_env = (base.get("NCCL_LOSSY_INNER") or "").strip()
         if transport == "socket" and inner_env:
             raise LossyConfigError(
-                f"NCCL_LOSSY_INNER={inner_env} asks to wrap a net plugin, but the profile "
+                f"NCCL_LOSSY_INNER={echo_path(inner_env)} asks to wrap a net plugin, but the profile "
                 f'({resolved["origin"]}) says transport = "socket"; unset one of them'
             )
         if transport == "wrap" and not inner_env and not resolved["profile"].get("inner"):
@@ -602,10 +607,10 @@ class LossyNetwork:
         if profile is not None:
             path = Path(profile).resolve()  # as the plugin reads it: no "~"
             if self.profile is None:
-                if not path.is_file():
+                if not is_file(path):
                     tilde = " (the plugin does not expand '~')" if profile.startswith("~") else ""
                     raise LossyConfigError(
-                        f"NCCL_LOSSY_PROFILE={profile} (in the environment) does not name a file"
+                        f"NCCL_LOSSY_PROFILE={echo_path(profile)} (in the environment) does not name a file"
                         f"{tilde}; allowed: the path of a TOML profile; unset NCCL_LOSSY_PROFILE "
                         "for the plugin's embedded default"
                     )
@@ -620,9 +625,8 @@ class LossyNetwork:
                 parse_overrides(theirs)
             except LossyConfigError as err:
                 # Named as the environment's: the code's set= is not where this text came from.
-                shown = overrides if len(overrides) <= 200 else overrides[:200] + "..."
                 raise LossyConfigError(
-                    f"NCCL_LOSSY_SET={shown} (in the environment): {err}; allowed: "
+                    f"NCCL_LOSSY_SET={cut(overrides, SHOWN_CHARS)} (in the environment): {err}; allowed: "
                     f"key=value pairs separated by ';': unset NCCL_LOSSY_SET, {_RESOLVE}"
                 ) from err
             if not self.overrides:
@@ -647,14 +651,14 @@ class LossyNetwork:
                     raise _clash("NCCL_NET_PLUGIN", plugin, str(self.library), "library")
             elif not first and plugin.lower() == "none":
                 raise LossyConfigError(
-                    f"NCCL_NET_PLUGIN={plugin} (in the environment) tells NCCL to load no "
+                    f"NCCL_NET_PLUGIN={cut(plugin)} (in the environment) tells NCCL to load no "
                     "external plugin ('none', in any case), so this one would never run; "
                     "allowed: lossy, or the path of libnccl-net-lossy.so / libnccl_net_lossy.so: "
                     f"unset NCCL_NET_PLUGIN, {_RESOLVE}"
                 )
             elif not first:
                 raise LossyConfigError(
-                    f"NCCL_NET_PLUGIN={plugin} (in the environment) names another library than "
+                    f"NCCL_NET_PLUGIN={echo_path(plugin)} (in the environment) names another library than "
                     f"this plugin ({library_path()}): NCCL would load it and find no lossy "
                     "network; allowed: lossy, or the path of libnccl-net-lossy.so / "
                     f"libnccl_net_lossy.so: unset NCCL_NET_PLUGIN, {_RESOLVE}"
@@ -662,7 +666,7 @@ class LossyNetwork:
             elif "/" in first:
                 if not os.path.isfile(first):
                     raise LossyConfigError(
-                        f"NCCL_NET_PLUGIN={plugin} (in the environment): {first} does not exist, "
+                        f"NCCL_NET_PLUGIN={echo_path(plugin)} (in the environment): {echo_path(first)} does not exist, "
                         f"so NCCL cannot load the plugin; allowed: the path of a built plugin "
                         f"library: unset NCCL_NET_PLUGIN, {_RESOLVE}"
                     )
@@ -671,7 +675,7 @@ class LossyNetwork:
         network = _from_env(base, "NCCL_NET")
         if network is not None and network.lower() != "lossy":
             raise LossyConfigError(
-                f"NCCL_NET={network} (in the environment) makes NCCL use another network than "
+                f"NCCL_NET={cut(network)} (in the environment) makes NCCL use another network than "
                 f"the lossy plugin; allowed: NCCL_NET=lossy: unset NCCL_NET, {_RESOLVE}"
             )
 
@@ -783,7 +787,7 @@ def _base_environment(base: Any) -> Mapping[str, str]:
     if base is None:
         return os.environ
     if not isinstance(base, Mapping):
-        raise LossyConfigError(f"base={base!r}: allowed: a mapping of environment variables "
+        raise LossyConfigError(f"base={echo(base)}: allowed: a mapping of environment variables "
                                "(os.environ, a dict of str to str) or None for os.environ")
     return base
 
@@ -796,8 +800,8 @@ def _from_env(base: Mapping[str, str], name: str) -> Optional[str]:
 
 def _clash(name: str, theirs: str, mine: str, keyword: str) -> LossyConfigError:
     return LossyConfigError(
-        f"{name}: the environment has {name}={theirs} (set by the launcher or the shell), the "
-        f"code asks for {mine} ({keyword}); NCCL can use only one. Allowed: one value: unset "
+        f"{name}: the environment has {name}={cut(theirs, SHOWN_CHARS)} (set by the launcher or the shell), the "
+        f"code asks for {cut(mine, SHOWN_CHARS)} ({keyword}); NCCL can use only one. Allowed: one value: unset "
         f"{name}, leave {keyword} out to use the environment's, {_RESOLVE}"
     )
 

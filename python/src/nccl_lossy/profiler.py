@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from ._echo import SHOWN_CHARS, echo
 from ._files import read_regular_file, write_atomically
 from .steps import file_name_host, launcher_rank
 
@@ -85,26 +86,26 @@ class ProfilerConfig:
         for name in ("output_dir", "trace_dir"):
             value = getattr(self, name)
             if not (isinstance(value, (str, os.PathLike)) or (value is None and name == "trace_dir")):
-                raise ValueError(f"{name}={value!r:.80}: allowed: a directory (str or os.PathLike)"
+                raise ValueError(f"{name}={echo(value, SHOWN_CHARS)}: allowed: a directory (str or os.PathLike)"
                                  f"{' or None' if name == 'trace_dir' else ''}")
         for name in ("record_shapes", "with_stack", "export_chrome_trace", "export_tensorboard", "merge"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}={getattr(self, name)!r:.80}: allowed: True or False")
+                raise ValueError(f"{name}={echo(getattr(self, name))}: allowed: True or False")
         if not isinstance(self.extra, dict):
-            raise ValueError(f"extra={self.extra!r:.80}: allowed: a dict of torch.profiler.profile "
+            raise ValueError(f"extra={echo(self.extra)}: allowed: a dict of torch.profiler.profile "
                              "keywords")
         if isinstance(self.activities, (str, bytes)) or not isinstance(self.activities, Iterable):
-            raise ValueError(f"activities={self.activities!r:.80}: allowed: a list or tuple of "
+            raise ValueError(f"activities={echo(self.activities)}: allowed: a list or tuple of "
                              f"{', '.join(ACTIVITIES)}")
         for name in ("wait", "warmup", "active", "repeat"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name}={value!r}: allowed: an integer >= 0")
+                raise ValueError(f"{name}={echo(value)}: allowed: an integer >= 0")
         if self.active < 1:
-            raise ValueError(f"active={self.active!r}: allowed: an integer >= 1")
+            raise ValueError(f"active={echo(self.active)}: allowed: an integer >= 1")
         for a in self.activities:
             if a not in ACTIVITIES:
-                raise ValueError(f"activity {a!r}: allowed: {', '.join(ACTIVITIES)}")
+                raise ValueError(f"activity {echo(a)}: allowed: {', '.join(ACTIVITIES)}")
 
 
 class LossyProfiler:
@@ -114,13 +115,13 @@ class LossyProfiler:
 
     def __init__(self, config: Optional[ProfilerConfig] = None, **overrides: Any):
         if config is not None and not isinstance(config, ProfilerConfig):
-            raise TypeError(f"LossyProfiler: config={config!r:.80}: allowed: a ProfilerConfig or None "
+            raise TypeError(f"LossyProfiler: config={echo(config)}: allowed: a ProfilerConfig or None "
                             "(settings as keywords: LossyProfiler(output_dir=...))")
         config = config or ProfilerConfig()
         for key in overrides:
             if key not in {f.name for f in fields(ProfilerConfig)}:
                 raise ValueError(
-                    f"LossyProfiler: unknown setting {key!r}; allowed: "
+                    f"LossyProfiler: unknown setting {echo(key)}; allowed: "
                     f"{', '.join(f.name for f in fields(ProfilerConfig))}"
                 )
         config = replace(config, **overrides)  # a copy: the caller's config stays as it was
@@ -166,13 +167,30 @@ class LossyProfiler:
         return self
 
     def step(self) -> None:
-        """Ends one training step in the profiler's schedule."""
-        if self._profile is not None:
-            self._profile.step()
+        """Ends one training step in the profiler's schedule. At the end of a recording window
+        the ranges of enabled integrations (``lossy:step N``, ``lossy:forward`` ...) end with
+        it, and open again when the next window begins: torch warns about a range open
+        across a window's end and exports it with an end it makes up."""
+        if self._profile is None:
+            return
+        from torch.profiler import ProfilerAction
+
+        from .integration import end_ranges, reopen_ranges
+
+        if self._profile.current_action == ProfilerAction.RECORD_AND_SAVE:
+            end_ranges()
+        self._profile.step()
+        # A window that begins here (after the last one, or after the wait steps) gets the
+        # ranges of the step and phase in force, not only those of the next change.
+        reopen_ranges()
 
     def stop(self) -> None:
-        """Stops the profiler (a cycle still recording is exported)."""
+        """Stops the profiler (a cycle still recording is exported, the ranges of enabled
+        integrations ended with it)."""
         if self._profile is not None:
+            from .integration import end_ranges
+
+            end_ranges()
             self._profile.stop()
             self._profile = None
 
@@ -367,7 +385,7 @@ def plugin_epoch_offset_ns(plugin: Dict[str, Any]) -> Tuple[int, Dict[str, Any]]
         raise TraceFormatError(f"not a nccl-net-lossy trace: no {PLUGIN_META_KEY!r} metadata")
     version = meta.get("format_version")
     if not isinstance(version, int) or version < 1:
-        raise TraceFormatError(f"plugin trace: bad format_version {version!r}")
+        raise TraceFormatError(f"plugin trace: bad format_version {echo(version)}")
     if version > PLUGIN_TRACE_VERSION:
         _warn(f"plugin trace format {version} is newer than this package's {PLUGIN_TRACE_VERSION}: "
               "merged as far as this package reads it; install matching versions")
@@ -379,7 +397,7 @@ def plugin_epoch_offset_ns(plugin: Dict[str, Any]) -> Tuple[int, Dict[str, Any]]
         return offset, meta
     if clock == "CLOCK_REALTIME":
         return 0, meta
-    raise TraceFormatError(f"plugin trace: clock {clock!r}: allowed: CLOCK_MONOTONIC, CLOCK_REALTIME")
+    raise TraceFormatError(f"plugin trace: clock {echo(clock)}: allowed: CLOCK_MONOTONIC, CLOCK_REALTIME")
 
 
 def torch_epoch_base_ns(trace: Dict[str, Any]) -> int:
@@ -409,7 +427,7 @@ def merge_traces(torch_trace: Dict[str, Any], plugin_trace: Dict[str, Any]) -> D
         if "ts" in event:
             ts = event["ts"]
             if isinstance(ts, bool) or not isinstance(ts, (int, float)):
-                raise TraceFormatError(f"plugin trace: traceEvents.{i}: ts = {ts!r:.80}: allowed: a "
+                raise TraceFormatError(f"plugin trace: traceEvents.{i}: ts = {echo(ts)}: allowed: a "
                                        "number (microseconds on the clock its lossy_trace names)")
             event["ts"] = float(ts) + shift_us
         if "tid" in event and isinstance(event["tid"], int):

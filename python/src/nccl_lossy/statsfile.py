@@ -30,6 +30,7 @@ Rows are flat dicts: ``pandas.DataFrame(rows)`` takes them as they are, and
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import json
 import logging
@@ -39,6 +40,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Set, Tuple, Union
 
+from ._echo import SHOWN_CHARS, echo, echo_path
 from ._files import read_regular_file
 
 log = logging.getLogger("nccl_lossy")
@@ -188,7 +190,7 @@ def _check_identity(doc: Dict[str, Any], where: str) -> None:
 def _check_version(doc: Dict[str, Any], where: str, known: int) -> None:
     version = doc["format_version"]
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise StatsFormatError(f"{where}: bad format_version {version!r}")
+        raise StatsFormatError(f"{where}: bad format_version {echo(version)}")
     if version > known:
         # Said where it is seen: this package's logger has no handler unless the application
         # adds one (`lossy report` refuses such a file; this reads the fields it knows).
@@ -400,7 +402,7 @@ def stats_files(path: Union[str, Path], glob: str = FILE_GLOB) -> List[Path]:
             ) from err
         return sorted(path / name for name in names if fnmatch.fnmatch(name, glob))
     if not os.path.lexists(path):
-        raise FileNotFoundError(f"{path}: no such statistics file or directory")
+        raise FileNotFoundError(f"{echo_path(path)}: no such statistics file or directory")
     other = STEP_FILE_GLOB if glob == FILE_GLOB else FILE_GLOB
     if not fnmatch.fnmatch(path.name, glob) and fnmatch.fnmatch(path.name, other):
         return []
@@ -574,7 +576,7 @@ def read_stats(path: Union[str, Path], dataframe: Union[bool, str] = False, tabl
     is installed and the list of row dicts otherwise, False the list."""
     _check_path(path)
     if not isinstance(table, str) or table not in TABLES:
-        raise ValueError(f"table={table!r}: allowed: {', '.join(TABLES)}")
+        raise ValueError(f"table={echo(table)}: allowed: {', '.join(TABLES)}")
     _warn_no_files(path)
     rows: List[Dict[str, Any]] = []
     if table == "step_ops":
@@ -611,9 +613,15 @@ def _check_path(path: Any) -> None:
     ``Path`` would take as the working directory."""
     allowed = "allowed: a statistics directory (NCCL_LOSSY_STATS) or one statistics file, as str or os.PathLike"
     if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path={path!r}: {allowed}")
+        raise TypeError(f"path={echo(path, SHOWN_CHARS)}: {allowed}")
     if not os.fspath(path):
-        raise ValueError(f"path={path!r}: names no directory or file; {allowed}")
+        raise ValueError(f"path={echo(path, SHOWN_CHARS)}: names no directory or file; {allowed}")
+    try:
+        os.stat(path)
+    except OSError as err:
+        if err.errno == errno.ENAMETOOLONG:  # said here: every later look would raise it whole
+            raise FileNotFoundError(err.errno, f"{echo_path(path)}: no such statistics file or "
+                                    f"directory ({err.strerror})") from None
 
 
 def as_table(rows: List[Dict[str, Any]], columns: Iterable[str], dataframe: Union[bool, str]) -> Any:
@@ -626,7 +634,7 @@ def as_table(rows: List[Dict[str, Any]], columns: Iterable[str], dataframe: Unio
             return rows
         dataframe = True
     elif not isinstance(dataframe, bool):
-        raise ValueError(f"dataframe={dataframe!r}: allowed: True, False, 'auto'")
+        raise ValueError(f"dataframe={echo(dataframe)}: allowed: True, False, 'auto'")
     return to_dataframe(rows, columns) if dataframe else rows
 
 
@@ -662,7 +670,7 @@ def summarize(rows: Iterable[Dict[str, Any]], by: Union[str, Iterable[str]] = ("
     except TypeError:
         keys = (None,)  # None, a number: no column names
     if not all(isinstance(k, str) for k in keys):
-        raise TypeError(f"summarize: by={by!r}: allowed: a column name or a sequence of column names (str)")
+        raise TypeError(f"summarize: by={echo(by)}: allowed: a column name or a sequence of column names (str)")
     if rows:
         columns: Dict[str, None] = {}
         for row in rows:
@@ -670,7 +678,7 @@ def summarize(rows: Iterable[Dict[str, Any]], by: Union[str, Iterable[str]] = ("
         for key in keys:
             if key not in columns:
                 raise ValueError(
-                    f"summarize: by column {key!r} is in none of the rows; allowed: "
+                    f"summarize: by column {echo(key)} is in none of the rows; allowed: "
                     f"{', '.join(columns)}"
                 )
     groups: Dict[tuple, Dict[str, Any]] = {}

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ._echo import echo_path
 from ._files import not_a_directory, write_atomically
 from .config import LossyConfigError
 from .statsfile import STEP_FORMAT_VERSION, STEP_OP_COUNTERS
@@ -114,7 +115,7 @@ class StepRecorder:
             # does exist, only not as a directory.
             why = not_a_directory(directory) or err.strerror or str(err)
             raise LossyConfigError(
-                f"{directory}: cannot write the per-step statistics file there: {why}; allowed: a "
+                f"{echo_path(directory)}: cannot write the per-step statistics file there: {why}; allowed: a "
                 "directory this user can create and write (stats_dir, else NCCL_LOSSY_STATS)"
             ) from err
         path = directory / f"lossy-steps-rank{rank}-{host}-{doc['pid']}.json"
