@@ -21,6 +21,7 @@ from .steps import RECORDER
 
 log = logging.getLogger("nccl_lossy")
 
+#: The phases by code (:data:`nccl_lossy.PHASE_ANY`, ``PHASE_FORWARD``, ``PHASE_BACKWARD``).
 PHASES = ("any", "forward", "backward")
 
 #: Keys a config dict given as the first argument may hold.
@@ -249,16 +250,20 @@ class LossyMegatronIntegration:
 
     @property
     def phase(self) -> str:
-        """The training phase the plugin was told: ``any``, ``forward`` or ``backward``."""
+        """The training phase the plugin was told: ``any``, ``forward`` or ``backward``.
+        Assigning takes what :func:`nccl_lossy.set_phase` takes (a name in any case, as
+        profile rules' ``phase``, a code such as :data:`nccl_lossy.PHASE_FORWARD`, or None
+        for ``any``) and refuses the rest in the same words; it reads back as the name."""
         return self._phase
 
     @phase.setter
-    def phase(self, value: str) -> None:
-        # Text only: a numpy array's == is elementwise, and ["forward"] passed `in PHASES`.
-        if not isinstance(value, str) or value not in PHASES:
-            raise LossyConfigError(f"phase={echo(value)}: allowed: {', '.join(PHASES)}")
+    def phase(self, value: Any) -> None:
+        try:
+            code = _control.phase_code(value)  # the rule (and the message) of set_phase
+        except ValueError as err:
+            raise LossyConfigError(str(err)) from None
         with _control.STATE_LOCK:
-            self._assign("_phase", str(value))
+            self._assign("_phase", PHASES[code])
             self._mark_ranges(new_step=False)
 
     @property
