@@ -447,3 +447,60 @@ def test_a_phase_is_taken_or_refused_alike_by_set_phase_and_the_integration():
         f"True | phase True: {allowed} | phase True: {allowed} / still any",
         f"['forward'] | phase ['forward']: {allowed} | phase ['forward']: {allowed} / still any",
     ]
+
+
+# The megatron-core patches are process-wide: `A.disable(revert_patches=True)` reverted them
+# under an integration B still enabled that relied on them (B found them in place, applied by
+# A), so B's model went on with megatron-core's own functions. They are reverted when no
+# enabled integration needs them any more: by the last one's disable(revert_patches=True).
+SHARED_PATCHES = r"""
+import warnings
+import torch.distributed as dist
+import nccl_lossy
+from megatron.core.tensor_parallel import mappings
+
+def say(label):
+    print(label + ":", mappings.dist_all_gather_func.__name__, nccl_lossy.megatron.is_patched())
+
+def integration():
+    return nccl_lossy.LossyMegatronIntegration(apply_env=False)
+
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    a, b = integration(), integration()
+    a.enable(); a.disable(); b.enable()
+    say("A applied, disabled; B enabled")
+    a.disable(revert_patches=True)
+    say("A reverts, B enabled")
+    b.disable(revert_patches=True)
+    say("B reverts, none enabled")
+    a.enable(); b.enable()
+    say("both enabled")
+    a.disable(revert_patches=True)
+    say("A reverts, B enabled")
+    b.disable()
+    say("B disabled")
+    b.disable(revert_patches=True)
+    say("B reverts, none enabled")
+for w in seen:
+    if "revert" in str(w.message):
+        print("warned:", w.message)
+"""
+
+
+def test_the_patches_are_not_reverted_under_another_enabled_integration():
+    pytest.importorskip("megatron.core")
+    proc = run_python(SHARED_PATCHES, env=clean_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[:7] == [
+        "A applied, disabled; B enabled: _all_gather_base True",
+        "A reverts, B enabled: _all_gather_base True",
+        "B reverts, none enabled: all_gather_into_tensor False",
+        "both enabled: _all_gather_base True",
+        "A reverts, B enabled: _all_gather_base True",
+        "B disabled: _all_gather_base True",
+        "B reverts, none enabled: all_gather_into_tensor False",
+    ], proc.stdout
+    # each revert left undone is said, naming why
+    assert len(lines) == 9 and all("another enabled LossyMegatronIntegration" in w for w in lines[7:]), proc.stdout
