@@ -403,3 +403,104 @@ def test_an_assignment_that_cannot_reach_the_plugin_leaves_the_integration_as_it
         "enable_on_backward refused, still True",
         "injecting: False",
     ]
+
+
+# `nccl_lossy.set_phase("FORWARD")` was taken (names ignore case, as profile rules' `phase`
+# does) while `integ.phase = "FORWARD"` was refused, and the two refused a wrong phase in
+# messages of different shapes: one package, two rules for one value. Both take what the
+# other takes and refuse what the other refuses, in the same words.
+PHASE_ONE_RULE = r"""
+import nccl_lossy
+from nccl_lossy import LossyConfigError
+integ = nccl_lossy.LossyMegatronIntegration(apply_env=False, patch_megatron=False).enable()
+for value in ("FORWARD", "Backward", "any", nccl_lossy.PHASE_FORWARD, 2, None, "forwards", 3, 1.0, True, ["forward"]):
+    said = []
+    try:
+        nccl_lossy.set_phase(value)
+        said.append("taken")
+    except ValueError as err:
+        said.append(str(err))
+    try:
+        integ.phase = value
+        said.append("taken " + integ.phase)
+    except LossyConfigError as err:
+        said.append(str(err) + " / still " + integ.phase)
+    print(repr(value), "|", " | ".join(said))
+integ.disable()
+"""
+
+
+def test_a_phase_is_taken_or_refused_alike_by_set_phase_and_the_integration():
+    proc = run_python(PHASE_ONE_RULE, env=clean_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    allowed = "allowed: any, forward, backward (or their codes 0, 1, 2), or None for any"
+    assert proc.stdout.splitlines() == [
+        "'FORWARD' | taken | taken forward",
+        "'Backward' | taken | taken backward",
+        "'any' | taken | taken any",
+        "1 | taken | taken forward",
+        "2 | taken | taken backward",
+        "None | taken | taken any",
+        f"'forwards' | phase 'forwards': {allowed} | phase 'forwards': {allowed} / still any",
+        f"3 | phase 3: {allowed} | phase 3: {allowed} / still any",
+        f"1.0 | phase 1.0: {allowed} | phase 1.0: {allowed} / still any",
+        f"True | phase True: {allowed} | phase True: {allowed} / still any",
+        f"['forward'] | phase ['forward']: {allowed} | phase ['forward']: {allowed} / still any",
+    ]
+
+
+# The megatron-core patches are process-wide: `A.disable(revert_patches=True)` reverted them
+# under an integration B still enabled that relied on them (B found them in place, applied by
+# A), so B's model went on with megatron-core's own functions. They are reverted when no
+# enabled integration needs them any more: by the last one's disable(revert_patches=True).
+SHARED_PATCHES = r"""
+import warnings
+import torch.distributed as dist
+import nccl_lossy
+from megatron.core.tensor_parallel import mappings
+
+def say(label):
+    print(label + ":", mappings.dist_all_gather_func.__name__, nccl_lossy.megatron.is_patched())
+
+def integration():
+    return nccl_lossy.LossyMegatronIntegration(apply_env=False)
+
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    a, b = integration(), integration()
+    a.enable(); a.disable(); b.enable()
+    say("A applied, disabled; B enabled")
+    a.disable(revert_patches=True)
+    say("A reverts, B enabled")
+    b.disable(revert_patches=True)
+    say("B reverts, none enabled")
+    a.enable(); b.enable()
+    say("both enabled")
+    a.disable(revert_patches=True)
+    say("A reverts, B enabled")
+    b.disable()
+    say("B disabled")
+    b.disable(revert_patches=True)
+    say("B reverts, none enabled")
+for w in seen:
+    if "revert" in str(w.message):
+        print("warned:", w.message)
+"""
+
+
+def test_the_patches_are_not_reverted_under_another_enabled_integration():
+    pytest.importorskip("megatron.core")
+    proc = run_python(SHARED_PATCHES, env=clean_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[:7] == [
+        "A applied, disabled; B enabled: _all_gather_base True",
+        "A reverts, B enabled: _all_gather_base True",
+        "B reverts, none enabled: all_gather_into_tensor False",
+        "both enabled: _all_gather_base True",
+        "A reverts, B enabled: _all_gather_base True",
+        "B disabled: _all_gather_base True",
+        "B reverts, none enabled: all_gather_into_tensor False",
+    ], proc.stdout
+    # each revert left undone is said, naming why
+    assert len(lines) == 9 and all("another enabled LossyMegatronIntegration" in w for w in lines[7:]), proc.stdout

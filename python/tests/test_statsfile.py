@@ -55,6 +55,24 @@ def test_a_newer_per_step_file_is_read_with_a_warning(tmp_path):
         nccl_lossy.read_stats(tmp_path, table="step_ops")
 
 
+@pytest.mark.parametrize("table", ["ops", "steps", "bursts", "latency"])
+def test_a_newer_statistics_file_is_warned_about_once(tmp_path, table, caplog):
+    # Warned by load_stats_files and again by rows_from_stats: twice per file per read (and
+    # once more for each table read_all reads).
+    for rank in (0, 1):
+        (tmp_path / f"lossy-stats-rank{rank}-h-1.json").write_text(
+            json.dumps({**PLUGIN_DOC, "rank": rank, "format_version": 2}))
+    for read in (lambda: nccl_lossy.read_stats(tmp_path, table=table), lambda: nccl_lossy.read_all(tmp_path)):
+        caplog.clear()
+        with pytest.warns(UserWarning) as seen:
+            read()
+        newer = [str(w.message) for w in seen if "newer" in str(w.message)]
+        assert sorted(newer) == sorted(
+            f"{tmp_path / f'lossy-stats-rank{rank}-h-1.json'} has format 2, newer than this package's 1: "
+            "reading the fields it knows (install matching versions)" for rank in (0, 1)), newer
+        assert len([r for r in caplog.records if "newer" in r.getMessage()]) == 2, caplog.records
+
+
 def test_concurrent_writes_of_the_per_step_file_never_fail_or_show_a_half_file(tmp_path):
     # A training thread's write_stats() and disable() may write the per-step file while another
     # writes it: one shared temporary name made one writer's rename fail (its temporary was

@@ -21,6 +21,7 @@ from .steps import RECORDER
 
 log = logging.getLogger("nccl_lossy")
 
+#: The phases by code (:data:`nccl_lossy.PHASE_ANY`, ``PHASE_FORWARD``, ``PHASE_BACKWARD``).
 PHASES = ("any", "forward", "backward")
 
 #: Keys a config dict given as the first argument may hold.
@@ -41,6 +42,12 @@ RANGE_PREFIX = "lossy:"
 #: The integrations of this process now enabled: the plugin's switch, phase and step are
 #: process-wide, so a second one enabled beside the first overwrites what the first set.
 _ENABLED: "weakref.WeakSet[LossyMegatronIntegration]" = weakref.WeakSet()
+#: The integrations that share the megatron-core patches now in place, which an integration
+#: applied (the first to find them missing) or took up (finding an integration's in place): any
+#: of them may revert them, once no enabled integration needs them (``patch_megatron``).
+_PATCH_OWNERS: "weakref.WeakSet[LossyMegatronIntegration]" = weakref.WeakSet()
+#: Held while an integration applies, takes up or reverts the patches.
+_PATCH_LOCK = threading.RLock()
 #: The plugin's counters per step of this process (see :data:`steps.RECORDER`).
 _RECORDER = RECORDER
 
@@ -209,7 +216,6 @@ class LossyMegatronIntegration:
         self._step = 0
         self._enabled = False
         self.patch_results: List[Any] = []
-        self._patched_here = False
         self._detachers: List[Callable[[], None]] = []
         self._attached: List[Callable[[], Any]] = []  # what attach() hooked, until detach()
         self._recorder = _RECORDER
@@ -249,16 +255,20 @@ class LossyMegatronIntegration:
 
     @property
     def phase(self) -> str:
-        """The training phase the plugin was told: ``any``, ``forward`` or ``backward``."""
+        """The training phase the plugin was told: ``any``, ``forward`` or ``backward``.
+        Assigning takes what :func:`nccl_lossy.set_phase` takes (a name in any case, as
+        profile rules' ``phase``, a code such as :data:`nccl_lossy.PHASE_FORWARD`, or None
+        for ``any``) and refuses the rest in the same words; it reads back as the name."""
         return self._phase
 
     @phase.setter
-    def phase(self, value: str) -> None:
-        # Text only: a numpy array's == is elementwise, and ["forward"] passed `in PHASES`.
-        if not isinstance(value, str) or value not in PHASES:
-            raise LossyConfigError(f"phase={echo(value)}: allowed: {', '.join(PHASES)}")
+    def phase(self, value: Any) -> None:
+        try:
+            code = _control.phase_code(value)  # the rule (and the message) of set_phase
+        except ValueError as err:
+            raise LossyConfigError(str(err)) from None
         with _control.STATE_LOCK:
-            self._assign("_phase", str(value))
+            self._assign("_phase", PHASES[code])
             self._mark_ranges(new_step=False)
 
     @property
@@ -366,10 +376,8 @@ class LossyMegatronIntegration:
             network = self.network.resolved()
             network.apply()
             self.network = network  # describes what is in force, the environment's values too
-        if self.patch_megatron and not self._patched_here:
-            already = is_patched()
-            self.patch_results = apply_megatron_core_patch()
-            self._patched_here = not already and is_patched()
+        if self.patch_megatron:
+            self._take_up_patches()
         others = [other for other in _ENABLED if other is not self]
         if others:
             warnings.warn(
@@ -410,24 +418,26 @@ class LossyMegatronIntegration:
     def disable(self, revert_patches: bool = False) -> None:
         """Injection off (phase ``any``). The megatron-core patches stay in place, so the
         communication functions under a running model do not change; ``revert_patches=True``
-        also reverts the patches this object applied. The step being recorded ends here, and
+        also reverts the patches this object applied, or took up from another integration that
+        applied them, unless another enabled integration (``patch_megatron``) still uses them:
+        then they stay, with a warning, for the last one's ``disable(revert_patches=True)``.
+        Patches the application applied itself are left to it. The step being recorded ends here, and
         with a statistics directory the per-step file is written (:meth:`write_stats`).
 
         An integration that is not enabled (never enabled, or disabled
         already) leaves the plugin alone, as :meth:`LossyProfiler.stop` of a profiler not
         started does: the switch, phase and step are process-wide, and turning them off here
         would turn off another integration's injection (a cleanup in a ``finally`` block, a
-        second ``disable()``). ``revert_patches=True`` still reverts the patches this object
-        applied."""
+        second ``disable()``). ``revert_patches=True`` still reverts the patches as above."""
         revert = check_bool("revert_patches", revert_patches)  # before anything changes
         with _control.STATE_LOCK:
             # enable()d and not disable()d since, or switched on through ``enabled = True``
             on = self in _ENABLED or self._enabled
             if on:
                 self._switch_off()
-        self._revert_patches(revert)
+        reverted = self._revert_patches(revert)
         if on:
-            log.info("lossy injection disabled%s", " and megatron-core patches reverted" if revert else "")
+            log.info("lossy injection disabled%s", " and megatron-core patches reverted" if reverted else "")
 
     def _switch_off(self) -> None:
         self._step = self.step_number  # the step in force, wherever it was set
@@ -442,10 +452,42 @@ class LossyMegatronIntegration:
             if stats_dir is not None:
                 self._recorder.write(stats_dir)
 
-    def _revert_patches(self, revert: bool) -> None:
-        if revert and self._patched_here:
+    def _take_up_patches(self) -> None:
+        """Applies the megatron-core patches, or takes up those another integration applied."""
+        with _PATCH_LOCK:
+            if self in _PATCH_OWNERS and is_patched():
+                return  # enabled again: its patches are in place
+            already = is_patched()
+            if not already:
+                _PATCH_OWNERS.clear()  # reverted behind their back (revert_megatron_core_patch())
+            self.patch_results = apply_megatron_core_patch()
+            # Patches the application applied itself (apply_megatron_core_patch(), a
+            # megatron_core_patch() block) are its own to revert, not an integration's.
+            if is_patched() and (not already or len(_PATCH_OWNERS) > 0):
+                _PATCH_OWNERS.add(self)
+
+    def _revert_patches(self, revert: bool) -> bool:
+        """Reverts the patches when ``revert``, this object shares them, and no enabled
+        integration needs them; says why when another does. True when they were reverted."""
+        with _PATCH_LOCK:
+            if not revert or self not in _PATCH_OWNERS:
+                return False
+            if not is_patched():
+                _PATCH_OWNERS.clear()
+                return False
+            users = [other for other in _ENABLED if other is not self and other.patch_megatron]
+            if users:
+                warnings.warn(
+                    "nccl_lossy: disable(revert_patches=True) leaves the megatron-core patches in "
+                    "place: another enabled LossyMegatronIntegration uses them (the patches are "
+                    "process-wide); the disable(revert_patches=True) of the last one enabled "
+                    "reverts them",
+                    stacklevel=3,
+                )
+                return False
             revert_megatron_core_patch()
-            self._patched_here = False
+            _PATCH_OWNERS.clear()
+            return True
 
     def __enter__(self) -> "LossyMegatronIntegration":
         # A block entered again inside itself (a helper wrapping its work in ``with integ:``)

@@ -268,7 +268,12 @@ def _optional_text(cell: Dict[str, Any], key: str, file: str, where: str) -> Opt
 
 def rows_from_stats(doc: Dict[str, Any], file: str = "") -> List[Dict[str, Any]]:
     """One row per (connection, collective, phase) of one statistics document."""
-    doc = _check(doc, file or "statistics document")
+    return _op_rows(_check(doc, file or "statistics document"), file)
+
+
+# The rows of a document :func:`_check` took (as :func:`load_stats_files` does): checked once,
+# so a newer format is warned about once per file and read.
+def _op_rows(doc: Dict[str, Any], file: str) -> List[Dict[str, Any]]:
     name = file or "statistics document"
     rows = []
     for i, conn in enumerate(_objects(doc.get("connections", []), name, "connections")):
@@ -298,7 +303,10 @@ def _file_fields(doc: Dict[str, Any], file: str) -> Dict[str, Any]:
 
 def step_rows_from_stats(doc: Dict[str, Any], file: str = "") -> List[Dict[str, Any]]:
     """The ``steps`` table of one statistics document: the plugin's per-step counters."""
-    doc = _check(doc, file or "statistics document")
+    return _step_rows(_check(doc, file or "statistics document"), file)
+
+
+def _step_rows(doc: Dict[str, Any], file: str) -> List[Dict[str, Any]]:
     name = file or "statistics document"
     rows = []
     for i, cell in enumerate(_objects(doc.get("by_step", []), name, "by_step")):
@@ -312,7 +320,10 @@ def step_rows_from_stats(doc: Dict[str, Any], file: str = "") -> List[Dict[str, 
 def histogram_rows_from_stats(doc: Dict[str, Any], kind: str, file: str = "") -> List[Dict[str, Any]]:
     """The ``bursts`` (``kind="bursts"``) or ``latency`` table of one statistics document: one
     row per histogram bin of each connection and collective."""
-    doc = _check(doc, file or "statistics document")
+    return _histogram_rows(_check(doc, file or "statistics document"), kind, file)
+
+
+def _histogram_rows(doc: Dict[str, Any], kind: str, file: str) -> List[Dict[str, Any]]:
     name = file or "statistics document"
     field, column = {"bursts": ("burst_lengths", "burst_length"), "latency": ("latency_ns", "latency_ns")}[kind]
     rows = []
@@ -439,7 +450,7 @@ def _warn_mixed_runs(path: Union[str, Path], docs: List[Dict[str, Any]], profile
             "this directory and their counts are read as one run, or the launcher gave several "
             "processes one rank number (set RANK for each process); give each run its own "
             "NCCL_LOSSY_STATS directory",
-            stacklevel=3,
+            stacklevel=4,
         )
     if profiles:
         _warn_missing_ranks(path, docs, set(writers))
@@ -456,7 +467,7 @@ def _warn_mixed_runs(path: Union[str, Path], docs: List[Dict[str, Any]], profile
                 f"{path}: these files come from {len(seen)} different profiles and are read as "
                 f"one run: {'; '.join(described)}; give each run its own NCCL_LOSSY_STATS "
                 "directory",
-                stacklevel=3,
+                stacklevel=4,
             )
 
 
@@ -478,7 +489,7 @@ def _warn_steps_beyond(doc: Dict[str, Any]) -> None:
             f"{name}: {counts['packets']} packets ({counts['lost_packets']} lost) at steps from "
             f"{first} on are not broken down by step (the plugin keeps that many steps one by "
             "one and sums the rest in steps_beyond): the steps table has no rows for them",
-            stacklevel=3,
+            stacklevel=4,
         )
 
 
@@ -512,7 +523,7 @@ def _warn_missing_ranks(path: Union[str, Path], docs: List[Dict[str, Any]], rank
         f"{path}: no statistics file from rank {shown}{f' and {more} more' if more else ''} {of}: "
         "a rank stopped before it wrote its statistics (they are written when its communicators "
         "close, and every stats_interval) leaves none, and the rows leave its traffic out",
-        stacklevel=4,
+        stacklevel=5,
     )
 
 
@@ -551,7 +562,7 @@ def _warn_missing_step_files(path: Union[str, Path], step_docs: List[Dict[str, A
             f"file: {', '.join(missing)}; the step_ops rows leave their traffic out (the "
             "integration writes the per-step file at disable() or write_stats(): a process killed "
             "before that writes none); the plugin's own per-step series (table='steps') has them",
-            stacklevel=3,
+            stacklevel=4,
         )
 
 
@@ -564,7 +575,7 @@ def _warn_no_files(path: Union[str, Path]) -> None:
             f"{path} holds no statistics files ({FILE_GLOB}, {STEP_FILE_GLOB}): was "
             "NCCL_LOSSY_STATS (lossy run --stats DIR, LossyNetwork(stats_dir=...)) set for the "
             "run, and is this the directory it named?",
-            stacklevel=3,
+            stacklevel=4,
         )
 
 
@@ -577,34 +588,46 @@ def read_stats(path: Union[str, Path], dataframe: Union[bool, str] = False, tabl
     _check_path(path)
     if not isinstance(table, str) or table not in TABLES:
         raise ValueError(f"table={echo(table)}: allowed: {', '.join(TABLES)}")
-    _warn_no_files(path)
-    rows: List[Dict[str, Any]] = []
-    if table == "step_ops":
-        step_docs = []
-        for file in stats_files(path, STEP_FILE_GLOB):
-            doc = load_json(file)
-            rows.extend(step_op_rows_from_doc(doc, str(file)))
-            step_docs.append(doc)
-        _warn_mixed_runs(path, step_docs, profiles=False)
-        _warn_missing_step_files(path, step_docs)
-    else:
-        docs = load_stats_files(path)
-        _warn_mixed_runs(path, docs, profiles=True)
-        for doc in docs:
-            if table == "ops":
-                rows.extend(rows_from_stats(doc, doc["file"]))
-            elif table == "steps":
-                rows.extend(step_rows_from_stats(doc, doc["file"]))
-                _warn_steps_beyond(doc)
-            else:
-                rows.extend(histogram_rows_from_stats(doc, table, doc["file"]))
-    return as_table(rows, TABLES[table], dataframe)
+    return _read_tables(path, dataframe, (table,))[table]
 
 
 def read_all(path: Union[str, Path], dataframe: Union[bool, str] = False) -> Dict[str, Any]:
-    """Every table of :data:`TABLES` for a run, by name (see :func:`read_stats`)."""
+    """Every table of :data:`TABLES` for a run, by name (see :func:`read_stats`); each file is
+    read, and warned about, once."""
     _check_path(path)
-    return {table: read_stats(path, dataframe, table) for table in TABLES}
+    return _read_tables(path, dataframe, tuple(TABLES))
+
+
+def _read_tables(path: Union[str, Path], dataframe: Union[bool, str], tables: Tuple[str, ...]) -> Dict[str, Any]:
+    """The ``tables`` of a run, each file read and checked once (a warning about a file, a
+    newer format or a mixed run, is said once however many tables are read)."""
+    _warn_no_files(path)
+    out: Dict[str, Any] = {}
+    docs: Optional[List[Dict[str, Any]]] = None
+    for table in tables:
+        rows: List[Dict[str, Any]] = []
+        if table == "step_ops":
+            step_docs = []
+            for file in stats_files(path, STEP_FILE_GLOB):
+                doc = load_json(file)
+                rows.extend(step_op_rows_from_doc(doc, str(file)))
+                step_docs.append(doc)
+            _warn_mixed_runs(path, step_docs, profiles=False)
+            _warn_missing_step_files(path, step_docs)
+        else:
+            if docs is None:
+                docs = load_stats_files(path)  # checked here, the rows below take them as they are
+                _warn_mixed_runs(path, docs, profiles=True)
+            for doc in docs:
+                if table == "ops":
+                    rows.extend(_op_rows(doc, doc["file"]))
+                elif table == "steps":
+                    rows.extend(_step_rows(doc, doc["file"]))
+                    _warn_steps_beyond(doc)
+                else:
+                    rows.extend(_histogram_rows(doc, table, doc["file"]))
+        out[table] = as_table(rows, TABLES[table], dataframe)
+    return out
 
 
 def _check_path(path: Any) -> None:
