@@ -229,7 +229,7 @@ fn percentiles(bins: &BTreeMap<u64, u64>, qs: [f64; 3]) -> Option<[u64; 3]> {
 /// The statistics files in `dir` (`lossy-stats-*.json`), sorted by name.
 pub fn stats_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let entries = std::fs::read_dir(dir).map_err(|e| {
-        Error::invalid_argument(format!("cannot read run directory {}: {e}", dir.display()))
+        Error::invalid_argument(format!("cannot read run directory {}: {e}", shown(dir)))
     })?;
     let mut files: Vec<PathBuf> = entries
         .filter_map(|entry| entry.ok().map(|e| e.path()))
@@ -241,6 +241,12 @@ pub fn stats_files(dir: &Path) -> Result<Vec<PathBuf>> {
         .collect();
     files.sort();
     Ok(files)
+}
+
+/// A run directory as an error names it: cut past [`crate::error::ECHO_CHARS`] characters (a
+/// directory named on the command line can be of any length).
+fn shown(dir: &Path) -> String {
+    crate::error::echo(&dir.display().to_string(), str::to_string)
 }
 
 /// Adds `n` into `slot`, stopping at `u64::MAX`: a file edited by hand can hold any count.
@@ -434,7 +440,7 @@ pub fn load_run_files(dir: &Path) -> Result<(RunSummary, Vec<StatsFile>)> {
     if paths.is_empty() {
         return Err(Error::invalid_argument(format!(
             "{} holds no statistics files (lossy-stats-*.json); was NCCL_LOSSY_STATS set for the run?",
-            dir.display()
+            shown(dir)
         )));
     }
     let files = paths

@@ -45,7 +45,7 @@ pub struct Args {
 pub fn run(args: Args) -> ExitCode {
     if let Some(path) = &args.plot {
         if let Err(err) = check_plot_target(path) {
-            eprintln!("lossy report: --plot {}: {err}", path.display());
+            eprintln!("lossy report: --plot {}: {err}", shown(path));
             return ExitCode::from(2);
         }
     }
@@ -126,7 +126,7 @@ fn emit<T: serde::Serialize>(
         // Drawn into a temporary renamed over the file: a write that fails (a full disk)
         // leaves an older plot as it was, not a part of the new one.
         if let Err(err) = replace_atomically(path, plot) {
-            eprintln!("lossy report: cannot draw {}: {err}", path.display());
+            eprintln!("lossy report: cannot draw {}: {err}", shown(path));
             return ExitCode::FAILURE;
         }
         eprintln!("lossy report: wrote {}", path.display());
@@ -212,6 +212,12 @@ fn check_plot_target(path: &Path) -> Result<(), String> {
             ))
         }
         Ok(_) => return Ok(()),
+        // Missing is a new file; anything else (a name too long) would fail the drawing.
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(format!(
+                "{e}; allowed: a new or regular file ending in .svg or .png"
+            ))
+        }
         Err(_) => {}
     }
     // A new file: its directory must be there (the plot is drawn after the table is printed,
@@ -224,14 +230,19 @@ fn check_plot_target(path: &Path) -> Result<(), String> {
         Ok(meta) if meta.is_dir() => Ok(()),
         Ok(meta) => Err(format!(
             "{} is not a directory ({}); allowed: a file in an existing directory",
-            dir.display(),
+            shown(dir),
             nccl_net_lossy::files::file_kind(&meta.file_type())
         )),
         Err(e) => Err(format!(
             "directory {}: {e}; allowed: a file in an existing directory",
-            dir.display()
+            shown(dir)
         )),
     }
+}
+
+/// A path as a message names it, cut past [`nccl_net_lossy::error::ECHO_CHARS`] characters.
+fn shown(path: &Path) -> String {
+    nccl_net_lossy::error::echo(&path.display().to_string(), str::to_string)
 }
 
 enum PlotKind {
