@@ -17,6 +17,9 @@ pub struct OpSummary {
     /// Summed counters.
     #[serde(flatten)]
     pub counts: Counts,
+    /// The counters of `counts` whose sum passed 2^64-1 and stopped there (`messages`,
+    /// `bytes`, ...): each is a lower bound, not the total.
+    pub saturated: Vec<&'static str>,
     /// Lost packets over packets.
     pub loss_rate: f64,
     /// Lost packets over the packets sent with injection on (`counts.packets_injection_off`
@@ -73,6 +76,8 @@ pub struct RuleSummary {
     /// Summed counters.
     #[serde(flatten)]
     pub counts: Counts,
+    /// The counters of `counts` whose sum stopped at 2^64-1, as [`OpSummary::saturated`].
+    pub saturated: Vec<&'static str>,
     /// Lost packets over the packets sent with injection on (None when there were none).
     pub loss_rate_injecting: Option<f64>,
     /// Lost packets over loss events: the mean run of consecutive lost packets inside a
@@ -89,6 +94,7 @@ impl RuleSummary {
             rule,
             name: None,
             counts: Counts::default(),
+            saturated: Vec::new(),
             loss_rate_injecting: None,
             mean_run: None,
             expected: None,
@@ -147,7 +153,8 @@ fn rule_summaries(files: &[StatsFile], profile: &serde_json::Value) -> Vec<RuleS
                     rows.len() - 1
                 }
             };
-            rows[i].counts.add(&counted.counts);
+            let row = &mut rows[i];
+            add_counts(&mut row.counts, &counted.counts, &mut row.saturated);
         }
     }
     for row in &mut rows {
@@ -180,6 +187,7 @@ fn expectation(profile: &serde_json::Value) -> Option<ModelExpectation> {
 #[derive(Default)]
 struct Accumulator {
     counts: Counts,
+    saturated: Vec<&'static str>,
     bursts: BTreeMap<u64, u64>,
     latency_ns: BTreeMap<u64, u64>,
 }
@@ -195,6 +203,7 @@ impl Accumulator {
         OpSummary {
             op: op.to_string(),
             counts: self.counts,
+            saturated: self.saturated,
             loss_rate: self.counts.loss_rate(),
             loss_rate_injecting: self.counts.loss_rate_injecting(),
             mean_burst: (burst_count > 0.0).then(|| burst_packets / burst_count),
@@ -255,6 +264,56 @@ pub fn bump(slot: &mut u64, n: u64) {
     *slot = slot.saturating_add(n);
 }
 
+/// Adds `other` into `sum` as [`Counts::add`] does (each count stopping at `u64::MAX`),
+/// and adds to `saturated` the name of each counter whose sum stopped there: a sum that
+/// passed 2^64-1 (a file edited by hand) must not be shown as if it were the total.
+fn add_counts(sum: &mut Counts, other: &Counts, saturated: &mut Vec<&'static str>) {
+    let slots: [(&mut u64, u64); 7] = [
+        (&mut sum.messages, other.messages),
+        (&mut sum.bytes, other.bytes),
+        (&mut sum.packets, other.packets),
+        (&mut sum.lost_packets, other.lost_packets),
+        (&mut sum.loss_events, other.loss_events),
+        (&mut sum.retransmit_delay_ns, other.retransmit_delay_ns),
+        (&mut sum.packets_injection_off, other.packets_injection_off),
+    ];
+    for ((slot, n), name) in slots.into_iter().zip(COUNTER_NAMES) {
+        if let Some(value) = slot.checked_add(n) {
+            *slot = value;
+        } else {
+            *slot = u64::MAX;
+            if !saturated.contains(&name) {
+                saturated.push(name);
+            }
+        }
+    }
+    // In the order of the counters, whichever passed the cap first.
+    saturated.sort_by_key(|name| COUNTER_NAMES.iter().position(|n| n == name));
+}
+
+/// The counters of [`Counts`], in their order (and their names in its JSON).
+pub const COUNTER_NAMES: [&str; 7] = [
+    "messages",
+    "bytes",
+    "packets",
+    "lost_packets",
+    "loss_events",
+    "retransmit_delay_ns",
+    "packets_injection_off",
+];
+
+/// The warning of a run whose sums in `total` stopped at 2^64-1, if any did.
+fn saturated_warning(total: &OpSummary) -> Option<String> {
+    (!total.saturated.is_empty()).then(|| {
+        format!(
+            "the sum of {} passed {} and stopped at it (shown as a lower bound, `≥`; `saturated` \
+             in --json and --csv): the files hold more than 64 bits can count (edited by hand?)",
+            total.saturated.join(", "),
+            u64::MAX
+        )
+    })
+}
+
 /// Sums every rank's file of one run.
 pub fn summarize_run(name: &str, files: &[StatsFile]) -> RunSummary {
     let mut total = Accumulator::default();
@@ -262,12 +321,9 @@ pub fn summarize_run(name: &str, files: &[StatsFile]) -> RunSummary {
     for file in files {
         for conn in &file.connections {
             for cell in &conn.by_op {
-                per_op
-                    .entry(cell.op.clone())
-                    .or_default()
-                    .counts
-                    .add(&cell.counts);
-                total.counts.add(&cell.counts);
+                let acc = per_op.entry(cell.op.clone()).or_default();
+                add_counts(&mut acc.counts, &cell.counts, &mut acc.saturated);
+                add_counts(&mut total.counts, &cell.counts, &mut total.saturated);
             }
             for h in &conn.histograms {
                 let acc = per_op.entry(h.op.clone()).or_default();
@@ -308,7 +364,9 @@ pub fn summarize_run(name: &str, files: &[StatsFile]) -> RunSummary {
     let profile = files
         .first()
         .map_or(serde_json::Value::Null, |f| f.profile.clone());
-    let (ranks, warnings) = mixed_runs(files);
+    let (ranks, mut warnings) = mixed_runs(files);
+    let total = total.finish("all");
+    warnings.extend(saturated_warning(&total));
     RunSummary {
         run: name.to_string(),
         ranks,
@@ -319,7 +377,7 @@ pub fn summarize_run(name: &str, files: &[StatsFile]) -> RunSummary {
         profile,
         by_step: by_step.into_values().collect(),
         steps_beyond,
-        total: total.finish("all"),
+        total,
         by_op: per_op
             .into_iter()
             .map(|(op, acc)| acc.finish(&op))

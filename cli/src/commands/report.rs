@@ -271,6 +271,22 @@ fn fmt_opt(value: Option<f64>, digits: usize) -> String {
     value.map_or_else(|| "-".to_string(), |v| format!("{v:.digits$}"))
 }
 
+/// A count of the table as `show` writes it, after "≥" when its sum stopped at 2^64-1
+/// (`name` is in `saturated`): the total is more than that.
+fn count(value: u64, name: &str, saturated: &[&str], show: impl Fn(u64) -> String) -> String {
+    let shown = show(value);
+    if saturated.contains(&name) {
+        format!("≥{shown}")
+    } else {
+        shown
+    }
+}
+
+/// A count as it is written.
+fn plain(value: u64) -> String {
+    value.to_string()
+}
+
 /// The human-readable table.
 fn table(runs: &[RunSummary]) -> String {
     let mut out = format!(
@@ -295,10 +311,15 @@ fn table(runs: &[RunSummary]) -> String {
                 run.run,
                 row.op,
                 run.ranks,
-                row.counts.messages,
-                binary_size(row.counts.bytes),
-                row.counts.packets,
-                row.counts.lost_packets,
+                count(row.counts.messages, "messages", &row.saturated, plain),
+                count(row.counts.bytes, "bytes", &row.saturated, binary_size),
+                count(row.counts.packets, "packets", &row.saturated, plain),
+                count(
+                    row.counts.lost_packets,
+                    "lost_packets",
+                    &row.saturated,
+                    plain
+                ),
                 row.loss_rate * 100.0,
                 fmt_opt(row.mean_burst, 2),
                 fmt_opt(latency.map(|l| l[0]), 1),
@@ -363,9 +384,14 @@ fn rule_table(run: &RunSummary) -> String {
             "{:<20} {:<24} {:>9} {:>12} {:>10} {:>8} {:>10} {:>8} {:>10}\n",
             run.run,
             label,
-            rule.counts.messages,
-            rule.counts.packets,
-            rule.counts.lost_packets,
+            count(rule.counts.messages, "messages", &rule.saturated, plain),
+            count(rule.counts.packets, "packets", &rule.saturated, plain),
+            count(
+                rule.counts.lost_packets,
+                "lost_packets",
+                &rule.saturated,
+                plain
+            ),
             fmt_opt(rule.loss_rate_injecting.map(|r| r * 100.0), 4),
             fmt_opt(rule.expected.map(|e| e.loss_rate * 100.0), 4),
             fmt_opt(rule.mean_run, 2),
@@ -433,14 +459,14 @@ fn describe_model(model: &serde_json::Value) -> String {
 /// Comma-separated values, one line per (run, collective).
 fn csv(runs: &[RunSummary]) -> String {
     let mut out = String::from(
-        "run,collective,ranks,messages,bytes,packets,lost_packets,loss_events,loss_rate,mean_burst,retransmit_delay_ns,latency_p50_us,latency_p90_us,latency_p99_us,files,packets_injection_off,loss_rate_injecting\n",
+        "run,collective,ranks,messages,bytes,packets,lost_packets,loss_events,loss_rate,mean_burst,retransmit_delay_ns,latency_p50_us,latency_p90_us,latency_p99_us,files,packets_injection_off,loss_rate_injecting,saturated\n",
     );
     for run in runs {
         for row in rows(run) {
             let l = row.latency_us;
             let opt = |v: Option<f64>| v.map_or_else(String::new, |v| v.to_string());
             out += &format!(
-                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
                 report_steps::csv_field(&run.run),
                 report_steps::csv_field(&row.op),
                 run.ranks,
@@ -458,6 +484,7 @@ fn csv(runs: &[RunSummary]) -> String {
                 run.files,
                 row.counts.packets_injection_off,
                 opt(row.loss_rate_injecting),
+                row.saturated.join(";"),
             );
         }
     }
