@@ -14,6 +14,17 @@ const MAX: u64 = u64::MAX;
 /// A statistics file of rank `rank` whose one connection sent `messages` messages of
 /// `bytes` bytes in all, on AllReduce, decided by the profile's defaults.
 fn write_rank(dir: &Path, rank: u64, messages: u64, bytes: u64) {
+    write_rank_with_steps(dir, rank, messages, bytes, serde_json::json!([]));
+}
+
+/// As [`write_rank`], with the per-step series `by_step`.
+fn write_rank_with_steps(
+    dir: &Path,
+    rank: u64,
+    messages: u64,
+    bytes: u64,
+    by_step: serde_json::Value,
+) {
     let counts = serde_json::json!({
         "messages": messages, "bytes": bytes, "packets": 0, "lost_packets": 0,
         "loss_events": 0, "retransmit_delay_ns": 0, "packets_injection_off": 0,
@@ -32,7 +43,7 @@ fn write_rank(dir: &Path, rank: u64, messages: u64, bytes: u64) {
             "comm_id": 1, "index": 0, "total": counts, "by_op": [op], "by_rule": [rule],
             "histograms": [],
         }],
-        "by_step": [],
+        "by_step": by_step,
     });
     std::fs::write(
         dir.join(format!("lossy-stats-rank{rank}-h-{}.json", 100 + rank)),
@@ -119,6 +130,23 @@ fn a_sum_that_only_reaches_2_to_the_64_minus_1_is_exact() {
     assert_eq!(
         runs[0]["total"]["saturated"],
         serde_json::json!([]),
+        "{json}"
+    );
+}
+
+#[test]
+fn per_step_sums_past_2_to_the_64_are_warned_of() {
+    // The series of steps (`by_step` in --json, the plot) is summed over ranks the same way.
+    let dir = fresh_dir("report-saturated-steps").join("run");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let steps = serde_json::json!([{"step": 1, "packets": MAX, "lost_packets": 0}]);
+    write_rank_with_steps(&dir, 0, 1, 1, steps.clone());
+    write_rank_with_steps(&dir, 1, 1, 1, steps);
+    let (json, _) = report(&dir, &["--json"]);
+    let runs: serde_json::Value = serde_json::from_str(&json).expect("report --json");
+    let warnings = runs[0]["warnings"].to_string();
+    assert!(
+        warnings.contains("by_step") && warnings.contains("stopped at"),
         "{json}"
     );
 }

@@ -260,8 +260,11 @@ fn shown(dir: &Path) -> String {
 
 /// Adds `n` into `slot`, stopping at `u64::MAX`: a file edited by hand can hold any count.
 /// `lossy report --per-step` sums the per-step files with it too.
-pub fn bump(slot: &mut u64, n: u64) {
-    *slot = slot.saturating_add(n);
+/// Says whether it stopped there (the sum is then a lower bound).
+pub fn bump(slot: &mut u64, n: u64) -> bool {
+    let sum = slot.checked_add(n);
+    *slot = sum.unwrap_or(u64::MAX);
+    sum.is_none()
 }
 
 /// Adds `other` into `sum` as [`Counts::add`] does (each count stopping at `u64::MAX`),
@@ -317,6 +320,8 @@ fn saturated_warning(total: &OpSummary) -> Option<String> {
 /// Sums every rank's file of one run.
 pub fn summarize_run(name: &str, files: &[StatsFile]) -> RunSummary {
     let mut total = Accumulator::default();
+    // Whether a sum of the bursts, latency, by_step, steps_beyond stopped at 2^64-1.
+    let mut capped = [false; 4];
     let mut per_op: BTreeMap<String, Accumulator> = BTreeMap::new();
     for file in files {
         for conn in &file.connections {
@@ -328,12 +333,12 @@ pub fn summarize_run(name: &str, files: &[StatsFile]) -> RunSummary {
             for h in &conn.histograms {
                 let acc = per_op.entry(h.op.clone()).or_default();
                 for &(len, n) in &h.burst_lengths {
-                    bump(acc.bursts.entry(len).or_default(), n);
-                    bump(total.bursts.entry(len).or_default(), n);
+                    capped[0] |= bump(acc.bursts.entry(len).or_default(), n);
+                    capped[0] |= bump(total.bursts.entry(len).or_default(), n);
                 }
                 for &(ns, n) in &h.latency_ns {
-                    bump(acc.latency_ns.entry(ns).or_default(), n);
-                    bump(total.latency_ns.entry(ns).or_default(), n);
+                    capped[1] |= bump(acc.latency_ns.entry(ns).or_default(), n);
+                    capped[1] |= bump(total.latency_ns.entry(ns).or_default(), n);
                 }
             }
         }
@@ -345,9 +350,9 @@ pub fn summarize_run(name: &str, files: &[StatsFile]) -> RunSummary {
                 step: step.step,
                 ..StepCounts::default()
             });
-            bump(&mut acc.packets, step.packets);
-            bump(&mut acc.lost_packets, step.lost_packets);
-            bump(&mut acc.packets_injection_off, step.packets_injection_off);
+            capped[2] |= bump(&mut acc.packets, step.packets)
+                | bump(&mut acc.lost_packets, step.lost_packets)
+                | bump(&mut acc.packets_injection_off, step.packets_injection_off);
         }
     }
     let mut steps_beyond: Option<StepCounts> = None;
@@ -357,9 +362,9 @@ pub fn summarize_run(name: &str, files: &[StatsFile]) -> RunSummary {
             ..StepCounts::default()
         });
         acc.step = acc.step.min(beyond.step);
-        bump(&mut acc.packets, beyond.packets);
-        bump(&mut acc.lost_packets, beyond.lost_packets);
-        bump(&mut acc.packets_injection_off, beyond.packets_injection_off);
+        capped[3] |= bump(&mut acc.packets, beyond.packets)
+            | bump(&mut acc.lost_packets, beyond.lost_packets)
+            | bump(&mut acc.packets_injection_off, beyond.packets_injection_off);
     }
     let profile = files
         .first()
@@ -367,6 +372,21 @@ pub fn summarize_run(name: &str, files: &[StatsFile]) -> RunSummary {
     let (ranks, mut warnings) = mixed_runs(files);
     let total = total.finish("all");
     warnings.extend(saturated_warning(&total));
+    let names = ["bursts", "latency_us", "by_step", "steps_beyond"];
+    let capped: Vec<&str> = names
+        .into_iter()
+        .zip(capped)
+        .filter(|c| c.1)
+        .map(|c| c.0)
+        .collect();
+    if !capped.is_empty() {
+        warnings.push(format!(
+            "counts of {} passed {} and stopped at it (each such count is a lower bound): the \
+             files hold more than 64 bits can count (edited by hand?)",
+            capped.join(", "),
+            u64::MAX
+        ));
+    }
     RunSummary {
         run: name.to_string(),
         ranks,
