@@ -17,6 +17,9 @@ pub struct OpSummary {
     /// Summed counters.
     #[serde(flatten)]
     pub counts: Counts,
+    /// The counters of `counts` whose sum passed 2^64-1 and stopped there (`messages`,
+    /// `bytes`, ...): each is a lower bound, not the total.
+    pub saturated: Vec<&'static str>,
     /// Lost packets over packets.
     pub loss_rate: f64,
     /// Lost packets over the packets sent with injection on (`counts.packets_injection_off`
@@ -73,6 +76,8 @@ pub struct RuleSummary {
     /// Summed counters.
     #[serde(flatten)]
     pub counts: Counts,
+    /// The counters of `counts` whose sum stopped at 2^64-1, as [`OpSummary::saturated`].
+    pub saturated: Vec<&'static str>,
     /// Lost packets over the packets sent with injection on (None when there were none).
     pub loss_rate_injecting: Option<f64>,
     /// Lost packets over loss events: the mean run of consecutive lost packets inside a
@@ -89,6 +94,7 @@ impl RuleSummary {
             rule,
             name: None,
             counts: Counts::default(),
+            saturated: Vec::new(),
             loss_rate_injecting: None,
             mean_run: None,
             expected: None,
@@ -147,7 +153,8 @@ fn rule_summaries(files: &[StatsFile], profile: &serde_json::Value) -> Vec<RuleS
                     rows.len() - 1
                 }
             };
-            rows[i].counts.add(&counted.counts);
+            let row = &mut rows[i];
+            add_counts(&mut row.counts, &counted.counts, &mut row.saturated);
         }
     }
     for row in &mut rows {
@@ -180,6 +187,7 @@ fn expectation(profile: &serde_json::Value) -> Option<ModelExpectation> {
 #[derive(Default)]
 struct Accumulator {
     counts: Counts,
+    saturated: Vec<&'static str>,
     bursts: BTreeMap<u64, u64>,
     latency_ns: BTreeMap<u64, u64>,
 }
@@ -195,6 +203,7 @@ impl Accumulator {
         OpSummary {
             op: op.to_string(),
             counts: self.counts,
+            saturated: self.saturated,
             loss_rate: self.counts.loss_rate(),
             loss_rate_injecting: self.counts.loss_rate_injecting(),
             mean_burst: (burst_count > 0.0).then(|| burst_packets / burst_count),
@@ -229,7 +238,7 @@ fn percentiles(bins: &BTreeMap<u64, u64>, qs: [f64; 3]) -> Option<[u64; 3]> {
 /// The statistics files in `dir` (`lossy-stats-*.json`), sorted by name.
 pub fn stats_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let entries = std::fs::read_dir(dir).map_err(|e| {
-        Error::invalid_argument(format!("cannot read run directory {}: {e}", dir.display()))
+        Error::invalid_argument(format!("cannot read run directory {}: {e}", shown(dir)))
     })?;
     let mut files: Vec<PathBuf> = entries
         .filter_map(|entry| entry.ok().map(|e| e.path()))
@@ -243,35 +252,93 @@ pub fn stats_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// A run directory as an error names it: cut past [`crate::error::ECHO_CHARS`] characters (a
+/// directory named on the command line can be of any length).
+fn shown(dir: &Path) -> String {
+    crate::error::echo(&dir.display().to_string(), str::to_string)
+}
+
 /// Adds `n` into `slot`, stopping at `u64::MAX`: a file edited by hand can hold any count.
 /// `lossy report --per-step` sums the per-step files with it too.
-pub fn bump(slot: &mut u64, n: u64) {
-    *slot = slot.saturating_add(n);
+/// Says whether it stopped there (the sum is then a lower bound).
+pub fn bump(slot: &mut u64, n: u64) -> bool {
+    let sum = slot.checked_add(n);
+    *slot = sum.unwrap_or(u64::MAX);
+    sum.is_none()
+}
+
+/// Adds `other` into `sum` as [`Counts::add`] does (each count stopping at `u64::MAX`),
+/// and adds to `saturated` the name of each counter whose sum stopped there: a sum that
+/// passed 2^64-1 (a file edited by hand) must not be shown as if it were the total.
+fn add_counts(sum: &mut Counts, other: &Counts, saturated: &mut Vec<&'static str>) {
+    let slots: [(&mut u64, u64); 7] = [
+        (&mut sum.messages, other.messages),
+        (&mut sum.bytes, other.bytes),
+        (&mut sum.packets, other.packets),
+        (&mut sum.lost_packets, other.lost_packets),
+        (&mut sum.loss_events, other.loss_events),
+        (&mut sum.retransmit_delay_ns, other.retransmit_delay_ns),
+        (&mut sum.packets_injection_off, other.packets_injection_off),
+    ];
+    for ((slot, n), name) in slots.into_iter().zip(COUNTER_NAMES) {
+        if let Some(value) = slot.checked_add(n) {
+            *slot = value;
+        } else {
+            *slot = u64::MAX;
+            if !saturated.contains(&name) {
+                saturated.push(name);
+            }
+        }
+    }
+    // In the order of the counters, whichever passed the cap first.
+    saturated.sort_by_key(|name| COUNTER_NAMES.iter().position(|n| n == name));
+}
+
+/// The counters of [`Counts`], in their order (and their names in its JSON).
+pub const COUNTER_NAMES: [&str; 7] = [
+    "messages",
+    "bytes",
+    "packets",
+    "lost_packets",
+    "loss_events",
+    "retransmit_delay_ns",
+    "packets_injection_off",
+];
+
+/// The warning of a run whose sums in `total` stopped at 2^64-1, if any did.
+fn saturated_warning(total: &OpSummary) -> Option<String> {
+    (!total.saturated.is_empty()).then(|| {
+        format!(
+            "the sum of {} passed {} and stopped at it (shown as a lower bound, `≥`; `saturated` \
+             in --json and --csv): the files hold more than 64 bits can count (edited by hand?)",
+            total.saturated.join(", "),
+            u64::MAX
+        )
+    })
 }
 
 /// Sums every rank's file of one run.
 pub fn summarize_run(name: &str, files: &[StatsFile]) -> RunSummary {
     let mut total = Accumulator::default();
+    // Whether a sum of the bursts, latency, by_step, steps_beyond stopped at 2^64-1.
+    let mut capped = [false; 4];
     let mut per_op: BTreeMap<String, Accumulator> = BTreeMap::new();
     for file in files {
         for conn in &file.connections {
             for cell in &conn.by_op {
-                per_op
-                    .entry(cell.op.clone())
-                    .or_default()
-                    .counts
-                    .add(&cell.counts);
-                total.counts.add(&cell.counts);
+                let acc = per_op.entry(cell.op.clone()).or_default();
+                add_counts(&mut acc.counts, &cell.counts, &mut acc.saturated);
+                add_counts(&mut total.counts, &cell.counts, &mut total.saturated);
             }
             for h in &conn.histograms {
                 let acc = per_op.entry(h.op.clone()).or_default();
                 for &(len, n) in &h.burst_lengths {
-                    bump(acc.bursts.entry(len).or_default(), n);
-                    bump(total.bursts.entry(len).or_default(), n);
+                    capped[0] |= bump(acc.bursts.entry(len).or_default(), n);
+                    capped[0] |= bump(total.bursts.entry(len).or_default(), n);
                 }
                 for &(ns, n) in &h.latency_ns {
-                    bump(acc.latency_ns.entry(ns).or_default(), n);
-                    bump(total.latency_ns.entry(ns).or_default(), n);
+                    capped[1] |= bump(acc.latency_ns.entry(ns).or_default(), n);
+                    capped[1] |= bump(total.latency_ns.entry(ns).or_default(), n);
                 }
             }
         }
@@ -283,9 +350,9 @@ pub fn summarize_run(name: &str, files: &[StatsFile]) -> RunSummary {
                 step: step.step,
                 ..StepCounts::default()
             });
-            bump(&mut acc.packets, step.packets);
-            bump(&mut acc.lost_packets, step.lost_packets);
-            bump(&mut acc.packets_injection_off, step.packets_injection_off);
+            capped[2] |= bump(&mut acc.packets, step.packets)
+                | bump(&mut acc.lost_packets, step.lost_packets)
+                | bump(&mut acc.packets_injection_off, step.packets_injection_off);
         }
     }
     let mut steps_beyond: Option<StepCounts> = None;
@@ -295,14 +362,31 @@ pub fn summarize_run(name: &str, files: &[StatsFile]) -> RunSummary {
             ..StepCounts::default()
         });
         acc.step = acc.step.min(beyond.step);
-        bump(&mut acc.packets, beyond.packets);
-        bump(&mut acc.lost_packets, beyond.lost_packets);
-        bump(&mut acc.packets_injection_off, beyond.packets_injection_off);
+        capped[3] |= bump(&mut acc.packets, beyond.packets)
+            | bump(&mut acc.lost_packets, beyond.lost_packets)
+            | bump(&mut acc.packets_injection_off, beyond.packets_injection_off);
     }
     let profile = files
         .first()
         .map_or(serde_json::Value::Null, |f| f.profile.clone());
-    let (ranks, warnings) = mixed_runs(files);
+    let (ranks, mut warnings) = mixed_runs(files);
+    let total = total.finish("all");
+    warnings.extend(saturated_warning(&total));
+    let names = ["bursts", "latency_us", "by_step", "steps_beyond"];
+    let capped: Vec<&str> = names
+        .into_iter()
+        .zip(capped)
+        .filter(|c| c.1)
+        .map(|c| c.0)
+        .collect();
+    if !capped.is_empty() {
+        warnings.push(format!(
+            "counts of {} passed {} and stopped at it (each such count is a lower bound): the \
+             files hold more than 64 bits can count (edited by hand?)",
+            capped.join(", "),
+            u64::MAX
+        ));
+    }
     RunSummary {
         run: name.to_string(),
         ranks,
@@ -313,7 +397,7 @@ pub fn summarize_run(name: &str, files: &[StatsFile]) -> RunSummary {
         profile,
         by_step: by_step.into_values().collect(),
         steps_beyond,
-        total: total.finish("all"),
+        total,
         by_op: per_op
             .into_iter()
             .map(|(op, acc)| acc.finish(&op))
@@ -434,7 +518,7 @@ pub fn load_run_files(dir: &Path) -> Result<(RunSummary, Vec<StatsFile>)> {
     if paths.is_empty() {
         return Err(Error::invalid_argument(format!(
             "{} holds no statistics files (lossy-stats-*.json); was NCCL_LOSSY_STATS set for the run?",
-            dir.display()
+            shown(dir)
         )));
     }
     let files = paths

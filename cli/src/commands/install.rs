@@ -63,8 +63,14 @@ fn copy_atomically(from: &Path, to: &Path) -> Result<()> {
 fn install(args: &Args) -> Result<()> {
     let prefix = match &args.prefix {
         // Absolute, so that the commands printed below work from any directory.
-        Some(p) => std::path::absolute(p)
-            .map_err(|e| Error::invalid_argument(format!("--prefix {}: {e}", p.display())))?,
+        Some(p) => {
+            // Named under the option, the path cut: the directories below it said only
+            // "PATH: a path has at most 4095 bytes".
+            nccl_net_lossy::files::check_path_length(p)
+                .map_err(|e| Error::invalid_argument(format!("--prefix {e}")))?;
+            std::path::absolute(p)
+                .map_err(|e| Error::invalid_argument(format!("--prefix {}: {e}", shown(p))))?
+        }
         None => std::env::var_os("HOME")
             .map(|h| PathBuf::from(h).join(".local"))
             .ok_or_else(|| Error::invalid_argument("no --prefix and no HOME"))?,
@@ -77,14 +83,14 @@ fn install(args: &Args) -> Result<()> {
     if !library.is_file() {
         return Err(Error::invalid_argument(format!(
             "--library {} {}; allowed: a built plugin library (libnccl_net_lossy.so)",
-            library.display(),
+            shown(&library),
             nccl_net_lossy::files::why_not_a_file(&library)
         )));
     }
     // Absolute: dlopen looks a name without a slash up on the loader's search path, and would
     // check another file than the one copied below (or none).
     let library = std::path::absolute(&library)
-        .map_err(|e| Error::invalid_argument(format!("--library {}: {e}", library.display())))?;
+        .map_err(|e| Error::invalid_argument(format!("--library {}: {e}", shown(&library))))?;
     // Refuse to install something NCCL could not use.
     let versions = PluginLibrary::open(&library)?.net_versions();
     if versions.is_empty() {
@@ -148,6 +154,11 @@ fn install(args: &Args) -> Result<()> {
     out.write_all(&text)
         .and_then(|()| out.flush())
         .map_err(|e| Error::system(format!("cannot print the commands to use it: {e}")))
+}
+
+/// A path as an error names it, cut past [`nccl_net_lossy::error::ECHO_CHARS`] characters.
+fn shown(path: &Path) -> String {
+    nccl_net_lossy::error::echo(&path.display().to_string(), str::to_string)
 }
 
 fn join(versions: &[u32]) -> String {

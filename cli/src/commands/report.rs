@@ -45,7 +45,7 @@ pub struct Args {
 pub fn run(args: Args) -> ExitCode {
     if let Some(path) = &args.plot {
         if let Err(err) = check_plot_target(path) {
-            eprintln!("lossy report: --plot {}: {err}", path.display());
+            eprintln!("lossy report: --plot {}: {err}", shown(path));
             return ExitCode::from(2);
         }
     }
@@ -126,7 +126,7 @@ fn emit<T: serde::Serialize>(
         // Drawn into a temporary renamed over the file: a write that fails (a full disk)
         // leaves an older plot as it was, not a part of the new one.
         if let Err(err) = replace_atomically(path, plot) {
-            eprintln!("lossy report: cannot draw {}: {err}", path.display());
+            eprintln!("lossy report: cannot draw {}: {err}", shown(path));
             return ExitCode::FAILURE;
         }
         eprintln!("lossy report: wrote {}", path.display());
@@ -212,6 +212,12 @@ fn check_plot_target(path: &Path) -> Result<(), String> {
             ))
         }
         Ok(_) => return Ok(()),
+        // Missing is a new file; anything else (a name too long) would fail the drawing.
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(format!(
+                "{e}; allowed: a new or regular file ending in .svg or .png"
+            ))
+        }
         Err(_) => {}
     }
     // A new file: its directory must be there (the plot is drawn after the table is printed,
@@ -224,14 +230,19 @@ fn check_plot_target(path: &Path) -> Result<(), String> {
         Ok(meta) if meta.is_dir() => Ok(()),
         Ok(meta) => Err(format!(
             "{} is not a directory ({}); allowed: a file in an existing directory",
-            dir.display(),
+            shown(dir),
             nccl_net_lossy::files::file_kind(&meta.file_type())
         )),
         Err(e) => Err(format!(
             "directory {}: {e}; allowed: a file in an existing directory",
-            dir.display()
+            shown(dir)
         )),
     }
+}
+
+/// A path as a message names it, cut past [`nccl_net_lossy::error::ECHO_CHARS`] characters.
+fn shown(path: &Path) -> String {
+    nccl_net_lossy::error::echo(&path.display().to_string(), str::to_string)
 }
 
 enum PlotKind {
@@ -260,6 +271,22 @@ fn fmt_opt(value: Option<f64>, digits: usize) -> String {
     value.map_or_else(|| "-".to_string(), |v| format!("{v:.digits$}"))
 }
 
+/// A count of the table as `show` writes it, after "≥" when its sum stopped at 2^64-1
+/// (`name` is in `saturated`): the total is more than that.
+fn count(value: u64, name: &str, saturated: &[&str], show: impl Fn(u64) -> String) -> String {
+    let shown = show(value);
+    if saturated.contains(&name) {
+        format!("≥{shown}")
+    } else {
+        shown
+    }
+}
+
+/// A count as it is written.
+fn plain(value: u64) -> String {
+    value.to_string()
+}
+
 /// The human-readable table.
 fn table(runs: &[RunSummary]) -> String {
     let mut out = format!(
@@ -284,10 +311,15 @@ fn table(runs: &[RunSummary]) -> String {
                 run.run,
                 row.op,
                 run.ranks,
-                row.counts.messages,
-                binary_size(row.counts.bytes),
-                row.counts.packets,
-                row.counts.lost_packets,
+                count(row.counts.messages, "messages", &row.saturated, plain),
+                count(row.counts.bytes, "bytes", &row.saturated, binary_size),
+                count(row.counts.packets, "packets", &row.saturated, plain),
+                count(
+                    row.counts.lost_packets,
+                    "lost_packets",
+                    &row.saturated,
+                    plain
+                ),
                 row.loss_rate * 100.0,
                 fmt_opt(row.mean_burst, 2),
                 fmt_opt(latency.map(|l| l[0]), 1),
@@ -352,9 +384,14 @@ fn rule_table(run: &RunSummary) -> String {
             "{:<20} {:<24} {:>9} {:>12} {:>10} {:>8} {:>10} {:>8} {:>10}\n",
             run.run,
             label,
-            rule.counts.messages,
-            rule.counts.packets,
-            rule.counts.lost_packets,
+            count(rule.counts.messages, "messages", &rule.saturated, plain),
+            count(rule.counts.packets, "packets", &rule.saturated, plain),
+            count(
+                rule.counts.lost_packets,
+                "lost_packets",
+                &rule.saturated,
+                plain
+            ),
             fmt_opt(rule.loss_rate_injecting.map(|r| r * 100.0), 4),
             fmt_opt(rule.expected.map(|e| e.loss_rate * 100.0), 4),
             fmt_opt(rule.mean_run, 2),
@@ -422,14 +459,14 @@ fn describe_model(model: &serde_json::Value) -> String {
 /// Comma-separated values, one line per (run, collective).
 fn csv(runs: &[RunSummary]) -> String {
     let mut out = String::from(
-        "run,collective,ranks,messages,bytes,packets,lost_packets,loss_events,loss_rate,mean_burst,retransmit_delay_ns,latency_p50_us,latency_p90_us,latency_p99_us,files,packets_injection_off,loss_rate_injecting\n",
+        "run,collective,ranks,messages,bytes,packets,lost_packets,loss_events,loss_rate,mean_burst,retransmit_delay_ns,latency_p50_us,latency_p90_us,latency_p99_us,files,packets_injection_off,loss_rate_injecting,saturated\n",
     );
     for run in runs {
         for row in rows(run) {
             let l = row.latency_us;
             let opt = |v: Option<f64>| v.map_or_else(String::new, |v| v.to_string());
             out += &format!(
-                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
                 report_steps::csv_field(&run.run),
                 report_steps::csv_field(&row.op),
                 run.ranks,
@@ -447,6 +484,7 @@ fn csv(runs: &[RunSummary]) -> String {
                 run.files,
                 row.counts.packets_injection_off,
                 opt(row.loss_rate_injecting),
+                row.saturated.join(";"),
             );
         }
     }

@@ -83,9 +83,9 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
             .map(|w| w.to_string_lossy().into_owned())
             .collect();
         return Err(format!(
-            "--print-env prints the environment instead of running a command, and `{}` was \
+            "--print-env prints the environment instead of running a command, and {} was \
              given too: drop --print-env to run it, or the command to print the environment",
-            words.join(" ")
+            nccl_net_lossy::error::echo(&words.join(" "), |w| format!("`{w}`"))
         ));
     }
     // A misspelt variable of ours (NCCL_LOSSY_PROFIL) is ignored by the plugin: said here,
@@ -167,7 +167,7 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
     if !library.is_file() {
         return Err(format!(
             "plugin library {} {}",
-            library.display(),
+            shown(&library),
             nccl_net_lossy::files::why_not_a_file(&library)
         ));
     }
@@ -186,13 +186,11 @@ fn prepare(args: &Args) -> Result<Vec<(String, OsString)>, String> {
     }
     if let Some(dir) = &args.stats {
         // As the plugin checks it at init: created, and a file can be written in it.
-        nccl_net_lossy::stats::writer::check_output_dir(dir, "stats").map_err(|e| {
-            format!(
-                "--stats {}: {}",
-                nccl_net_lossy::error::echo(&dir.display().to_string(), str::to_string),
-                e.message
-            )
-        })?;
+        // A path too long is said once, cut ("--stats aaa… (N bytes in all): ..."), not
+        // under the option and again in the check's own words.
+        nccl_net_lossy::files::check_path_length(dir).map_err(|e| format!("--stats {e}"))?;
+        nccl_net_lossy::stats::writer::check_output_dir(dir, "stats")
+            .map_err(|e| format!("--stats {}: {}", shown(dir), e.message))?;
         env.push((STATS_DIR_ENV.into(), absolute(dir)?.into_os_string()));
     } else {
         // The job inherits the shell's NCCL_LOSSY_STATS: one the plugin's init refuses failed
@@ -302,8 +300,8 @@ fn launch(args: &Args, env: &[(String, OsString)]) -> ExitCode {
     // exec: the command takes this process's place, so signals and the exit status are its own.
     let err = command.exec();
     eprintln!(
-        "lossy run: cannot run {}: {}",
-        Path::new(program).display(),
+        "lossy run: cannot run the command {}: {}",
+        shown(Path::new(program)),
         why_not_run(program, &err)
     );
     // As a shell answers: 127 for a program not found, 126 for one found but not executable.
@@ -396,7 +394,12 @@ fn check_plugin_path(library: &Path) -> Result<(), String> {
 }
 
 fn absolute(path: &Path) -> Result<PathBuf, String> {
-    std::path::absolute(path).map_err(|e| format!("{}: {e}", path.display()))
+    std::path::absolute(path).map_err(|e| format!("{}: {e}", shown(path)))
+}
+
+/// A path as an error names it, cut past [`nccl_net_lossy::error::ECHO_CHARS`] characters.
+fn shown(path: &Path) -> String {
+    nccl_net_lossy::error::echo(&path.display().to_string(), str::to_string)
 }
 
 /// The plugin library that belongs to this `lossy` binary: `../lib/libnccl-net-lossy.so`
