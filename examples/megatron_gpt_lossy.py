@@ -413,6 +413,8 @@ def worker(args) -> None:
     if integ is not None:
         integ.detach()
         integ.disable()
+    # megatron-core's teardown first: its globals hold the model-parallel groups.
+    parallel_state.destroy_model_parallel()
     dist.destroy_process_group()
 
 

@@ -254,5 +254,9 @@ def _describe(value):
 
 out = {"rank": RANK, "tp": TP, "dp": parallel_state.get_data_parallel_world_size(),
        "runs": [train(run) for run in json.loads(sys.argv[1])]}
+# megatron-core's own teardown first: its module globals hold the model-parallel groups, which
+# destroy_process_group() alone leaves to the interpreter's exit to free, in whatever order
+# (once in CI a rank then died in gloo with "terminate called without an active exception").
+parallel_state.destroy_model_parallel()
 dist.destroy_process_group()
 print(json.dumps(out))
