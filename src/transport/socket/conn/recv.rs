@@ -411,35 +411,51 @@ fn advance(shared: &Shared<RecvSide>, s: usize, st: &mut RxSock) -> Step<()> {
         st.spare = std::mem::take(&mut job.segs);
         st.job = None;
         let mut g = shared.lock();
-        let side = &mut g.side;
-        let r = &mut side.slots[slot];
-        let m = &mut r.msgs[msg];
-        m.chunks_left -= 1;
-        if m.chunks_left == 0 {
-            if let Some(b) = m.buf_index {
-                r.sizes[b] = m.size;
-            }
-            r.msgs_left -= 1;
-            if r.msgs_left == 0 {
-                remove_first(&mut side.posted, |&p| p == slot);
-                shared.slot_state[slot].store(DONE, Ordering::Release);
-            }
-        }
-        if side.next_seq <= st.min_seq && st.stage.is_empty() {
-            // No receive is posted for what this socket carries next: a read now would mostly
-            // find nothing (the peer's next message usually answers this one); the next
-            // `irecv` moves the socket on, or its pool thread when bytes come.
-            side.parked |= 1 << s;
+        if complete_chunk(shared, &mut g.side, slot, msg, s, st) == Parked::Yes {
             return Ok(());
         }
         finished = true;
     }
 }
 
-/// Whether a socket that delivered a message has nothing more to do until a receive is posted.
+/// Whether a socket that delivered a chunk has nothing more to do until a receive is posted.
+#[derive(PartialEq)]
 enum Parked {
     Yes,
     No,
+}
+
+/// Socket `s` received its chunk of message `msg` of the receive in `slot` (its state `st`
+/// already past it): the last chunk of the last message completes the receive. Then, when no
+/// receive is posted for what the socket carries next, it parks: a read now would mostly find
+/// nothing (the peer's next message usually answers this one); the next `irecv` moves the
+/// socket on, or its pool thread when bytes come.
+fn complete_chunk(
+    shared: &Shared<RecvSide>,
+    side: &mut RecvSide,
+    slot: usize,
+    msg: usize,
+    s: usize,
+    st: &RxSock,
+) -> Parked {
+    let r = &mut side.slots[slot];
+    let m = &mut r.msgs[msg];
+    m.chunks_left -= 1;
+    if m.chunks_left == 0 {
+        if let Some(b) = m.buf_index {
+            r.sizes[b] = m.size;
+        }
+        r.msgs_left -= 1;
+        if r.msgs_left == 0 {
+            remove_first(&mut side.posted, |&p| p == slot);
+            shared.slot_state[slot].store(DONE, Ordering::Release);
+        }
+    }
+    if side.next_seq <= st.min_seq && st.stage.is_empty() {
+        side.parked |= 1 << s;
+        return Parked::Yes;
+    }
+    Parked::No
 }
 
 /// The usual small message, delivered at once: on a one-socket connection, a header with no
@@ -476,6 +492,7 @@ fn deliver_staged(
     // copy.
     let dst = unsafe { buf.slice_mut(0, size) };
     st.stage.take_staged(dst);
+    // What `match_header` records of a message whose only chunk came, matched to buffer 0.
     r.msgs[0] = RecvMsg {
         known: true,
         buf_index: Some(0),
@@ -484,24 +501,15 @@ fn deliver_staged(
         effect: h.effect,
         mtu: h.mtu,
         flip_seed: h.flip_seed,
-        chunks_left: 0,
+        chunks_left: 1,
         got: 1 << s,
     };
     r.taken[0] = true;
-    r.sizes[0] = size;
-    r.msgs_left = 0;
     side.passed[s] = h.seq + 1;
-    side.posted.pop_front();
-    shared.slot_state[slot].store(DONE, Ordering::Release);
     st.head = None;
     st.min_seq = h.seq + 1;
     st.stage.chunk_received(&shared.sockets[s], size);
-    if side.next_seq <= st.min_seq && st.stage.is_empty() {
-        // As after any chunk: nothing posted for what comes next (see [`advance`]).
-        side.parked |= 1 << s;
-        return Some(Parked::Yes);
-    }
-    Some(Parked::No)
+    Some(complete_chunk(shared, side, slot, 0, s, st))
 }
 
 /// The peer closed socket `s` cleanly after the chunks of the messages it went past. That

@@ -55,6 +55,32 @@ struct SendSlot {
     after_pause: bool,
 }
 
+impl SendSlot {
+    /// The header of chunk `j` of this message (message `seq`), with `runs` lost runs after it.
+    fn header(&self, seq: u64, j: usize, runs: usize) -> Header {
+        Header {
+            seq,
+            chunk: j as u8,
+            size: self.buf.len() as u64,
+            tag: self.tag,
+            effect: self.effect,
+            mtu: self.mtu,
+            runs: runs as u32,
+            retransmit_ns: self.retransmit.as_nanos() as u64,
+            flip_seed: self.flip_seed,
+        }
+    }
+}
+
+/// A socket sent its chunk of the message in `slot`: the last chunk completes it.
+fn chunk_sent(shared: &Shared<SendSide>, side: &mut SendSide, slot: usize) {
+    side.slots[slot].chunks_left -= 1;
+    if side.slots[slot].chunks_left == 0 {
+        remove_first(&mut side.posted, |p| p.1 == slot);
+        shared.slot_state[slot].store(DONE, Ordering::Release);
+    }
+}
+
 struct SendSide {
     slots: Vec<SendSlot>,
     /// (message seq, slot) of every message whose chunks are not all sent, oldest first.
@@ -272,12 +298,7 @@ impl Side for SendSide {
                         // Failed or closing: the queued messages' requests answer that.
                         return;
                     }
-                    let side = &mut g.side;
-                    side.slots[slot].chunks_left -= 1;
-                    if side.slots[slot].chunks_left == 0 {
-                        remove_first(&mut side.posted, |p| p.1 == slot);
-                        shared.slot_state[slot].store(DONE, Ordering::Release);
-                    }
+                    chunk_sent(shared, &mut g.side, slot);
                     // The next job, under the same lock.
                     if !next_job(shared, s, st, &g) {
                         return;
@@ -331,17 +352,7 @@ fn send_small(shared: &Shared<SendSide>, s: usize, st: &mut TxSock) -> Small {
     if front != seq || !m.runs.is_empty() || size > INLINE_BYTES || m.after_pause {
         return Small::Other;
     }
-    let header = Header {
-        seq,
-        chunk: 0,
-        size: size as u64,
-        tag: m.tag,
-        effect: m.effect,
-        mtu: m.mtu,
-        runs: 0,
-        retransmit_ns: m.retransmit.as_nanos() as u64,
-        flip_seed: m.flip_seed,
-    };
+    let header = m.header(seq, 0, 0);
     let buf = m.buf;
     drop(g);
     st.wire.clear();
@@ -382,10 +393,7 @@ fn send_small(shared: &Shared<SendSide>, s: usize, st: &mut TxSock) -> Small {
     if g.over() {
         return Small::Stopped;
     }
-    let side = &mut g.side;
-    side.slots[slot].chunks_left = 0;
-    remove_first(&mut side.posted, |p| p.1 == slot);
-    shared.slot_state[slot].store(DONE, Ordering::Release);
+    chunk_sent(shared, &mut g.side, slot);
     Small::Sent
 }
 
@@ -419,17 +427,7 @@ fn next_job(shared: &Shared<SendSide>, s: usize, st: &mut TxSock, g: &Guard<'_, 
                 .extend_from_slice(effect::runs_in_span(&m.runs, m.mtu, span.clone()));
         }
         let runs = &st.runs[..];
-        let header = Header {
-            seq,
-            chunk: j as u8,
-            size: size as u64,
-            tag: m.tag,
-            effect: m.effect,
-            mtu: m.mtu,
-            runs: runs.len() as u32,
-            retransmit_ns: m.retransmit.as_nanos() as u64,
-            flip_seed: m.flip_seed,
-        };
+        let header = m.header(seq, j, runs.len());
         st.wire.clear();
         st.wire.extend_from_slice(&header.encode());
         wire::encode_runs(runs, &mut st.wire);
