@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{fresh_dir, lossy_exe, output_within_10s};
+use common::{demo_stats, fresh_dir, lossy_exe, output_within_10s};
 
 /// The long argument.
 fn long() -> String {
@@ -60,24 +60,7 @@ fn a_long_run_directory_is_echoed_cut() {
 #[test]
 fn a_long_plot_file_is_echoed_cut_under_its_option() {
     let dir = fresh_dir("long-args-plot");
-    let demo = Command::new(lossy_exe())
-        .args([
-            "demo",
-            "--ranks",
-            "2",
-            "--sizes",
-            "64K",
-            "--stats-dir",
-            "run",
-        ])
-        .current_dir(&dir)
-        .env_remove("NCCL_LOSSY_PROFILE")
-        .env_remove("NCCL_LOSSY_SET")
-        .env_remove("NCCL_LOSSY_STATS")
-        .env_remove("NCCL_NET_PLUGIN")
-        .output()
-        .expect("lossy demo");
-    assert!(demo.status.success(), "{demo:?}");
+    demo_stats(&dir);
     let plot = format!("{}.png", long());
     let (code, err) = refused(&dir, &["report", "run", "--plot", &plot]);
     assert_cut("report --plot", code, &err, "--plot", 100_004);

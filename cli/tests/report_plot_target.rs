@@ -4,31 +4,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
-use common::{fresh_dir, lossy_exe, make_fifo, output_within_10s};
+use common::{demo_stats, fresh_dir, lossy_exe, make_fifo, output_within_10s};
 use nccl_net_lossy::stats::writer::replace_atomically;
-
-/// Statistics of a short `lossy demo` of two ranks, in `dir/run`.
-fn demo_run(dir: &Path) -> PathBuf {
-    let stats = dir.join("run");
-    let demo = Command::new(lossy_exe())
-        .args(["demo", "--ranks", "2", "--sizes", "64K", "--stats-dir"])
-        .arg(&stats)
-        .env_remove("NCCL_LOSSY_PROFILE")
-        .env_remove("NCCL_LOSSY_SET")
-        .env_remove("NCCL_LOSSY_STATS")
-        .env_remove("NCCL_NET_PLUGIN")
-        .output()
-        .expect("lossy demo");
-    assert!(
-        demo.status.success(),
-        "{}",
-        String::from_utf8_lossy(&demo.stderr)
-    );
-    stats
-}
 
 #[test]
 fn a_plot_target_that_is_no_file_or_has_no_plot_extension_is_refused_before_the_report() {
@@ -36,7 +16,7 @@ fn a_plot_target_that_is_no_file_or_has_no_plot_extension_is_refused_before_the_
     // after printing the table; a wrong extension or a directory was found only after the
     // whole report had been printed; a file in a directory that does not exist, too.
     let dir = fresh_dir("report-plot-target");
-    let stats = demo_run(&dir);
+    let stats = demo_stats(&dir);
     make_fifo(&dir.join("fifo.png"));
     std::fs::create_dir(dir.join("dir.svg")).expect("mkdir");
     for (target, why) in [
@@ -83,7 +63,7 @@ fn a_plot_whose_write_fails_leaves_the_older_plot_whole_and_no_part_of_the_new_o
     // size limit (`ulimit -f`, its signal ignored so that the write returns EFBIG), as it does
     // on a full disk.
     let dir = fresh_dir("report-plot-fails");
-    let stats = demo_run(&dir);
+    let stats = demo_stats(&dir);
     let plots = dir.join("plots");
     std::fs::create_dir(&plots).expect("mkdir");
     let older: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();

@@ -27,9 +27,9 @@ pub fn lossy_exe() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_lossy"))
 }
 
-/// Runs `lossy args` from the repository's top with `env` added (and none of our variables
-/// a developer's shell may carry: no statistics, profile or overrides unless `env` gives
-/// them); asserts it succeeded and returns its stdout.
+/// Runs `lossy args` from the repository's top with `env` added (and none of the variables
+/// a developer's shell may carry: no statistics, profile, overrides or `NCCL_NET_PLUGIN`
+/// unless `env` gives them); asserts it succeeded and returns its stdout.
 pub fn lossy_stdout(args: &[&str], env: &[(&str, &str)]) -> String {
     let out = std::process::Command::new(lossy_exe())
         .args(args)
@@ -37,6 +37,7 @@ pub fn lossy_stdout(args: &[&str], env: &[(&str, &str)]) -> String {
         .env_remove("NCCL_LOSSY_STATS")
         .env_remove("NCCL_LOSSY_SET")
         .env_remove("NCCL_LOSSY_PROFILE")
+        .env_remove("NCCL_NET_PLUGIN")
         .envs(env.iter().copied())
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
         .output()
@@ -48,6 +49,25 @@ pub fn lossy_stdout(args: &[&str], env: &[(&str, &str)]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
+}
+
+/// Statistics of a short `lossy demo` (two ranks, 64 KiB collectives, the embedded default
+/// profile), written into `dir/run`, which it returns.
+pub fn demo_stats(dir: &Path) -> PathBuf {
+    let stats = dir.join("run");
+    lossy_stdout(
+        &[
+            "demo",
+            "--ranks",
+            "2",
+            "--sizes",
+            "64K",
+            "--stats-dir",
+            stats.to_str().expect("utf-8 path"),
+        ],
+        &[],
+    );
+    stats
 }
 
 /// Runs the finished `cmd` (its stdout and stderr piped here, read as they come, so a child
