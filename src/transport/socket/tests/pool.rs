@@ -129,18 +129,36 @@ fn busy_child() {
     for _ in 0..20 {
         message();
     }
-    let before = pool_wakeups();
-    let started = Instant::now();
-    for _ in 0..MESSAGES {
-        message();
-    }
-    let (woke, took) = (pool_wakeups() - before, started.elapsed());
     // The owner tests both requests until they end, as NCCL's proxy does, so the pool thread
     // has nothing to do. A receiving socket re-armed at every pass woke it for every message
     // that arrived (about MESSAGES wake-ups), to hear that the owner was polling. Left to the
     // owner, the thread looks again once per DEFER (5 ms) of the run, and once more for a
     // deadline on either side of it: the bound below is what that allows, however slow the
-    // machine, and a tenth of the messages when the run is fast.
+    // machine, and a tenth of the messages when the run is fast. The property holds only
+    // while the owner polls: a run in which the host took the owner's CPU away for half of
+    // OWNER_ACTIVE between two messages (a loaded machine, tests in parallel) let the thread
+    // take over, as it must, and proves nothing either way; such runs are measured again.
+    let mut clean = None;
+    for _ in 0..ATTEMPTS {
+        let before = pool_wakeups();
+        let started = Instant::now();
+        let (mut last, mut longest) = (started, Duration::ZERO);
+        for _ in 0..MESSAGES {
+            message();
+            let now = Instant::now();
+            longest = longest.max(now - last);
+            last = now;
+        }
+        let (woke, took) = (pool_wakeups() - before, started.elapsed());
+        if longest < Duration::from_micros(2_500) {
+            clean = Some((woke, took));
+            break;
+        }
+        println!("owner paused {longest:?} between two messages: measured again");
+    }
+    let Some((woke, took)) = clean else {
+        panic!("the owner was paused for 2.5 ms or more in each of {ATTEMPTS} runs");
+    };
     let allowed = (took.as_millis() as u64 / 5 + 4).clamp(8, MESSAGES / 10);
     assert!(
         woke <= allowed,
@@ -150,8 +168,9 @@ fn busy_child() {
     println!("busy check passed: {woke} wake-ups in {took:?}");
 }
 
-/// Messages the busy check sends.
+/// Messages the busy check sends per run, and its most runs.
 const MESSAGES: u64 = 500;
+const ATTEMPTS: usize = 10;
 
 /// Posts a receive into `into` and a lossless send of `data` (tag 7): (send, receive) ids.
 ///
