@@ -16,14 +16,23 @@ use nccl_net_lossy::ffi::net::{
 };
 
 /// The fixture exporting `ncclNetPlugin_v{version}` only, over this project's library.
+/// Built once per process: the tests of this binary run in parallel, and a second build into
+/// the same folder replaced the library while another test opened it ("file too short").
 fn fixture(version: u32) -> PathBuf {
+    static BUILT: std::sync::Mutex<Vec<(u32, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, path)) = built.iter().find(|(v, _)| *v == version) {
+        return path.clone();
+    }
     // Every test of this binary sets the same value: the fixture reads it when it is loaded.
     std::env::set_var("FORWARD_PLUGIN_TARGET", library());
-    build_fixture_with(
+    let path = build_fixture_with(
         &format!("old-table-v{version}"),
         "forward_vn_plugin.c",
         &[&format!("FORWARD_VERSION={version}")],
-    )
+    );
+    built.push((version, path.clone()));
+    path
 }
 
 fn open(path: &std::path::Path) -> Arc<NetLibrary> {
